@@ -1,0 +1,46 @@
+# Two commands on a fresh machine with only python3: `make train` and `make test`.
+# Both create (or reuse) the virtualenv in .venv and install the package with the pinned constraints.
+
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+RUN_DIR ?= runs/default
+
+.PHONY: install train test test-unit test-distributed lint bench constraints clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml constraints.txt
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade "pip>=24"
+	$(PY) -m pip install --quiet --constraint constraints.txt --editable ".[test]"
+	@touch $(STAMP)
+
+train: $(STAMP)
+	$(PY) -m composer_dynsample demo --run-dir $(RUN_DIR)
+
+test: $(STAMP) lint test-unit test-distributed
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check composer_dynsample tests benchmarks
+	$(VENV)/bin/ruff format --check composer_dynsample tests benchmarks
+
+test-unit: $(STAMP)
+	$(PY) -m pytest -q -p no:cacheprovider --doctest-modules composer_dynsample tests
+
+test-distributed: $(STAMP)
+	PYTHON=$(PY) bash tests/run_distributed.sh 2
+
+bench: $(STAMP)
+	$(PY) benchmarks/samplers.py
+
+# Refresh the pins on purpose: install the newest allowed versions in a scratch venv, test, then freeze.
+constraints:
+	rm -rf .venv-refresh && $(PYTHON) -m venv .venv-refresh
+	.venv-refresh/bin/python -m pip install --quiet --upgrade pip && .venv-refresh/bin/python -m pip install --quiet --editable ".[test]"
+	.venv-refresh/bin/python -m pip freeze --exclude-editable | grep -v '^composer-dynsample' > constraints.txt
+	rm -rf .venv-refresh
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache .hypothesis

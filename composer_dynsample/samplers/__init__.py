@@ -1,0 +1,18 @@
+"""Distributed-aware batch samplers whose order is a pure function of (seed, epoch, rank).
+
+Each is a :class:`torch.utils.data.DistributedSampler` that yields lists of indices, so Composer accepts
+it as a ``batch_sampler`` on many ranks and sets its epoch itself; :class:`~composer_dynsample.callbacks.SetSamplerEpoch`
+does the same for any sampler with ``set_epoch`` and on resume.
+"""
+
+from composer_dynsample.samplers.base import DistributedBatchSampler, SupportsSetEpoch, epoch_rng
+from composer_dynsample.samplers.pk import PKBatchSampler
+from composer_dynsample.samplers.two_stream import TwoStreamBatchSampler
+
+__all__ = [
+    "DistributedBatchSampler",
+    "PKBatchSampler",
+    "SupportsSetEpoch",
+    "TwoStreamBatchSampler",
+    "epoch_rng",
+]

@@ -1,0 +1,205 @@
+"""The base for distributed batch samplers whose order is a pure function of (seed, epoch, rank).
+
+Composer accepts a map-style ``DataLoader`` on more than one rank only when its ``sampler`` or its
+``batch_sampler`` is a :class:`torch.utils.data.DistributedSampler`, and for such a ``batch_sampler``
+the trainer calls ``set_epoch`` itself (Composer >= 0.21.2). :class:`DistributedBatchSampler` is that
+kind of object: a ``DistributedSampler`` subclass that yields lists of indices.
+
+Sharding is by whole batches: the epoch's global batch sequence is built from ``(seed, epoch)`` alone,
+and rank ``r`` of ``W`` takes global batches ``r, r + W, r + 2W, ...``. Every rank therefore yields the
+same number of batches, shards are disjoint, and two ranks never have to agree on anything but the seed
+and the epoch.
+"""
+
+from __future__ import annotations
+
+import abc
+import warnings
+from collections.abc import Iterator, Sequence
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+import torch
+from torch.utils.data import DistributedSampler
+
+from composer_dynsample.distributed import get_rank, get_world_size
+
+__all__ = ["DistributedBatchSampler", "SupportsSetEpoch", "epoch_rng"]
+
+
+@runtime_checkable
+class SupportsSetEpoch(Protocol):
+    """Anything whose order depends on the epoch: samplers and batch samplers with ``set_epoch``."""
+
+    def set_epoch(self, epoch: int) -> None: ...
+
+
+def epoch_rng(seed: int, epoch: int, stream: int = 0) -> np.random.Generator:
+    """Return the random generator of one epoch, a pure function of its arguments.
+
+    ``numpy``'s ``SeedSequence`` hashes the whole entropy list, so ``(seed, epoch)`` pairs never alias
+    the way ``seed + epoch`` does (seed 1 epoch 0 and seed 0 epoch 1 give unrelated streams).
+
+    Args:
+        seed (int): The sampler's seed.
+        epoch (int): The epoch.
+        stream (int): Separates independent random streams of the same epoch. Default: ``0``.
+
+    Example:
+        >>> a = epoch_rng(0, 3).permutation(5)
+        >>> b = epoch_rng(0, 3).permutation(5)
+        >>> bool((a == b).all())
+        True
+    """
+    return np.random.default_rng([int(seed) & 0xFFFFFFFFFFFFFFFF, int(epoch), int(stream)])
+
+
+def _resolve_world(num_replicas: int | None, rank: int | None) -> tuple[int, int]:
+    """Fill ``num_replicas``/``rank`` from the process group or the launcher's environment, else ``(1, 0)``."""
+    if num_replicas is None:
+        num_replicas = get_world_size()
+    if rank is None:
+        rank = get_rank()
+    if not isinstance(num_replicas, int) or isinstance(num_replicas, bool) or num_replicas < 1:
+        raise ValueError(f"num_replicas must be an integer >= 1, got {num_replicas!r}.")
+    if not isinstance(rank, int) or isinstance(rank, bool) or not 0 <= rank < num_replicas:
+        raise ValueError(
+            f"rank must be an integer in [0, {num_replicas - 1}] for num_replicas={num_replicas}, got {rank!r}."
+        )
+    return num_replicas, rank
+
+
+def _check_int(name: str, value: object, minimum: int) -> int:
+    if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}.")
+    return int(value)
+
+
+def _as_index_array(name: str, values: Sequence[int] | np.ndarray | torch.Tensor) -> np.ndarray:
+    """Convert 1-D integer input (list, array or tensor) to an int64 numpy array, or raise a clear error."""
+    if isinstance(values, torch.Tensor):
+        if values.is_floating_point() or values.is_complex() or values.dtype == torch.bool:
+            raise ValueError(f"{name} must hold integers, got a tensor of dtype {values.dtype}.")
+        array = values.detach().cpu().numpy()
+    else:
+        array = np.asarray(values)
+        if array.size == 0:
+            array = array.astype(np.int64)
+    if array.ndim != 1:
+        raise ValueError(f"{name} must be 1-D, got shape {tuple(array.shape)}.")
+    if not np.issubdtype(array.dtype, np.integer):
+        raise ValueError(f"{name} must hold integers, got dtype {array.dtype}.")
+    return array.astype(np.int64, copy=False)
+
+
+class _Sized:
+    """Stands in for the dataset ``DistributedSampler.__init__`` wants; only its length is used."""
+
+    def __init__(self, length: int) -> None:
+        self.length = length
+
+    def __len__(self) -> int:
+        return self.length
+
+
+class DistributedBatchSampler(DistributedSampler, abc.ABC):
+    """A ``DistributedSampler`` that yields lists of indices: one rank's share of the epoch's batches.
+
+    Subclasses implement :meth:`global_batches`, the epoch's batch sequence as a 2-D array (one row a
+    batch), a pure function of ``(seed, epoch)``; the number of rows must not depend on the epoch. This
+    class shards the rows by rank, evens out the count across ranks and implements the sampler contract
+    that Composer, PyTorch and Lightning expect: ``batch_size``, ``__len__``, ``set_epoch``, ``epoch``,
+    ``seed``, ``num_replicas`` and ``rank``.
+
+    Args:
+        num_indices (int): The number of dataset indices the sampler draws from (``len(dataset)``).
+        batch_size (int): The number of indices in every batch.
+        num_replicas (int, optional): The number of ranks. Default: the default process group's world
+            size, else the launcher's ``WORLD_SIZE`` (so a sampler built before the Trainer initialises
+            the process group is right), else ``1``.
+        rank (int, optional): This process's rank. Default: the process group's rank, else ``RANK``, else ``0``.
+        seed (int): The seed of every epoch's order; identical on every rank. Default: ``0``.
+        drop_last (bool): When the number of global batches is not a multiple of ``num_replicas``,
+            ``True`` drops the last few so every rank gets ``n // W`` batches and shards stay disjoint;
+            ``False`` pads by repeating batches from the start of the epoch so every rank gets
+            ``ceil(n / W)`` and no batch is lost. Default: ``True``.
+    """
+
+    def __init__(
+        self,
+        num_indices: int,
+        batch_size: int,
+        *,
+        num_replicas: int | None = None,
+        rank: int | None = None,
+        seed: int = 0,
+        drop_last: bool = True,
+    ) -> None:
+        num_replicas, rank = _resolve_world(num_replicas, rank)
+        if not isinstance(seed, (int, np.integer)) or isinstance(seed, bool):
+            raise ValueError(f"seed must be an integer, got {seed!r}.")
+        super().__init__(
+            _Sized(num_indices),  # type: ignore[arg-type]
+            num_replicas=num_replicas,
+            rank=rank,
+            shuffle=True,
+            seed=int(seed),
+            drop_last=drop_last,
+        )
+        self.batch_size = _check_int("batch_size", batch_size, 1)
+        self.num_indices = num_indices
+
+    @property
+    @abc.abstractmethod
+    def num_global_batches(self) -> int:
+        """The number of batches in one epoch over all ranks (the same for every epoch)."""
+
+    @abc.abstractmethod
+    def global_batches(self, epoch: int) -> np.ndarray:
+        """The epoch's batches over all ranks: an int64 array of shape ``(num_global_batches, batch_size)``."""
+
+    def _check_enough_batches(self) -> None:
+        """Raise when the epoch has fewer batches than ranks (some rank would get none)."""
+        if self.drop_last and self.num_global_batches < self.num_replicas:
+            raise ValueError(
+                f"An epoch has {self.num_global_batches} batches of {self.batch_size} indices, fewer than "
+                f"num_replicas={self.num_replicas}: with drop_last=True some rank would get no batch. "
+                "Use more data, smaller batches, fewer ranks or drop_last=False."
+            )
+        if self.num_global_batches < 1:
+            raise ValueError(
+                f"An epoch has no batch of {self.batch_size} indices: use more data or smaller batches."
+            )
+
+    def __len__(self) -> int:
+        """The number of batches this rank yields per epoch; identical on every rank."""
+        total, world = self.num_global_batches, self.num_replicas
+        return total // world if self.drop_last else -(-total // world)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Set the epoch whose order the next iteration yields. Calling it twice with one epoch is harmless."""
+        if not isinstance(epoch, (int, np.integer)) or isinstance(epoch, bool) or epoch < 0:
+            raise ValueError(f"epoch must be an integer >= 0, got {epoch!r}.")
+        self.epoch = int(epoch)
+
+    def rank_batches(self, epoch: int | None = None) -> np.ndarray:
+        """This rank's batches of an epoch (default: the current one) as a ``(len(self), batch_size)`` array."""
+        epoch = self.epoch if epoch is None else epoch
+        batches = self.global_batches(epoch)
+        if batches.shape[0] != self.num_global_batches:  # a subclass bug, not a user error
+            raise RuntimeError(
+                f"{type(self).__name__}.global_batches returned {batches.shape[0]} batches, "
+                f"expected {self.num_global_batches}."
+            )
+        needed = len(self) * self.num_replicas
+        if needed > batches.shape[0]:
+            # Pad by wrapping around, as DistributedSampler(drop_last=False) does.
+            repeats = -(-needed // batches.shape[0])
+            batches = np.concatenate([batches] * repeats, axis=0)
+        return batches[self.rank : needed : self.num_replicas]
+
+    def __iter__(self) -> Iterator[list[int]]:  # type: ignore[override]
+        yield from self.rank_batches().tolist()
+
+    def _warn_overlap(self, message: str) -> None:
+        warnings.warn(message, UserWarning, stacklevel=3)

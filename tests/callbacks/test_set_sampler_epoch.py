@@ -1,0 +1,181 @@
+"""SetSamplerEpoch and Composer's batch_sampler epoch fix, through a real Trainer on one process.
+
+The regression tests for Composer's fix (issue #3123, v0.21.2) run three ways: the installed trainer
+(the fix present) must pass; a trainer with the fix reverted must be caught by the same assertions;
+the reverted trainer plus SetSamplerEpoch alone must pass again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+
+import pytest
+import torch
+from composer import Trainer
+from composer.core import DataSpec
+from composer.loggers import InMemoryLogger
+from torch.utils.data import BatchSampler, DataLoader, DistributedSampler
+
+from composer_dynsample import PKBatchSampler, SetSamplerEpoch, build_dataloader, find_epoch_target
+from tests.common import (
+    BatchRecorder,
+    IndexClassifier,
+    assert_each_epoch_has_its_own_order,
+    index_dataset,
+    reverted_batch_sampler_fix,
+)
+
+LABELS = torch.arange(96) % 8  # 8 classes of 12 samples: 8 PK batches of 4 classes x 3 samples per epoch
+
+
+def make_run(callbacks=(), **trainer_kwargs):
+    sampler = PKBatchSampler(LABELS, classes_per_batch=4, samples_per_class=3, seed=11)
+    recorder = BatchRecorder()
+    trainer = Trainer(
+        model=IndexClassifier(LABELS.numel(), 8),
+        train_dataloader=build_dataloader(index_dataset(LABELS), sampler),
+        max_duration=trainer_kwargs.pop("max_duration", "3ep"),
+        callbacks=[recorder, *callbacks],
+        progress_bar=False,
+        **trainer_kwargs,
+    )
+    return trainer, sampler, recorder
+
+
+def test_installed_composer_sets_the_batch_sampler_epoch():
+    trainer, sampler, recorder = make_run()
+    trainer.fit()
+    assert len(sampler) == 8
+    assert_each_epoch_has_its_own_order(recorder, sampler, epochs=3)
+
+
+def test_reverting_the_fix_is_caught():
+    with reverted_batch_sampler_fix():
+        trainer, sampler, recorder = make_run()
+        trainer.fit()
+    with pytest.raises(AssertionError, match="trained on"):
+        assert_each_epoch_has_its_own_order(recorder, sampler, epochs=3)
+
+
+def test_set_sampler_epoch_alone_repairs_the_reverted_trainer():
+    with reverted_batch_sampler_fix():
+        trainer, sampler, recorder = make_run(callbacks=[SetSamplerEpoch()])
+        trainer.fit()
+    assert_each_epoch_has_its_own_order(recorder, sampler, epochs=3)
+
+
+@pytest.mark.parametrize("revert", [False, True], ids=["installed", "reverted+callback"])
+def test_mid_epoch_resume_yields_the_batches_of_the_uninterrupted_run(tmp_path, revert):
+    context = reverted_batch_sampler_fix() if revert else contextlib.nullcontext()
+    with context:
+        trainer, _, full = make_run(
+            callbacks=[SetSamplerEpoch()], save_folder=str(tmp_path), save_interval="5ba", max_duration="3ep"
+        )
+        trainer.fit()
+        trainer.close()
+        # Batch 10 is epoch 1, batch 2 of 8: a mid-epoch checkpoint, where EPOCH_START does not fire.
+        resumed_trainer, _, resumed = make_run(
+            callbacks=[SetSamplerEpoch()], load_path=str(tmp_path / "ep1-ba10-rank0.pt"), max_duration="3ep"
+        )
+        resumed_trainer.fit()
+    assert len(full.in_order()) == 24
+    assert resumed.in_order() == full.in_order()[10:]
+    assert sorted(resumed.batches)[0] == (1, 2)
+
+
+def test_logs_the_epoch_it_sets():
+    in_memory = InMemoryLogger()
+    trainer, _, _ = make_run(callbacks=[SetSamplerEpoch()], loggers=[in_memory], max_duration="2ep")
+    trainer.fit()
+    logged = [int(value) for _, value in in_memory.data["sampler/epoch"]]
+    assert logged == [0, 0, 1]  # FIT_START and EPOCH_START of epoch 0, then EPOCH_START of epoch 1
+
+
+class DuckSampler:
+    """A batch sampler that is no DistributedSampler but has set_epoch: the callback must still reach it."""
+
+    def __init__(self, n: int, batch_size: int) -> None:
+        self.n, self.batch_size, self.epoch, self.calls = n, batch_size, 0, []
+
+    def set_epoch(self, epoch: int) -> None:
+        self.calls.append(epoch)
+        self.epoch = epoch
+
+    def __iter__(self):
+        order = torch.randperm(self.n, generator=torch.Generator().manual_seed(self.epoch)).tolist()
+        return iter([order[i : i + self.batch_size] for i in range(0, self.n, self.batch_size)])
+
+    def __len__(self) -> int:
+        return self.n // self.batch_size
+
+
+def test_duck_typed_batch_sampler_gets_every_epoch():
+    duck = DuckSampler(LABELS.numel(), 12)
+    trainer = Trainer(
+        model=IndexClassifier(LABELS.numel(), 8),
+        train_dataloader=DataLoader(index_dataset(LABELS), batch_sampler=duck),
+        device_train_microbatch_size=12,
+        max_duration="3ep",
+        callbacks=[SetSamplerEpoch()],
+        progress_bar=False,
+    )
+    trainer.fit()
+    assert sorted(set(duck.calls)) == [0, 1, 2]
+
+
+def test_find_epoch_target_reaches_inside_batch_sampler_and_data_spec():
+    data = index_dataset(LABELS)
+    inner = DistributedSampler(data, num_replicas=1, rank=0)
+    plain = DataLoader(data, batch_sampler=BatchSampler(inner, 4, drop_last=False))
+    assert find_epoch_target(plain) is inner
+    pk = PKBatchSampler(LABELS, 2, 2)
+    assert find_epoch_target(DataSpec(build_dataloader(data, pk))) is pk
+    assert find_epoch_target(DataLoader(data, batch_size=4)) is None
+
+
+def test_plain_batch_sampler_loader_without_microbatch_size_gets_a_clear_error():
+    sampler = PKBatchSampler(LABELS, 4, 3)
+    trainer = Trainer(
+        model=IndexClassifier(LABELS.numel(), 8),
+        train_dataloader=DataLoader(index_dataset(LABELS), batch_sampler=sampler),
+        max_duration="1ep",
+        callbacks=[SetSamplerEpoch()],
+        progress_bar=False,
+    )
+    with pytest.raises(ValueError, match="device_train_microbatch_size=12"):
+        trainer.fit()
+
+
+def test_infer_microbatch_size_makes_the_plain_loader_train():
+    sampler = PKBatchSampler(LABELS, 4, 3)
+    trainer = Trainer(
+        model=IndexClassifier(LABELS.numel(), 8),
+        train_dataloader=DataLoader(index_dataset(LABELS), batch_sampler=sampler),
+        max_duration="1ep",
+        callbacks=[SetSamplerEpoch(infer_microbatch_size=True)],
+        progress_bar=False,
+    )
+    trainer.fit()
+    assert trainer.state.device_train_microbatch_size == 12
+    assert int(trainer.state.timestamp.batch) == len(sampler)
+
+
+def test_build_dataloader_rejects_arguments_the_batch_sampler_owns():
+    with pytest.raises(ValueError, match=r"\['shuffle'\] cannot be combined with a batch_sampler"):
+        build_dataloader(index_dataset(LABELS), PKBatchSampler(LABELS, 2, 2), shuffle=True)
+    with pytest.raises(TypeError, match="must have an integer batch_size"):
+        build_dataloader(index_dataset(LABELS), [[0, 1]])
+
+
+def test_no_warning_on_one_rank_without_an_epoch_target():
+    trainer = Trainer(
+        model=IndexClassifier(LABELS.numel(), 8),
+        train_dataloader=DataLoader(index_dataset(LABELS), batch_size=12),
+        max_duration="1ep",
+        callbacks=[SetSamplerEpoch()],
+        progress_bar=False,
+    )
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message="SetSamplerEpoch")
+        trainer.fit()

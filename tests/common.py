@@ -1,0 +1,77 @@
+"""Small models, recorders and the simulated Composer revert shared by the Trainer tests."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import torch
+from composer.core import Callback, State
+from composer.loggers import Logger
+from composer.models import ComposerModel
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
+
+class IndexClassifier(ComposerModel):
+    """Classifies dataset indices through a fixed random feature table: enough to run real training steps."""
+
+    def __init__(self, num_indices: int, num_classes: int, dim: int = 8) -> None:
+        super().__init__()
+        generator = torch.Generator().manual_seed(0)
+        self.register_buffer("table", torch.randn(num_indices, dim, generator=generator))
+        self.head = torch.nn.Linear(dim, num_classes)
+
+    def forward(self, batch):
+        index, _ = batch
+        return self.head(self.table[index])
+
+    def loss(self, outputs, batch):
+        return torch.nn.functional.cross_entropy(outputs, batch[1])
+
+
+def index_dataset(labels: torch.Tensor) -> TensorDataset:
+    """An index-only dataset: every item is (index, label)."""
+    return TensorDataset(torch.arange(labels.numel()), labels)
+
+
+class BatchRecorder(Callback):
+    """Records the dataset indices of every train batch, keyed by (epoch, batch in epoch)."""
+
+    def __init__(self) -> None:
+        self.batches: dict[tuple[int, int], list[int]] = {}
+
+    def after_dataloader(self, state: State, logger: Logger) -> None:
+        key = (int(state.timestamp.epoch), int(state.timestamp.batch_in_epoch))
+        self.batches[key] = state.batch[0].tolist()
+
+    def epoch(self, epoch: int) -> list[list[int]]:
+        return [batch for (e, _), batch in sorted(self.batches.items()) if e == epoch]
+
+    def in_order(self) -> list[list[int]]:
+        return [batch for _, batch in sorted(self.batches.items())]
+
+
+def _pre_fix_get_distributed_sampler(dataloader: DataLoader) -> DistributedSampler | None:
+    """Composer's behaviour before v0.21.2 (issue #3123): only ``dataloader.sampler`` got its epoch set."""
+    return dataloader.sampler if isinstance(dataloader.sampler, DistributedSampler) else None
+
+
+@contextlib.contextmanager
+def reverted_batch_sampler_fix() -> Iterator[None]:
+    """Simulate a Composer with the batch_sampler ``set_epoch`` fix reverted, for the duration of the block."""
+    import composer.trainer.trainer as trainer_module
+
+    original = trainer_module._get_distributed_sampler
+    trainer_module._get_distributed_sampler = _pre_fix_get_distributed_sampler
+    try:
+        yield
+    finally:
+        trainer_module._get_distributed_sampler = original
+
+
+def assert_each_epoch_has_its_own_order(recorder: BatchRecorder, sampler, epochs: int) -> None:
+    """The batches trained on in epoch e are the sampler's order for epoch e, and epochs differ."""
+    for epoch in range(epochs):
+        expected = sampler.rank_batches(epoch).tolist()
+        assert recorder.epoch(epoch) == expected, f"epoch {epoch} trained on another epoch's order"
+    assert recorder.epoch(0) != recorder.epoch(1), "epochs 0 and 1 trained on the same order"

@@ -1,0 +1,27 @@
+"""Shared pytest set-up: the world_size(N) marker, as in Composer's own suite.
+
+A test marked ``world_size(N)`` runs only when the launcher provides exactly N ranks (``WORLD_SIZE``);
+unmarked tests run only on a single process. Multi-rank tests are launched as
+``python -m composer.cli.launcher -n 2 --master_port PORT -m pytest -m world_size tests``.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+
+def _marked_world_size(item: pytest.Item) -> int:
+    marker = item.get_closest_marker("world_size")
+    return int(marker.args[0]) if marker is not None else 1
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    selected, deselected = [], []
+    for item in items:
+        (selected if _marked_world_size(item) == world_size else deselected).append(item)
+    if deselected:
+        config.hook.pytest_deselected(items=deselected)
+        items[:] = selected

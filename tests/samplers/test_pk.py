@@ -1,0 +1,268 @@
+"""Properties of PKBatchSampler over dataset sizes, class distributions and simulated world sizes 1 to 8."""
+
+from __future__ import annotations
+
+import collections
+import warnings
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from composer_dynsample import PKBatchSampler
+from tests.samplers.helpers import all_ranks, assert_disjoint_across_ranks
+
+SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@st.composite
+def pk_setups(draw):
+    """Class sizes, P, K and a world size such that at least one batch per rank exists."""
+    num_classes = draw(st.integers(2, 30))
+    sizes = draw(st.lists(st.integers(1, 25), min_size=num_classes, max_size=num_classes))
+    k = draw(st.integers(1, 5))
+    p = draw(st.integers(2, num_classes))
+    world = draw(st.integers(1, 8))
+    labels = np.repeat(np.arange(num_classes) * 7 + 3, sizes)  # non-contiguous class ids on purpose
+    labels = labels[np.random.default_rng(draw(st.integers(0, 2**16))).permutation(labels.size)]
+    return labels, p, k, world, draw(st.sampled_from(["drop", "replace"])), draw(st.integers(0, 2**31))
+
+
+def make_all_ranks(labels, p, k, world, small, seed, drop_last=True):
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # small classes left out: covered by its own test
+            return all_ranks(
+                lambda rank: PKBatchSampler(
+                    labels,
+                    p,
+                    k,
+                    num_replicas=world,
+                    rank=rank,
+                    seed=seed,
+                    small_classes=small,
+                    drop_last=drop_last,
+                ),
+                world,
+            )
+    except ValueError:
+        return None
+
+
+@SETTINGS
+@given(pk_setups(), st.integers(0, 5))
+def test_every_batch_is_p_distinct_classes_of_k(setup, epoch):
+    labels, p, k, world, small, seed = setup
+    samplers = make_all_ranks(labels, p, k, world, small, seed)
+    if samplers is None:
+        return
+    for sampler in samplers:
+        sampler.set_epoch(epoch)
+        for batch in sampler:
+            assert len(batch) == p * k
+            counts = collections.Counter(labels[batch].tolist())
+            assert len(counts) == p
+            assert set(counts.values()) == {k}
+            # A class's K samples are contiguous in the batch.
+            runs = [labels[batch[i * k : (i + 1) * k]] for i in range(p)]
+            assert all(len(set(run.tolist())) == 1 for run in runs)
+
+
+@SETTINGS
+@given(pk_setups(), st.integers(0, 5), st.booleans())
+def test_equal_lengths_on_every_rank_and_len_matches_iteration(setup, epoch, drop_last):
+    labels, p, k, world, small, seed = setup
+    samplers = make_all_ranks(labels, p, k, world, small, seed, drop_last)
+    if samplers is None:
+        return
+    lengths = set()
+    for sampler in samplers:
+        sampler.set_epoch(epoch)
+        produced = list(sampler)
+        assert len(produced) == len(sampler)
+        lengths.add(len(sampler))
+    assert len(lengths) == 1
+    expected = (
+        samplers[0].num_global_batches // world if drop_last else -(-samplers[0].num_global_batches // world)
+    )
+    assert lengths == {expected}
+
+
+@SETTINGS
+@given(pk_setups(), st.integers(0, 5))
+def test_shards_are_disjoint_without_replacement(setup, epoch):
+    labels, p, k, world, _, seed = setup
+    samplers = make_all_ranks(labels, p, k, world, "drop", seed)
+    if samplers is None:
+        return
+    assert_disjoint_across_ranks(samplers, epoch)
+
+
+@SETTINGS
+@given(
+    st.integers(2, 12),
+    st.integers(1, 4),
+    st.integers(1, 4),
+    st.integers(1, 8),
+    st.integers(1, 3),
+    st.integers(0, 99),
+)
+def test_full_coverage_when_promised(p, k, world, chunks_per_class_unit, rounds, seed):
+    """Class sizes multiple of K, chunk count multiple of P x W, no class above the batch count: all used."""
+    num_classes = p * world
+    chunks = chunks_per_class_unit * rounds
+    labels = np.repeat(np.arange(num_classes), chunks * k)
+    samplers = make_all_ranks(labels, p, k, world, "drop", seed)
+    assert samplers is not None
+    used = np.concatenate([np.asarray(list(s)).reshape(-1) for s in samplers])
+    assert np.array_equal(np.sort(used), np.arange(labels.size))
+
+
+@SETTINGS
+@given(pk_setups())
+def test_deterministic_and_reshuffled_every_epoch(setup):
+    labels, p, k, world, small, seed = setup
+    first = make_all_ranks(labels, p, k, world, small, seed)
+    second = make_all_ranks(labels, p, k, world, small, seed)
+    if first is None:
+        return
+    for a, b in zip(first, second):
+        for epoch in (0, 3):
+            a.set_epoch(epoch)
+            b.set_epoch(epoch)
+            assert list(a) == list(b)
+    # Reshuffle: the global order of epoch 0 and epoch 1 differ whenever more than one order is possible.
+    # With 6+ indices a repeat has probability <= 1/72 per epoch, so four repeats in a row mean a bug.
+    sampler = first[0]
+    if sampler.num_global_batches * sampler.batch_size >= 6:
+        epoch0 = sampler.global_batches(0)
+        assert any(not np.array_equal(epoch0, sampler.global_batches(e)) for e in range(1, 5))
+
+
+def test_order_is_a_pure_function_of_seed_epoch_rank():
+    labels = np.arange(400) % 20
+    a = PKBatchSampler(labels, 4, 5, num_replicas=2, rank=1, seed=7)
+    a.set_epoch(3)
+    b = PKBatchSampler(labels, 4, 5, num_replicas=2, rank=1, seed=7)
+    list(b)  # iterating epoch 0 first must not change what epoch 3 yields
+    b.set_epoch(3)
+    assert list(a) == list(b)
+    c = PKBatchSampler(labels, 4, 5, num_replicas=2, rank=1, seed=8)
+    c.set_epoch(3)
+    assert list(a) != list(c)
+
+
+def test_seed_and_epoch_do_not_alias():
+    labels = np.arange(400) % 20
+    s = PKBatchSampler(labels, 4, 5, seed=1)
+    t = PKBatchSampler(labels, 4, 5, seed=0)
+    assert not np.array_equal(s.global_batches(0), t.global_batches(1))
+
+
+def test_small_classes_replace_draws_from_own_class():
+    labels = np.array([0] * 10 + [1] * 2 + [2] * 10)
+    sampler = PKBatchSampler(labels, 3, 4, small_classes="replace")
+    seen_small = 0
+    for epoch in range(5):
+        sampler.set_epoch(epoch)
+        for batch in sampler:
+            small = [i for i in batch if labels[i] == 1]
+            assert len(small) == 4 and set(small) <= {10, 11}
+            seen_small += 1
+    assert seen_small == 5
+
+
+def test_small_classes_drop_warns_and_leaves_out():
+    labels = np.array([0] * 8 + [1] * 8 + [2] * 1)
+    with pytest.warns(UserWarning, match="1 of 3 classes"):
+        sampler = PKBatchSampler(labels, 2, 4)
+    assert 16 not in {i for b in sampler for i in b}
+
+
+def test_dominant_class_is_capped_at_one_chunk_per_batch():
+    labels = np.array([0] * 100 + [1] * 4 + [2] * 4)
+    sampler = PKBatchSampler(labels, 2, 2)
+    batches = list(sampler)
+    assert len(batches) == len(sampler) == 4  # class 0 can appear in at most 4 batches with 4 others' chunks
+    for batch in batches:
+        assert collections.Counter(labels[batch].tolist())[0] <= 2
+
+
+def test_accepts_tensor_and_list_labels():
+    labels = torch.arange(32) % 4
+    assert list(PKBatchSampler(labels, 2, 2)) == list(PKBatchSampler(labels.tolist(), 2, 2))
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        (
+            {"classes_per_batch": 1, "samples_per_class": 2},
+            r"classes_per_batch must be an integer >= 2, got 1",
+        ),
+        (
+            {"classes_per_batch": 2, "samples_per_class": 0},
+            r"samples_per_class must be an integer >= 1, got 0",
+        ),
+        (
+            {"classes_per_batch": 5, "samples_per_class": 2},
+            r"classes_per_batch=5 x samples_per_class=2 cannot be satisfied: only 4",
+        ),
+        ({"classes_per_batch": 2, "samples_per_class": 9}, r"only 0 classes"),
+        (
+            {"classes_per_batch": 2, "samples_per_class": 2, "small_classes": "pad"},
+            r"small_classes must be one of",
+        ),
+        (
+            {"classes_per_batch": 2, "samples_per_class": 2, "num_replicas": 2, "rank": 2},
+            r"rank must be an integer in \[0, 1\]",
+        ),
+        (
+            {"classes_per_batch": 2, "samples_per_class": 2, "num_replicas": 0},
+            r"num_replicas must be an integer >= 1",
+        ),
+        (
+            {"classes_per_batch": 4, "samples_per_class": 8, "num_replicas": 2, "rank": 0},
+            r"fewer than num_replicas=2",
+        ),
+    ],
+)
+def test_bad_arguments_raise_clear_errors(kwargs, match):
+    labels = np.arange(32) % 4
+    with pytest.raises(ValueError, match=match), warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # the small-class warning that precedes some errors
+        PKBatchSampler(labels, **kwargs)
+
+
+@pytest.mark.parametrize(
+    ("labels", "match"),
+    [
+        ([], "labels must not be empty"),
+        ([[0, 1], [1, 0]], r"labels must be 1-D, got shape \(2, 2\)"),
+        ([0.0, 1.0, 0.5], "labels must hold integers, got dtype float64"),
+        (torch.tensor([0.0, 1.0]), "labels must hold integers, got a tensor of dtype torch.float32"),
+    ],
+)
+def test_bad_labels_raise_clear_errors(labels, match):
+    with pytest.raises(ValueError, match=match):
+        PKBatchSampler(labels, 2, 1)
+
+
+def test_is_a_distributed_sampler_with_the_expected_contract():
+    from torch.utils.data import DistributedSampler
+
+    sampler = PKBatchSampler(np.arange(64) % 8, 4, 2, num_replicas=2, rank=1, seed=3)
+    assert isinstance(sampler, DistributedSampler)
+    assert (sampler.batch_size, sampler.num_replicas, sampler.rank, sampler.seed, sampler.epoch) == (
+        8,
+        2,
+        1,
+        3,
+        0,
+    )
+    sampler.set_epoch(4)
+    assert sampler.epoch == 4
+    with pytest.raises(ValueError, match="epoch must be an integer >= 0"):
+        sampler.set_epoch(-1)
