@@ -1,0 +1,45 @@
+"""Index-only datasets, a gathering collate function and dataset loaders.
+
+``Dataset.__getitem__`` returns ``(index, label)`` and nothing else; the ``collate_fn`` gathers the
+whole batch from a preloaded :class:`TensorStore` in one indexing operation::
+
+    from torch.utils.data import DataLoader
+    from composer_dynsample.data import GatherCollate, IndexDataset, load_mnist1d
+
+    splits = load_mnist1d()  # train (4000, 40), test (1000, 40), 10 classes; cached after the first call
+    loader = DataLoader(
+        IndexDataset(splits.train.labels),
+        batch_sampler=batch_sampler,  # e.g. a P x K sampler built from the same labels
+        collate_fn=GatherCollate(splits.train),
+    )
+    # each batch: {"index": int64 (B,), "features": float32 (B, 40), "labels": int64 (B,)}
+
+Loaders (:func:`load_mnist1d`, :func:`load_digits`, :func:`load_file`, :func:`load_image_folder`)
+return a :class:`DatasetSplits`; the file formats are described in
+:mod:`composer_dynsample.data.datasets`.
+"""
+
+from composer_dynsample.data.datasets import (
+    DatasetSplits,
+    default_cache_dir,
+    load_digits,
+    load_file,
+    load_image_folder,
+    load_mnist1d,
+    stratified_split,
+)
+from composer_dynsample.data.store import GatherCollate, IndexDataset, TensorStore, Unsqueeze
+
+__all__ = [
+    "DatasetSplits",
+    "GatherCollate",
+    "IndexDataset",
+    "TensorStore",
+    "Unsqueeze",
+    "default_cache_dir",
+    "load_digits",
+    "load_file",
+    "load_image_folder",
+    "load_mnist1d",
+    "stratified_split",
+]

@@ -1,0 +1,41 @@
+"""Retrieval metrics for metric learning: Recall@K, MAP@R and R-precision.
+
+Functional forms (:func:`retrieval_metrics`, :func:`retrieval_recall_at_k`,
+:func:`mean_average_precision_at_r`, :func:`r_precision`) score query embeddings against a gallery,
+or each item against all others (leave-one-out) when no gallery is given. The torchmetrics classes
+(:class:`RetrievalMetrics`, :class:`RetrievalRecallAtK`, :class:`MeanAveragePrecisionAtR`,
+:class:`RPrecision`) accumulate over batches and sync across ranks, for Composer evaluators; a fixed
+gallery (e.g. the train set) is attached with ``set_gallery``. Definitions, tie handling and the Composer
+pattern are documented in :mod:`composer_dynsample.metrics.functional` and
+:mod:`composer_dynsample.metrics.retrieval`.
+
+Example:
+    >>> import torch
+    >>> emb, labels = torch.eye(4).repeat(2, 1), torch.arange(4).repeat(2)
+    >>> retrieval_metrics(emb, labels, ks=1)["recall_at_1"]
+    tensor(1.)
+"""
+
+from composer_dynsample.metrics.functional import (
+    mean_average_precision_at_r,
+    r_precision,
+    retrieval_metrics,
+    retrieval_recall_at_k,
+)
+from composer_dynsample.metrics.retrieval import (
+    MeanAveragePrecisionAtR,
+    RetrievalMetrics,
+    RetrievalRecallAtK,
+    RPrecision,
+)
+
+__all__ = [
+    "MeanAveragePrecisionAtR",
+    "RPrecision",
+    "RetrievalMetrics",
+    "RetrievalRecallAtK",
+    "mean_average_precision_at_r",
+    "r_precision",
+    "retrieval_metrics",
+    "retrieval_recall_at_k",
+]

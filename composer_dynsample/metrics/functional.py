@@ -1,0 +1,448 @@
+"""Functional retrieval metrics for metric learning: Recall@K, MAP@R and R-precision.
+
+Definitions (Musgrave et al. 2020, "A Metric Learning Reality Check"), for one query with label ``y``:
+
+* the gallery is ranked by distance to the query, nearest first; in **leave-one-out** mode (no
+  separate gallery) the gallery is the query set itself without the query;
+* ``R`` is the number of gallery items labelled ``y`` (the query itself excluded in leave-one-out);
+* **Recall@K** is 1 if any of the ``K`` nearest gallery items is labelled ``y``, else 0 (the standard
+  metric-learning Recall@K; Recall@1 is 1-NN accuracy and equals PML's ``precision_at_1``);
+* **R-precision** is the fraction of the ``R`` nearest gallery items labelled ``y``;
+* **MAP@R** is ``(1 / R) * sum_{i=1..R} P(i) * rel(i)``, where ``rel(i)`` says whether the ``i``-th
+  nearest item is labelled ``y`` and ``P(i)`` is the precision of the ``i`` nearest items.
+
+Each is averaged over the queries with ``R > 0``; a query whose label has no other item in the
+gallery is skipped by all three (as in PML's ``AccuracyCalculator``), and the result is NaN if no
+query has ``R > 0``.
+
+Distances: ``"cosine"`` (the default; rows are L2-normalised, a zero row has similarity 0 to
+everything) or ``"euclidean"``. The ranking key is computed with one matrix product per chunk of
+``chunk_size`` queries, so memory is ``O(chunk_size x gallery size)``, and the nearest items are found
+with :func:`torch.topk`.
+
+Ties: gallery items at exactly equal distance are ranked by gallery index, lower first, including at
+the cut-off of the ``K`` (or ``R``) nearest, so results never depend on ``topk``'s arbitrary order
+among ties. Distances are computed in the inputs' floating dtype (at least float32), so items at equal
+distance in exact arithmetic may differ in the last bit and be ranked either way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Literal, NamedTuple
+
+import torch
+import torch.nn.functional as F
+
+__all__ = [
+    "mean_average_precision_at_r",
+    "r_precision",
+    "retrieval_metrics",
+    "retrieval_recall_at_k",
+]
+
+Distance = Literal["cosine", "euclidean"]
+_DISTANCES = ("cosine", "euclidean")
+
+
+class _Gallery(NamedTuple):
+    """A gallery prepared once for ranking: cast, normalised (cosine) and with per-label counts."""
+
+    embeddings: torch.Tensor
+    sq_norms: torch.Tensor | None
+    labels: torch.Tensor
+    unique_labels: torch.Tensor
+    counts: torch.Tensor
+
+
+class _RetrievalSums(NamedTuple):
+    """Per-query results summed over the queries with ``R > 0``."""
+
+    recall_hits: torch.Tensor  # int64 (len(ks),)
+    ap_sum: torch.Tensor  # float64 ()
+    r_precision_sum: torch.Tensor  # float64 ()
+    num_valid: torch.Tensor  # int64 ()
+
+
+def _check_embeddings(name: str, embeddings: object) -> torch.Tensor:
+    if not isinstance(embeddings, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(embeddings).__name__}.")
+    if not embeddings.is_floating_point():
+        raise TypeError(f"{name} must be floating point, got dtype {embeddings.dtype}.")
+    if embeddings.ndim != 2:
+        raise ValueError(f"{name} must be 2-D (num_items, dim), got shape {tuple(embeddings.shape)}.")
+    if embeddings.shape[1] == 0:
+        raise ValueError(f"{name} must have dim >= 1, got shape {tuple(embeddings.shape)}.")
+    if not bool(torch.isfinite(embeddings).all()):
+        raise ValueError(f"{name} must be finite, but it holds NaN or inf.")
+    return embeddings.detach()
+
+
+def _check_labels(name: str, labels: object, num_items: int, embeddings_name: str) -> torch.Tensor:
+    if not isinstance(labels, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(labels).__name__}.")
+    if labels.dtype == torch.bool or labels.is_floating_point() or labels.is_complex():
+        raise TypeError(f"{name} must hold integers, got dtype {labels.dtype}.")
+    if labels.ndim != 1:
+        raise ValueError(f"{name} must be 1-D, got shape {tuple(labels.shape)}.")
+    if labels.shape[0] != num_items:
+        raise ValueError(
+            f"{name} has {labels.shape[0]} entries but {embeddings_name} has {num_items} rows; "
+            "they must match."
+        )
+    return labels.detach().to(torch.int64)
+
+
+def _check_ks(ks: int | Sequence[int]) -> tuple[int, ...]:
+    values = (ks,) if isinstance(ks, int) else tuple(ks)
+    for k in values:
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise ValueError(f"ks must hold integers >= 1, got {ks!r}.")
+    if len(set(values)) != len(values):
+        raise ValueError(f"ks must not repeat a value, got {ks!r}.")
+    return values
+
+
+def _check_k(k: int) -> int:
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise ValueError(f"k must be an integer >= 1, got {k!r}.")
+    return k
+
+
+def _check_distance(distance: str) -> str:
+    if distance not in _DISTANCES:
+        raise ValueError(f"distance must be one of {_DISTANCES}, got {distance!r}.")
+    return distance
+
+
+def _check_chunk_size(chunk_size: int) -> int:
+    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
+        raise ValueError(f"chunk_size must be an integer >= 1, got {chunk_size!r}.")
+    return chunk_size
+
+
+def _compute_dtype(*tensors: torch.Tensor) -> torch.dtype:
+    dtype = torch.float32
+    for tensor in tensors:
+        dtype = torch.promote_types(dtype, tensor.dtype)
+    return dtype
+
+
+def _prepare_gallery(
+    embeddings: torch.Tensor, labels: torch.Tensor, distance: str, dtype: torch.dtype
+) -> _Gallery:
+    embeddings = embeddings.to(dtype)
+    sq_norms = None
+    if distance == "cosine":
+        embeddings = F.normalize(embeddings, dim=1)
+    else:
+        sq_norms = (embeddings * embeddings).sum(1)
+    unique_labels, counts = torch.unique(labels, sorted=True, return_counts=True)
+    return _Gallery(embeddings.contiguous(), sq_norms, labels, unique_labels, counts)
+
+
+def _gallery_to(gallery: _Gallery, device: torch.device) -> _Gallery:
+    return _Gallery(*(None if t is None else t.to(device) for t in gallery))
+
+
+def _positives_per_query(query_labels: torch.Tensor, gallery: _Gallery) -> torch.Tensor:
+    """``R`` before any self-exclusion: the number of gallery items with each query's label."""
+    if gallery.unique_labels.numel() == 0:
+        return torch.zeros_like(query_labels)
+    pos = torch.searchsorted(gallery.unique_labels, query_labels).clamp(max=gallery.unique_labels.numel() - 1)
+    found = gallery.unique_labels[pos] == query_labels
+    return torch.where(found, gallery.counts[pos], torch.zeros_like(query_labels))
+
+
+def _ranking_keys(query: torch.Tensor, gallery: _Gallery) -> torch.Tensor:
+    """A ``(num_queries, num_gallery)`` key that is smaller for nearer items (monotone in the distance)."""
+    products = query @ gallery.embeddings.T
+    if gallery.sq_norms is None:  # cosine: rows are unit length
+        return products.neg_()
+    return products.mul_(-2).add_(gallery.sq_norms.unsqueeze(0)).add_((query * query).sum(1, keepdim=True))
+
+
+def _nearest(keys: torch.Tensor, k: int) -> torch.Tensor:
+    """Indices of the ``k`` smallest keys per row, ordered by (key, index): ties go to the lower index."""
+    kth = keys.topk(k, dim=1, largest=False, sorted=True).values[:, -1:]
+    below = keys < kth
+    at = keys == kth
+    room = k - below.sum(1, keepdim=True)  # how many of the items tied at the k-th key fit
+    cut = (at.sum(1, keepdim=True) > room).squeeze(1)  # rows where a tie straddles the cut-off
+    if bool(cut.any()):
+        at[cut] &= at[cut].cumsum(1, dtype=torch.int32) <= room[cut]  # keep the lowest indices
+    selected = below | at
+    index = selected.nonzero()[:, 1].view(keys.shape[0], k)  # ascending gallery index
+    order = keys.gather(1, index).sort(dim=1, stable=True).indices
+    return index.gather(1, order)
+
+
+def _retrieval_update(
+    query: torch.Tensor,
+    query_labels: torch.Tensor,
+    gallery: _Gallery,
+    *,
+    ks: tuple[int, ...],
+    distance: str,
+    chunk_size: int,
+    leave_one_out: bool,
+    need_r: bool,
+) -> _RetrievalSums:
+    """Sum the per-query results of ``query`` against a prepared ``gallery``.
+
+    In leave-one-out mode, query row ``i`` is gallery row ``i`` and is excluded from its own ranking.
+    """
+    device = gallery.embeddings.device
+    hits = torch.zeros(len(ks), dtype=torch.int64, device=device)
+    ap_sum = torch.zeros((), dtype=torch.float64, device=device)
+    rp_sum = torch.zeros((), dtype=torch.float64, device=device)
+    num_valid = torch.zeros((), dtype=torch.int64, device=device)
+    num_gallery = gallery.embeddings.shape[0] - int(leave_one_out)
+    if query.shape[0] == 0 or num_gallery <= 0:
+        return _RetrievalSums(hits, ap_sum, rp_sum, num_valid)
+    if leave_one_out:
+        query = gallery.embeddings  # already cast and normalised
+    else:
+        query = query.to(device=device, dtype=gallery.embeddings.dtype)
+        if distance == "cosine":
+            query = F.normalize(query, dim=1)
+    query_labels = query_labels.to(device)
+    max_k = max(ks, default=1)
+    for start in range(0, query.shape[0], chunk_size):
+        rows = torch.arange(start, min(start + chunk_size, query.shape[0]), device=device)
+        labels = query_labels[rows]
+        r = _positives_per_query(labels, gallery) - int(leave_one_out)
+        valid = r > 0
+        if not bool(valid.any()):
+            continue
+        rows, labels, r = rows[valid], labels[valid], r[valid]
+        keys = _ranking_keys(query[rows], gallery)
+        if leave_one_out:
+            keys[torch.arange(rows.numel(), device=device), rows] = float("inf")
+        depth = min(num_gallery, max(max_k, int(r.max())) if need_r else max_k)
+        relevant = gallery.labels[_nearest(keys, depth)] == labels.unsqueeze(1)
+        num_valid += rows.numel()
+        for j, k in enumerate(ks):
+            hits[j] += relevant[:, :k].any(1).sum()
+        if need_r:
+            rank = torch.arange(1, depth + 1, device=device, dtype=torch.float64)
+            within_r = relevant & (rank.unsqueeze(0) <= r.unsqueeze(1))
+            precision = relevant.cumsum(1, dtype=torch.float64) / rank
+            rp_sum += (within_r.sum(1, dtype=torch.float64) / r).sum()
+            ap_sum += ((precision * within_r).sum(1) / r).sum()
+    return _RetrievalSums(hits, ap_sum, rp_sum, num_valid)
+
+
+def _retrieval_compute(
+    sums: _RetrievalSums, ks: tuple[int, ...], need_r: bool = True
+) -> dict[str, torch.Tensor]:
+    """Turn summed per-query results into means over the queries with ``R > 0`` (NaN if there are none)."""
+    count = sums.num_valid.to(torch.float64)
+    result = {
+        f"recall_at_{k}": (sums.recall_hits[j].to(torch.float64) / count).float() for j, k in enumerate(ks)
+    }
+    if need_r:
+        result["map_at_r"] = (sums.ap_sum / count).float()
+        result["r_precision"] = (sums.r_precision_sum / count).float()
+    return result
+
+
+def _checked_sums(
+    query_embeddings: torch.Tensor,
+    query_labels: torch.Tensor,
+    gallery_embeddings: torch.Tensor | None,
+    gallery_labels: torch.Tensor | None,
+    *,
+    ks: tuple[int, ...],
+    distance: str,
+    chunk_size: int,
+    need_r: bool,
+) -> _RetrievalSums:
+    query = _check_embeddings("query_embeddings", query_embeddings)
+    labels = _check_labels("query_labels", query_labels, query.shape[0], "query_embeddings")
+    _check_distance(distance)
+    _check_chunk_size(chunk_size)
+    if (gallery_embeddings is None) != (gallery_labels is None):
+        raise ValueError(
+            "gallery_embeddings and gallery_labels must be given together (or both None for leave-one-out)."
+        )
+    if gallery_embeddings is None:
+        gallery = _prepare_gallery(query, labels, distance, _compute_dtype(query))
+        leave_one_out = True
+    else:
+        g_emb = _check_embeddings("gallery_embeddings", gallery_embeddings)
+        g_labels = _check_labels("gallery_labels", gallery_labels, g_emb.shape[0], "gallery_embeddings")
+        if g_emb.shape[1] != query.shape[1]:
+            raise ValueError(
+                f"gallery_embeddings have dim {g_emb.shape[1]} but query_embeddings have dim "
+                f"{query.shape[1]}; they must match."
+            )
+        gallery = _prepare_gallery(g_emb, g_labels, distance, _compute_dtype(query, g_emb))
+        leave_one_out = False
+    return _retrieval_update(
+        query,
+        labels,
+        gallery,
+        ks=ks,
+        distance=distance,
+        chunk_size=chunk_size,
+        leave_one_out=leave_one_out,
+        need_r=need_r,
+    )
+
+
+def retrieval_metrics(
+    query_embeddings: torch.Tensor,
+    query_labels: torch.Tensor,
+    gallery_embeddings: torch.Tensor | None = None,
+    gallery_labels: torch.Tensor | None = None,
+    *,
+    ks: int | Sequence[int] = (1, 5),
+    distance: Distance = "cosine",
+    chunk_size: int = 1024,
+) -> dict[str, torch.Tensor]:
+    """Recall@K for each ``k`` in ``ks``, MAP@R and R-precision, from one ranking pass.
+
+    Args:
+        query_embeddings (torch.Tensor): ``(Q, D)`` floating-point, finite.
+        query_labels (torch.Tensor): ``(Q,)`` integer.
+        gallery_embeddings (torch.Tensor, optional): ``(G, D)``; ``None`` for leave-one-out over the
+            queries. Default: ``None``.
+        gallery_labels (torch.Tensor, optional): ``(G,)``; given together with ``gallery_embeddings``.
+        ks (int | Sequence[int]): The ``K`` of Recall@K, each >= 1; a ``K`` beyond the gallery size
+            means the whole gallery. Default: ``(1, 5)``.
+        distance (str): ``"cosine"`` or ``"euclidean"``. Default: ``"cosine"``.
+        chunk_size (int): Queries ranked at once. Default: ``1024``.
+
+    Returns:
+        dict[str, torch.Tensor]: float32 scalars ``recall_at_{k}`` for each ``k``, ``map_at_r`` and
+        ``r_precision``; NaN if no query has a same-label gallery item.
+
+    Raises:
+        TypeError: If an input is not a tensor, or has the wrong dtype.
+        ValueError: If shapes, ``ks``, ``distance`` or ``chunk_size`` are invalid, or embeddings are
+            not finite.
+
+    Example:
+        >>> emb = torch.tensor([[0.0], [1.0], [2.5], [4.0], [5.5]])
+        >>> labels = torch.tensor([0, 1, 0, 1, 1])
+        >>> result = retrieval_metrics(emb, labels, ks=(1, 2), distance="euclidean")
+        >>> {name: round(value.item(), 4) for name, value in result.items()}
+        {'recall_at_1': 0.2, 'recall_at_2': 0.6, 'map_at_r': 0.15, 'r_precision': 0.2}
+    """
+    ks = _check_ks(ks)
+    if not ks:
+        raise ValueError("ks must hold at least one K.")
+    sums = _checked_sums(
+        query_embeddings,
+        query_labels,
+        gallery_embeddings,
+        gallery_labels,
+        ks=ks,
+        distance=distance,
+        chunk_size=chunk_size,
+        need_r=True,
+    )
+    return _retrieval_compute(sums, ks)
+
+
+def retrieval_recall_at_k(
+    query_embeddings: torch.Tensor,
+    query_labels: torch.Tensor,
+    gallery_embeddings: torch.Tensor | None = None,
+    gallery_labels: torch.Tensor | None = None,
+    *,
+    k: int = 1,
+    distance: Distance = "cosine",
+    chunk_size: int = 1024,
+) -> torch.Tensor:
+    """Recall@K: the fraction of queries with a same-label item among their ``k`` nearest gallery items.
+
+    Only the ``k`` nearest items are ranked, so this is cheaper than :func:`retrieval_metrics`.
+    Arguments are as in :func:`retrieval_metrics`, with one ``k`` (>= 1).
+
+    Returns:
+        torch.Tensor: A float32 scalar.
+
+    Example:
+        >>> query = torch.tensor([[1.0, 0.0], [0.0, 1.0]])
+        >>> gallery = torch.tensor([[0.9, 0.1], [0.1, 0.9], [1.0, 1.0]])
+        >>> retrieval_recall_at_k(query, torch.tensor([0, 0]), gallery, torch.tensor([0, 1, 0]), k=1)
+        tensor(0.5000)
+    """
+    ks = (_check_k(k),)
+    sums = _checked_sums(
+        query_embeddings,
+        query_labels,
+        gallery_embeddings,
+        gallery_labels,
+        ks=ks,
+        distance=distance,
+        chunk_size=chunk_size,
+        need_r=False,
+    )
+    return _retrieval_compute(sums, ks, need_r=False)[f"recall_at_{k}"]
+
+
+def mean_average_precision_at_r(
+    query_embeddings: torch.Tensor,
+    query_labels: torch.Tensor,
+    gallery_embeddings: torch.Tensor | None = None,
+    gallery_labels: torch.Tensor | None = None,
+    *,
+    distance: Distance = "cosine",
+    chunk_size: int = 1024,
+) -> torch.Tensor:
+    """MAP@R (Musgrave et al. 2020). Arguments are as in :func:`retrieval_metrics`.
+
+    Returns:
+        torch.Tensor: A float32 scalar.
+
+    Example:
+        >>> emb = torch.tensor([[0.0], [1.0], [3.0], [4.0]])
+        >>> mean_average_precision_at_r(emb, torch.tensor([0, 0, 1, 1]), distance="euclidean")
+        tensor(1.)
+    """
+    sums = _checked_sums(
+        query_embeddings,
+        query_labels,
+        gallery_embeddings,
+        gallery_labels,
+        ks=(),
+        distance=distance,
+        chunk_size=chunk_size,
+        need_r=True,
+    )
+    return _retrieval_compute(sums, ())["map_at_r"]
+
+
+def r_precision(
+    query_embeddings: torch.Tensor,
+    query_labels: torch.Tensor,
+    gallery_embeddings: torch.Tensor | None = None,
+    gallery_labels: torch.Tensor | None = None,
+    *,
+    distance: Distance = "cosine",
+    chunk_size: int = 1024,
+) -> torch.Tensor:
+    """R-precision (Musgrave et al. 2020). Arguments are as in :func:`retrieval_metrics`.
+
+    Returns:
+        torch.Tensor: A float32 scalar.
+
+    Example:
+        >>> emb = torch.tensor([[0.0], [1.0], [3.0], [1.5]])
+        >>> r_precision(emb, torch.tensor([0, 0, 1, 1]), distance="euclidean")
+        tensor(0.5000)
+    """
+    sums = _checked_sums(
+        query_embeddings,
+        query_labels,
+        gallery_embeddings,
+        gallery_labels,
+        ks=(),
+        distance=distance,
+        chunk_size=chunk_size,
+        need_r=True,
+    )
+    return _retrieval_compute(sums, ())["r_precision"]

@@ -1,0 +1,276 @@
+"""The dataset loaders: MNIST-1D, digits, user files and image folders."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from composer_dynsample.data import (
+    DatasetSplits,
+    default_cache_dir,
+    load_digits,
+    load_file,
+    load_image_folder,
+    load_mnist1d,
+    stratified_split,
+)
+from composer_dynsample.data import datasets as datasets_module
+
+
+@pytest.fixture(scope="module")
+def mnist1d_cache(tmp_path_factory):
+    """Generate MNIST-1D once for the module (about 4-6 s) in a private cache directory."""
+    pytest.importorskip("mnist1d")
+    cache_dir = tmp_path_factory.mktemp("mnist1d_cache")
+    np.random.seed(123)
+    random.seed(123)
+    numpy_before, python_before = np.random.get_state()[1].copy(), random.getstate()
+    splits = load_mnist1d(cache_dir=cache_dir)
+    assert np.array_equal(np.random.get_state()[1], numpy_before), "global numpy RNG state was changed"
+    assert random.getstate() == python_before, "global random state was changed"
+    return cache_dir, splits
+
+
+def test_mnist1d_sizes(mnist1d_cache):
+    cache_dir, splits = mnist1d_cache
+    assert isinstance(splits, DatasetSplits) and splits.name == "mnist1d" and splits.num_classes == 10
+    assert splits.train.features.shape == (4000, 40) and splits.test.features.shape == (1000, 40)
+    assert splits.train.features.dtype == torch.float32 and splits.train.labels.dtype == torch.int64
+    assert set(splits.train.labels.tolist()) == set(range(10)) == set(splits.test.labels.tolist())
+    assert (cache_dir / "mnist1d_seed42.npz").is_file()
+
+
+def test_mnist1d_second_call_reads_the_cache(mnist1d_cache, monkeypatch):
+    cache_dir, splits = mnist1d_cache
+
+    def fail(seed):
+        raise AssertionError("regenerated although the cache exists")
+
+    monkeypatch.setattr(datasets_module, "_generate_mnist1d", fail)
+    again = load_mnist1d(cache_dir=cache_dir)
+    assert torch.equal(again.train.features, splits.train.features)
+    assert torch.equal(again.test.labels, splits.test.labels)
+
+
+def test_mnist1d_bad_cache_is_regenerated(tmp_path, monkeypatch):
+    (tmp_path / "mnist1d_seed7.npz").write_bytes(b"not an npz")
+    fake = {
+        "features": np.zeros((4000, 40), np.float32),
+        "labels": np.arange(4000) % 10,
+        "test_features": np.zeros((1000, 40), np.float32),
+        "test_labels": np.arange(1000) % 10,
+    }
+    monkeypatch.setattr(datasets_module, "_generate_mnist1d", lambda seed: fake)
+    splits = load_mnist1d(seed=7, cache_dir=tmp_path)
+    assert len(splits.train) == 4000
+    with np.load(tmp_path / "mnist1d_seed7.npz") as cached:
+        assert cached["features"].shape == (4000, 40)
+    with pytest.raises(ValueError, match="seed must be a non-negative integer"):
+        load_mnist1d(seed=-1, cache_dir=tmp_path)
+
+
+def test_default_cache_dir_honours_the_environment(monkeypatch, tmp_path):
+    monkeypatch.setenv("COMPOSER_DYNSAMPLE_CACHE", str(tmp_path / "explicit"))
+    assert default_cache_dir() == tmp_path / "explicit"
+    monkeypatch.delenv("COMPOSER_DYNSAMPLE_CACHE")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert default_cache_dir() == tmp_path / "xdg" / "composer_dynsample"
+
+
+def test_digits_sizes():
+    pytest.importorskip("sklearn")
+    splits = load_digits()
+    assert (len(splits.train), len(splits.test)) == (1438, 359)
+    assert splits.train.feature_shape == (64,) and splits.num_classes == 10 and splits.name == "digits"
+    assert splits.train.features.min() == 0.0 and splits.train.features.max() == 1.0
+    counts = torch.bincount(splits.test.labels)
+    assert counts.min() >= 34 and counts.max() <= 37  # stratified: about 20 % of each class
+    again = load_digits()
+    assert torch.equal(again.test.features, splits.test.features)  # deterministic
+
+
+def test_stratified_split():
+    labels = np.repeat(np.arange(3), [10, 5, 1])
+    train, test = stratified_split(labels, 0.2, seed=3)
+    assert np.bincount(labels[test], minlength=3).tolist() == [2, 1, 0]
+    assert sorted(np.concatenate([train, test]).tolist()) == list(range(16))
+    assert np.all(np.diff(train) > 0) and np.all(np.diff(test) > 0)
+    assert np.array_equal(stratified_split(labels, 0.2, seed=3)[1], test)
+    for bad in (0, 1, 1.5, True, "0.2"):
+        with pytest.raises(ValueError, match="test_fraction must be a number in"):
+            stratified_split(labels, bad)
+
+
+# --- user files ---
+
+
+def write_npz(path, **arrays):
+    np.savez(path, **arrays)
+    return path
+
+
+def test_load_npz_with_and_without_a_test_split(tmp_path):
+    features, labels = np.random.rand(20, 3).astype(np.float64), np.arange(20) % 4
+    split_file = write_npz(
+        tmp_path / "split.npz",
+        features=features,
+        labels=labels,
+        test_features=features[:5],
+        test_labels=labels[:5],
+    )
+    splits = load_file(split_file)
+    assert (len(splits.train), len(splits.test), splits.num_classes, splits.name) == (20, 5, 4, "split")
+    assert splits.train.features.dtype == torch.float32
+    with pytest.raises(ValueError, match="test_fraction must be None"):
+        load_file(split_file, test_fraction=0.3)
+
+    whole = load_file(
+        write_npz(tmp_path / "whole.npz", features=features, labels=labels), test_fraction=0.4, name="mine"
+    )
+    assert (len(whole.train), len(whole.test), whole.name) == (12, 8, "mine")
+    default = load_file(tmp_path / "whole.npz")
+    assert len(default.test) == 4
+    images = load_file(
+        write_npz(
+            tmp_path / "images.npz", features=np.zeros((10, 1, 4, 4), np.uint8), labels=np.arange(10) % 2
+        )
+    )
+    assert images.train.feature_shape == (1, 4, 4)
+
+
+def test_load_pt(tmp_path):
+    path = tmp_path / "data.pt"
+    torch.save({"features": torch.randn(10, 2), "labels": torch.arange(10) % 2}, path)
+    splits = load_file(path, test_fraction=0.2)
+    assert (len(splits.train), len(splits.test), splits.num_classes) == (8, 2, 2)
+    torch.save([torch.zeros(2)], tmp_path / "list.pt")
+    with pytest.raises(ValueError, match=r"list\.pt: expected a dict with keys 'features' and 'labels'"):
+        load_file(tmp_path / "list.pt")
+    (tmp_path / "junk.pt").write_bytes(b"junk")
+    with pytest.raises(ValueError, match=r"junk\.pt: could not load with torch\.load"):
+        load_file(tmp_path / "junk.pt")
+
+
+@pytest.mark.parametrize(
+    ("arrays", "match"),
+    [
+        (
+            {"features": np.zeros((4, 2))},
+            r"missing key\(s\) \['labels'\]; expected 'features' \(N, \.\.\.\) and 'labels'",
+        ),
+        ({"x": np.zeros((4, 2)), "y": np.zeros(4, int)}, r"missing key\(s\) \['features', 'labels'\]"),
+        (
+            {"features": np.zeros(4), "labels": np.zeros(4, int)},
+            r"'features' must be at least 2-D \(N, \.\.\.\), got shape \(4,\)",
+        ),
+        (
+            {"features": np.zeros((4, 2)), "labels": np.zeros(4)},
+            "'labels' must have an integer dtype, got float64",
+        ),
+        (
+            {"features": np.zeros((4, 2)), "labels": np.zeros((4, 1), int)},
+            r"'labels' must be 1-D \(N,\), got shape \(4, 1\)",
+        ),
+        (
+            {"features": np.zeros((4, 2)), "labels": np.zeros(3, int)},
+            "'labels' has 3 entries but 'features' has 4 rows",
+        ),
+        (
+            {"features": np.array([[0.0, np.nan]] * 4), "labels": np.zeros(4, int)},
+            "'features' must be finite, but row 0",
+        ),
+        (
+            {"features": np.zeros((4, 2), bool), "labels": np.zeros(4, int)},
+            "'features' must hold real numbers, got dtype bool",
+        ),
+        (
+            {"features": np.zeros((4, 2)), "labels": np.zeros(4, int), "test_features": np.zeros((2, 2))},
+            "must be given together",
+        ),
+        (
+            {
+                "features": np.zeros((4, 2)),
+                "labels": np.zeros(4, int),
+                "test_features": np.zeros((2, 3)),
+                "test_labels": np.zeros(2, int),
+            },
+            r"'test_features' rows have shape \(3,\) but 'features' rows have \(2,\)",
+        ),
+        (
+            {
+                "features": np.zeros((4, 2)),
+                "labels": np.zeros(4, int),
+                "test_features": np.zeros((2, 2)),
+                "test_labels": np.zeros(3, int),
+            },
+            "'test_labels' has 3 entries",
+        ),
+    ],
+)
+def test_malformed_npz_names_the_file_and_the_expectation(tmp_path, arrays, match):
+    path = write_npz(tmp_path / "bad.npz", **arrays)
+    with pytest.raises(ValueError, match=match) as info:
+        load_file(path)
+    assert str(path) in str(info.value)
+
+
+def test_missing_unsupported_and_unreadable_files(tmp_path):
+    with pytest.raises(FileNotFoundError, match=r"nope\.npz: no such file"):
+        load_file(tmp_path / "nope.npz")
+    (tmp_path / "data.csv").write_text("1,2\n")
+    with pytest.raises(ValueError, match=r"unsupported file type '\.csv'; expected \.npz, \.pt or \.pth"):
+        load_file(tmp_path / "data.csv")
+    (tmp_path / "broken.npz").write_bytes(b"garbage")
+    with pytest.raises(ValueError, match=r"broken\.npz: "):
+        load_file(tmp_path / "broken.npz")
+    np.savez(
+        tmp_path / "objects.npz", features=np.array([{"a": 1}] * 4, dtype=object), labels=np.zeros(4, int)
+    )
+    with pytest.raises(ValueError, match="without pickle"):
+        load_file(tmp_path / "objects.npz")
+
+
+# --- image folders ---
+
+
+def write_images(root, counts, size=(6, 5)):
+    from PIL import Image
+
+    for class_name, count in counts.items():
+        (root / class_name).mkdir(parents=True)
+        for i in range(count):
+            Image.new("RGB", (size[1], size[0]), color=(10 * i, 100, 200)).save(
+                root / class_name / f"{i}.png"
+            )
+
+
+def test_image_folder(tmp_path):
+    pytest.importorskip("PIL")
+    write_images(tmp_path / "flat", {"cat": 5, "ant": 5})
+    (tmp_path / "flat" / "cat" / "notes.txt").write_text("ignored")
+    splits = load_file(tmp_path / "flat")
+    assert (len(splits.train), len(splits.test), splits.num_classes, splits.name) == (8, 2, 2, "flat")
+    assert splits.train.feature_shape == (1, 6, 5)
+    assert splits.train.features.min() >= 0.0 and splits.train.features.max() <= 1.0
+    rgb = load_image_folder(tmp_path / "flat", grayscale=False, size=(4, 4), test_fraction=0.4)
+    assert rgb.train.feature_shape == (3, 4, 4) and len(rgb.test) == 4
+
+    write_images(tmp_path / "presplit" / "train", {"a": 2, "b": 2})
+    write_images(tmp_path / "presplit" / "test", {"a": 1, "b": 1})
+    presplit = load_image_folder(tmp_path / "presplit")
+    assert (len(presplit.train), len(presplit.test)) == (4, 2)
+    assert presplit.test.labels.tolist() == [0, 1]
+
+    write_images(tmp_path / "mixed", {"a": 2})
+    write_images(tmp_path / "mixed_b", {"b": 1}, size=(7, 7))
+    (tmp_path / "mixed_b" / "b").rename(tmp_path / "mixed" / "b")
+    with pytest.raises(ValueError, match=r"differs from earlier images .* pass size=\(H, W\)"):
+        load_image_folder(tmp_path / "mixed")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ValueError, match="expected one sub-directory per class"):
+        load_image_folder(tmp_path / "empty")
+    with pytest.raises(FileNotFoundError, match="no such directory"):
+        load_image_folder(tmp_path / "missing")
