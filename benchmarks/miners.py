@@ -1,0 +1,433 @@
+"""Time the miners against pytorch-metric-learning's and against one ``emb @ emb.T`` matmul.
+
+For B = 256 and 1024 L2-normalised random embeddings (D = 128, P x K labels with 8 samples per class),
+each miner, its PML counterpart and one B x D x B matmul are timed in the same process, with
+``torch.set_num_threads`` fixed, interleaved round by round (so that load from other processes hits all
+of them alike), and reported as the median of the rounds after warm-up. Triplets / pairs are compared
+with PML's where the semantics match (batch_hard, multi_similarity).
+
+Peak memory of semi_hard vs PML's ``TripletMarginMiner(type_of_triplets="semihard")`` is the growth of
+the peak resident set size of a fresh subprocess during a single call (after a tiny warm-up call, the
+kernel's high-water mark ``VmHWM`` is reset through ``/proc/self/clear_refs`` and compared with
+``VmRSS`` before the call). torch's CPU allocations are invisible to ``tracemalloc``, but every page a
+call touches (the distance matrix, its temporaries, PML's B^3 triplet mask and index lists) shows up in
+the RSS; a fresh process keeps earlier freed memory from being reused unseen. Where ``/proc`` is missing
+the ``ru_maxrss`` growth is used instead (a lower bound).
+
+Goals (checked and printed next to the measured figures):
+
+* batch_hard: at most 3x the matmul, at least 3x faster than PML's BatchHardMiner, identical triplets;
+* semi_hard: at most 5x the matmul, O(B^2) memory;
+* multi_similarity: faster than PML's MultiSimilarityMiner, identical pairs.
+
+Run:
+
+    python benchmarks/miners.py [--quick] [--out benchmarks/results] [--threads 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import time
+import types
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from pytorch_metric_learning import __version__ as pml_version
+from pytorch_metric_learning import distances as pml_distances
+from pytorch_metric_learning import miners as pml_miners
+
+
+def _import_mining_without_package_init() -> types.ModuleType:
+    """``composer_dynsample.mining`` without running ``composer_dynsample/__init__.py``.
+
+    The package's ``__init__`` imports Composer (several seconds, once per process, and again in every
+    memory subprocess); the miners need nothing from it. A bare parent module with the package's
+    ``__path__`` lets the submodules import normally. Falls back to a plain import.
+    """
+    if "composer_dynsample" not in sys.modules:
+        spec = importlib.util.find_spec("composer_dynsample")
+        if spec is not None and spec.submodule_search_locations:
+            parent = types.ModuleType("composer_dynsample")
+            parent.__path__ = list(spec.submodule_search_locations)
+            sys.modules["composer_dynsample"] = parent
+    import composer_dynsample.mining as mining
+
+    return mining
+
+
+_mining = _import_mining_without_package_init()
+batch_hard, distance_weighted, hard_topk = _mining.batch_hard, _mining.distance_weighted, _mining.hard_topk
+multi_similarity, semi_hard = _mining.multi_similarity, _mining.semi_hard
+
+DIM = 128
+PER_CLASS = 8
+MARGIN = 0.2
+EPSILON = 0.1
+
+
+def make_batch(batch: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    emb = F.normalize(torch.randn(batch, DIM, generator=gen), dim=1)
+    labels = torch.arange(batch // PER_CLASS).repeat_interleave(PER_CLASS)
+    return emb, labels
+
+
+def cases(emb: torch.Tensor, labels: torch.Tensor) -> list[dict]:
+    """Each row: our miner, its PML counterpart (or None) and whether the outputs must be identical."""
+    gen = torch.Generator()
+    return [
+        {
+            "miner": "batch_hard",
+            "distance": "cosine",
+            "ours": lambda: batch_hard(emb, labels),
+            "pml_name": "BatchHardMiner(CosineSimilarity())",
+            "pml": pml_miners.BatchHardMiner(distance=pml_distances.CosineSimilarity()),
+            "compare": "triplets",
+        },
+        {
+            "miner": "batch_hard",
+            "distance": "euclidean",
+            "ours": lambda: batch_hard(emb, labels, distance="euclidean"),
+            "pml_name": "BatchHardMiner()",
+            "pml": pml_miners.BatchHardMiner(),
+            "compare": "triplets",
+        },
+        {
+            "miner": "semi_hard",
+            "distance": "cosine",
+            "ours": lambda: semi_hard(emb, labels, margin=MARGIN),
+            "pml_name": "TripletMarginMiner(semihard) [all triplets]",
+            "pml": pml_miners.TripletMarginMiner(
+                margin=MARGIN, type_of_triplets="semihard", distance=pml_distances.CosineSimilarity()
+            ),
+            "compare": None,
+        },
+        {
+            "miner": "hard_topk(k=3)",
+            "distance": "cosine",
+            "ours": lambda: hard_topk(emb, labels, k=3),
+            "pml_name": None,
+            "pml": None,
+            "compare": None,
+        },
+        {
+            "miner": "multi_similarity",
+            "distance": "cosine",
+            "ours": lambda: multi_similarity(emb, labels, epsilon=EPSILON),
+            "pml_name": "MultiSimilarityMiner(0.1)",
+            "pml": pml_miners.MultiSimilarityMiner(epsilon=EPSILON),
+            "compare": "pairs",
+        },
+        {
+            "miner": "distance_weighted",
+            "distance": "euclidean",
+            "ours": lambda: distance_weighted(emb, labels, generator=gen.manual_seed(0)),
+            "pml_name": "DistanceWeightedMiner() [other sampling]",
+            "pml": pml_miners.DistanceWeightedMiner(),
+            "compare": None,
+        },
+    ]
+
+
+def identical(ours: tuple[torch.Tensor, ...], theirs: tuple[torch.Tensor, ...], kind: str, size: int) -> bool:
+    """Same index tuples as sets (PML orders them differently), compared as sorted encoded integers."""
+
+    def encoded(*columns: torch.Tensor) -> torch.Tensor:
+        code = torch.zeros_like(columns[0])
+        for column in columns:
+            code = code * size + column
+        return code.sort().values
+
+    def same(a: tuple[torch.Tensor, ...], b: tuple[torch.Tensor, ...]) -> bool:
+        return torch.equal(encoded(*a), encoded(*b))
+
+    if kind == "triplets":
+        return same(ours, theirs)
+    return same(ours[:2], theirs[:2]) and same(ours[2:], theirs[2:])
+
+
+def time_interleaved(fns: dict[str, Callable[[], object]], rounds: int, warmup: int) -> dict[str, float]:
+    """Median seconds per call, timing every function once per round, in turn."""
+    for fn in fns.values():
+        for _ in range(warmup):
+            fn()
+    samples: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            fn()
+            samples[name].append(time.perf_counter() - start)
+    return {name: statistics.median(values) for name, values in samples.items()}
+
+
+def measure(batch: int, rounds: int, quick: bool) -> list[dict]:
+    emb, labels = make_batch(batch)
+    rows = cases(emb, labels)
+    fns: dict[str, Callable[[], object]] = {"matmul": lambda: emb @ emb.T}
+    slow: dict[str, Callable[[], object]] = {}
+    for i, row in enumerate(rows):
+        fns[f"ours{i}"] = row["ours"]
+        if row["pml"] is None:
+            continue
+        call = (lambda m: lambda: m(emb, labels))(row["pml"])
+        # At B = 1024 PML's semihard enumerates all B^3 candidate triplets (seconds, ~2 GB) and its
+        # DistanceWeightedMiner loops over labels (seconds): timed apart with 3 rounds, skipped if quick.
+        if batch >= 1024 and row["miner"] in ("semi_hard", "distance_weighted"):
+            if not quick:
+                slow[f"pml{i}"] = call
+        else:
+            fns[f"pml{i}"] = call
+    medians = time_interleaved(fns, rounds, warmup=1 if quick else 2)
+    if slow:
+        medians.update(time_interleaved(slow, rounds=3, warmup=1))
+    results = []
+    for i, row in enumerate(rows):
+        ours_s, pml_s = medians[f"ours{i}"], medians.get(f"pml{i}")
+        same = None
+        if row["compare"] is not None:
+            same = identical(row["ours"](), row["pml"](emb, labels), row["compare"], batch)
+        results.append(
+            {
+                "batch": batch,
+                "miner": row["miner"],
+                "distance": row["distance"],
+                "pml": row["pml_name"],
+                "ours_ms": round(ours_s * 1e3, 3),
+                "pml_ms": None if pml_s is None else round(pml_s * 1e3, 3),
+                "matmul_ms": round(medians["matmul"] * 1e3, 3),
+                "ours_over_matmul": round(ours_s / medians["matmul"], 2),
+                "pml_over_ours": None if pml_s is None else round(pml_s / ours_s, 2),
+                "identical": same,
+            }
+        )
+    return results
+
+
+def _proc_status_kib(key: str) -> int | None:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(key + ":"):
+                    return int(line.split()[1])
+    except OSError:
+        return None
+    return None
+
+
+def memory_worker(which: str, batch: int, threads: int) -> None:
+    """Runs in a fresh subprocess: print the peak-RSS growth (bytes) of one call."""
+    torch.set_num_threads(threads)
+    pml = pml_miners.TripletMarginMiner(
+        margin=MARGIN, type_of_triplets="semihard", distance=pml_distances.CosineSimilarity()
+    )
+
+    def call(e: torch.Tensor, lab: torch.Tensor) -> object:
+        return semi_hard(e, lab, margin=MARGIN) if which == "ours" else pml(e, lab)
+
+    call(*make_batch(16, seed=1))  # load code paths and library buffers before the baseline
+    emb, labels = make_batch(batch)
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")  # reset the peak RSS (VmHWM) to the current RSS
+        before = _proc_status_kib("VmRSS")
+    except OSError:
+        before = None
+    if before is not None:
+        out = call(emb, labels)
+        growth_kib = (_proc_status_kib("VmHWM") or 0) - before
+    else:
+        start = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        out = call(emb, labels)
+        growth_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - start
+        growth_kib //= 1024 if sys.platform == "darwin" else 1  # ru_maxrss is in bytes on macOS
+    del out
+    print(json.dumps({"peak_growth_bytes": growth_kib * 1024}))
+
+
+def peak_memory(jobs: list[tuple[str, int]], threads: int) -> dict[tuple[str, int], float]:
+    """Peak-RSS growth in MiB of one call per job, each job in its own fresh process (run concurrently)."""
+    procs = {
+        job: subprocess.Popen(
+            [sys.executable, __file__, "--memory-worker", job[0], str(job[1]), "--threads", str(threads)],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for job in jobs
+    }
+    results = {}
+    for job, proc in procs.items():
+        out, _ = proc.communicate()
+        if proc.returncode != 0:
+            raise RuntimeError(f"memory worker {job} failed with exit code {proc.returncode}")
+        results[job] = json.loads(out.strip().splitlines()[-1])["peak_growth_bytes"] / 2**20
+    return results
+
+
+def fmt(x: float | None, spec: str = ".2f") -> str:
+    return "n/a" if x is None else format(x, spec)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--quick", action="store_true", help="3 rounds; no PML semihard / DistanceWeightedMiner at B = 1024"
+    )
+    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
+    parser.add_argument("--threads", type=int, default=2, help="torch.set_num_threads (default 2)")
+    parser.add_argument("--rounds", type=int, default=None, help="timed rounds (default 3 quick, 21 full)")
+    parser.add_argument("--memory-worker", nargs=2, metavar=("WHICH", "B"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.memory_worker:
+        memory_worker(args.memory_worker[0], int(args.memory_worker[1]), args.threads)
+        return
+
+    torch.set_num_threads(args.threads)
+    # Other processes on the machine distort timings (with several threads, every parallel region waits
+    # for a descheduled thread): the load average is recorded with the results.
+    load_before = os.getloadavg() if hasattr(os, "getloadavg") else None
+    rounds = args.rounds or (3 if args.quick else 21)
+    rows = []
+    for batch in (256, 1024):
+        rows.extend(measure(batch, rounds, quick=args.quick))
+
+    jobs = [("ours", 256), ("pml", 256), ("ours", 1024)] + ([] if args.quick else [("pml", 1024)])
+    peaks = peak_memory(jobs, args.threads)
+    memory = [
+        {
+            "batch": batch,
+            "semi_hard_peak_mib": round(peaks[("ours", batch)], 1),
+            "pml_semihard_peak_mib": round(peaks[("pml", batch)], 1) if ("pml", batch) in peaks else None,
+            "b2_float32_mib": round(batch * batch * 4 / 2**20, 1),
+        }
+        for batch in (256, 1024)
+    ]
+
+    def row(miner: str, batch: int, distance: str = "cosine") -> dict:
+        return next(
+            r for r in rows if r["miner"] == miner and r["batch"] == batch and r["distance"] == distance
+        )
+
+    bh, sh, ms = row("batch_hard", 1024), row("semi_hard", 1024), row("multi_similarity", 1024)
+    mem_256, mem_1024 = memory
+    # O(B^2): the peak per (anchor, pool entry) must not grow with B; PML's semihard grows like B.
+    per_entry = {m["batch"]: m["semi_hard_peak_mib"] * 2**20 / m["batch"] ** 2 for m in memory}
+    goals = [
+        {
+            "goal": "batch_hard <= 3x matmul (B=1024)",
+            "measured": f"{bh['ours_over_matmul']:.2f}x",
+            "met": bh["ours_over_matmul"] <= 3.0,
+        },
+        {
+            "goal": "batch_hard >= 3x faster than PML BatchHardMiner (B=1024)",
+            "measured": f"{bh['pml_over_ours']:.2f}x",
+            "met": bh["pml_over_ours"] >= 3.0,
+        },
+        {
+            "goal": "batch_hard triplets identical to PML's (B=256, 1024)",
+            "measured": ", ".join(
+                "yes" if r["identical"] else "no" for r in rows if r["miner"] == "batch_hard"
+            ),
+            "met": all(r["identical"] for r in rows if r["miner"] == "batch_hard"),
+        },
+        {
+            "goal": "semi_hard <= 5x matmul (B=1024)",
+            "measured": f"{sh['ours_over_matmul']:.2f}x",
+            "met": sh["ours_over_matmul"] <= 5.0,
+        },
+        {
+            "goal": "semi_hard memory O(B^2)",
+            "measured": f"peak {mem_1024['semi_hard_peak_mib']:.1f} MiB at B=1024 = {per_entry[1024]:.0f} bytes per"
+            f" anchor-pool entry ({per_entry[256]:.0f} at B=256)"
+            + (
+                f"; PML semihard {mem_1024['pml_semihard_peak_mib']:.0f} MiB"
+                if mem_1024["pml_semihard_peak_mib"] is not None
+                else f"; PML semihard {mem_256['pml_semihard_peak_mib']:.0f} MiB at B=256"
+            ),
+            # Flat bytes per entry from B=256 to 1024 (quadratic total), with a working set of a few
+            # distance-matrix copies (under 64 bytes per entry).
+            "met": per_entry[1024] <= 64 and per_entry[1024] <= 1.5 * max(per_entry[256], 1.0),
+        },
+        {
+            "goal": "multi_similarity faster than PML MultiSimilarityMiner (B=1024)",
+            "measured": f"{ms['pml_over_ours']:.2f}x",
+            "met": ms["pml_over_ours"] > 1.0,
+        },
+        {
+            "goal": "multi_similarity pairs identical to PML's (B=256, 1024)",
+            "measured": ", ".join(
+                "yes" if r["identical"] else "no" for r in rows if r["miner"] == "multi_similarity"
+            ),
+            "met": all(r["identical"] for r in rows if r["miner"] == "multi_similarity"),
+        },
+    ]
+
+    lines = [
+        "| B | miner | distance | PML counterpart | ours (ms) | PML (ms) | matmul (ms) | ours / matmul | PML / ours | identical |",
+        "|---:|---|---|---|---:|---:|---:|---:|---:|---|",
+    ]
+    for r in rows:
+        same = "n/a" if r["identical"] is None else ("yes" if r["identical"] else "no")
+        lines.append(
+            f"| {r['batch']} | {r['miner']} | {r['distance']} | {r['pml'] or '-'} | {fmt(r['ours_ms'])} | "
+            f"{fmt(r['pml_ms'])} | {fmt(r['matmul_ms'], '.3f')} | {fmt(r['ours_over_matmul'])} | {fmt(r['pml_over_ours'])} | {same} |"
+        )
+    lines += [
+        "",
+        "| B | semi_hard peak RSS growth (MiB) | PML semihard peak RSS growth (MiB) | B^2 float32 (MiB) |",
+        "|---:|---:|---:|---:|",
+    ]
+    for m in memory:
+        lines.append(
+            f"| {m['batch']} | {m['semi_hard_peak_mib']:.1f} | {fmt(m['pml_semihard_peak_mib'], '.1f')} | {m['b2_float32_mib']:.1f} |"
+        )
+    lines += ["", "| goal | measured | met |", "|---|---|---|"]
+    lines += [f"| {g['goal']} | {g['measured']} | {'yes' if g['met'] else 'NO'} |" for g in goals]
+    table = "\n".join(lines)
+    print(table)
+
+    machine = f"{platform.machine()} {platform.processor() or ''} {platform.system()}, python {platform.python_version()}"
+    config = {
+        "threads": args.threads,
+        "dim": DIM,
+        "samples_per_class": PER_CLASS,
+        "rounds": rounds,
+        "quick": args.quick,
+        "torch": torch.__version__,
+        "pytorch_metric_learning": pml_version,
+        "machine": machine,
+        "cpus": os.cpu_count(),
+        "load_average_1_5_15min_before": load_before,
+        "load_average_1_5_15min_after": os.getloadavg() if hasattr(os, "getloadavg") else None,
+    }
+    print(f"\nconfig: {json.dumps(config)}")
+    args.out.mkdir(parents=True, exist_ok=True)
+    name = (
+        "miners" + ("_quick" if args.quick else "") + ("" if args.threads == 2 else f"_threads{args.threads}")
+    )
+    result = {
+        "ratio": round(bh["pml_ms"] / bh["ours_ms"], 3),
+        "ratio_meaning": "PML BatchHardMiner(CosineSimilarity()) time / our batch_hard (cosine) time at B=1024, same distance",
+        "goals": goals,
+        "rows": rows,
+        "memory": memory,
+        "config": config,
+    }
+    (args.out / f"{name}.json").write_text(json.dumps(result, indent=2) + "\n")
+    (args.out / f"{name}.md").write_text(table + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,261 @@
+"""Input validation, label bookkeeping and chunking shared by the miners."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Final
+
+import torch
+
+from composer_dynsample.mining.distances import check_distance
+
+__all__ = [
+    "CHUNK_BYTES",
+    "LabelIndex",
+    "MiningInputs",
+    "check_float",
+    "check_int",
+    "empty_indices",
+    "row_chunks",
+    "validate_mining_inputs",
+]
+
+#: Working-set budget of one chunk of anchors (distance rows plus per-element temporaries), in bytes.
+CHUNK_BYTES: Final[int] = 64 * 2**20
+
+
+@dataclass(frozen=True)
+class MiningInputs:
+    """Validated mining inputs.
+
+    Attributes:
+        embeddings: ``(B, D)`` anchors, in the promoted dtype of both embedding tensors.
+        labels: ``(B,)`` int64 labels on the embeddings' device.
+        ref_embeddings: ``(M, D)`` pool; the same tensor object as ``embeddings`` when ``self_pool``.
+        ref_labels: ``(M,)`` int64 pool labels.
+        self_pool: Whether the pool is the batch itself, so that anchor ``i`` must not pair with
+            pool entry ``i``.
+        distance: The validated distance name.
+    """
+
+    embeddings: torch.Tensor
+    labels: torch.Tensor
+    ref_embeddings: torch.Tensor
+    ref_labels: torch.Tensor
+    self_pool: bool
+    distance: str
+
+    @property
+    def device(self) -> torch.device:
+        """Device of the embeddings (and of every returned index tensor)."""
+        return self.embeddings.device
+
+    @property
+    def is_empty(self) -> bool:
+        """Whether there is no anchor or no pool entry, so nothing can be mined."""
+        return self.embeddings.shape[0] == 0 or self.ref_embeddings.shape[0] == 0
+
+
+def _describe(value: object) -> str:
+    if isinstance(value, torch.Tensor):
+        return f"tensor of shape {tuple(value.shape)} and dtype {value.dtype}"
+    return f"object of type {type(value).__name__}"
+
+
+def _check_embeddings(name: str, value: object) -> torch.Tensor:
+    if not isinstance(value, torch.Tensor) or value.ndim != 2 or not value.is_floating_point():
+        raise ValueError(
+            f"{name} must be a 2-D floating-point tensor of shape (num_samples, dim); got {_describe(value)}"
+        )
+    if value.shape[1] == 0:
+        raise ValueError(f"{name} must have at least one feature dimension; got shape {tuple(value.shape)}")
+    # min and max propagate NaN and expose +-inf: one fused reduction instead of an isfinite pass.
+    if value.numel() > 0 and not bool(torch.isfinite(torch.stack(torch.aminmax(value))).all()):
+        raise ValueError(f"{name} contain NaN or inf")
+    return value
+
+
+def _check_labels(name: str, value: object, num: int, emb_name: str) -> torch.Tensor:
+    if (
+        not isinstance(value, torch.Tensor)
+        or value.ndim != 1
+        or value.is_floating_point()
+        or value.is_complex()
+        or value.dtype == torch.bool
+    ):
+        raise ValueError(f"{name} must be a 1-D integer tensor; got {_describe(value)}")
+    if value.shape[0] != num:
+        raise ValueError(
+            f"{name} must have one entry per row of {emb_name}; got {value.shape[0]} labels for {num} rows"
+        )
+    return value
+
+
+def validate_mining_inputs(
+    embeddings: torch.Tensor,
+    labels: torch.Tensor,
+    ref_embeddings: torch.Tensor | None = None,
+    ref_labels: torch.Tensor | None = None,
+    *,
+    distance: str = "cosine",
+) -> MiningInputs:
+    """Check and normalise the arguments every miner takes.
+
+    The pool is the batch itself (``self_pool``) when ``ref_embeddings`` is ``None``, or when the very
+    same tensor objects are passed as pool (as pytorch-metric-learning decides by identity). Labels are
+    moved to the embeddings' device and cast to int64; embeddings and pool are cast to their promoted
+    dtype (e.g. bf16 batch against an fp32 memory bank: both fp32).
+
+    Args:
+        embeddings: ``(B, D)`` floating-point tensor of anchors.
+        labels: ``(B,)`` integer tensor.
+        ref_embeddings: Optional ``(M, D)`` reference pool.
+        ref_labels: ``(M,)`` integer labels of the pool; required exactly when ``ref_embeddings`` is given.
+        distance: One of ``"cosine"``, ``"euclidean"``, ``"squared_euclidean"``.
+
+    Returns:
+        The validated :class:`MiningInputs`.
+
+    Raises:
+        ValueError: On a wrong type, shape, dtype or device, mismatched lengths or dimensions, a missing
+            half of the pool, an unknown distance, or NaN/inf in the embeddings.
+
+    Example:
+        >>> emb = torch.randn(4, 3)
+        >>> inputs = validate_mining_inputs(emb, torch.tensor([0, 0, 1, 1]))
+        >>> inputs.self_pool, inputs.ref_embeddings is inputs.embeddings
+        (True, True)
+        >>> validate_mining_inputs(emb, torch.tensor([0, 0, 1]))
+        Traceback (most recent call last):
+            ...
+        ValueError: labels must have one entry per row of embeddings; got 3 labels for 4 rows
+    """
+    check_distance(distance)
+    _check_embeddings("embeddings", embeddings)
+    _check_labels("labels", labels, embeddings.shape[0], "embeddings")
+    if (ref_embeddings is None) != (ref_labels is None):
+        given, missing = (
+            ("ref_embeddings", "ref_labels") if ref_labels is None else ("ref_labels", "ref_embeddings")
+        )
+        raise ValueError(f"{given} was given without {missing}; pass both or neither")
+    self_pool = ref_embeddings is None or (ref_embeddings is embeddings and ref_labels is labels)
+    device = embeddings.device
+    labels = labels.to(device=device, dtype=torch.int64)
+    if self_pool:
+        return MiningInputs(embeddings, labels, embeddings, labels, True, distance)
+
+    _check_embeddings("ref_embeddings", ref_embeddings)
+    _check_labels("ref_labels", ref_labels, ref_embeddings.shape[0], "ref_embeddings")
+    if ref_embeddings.shape[1] != embeddings.shape[1]:
+        raise ValueError(
+            "ref_embeddings must have the same dimension as embeddings; "
+            f"got {ref_embeddings.shape[1]} and {embeddings.shape[1]}"
+        )
+    if ref_embeddings.device != device:
+        raise ValueError(
+            f"ref_embeddings must be on the embeddings' device {device}; got {ref_embeddings.device}"
+        )
+    dtype = torch.promote_types(embeddings.dtype, ref_embeddings.dtype)
+    return MiningInputs(
+        embeddings.to(dtype),
+        labels,
+        ref_embeddings.to(dtype),
+        ref_labels.to(device=device, dtype=torch.int64),
+        False,
+        distance,
+    )
+
+
+def check_int(name: str, value: object, minimum: int) -> int:
+    """Return ``value`` if it is an ``int`` (not ``bool``) ``>= minimum``, else raise ``ValueError``."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}; got {value!r}")
+    return value
+
+
+def check_float(name: str, value: object, minimum: float = 0.0, *, strict: bool = False) -> float:
+    """Return ``float(value)`` if it is a finite real ``>= minimum`` (``>`` if ``strict``), else raise."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise ValueError(f"{name} must be a finite real number; got {value!r}")
+    if value < minimum or (strict and value == minimum):
+        raise ValueError(f"{name} must be {'>' if strict else '>='} {minimum}; got {value!r}")
+    return float(value)
+
+
+def empty_indices(n: int, device: torch.device) -> tuple[torch.Tensor, ...]:
+    """Return ``n`` distinct empty int64 tensors on ``device``."""
+    return tuple(torch.empty(0, dtype=torch.int64, device=device) for _ in range(n))
+
+
+def row_chunks(
+    n_rows: int, n_cols: int, bytes_per_entry: int, chunk_size: int | None
+) -> Iterator[tuple[int, int]]:
+    """Yield ``(start, stop)`` ranges of anchors so a chunk's working set stays bounded.
+
+    Args:
+        n_rows: Number of anchors.
+        n_cols: Pool size ``M``.
+        bytes_per_entry: Bytes of temporaries the miner keeps per ``(anchor, pool entry)``.
+        chunk_size: Explicit number of anchors per chunk, or ``None`` to fit :data:`CHUNK_BYTES`.
+    """
+    if chunk_size is None:
+        chunk_size = max(1, CHUNK_BYTES // max(1, n_cols * bytes_per_entry))
+    for start in range(0, n_rows, chunk_size):
+        yield start, min(start + chunk_size, n_rows)
+
+
+class LabelIndex:
+    """Per-anchor lists of positives (pool entries sharing its label), built by sorting the pool labels once.
+
+    This avoids any ``B x M`` label comparison: in a P x K batch an anchor has ``K - 1`` positives, so the
+    positives of every anchor fit a small ``(B, K - 1)`` table, and a negative is simply "not listed".
+
+    Attributes:
+        n_pos: ``(B,)`` number of positives per anchor (same label, itself excluded for a self pool).
+        n_neg: ``(B,)`` number of negatives per anchor.
+        width: Largest number of positives of any anchor (the table width).
+        self_pool: Whether anchor ``i`` is pool entry ``i``.
+    """
+
+    def __init__(self, labels: torch.Tensor, ref_labels: torch.Tensor, self_pool: bool) -> None:
+        self.self_pool = self_pool
+        self._pool_size = ref_labels.shape[0]
+        self._order = torch.argsort(ref_labels, stable=True)
+        sorted_labels = ref_labels[self._order]
+        self._start = torch.searchsorted(sorted_labels, labels)
+        count = torch.searchsorted(sorted_labels, labels, right=True) - self._start
+        self.n_neg = self._pool_size - count
+        if self_pool:
+            # Position of anchor i inside its own label group of the sorted pool, to skip it.
+            position = torch.empty_like(self._order)
+            position[self._order] = torch.arange(self._pool_size, device=position.device)
+            self._self_slot = position - self._start
+            self.n_pos = count - 1
+        else:
+            self.n_pos = count
+        self.width = int(self.n_pos.max()) if self.n_pos.numel() > 0 else 0
+
+    def chunk(self, start: int, stop: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Return ``(pos_idx, pos_valid)`` for anchors ``start:stop``.
+
+        ``pos_idx`` is ``(rows, width)``: each anchor's positives as pool indices, in increasing order;
+        entries where ``pos_valid`` is false are padding and point at arbitrary pool entries.
+        """
+        slots = torch.arange(self.width, device=self._order.device)
+        pos_valid = slots < self.n_pos[start:stop, None]
+        if self.self_pool:
+            slots = slots + (slots >= self._self_slot[start:stop, None])
+        flat = (self._start[start:stop, None] + slots).clamp_(max=self._pool_size - 1)
+        return self._order[flat], pos_valid
+
+    def mask_same_label(
+        self, mat: torch.Tensor, start: int, pos_idx: torch.Tensor, pos_valid: torch.Tensor, value: float
+    ) -> None:
+        """Overwrite, in place, the entries of chunk ``mat`` that are not negatives (positives, self)."""
+        rows, slots = pos_valid.nonzero(as_tuple=True)
+        mat[rows, pos_idx[rows, slots]] = value
+        if self.self_pool:
+            rows = torch.arange(mat.shape[0], device=mat.device)
+            mat[rows, rows + start] = value

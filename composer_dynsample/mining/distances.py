@@ -1,0 +1,166 @@
+"""Pairwise distances for the miners.
+
+Three distances are supported, named as in :data:`DISTANCES`:
+
+* ``"cosine"``: ``1 - cos(x, y)``, in ``[0, 2]``. Embeddings are L2-normalised first.
+* ``"euclidean"``: ``||x - y||_2`` on the embeddings as given (no normalisation).
+* ``"squared_euclidean"``: ``||x - y||_2 ** 2``.
+
+Most miners need only the order of the distances and their differences (margins), so internally they
+may work on a *rank matrix* that equals the distance minus a constant (see :class:`RankMatrix`).
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+import torch
+import torch.nn.functional as F
+
+__all__ = ["DISTANCES", "RankMatrix", "check_distance", "pairwise_distance"]
+
+DISTANCES: Final[tuple[str, ...]] = ("cosine", "euclidean", "squared_euclidean")
+
+_HALF_DTYPES: Final[tuple[torch.dtype, ...]] = (torch.float16, torch.bfloat16)
+_NORM_EPS: Final[float] = 1e-12  # F.normalize's default
+
+
+def check_distance(distance: object) -> str:
+    """Return ``distance`` if it names a supported distance, else raise a ``ValueError``.
+
+    Args:
+        distance: The value to check.
+
+    Returns:
+        The distance name.
+
+    Raises:
+        ValueError: If ``distance`` is not one of :data:`DISTANCES`.
+
+    Example:
+        >>> check_distance("euclidean")
+        'euclidean'
+    """
+    if not isinstance(distance, str) or distance not in DISTANCES:
+        raise ValueError(f"distance must be one of {DISTANCES}; got {distance!r}")
+    return distance
+
+
+class RankMatrix:
+    """Rows of a pairwise distance matrix, shifted by a constant, computed one chunk of rows at a time.
+
+    ``rows(start, stop)[i, j] == distance(x[start + i], y[j]) - offset``. Inputs are prepared once
+    (normalised, squared norms) so a chunk costs one matrix multiplication plus O(1) elementwise passes.
+
+    For ``"cosine"`` with ``nonnegative=False`` the matrix is ``-x_n @ y_n.T`` (``offset == 1``): the
+    negated cosine similarity is computed exactly as similarity-based code (e.g.
+    pytorch-metric-learning's ``CosineSimilarity``) computes the similarity, so thresholds such as
+    ``s - eps < max_s`` give bit-identical decisions, which ``1 - s`` (rounded) would not.
+    With ``nonnegative=True`` the true distance is returned (``offset == 0``), clamped at zero.
+
+    Args:
+        x: Query embeddings, ``(B, D)``.
+        y: Reference embeddings, ``(M, D)``, same dtype and device as ``x``.
+        distance: One of :data:`DISTANCES`.
+        nonnegative: Return the true (non-negative) distance instead of a shifted one.
+    """
+
+    def __init__(self, x: torch.Tensor, y: torch.Tensor, distance: str, *, nonnegative: bool = False) -> None:
+        self.distance = check_distance(distance)
+        self.nonnegative = nonnegative
+        self.offset = 1.0 if distance == "cosine" and not nonnegative else 0.0
+        self._x, self._y = x, y
+        self._prepare(x, y)
+
+    def _prepare(self, x: torch.Tensor, y: torch.Tensor) -> None:
+        if self.distance == "cosine":
+            # As F.normalize computes it (x / max(||x||, eps)), with the sign folded into the division:
+            # negation is exact, so (-x_n) @ y_n.T == -(x_n @ y_n.T) bit for bit, with no extra pass.
+            x_norm = x.norm(p=2, dim=1, keepdim=True).clamp_min(_NORM_EPS)
+            yn = x / x_norm if y is x else F.normalize(y, p=2, dim=1, eps=_NORM_EPS)
+            self._a, self._b = x / x_norm.neg(), yn.T
+            self._row_term = self._col_term = None
+        else:
+            # ||x - y||^2 = ||x||^2 + ||y||^2 - 2 x.y; scaling by -2 is exact.
+            self._a, self._b = -2.0 * x, y.T
+            self._row_term = (x * x).sum(dim=1, keepdim=True)
+            self._col_term = self._row_term.T if y is x else (y * y).sum(dim=1).unsqueeze(0)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The dtype of the rows returned (the embeddings' dtype, or float32 after an fp16 overflow)."""
+        return self._a.dtype
+
+    def rows(self, start: int, stop: int) -> torch.Tensor:
+        """Return rows ``start:stop`` of the (shifted) distance matrix as a new tensor."""
+        out = self._compute(start, stop)
+        if out.dtype in _HALF_DTYPES and not bool(torch.isfinite(out).all()):
+            # fp16 overflows at 65504: squared norms of unnormalised embeddings can exceed it although the
+            # embeddings are finite. Redo the whole problem in float32 (once) rather than mine on inf/NaN.
+            self._prepare(self._x.float(), self._y.float())
+            out = self._compute(start, stop)
+        return out
+
+    def _compute(self, start: int, stop: int) -> torch.Tensor:
+        a = self._a[start:stop]
+        if self.distance == "cosine":
+            if not self.nonnegative:
+                return a @ self._b
+            return (a @ self._b).add_(1.0).clamp_(min=0.0)
+        out = torch.addmm(self._col_term, a, self._b)
+        out.add_(self._row_term[start:stop]).clamp_(min=0.0)
+        if self.distance == "euclidean":
+            out.sqrt_()
+        return out
+
+
+def pairwise_distance(x: torch.Tensor, y: torch.Tensor, distance: str = "cosine") -> torch.Tensor:
+    """Return the ``(N, M)`` matrix of distances between the rows of ``x`` and the rows of ``y``.
+
+    Euclidean distances use ``||x||^2 + ||y||^2 - 2 x.y`` (one matrix multiplication, like
+    ``torch.cdist`` for large inputs), clamped at zero, so very small distances carry an absolute
+    error of about ``sqrt(eps) * ||x||``. This is a mining helper: it runs under ``torch.no_grad()``
+    and returns a matrix without gradient history.
+
+    Args:
+        x: ``(N, D)`` floating-point tensor.
+        y: ``(M, D)`` floating-point tensor on the same device.
+        distance: ``"cosine"`` (``1 - cosine similarity``, the default), ``"euclidean"`` or
+            ``"squared_euclidean"``.
+
+    Returns:
+        ``(N, M)`` tensor in the promoted dtype of ``x`` and ``y`` (float32 if an fp16 computation
+        overflowed).
+
+    Raises:
+        ValueError: If an input is not a 2-D floating-point tensor, the feature dimensions differ, the
+            devices differ or ``distance`` is unknown.
+
+    Example:
+        >>> x = torch.tensor([[1.0, 0.0], [0.0, 2.0]])
+        >>> pairwise_distance(x, x, "cosine")
+        tensor([[0., 1.],
+                [1., 0.]])
+        >>> pairwise_distance(x, x, "euclidean")
+        tensor([[0.0000, 2.2361],
+                [2.2361, 0.0000]])
+    """
+    check_distance(distance)
+    for name, t in (("x", x), ("y", y)):
+        if not isinstance(t, torch.Tensor) or t.ndim != 2 or not t.is_floating_point():
+            got = (
+                f"shape {tuple(t.shape)}, dtype {t.dtype}"
+                if isinstance(t, torch.Tensor)
+                else type(t).__name__
+            )
+            raise ValueError(f"{name} must be a 2-D floating-point tensor (rows x dim); got {got}")
+    if x.shape[1] != y.shape[1]:
+        raise ValueError(f"x and y must have the same feature dimension; got {x.shape[1]} and {y.shape[1]}")
+    if x.device != y.device:
+        raise ValueError(f"x and y must be on the same device; got {x.device} and {y.device}")
+    dtype = torch.promote_types(x.dtype, y.dtype)
+    same = x is y
+    x = x.to(dtype)
+    y = x if same else y.to(dtype)
+    with torch.no_grad():
+        return RankMatrix(x, y, distance, nonnegative=True).rows(0, x.shape[0])

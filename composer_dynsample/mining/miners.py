@@ -1,0 +1,619 @@
+"""Batched miners: pure functions from embeddings and labels to index tuples.
+
+Every miner takes ``embeddings`` ``(B, D)``, integer ``labels`` ``(B,)`` and optionally a reference pool
+``ref_embeddings`` ``(M, D)`` / ``ref_labels`` ``(M,)`` (e.g. a memory bank). Anchors index
+``embeddings``; positives and negatives index the pool, which is the batch itself when no pool is given
+(pytorch-metric-learning's convention). Only in that case does the miner exclude pairing anchor ``i``
+with pool entry ``i``; an explicit pool is treated as distinct samples, as pytorch-metric-learning does
+(passing the very same ``embeddings``/``labels`` objects as pool counts as "no pool").
+
+Outputs follow pytorch-metric-learning's ``indices_tuple`` formats, as int64 tensors on the embeddings'
+device: triplets ``(anchors, positives, negatives)`` or pairs ``(a1, p, a2, n)``. Empty results are
+tuples of ``(0,)`` tensors.
+
+Implementation notes: a miner computes one distance matrix per chunk of anchors (chunks keep the working
+set near :data:`~composer_dynsample.mining._common.CHUNK_BYTES`; ``chunk_size`` overrides it) and uses
+only masked reductions on it. Positives are looked up from per-anchor same-label lists
+(:class:`~composer_dynsample.mining._common.LabelIndex`), so no ``B x M`` label mask is built. Masking
+uses ``torch.finfo(dtype).max`` / ``.min`` of the matrix dtype (or boolean masks), never a literal that
+overflows fp16; fp16 / bf16 inputs are mined in their own precision, except for distance_weighted's
+weights (float32) and a float32 recomputation when fp16 distances overflow.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Final
+
+import torch
+
+from composer_dynsample.mining._common import (
+    LabelIndex,
+    MiningInputs,
+    check_float,
+    check_int,
+    empty_indices,
+    row_chunks,
+    validate_mining_inputs,
+)
+from composer_dynsample.mining.distances import RankMatrix
+
+__all__ = [
+    "SEMI_HARD_FALLBACKS",
+    "batch_hard",
+    "distance_weighted",
+    "hard_topk",
+    "multi_similarity",
+    "semi_hard",
+]
+
+#: Valid values of :func:`semi_hard`'s ``fallback`` argument.
+SEMI_HARD_FALLBACKS: Final[tuple[str, ...]] = ("hardest", "hardest_negative", "none")
+
+Triplets = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+Pairs = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
+
+# Above this many positives per anchor, semi_hard buckets with searchsorted (O(log W) per entry, but a
+# slow kernel) instead of one elementwise pass per threshold (O(W) per entry, fast for small W).
+_LOOP_MAX_WIDTH: Final[int] = 32
+# Pool indices packed into the low mantissa bits of a float64 copy of a <=32-bit distance (see
+# _successors): float32 -> float64 leaves 29 low bits zero.
+_INDEX_BITS: Final[int] = 29
+_INT64_MAX: Final[int] = torch.iinfo(torch.int64).max
+# distance_weighted: log-weight offset of entries that must not be sampled (finite in float32), and the
+# smallest log(1 - c/2) kept (log of the smallest normal float32).
+_EXCLUDED: Final[float] = 1e30
+_LOG_TINY: Final[float] = math.log(torch.finfo(torch.float32).tiny)
+_LOG_WEIGHT_FLOOR: Final[float] = -80.0
+
+
+def _prepare(
+    embeddings: torch.Tensor,
+    labels: torch.Tensor,
+    ref_embeddings: torch.Tensor | None,
+    ref_labels: torch.Tensor | None,
+    distance: str,
+    chunk_size: int | None,
+) -> tuple[MiningInputs, LabelIndex | None]:
+    """Validate, and return the label index, or ``None`` when nothing can be mined."""
+    inputs = validate_mining_inputs(embeddings, labels, ref_embeddings, ref_labels, distance=distance)
+    if chunk_size is not None:
+        check_int("chunk_size", chunk_size, 1)
+    if inputs.is_empty:
+        return inputs, None
+    index = LabelIndex(inputs.labels, inputs.ref_labels, inputs.self_pool)
+    # Every miner needs an anchor-positive pair; no positive anywhere means an empty result.
+    if not bool((index.n_pos > 0).any()):
+        return inputs, None
+    return inputs, index
+
+
+def _order_equivalent(distance: str) -> str:
+    """A cheaper distance with the same order, for miners that only rank (no margin, no threshold)."""
+    return "squared_euclidean" if distance == "euclidean" else distance
+
+
+def _cat(parts: list[tuple[torch.Tensor, ...]], n: int, device: torch.device) -> tuple[torch.Tensor, ...]:
+    if not parts:
+        return empty_indices(n, device)
+    if len(parts) == 1:
+        return parts[0]
+    return tuple(torch.cat([part[i] for part in parts]) for i in range(n))
+
+
+def _shift(rows: torch.Tensor, start: int) -> torch.Tensor:
+    """Chunk row numbers to anchor indices (skipping a pass over large outputs for the first chunk)."""
+    return rows + start if start else rows
+
+
+def batch_hard(
+    embeddings: torch.Tensor,
+    labels: torch.Tensor,
+    ref_embeddings: torch.Tensor | None = None,
+    ref_labels: torch.Tensor | None = None,
+    *,
+    distance: str = "cosine",
+    chunk_size: int | None = None,
+) -> Triplets:
+    """Batch-hard triplets (Hermans et al., 2017): per anchor its farthest positive and nearest negative.
+
+    Anchors without a positive or without a negative are left out, so at most one triplet per anchor is
+    returned, in increasing anchor order. On L2-normalised embeddings this returns the same triplets as
+    pytorch-metric-learning's ``BatchHardMiner()`` (ties aside).
+
+    Args:
+        embeddings: ``(B, D)`` floating-point anchors.
+        labels: ``(B,)`` integer labels.
+        ref_embeddings: Optional ``(M, D)`` pool for positives and negatives (default: the batch).
+        ref_labels: ``(M,)`` labels of the pool; required with ``ref_embeddings``.
+        distance: ``"cosine"`` (default), ``"euclidean"`` or ``"squared_euclidean"``.
+        chunk_size: Anchors per distance-matrix chunk; ``None`` bounds a chunk's matrix to about 64 MiB.
+
+    Returns:
+        ``(anchors, positives, negatives)``, 1-D int64 tensors on the embeddings' device.
+
+    Raises:
+        ValueError: On invalid inputs (see :func:`validate_mining_inputs`) or ``chunk_size < 1``.
+
+    Example:
+        >>> emb = torch.tensor([[1.0, 0.0], [0.8, 0.6], [0.0, 1.0], [-0.6, 0.8]])
+        >>> batch_hard(emb, torch.tensor([0, 0, 1, 1]))
+        (tensor([0, 1, 2, 3]), tensor([1, 0, 3, 2]), tensor([2, 2, 1, 1]))
+    """
+    with torch.no_grad():
+        inputs, index = _prepare(embeddings, labels, ref_embeddings, ref_labels, distance, chunk_size)
+        if index is None:
+            return empty_indices(3, inputs.device)
+        ranks = RankMatrix(inputs.embeddings, inputs.ref_embeddings, _order_equivalent(distance))
+        n_rows, n_cols = inputs.embeddings.shape[0], inputs.ref_embeddings.shape[0]
+        parts = []
+        for start, stop in row_chunks(n_rows, n_cols, inputs.embeddings.element_size(), chunk_size):
+            mat = ranks.rows(start, stop)
+            finfo = torch.finfo(mat.dtype)
+            pos_idx, pos_valid = index.chunk(start, stop)
+            # The hardest positive comes from the small (rows, K) positives table, not the full row.
+            pos_vals = mat.gather(1, pos_idx).masked_fill_(~pos_valid, finfo.min)
+            positive = pos_idx.gather(1, pos_vals.argmax(dim=1, keepdim=True)).squeeze(1)
+            index.mask_same_label(mat, start, pos_idx, pos_valid, finfo.max)
+            # min() with indices is about twice as fast as argmin() on CPU.
+            negative = mat.min(dim=1).indices
+            anchors = torch.arange(start, stop, device=mat.device)
+            keep = (index.n_pos[start:stop] > 0) & (index.n_neg[start:stop] > 0)
+            if not bool(keep.all()):
+                anchors, positive, negative = anchors[keep], positive[keep], negative[keep]
+            parts.append((anchors, positive, negative))
+        return _cat(parts, 3, inputs.device)
+
+
+def hard_topk(
+    embeddings: torch.Tensor,
+    labels: torch.Tensor,
+    ref_embeddings: torch.Tensor | None = None,
+    ref_labels: torch.Tensor | None = None,
+    *,
+    k: int = 1,
+    distance: str = "cosine",
+    chunk_size: int | None = None,
+) -> Triplets:
+    """Per anchor, its ``k`` nearest negatives, each paired with the anchor's hardest positive.
+
+    Every triplet of an anchor uses the same positive: the farthest one, as in :func:`batch_hard` (so
+    ``k=1`` returns the batch-hard triplets). An anchor with fewer than ``k`` negatives gets one triplet
+    per negative; anchors without a positive or a negative are left out. Triplets are ordered by anchor,
+    then by increasing anchor-negative distance.
+
+    Args:
+        embeddings: ``(B, D)`` floating-point anchors.
+        labels: ``(B,)`` integer labels.
+        ref_embeddings: Optional ``(M, D)`` pool (default: the batch).
+        ref_labels: ``(M,)`` labels of the pool; required with ``ref_embeddings``.
+        k: Number of negatives per anchor, ``>= 1``.
+        distance: ``"cosine"`` (default), ``"euclidean"`` or ``"squared_euclidean"``.
+        chunk_size: Anchors per distance-matrix chunk; ``None`` bounds a chunk's matrix to about 64 MiB.
+
+    Returns:
+        ``(anchors, positives, negatives)``, 1-D int64 tensors on the embeddings' device.
+
+    Raises:
+        ValueError: On invalid inputs, ``k < 1`` or ``chunk_size < 1``.
+
+    Example:
+        >>> emb = torch.tensor([[1.0, 0.0], [0.8, 0.6], [0.0, 1.0], [-0.6, 0.8]])
+        >>> hard_topk(emb, torch.tensor([0, 0, 1, 1]), k=2)
+        (tensor([0, 0, 1, 1, 2, 2, 3, 3]), tensor([1, 1, 0, 0, 3, 3, 2, 2]), tensor([2, 3, 2, 3, 1, 0, 1, 0]))
+    """
+    with torch.no_grad():
+        check_int("k", k, 1)
+        inputs, index = _prepare(embeddings, labels, ref_embeddings, ref_labels, distance, chunk_size)
+        if index is None:
+            return empty_indices(3, inputs.device)
+        ranks = RankMatrix(inputs.embeddings, inputs.ref_embeddings, _order_equivalent(distance))
+        n_rows, n_cols = inputs.embeddings.shape[0], inputs.ref_embeddings.shape[0]
+        k_eff = min(k, n_cols)
+        parts = []
+        for start, stop in row_chunks(n_rows, n_cols, inputs.embeddings.element_size(), chunk_size):
+            mat = ranks.rows(start, stop)
+            finfo = torch.finfo(mat.dtype)
+            pos_idx, pos_valid = index.chunk(start, stop)
+            pos_vals = mat.gather(1, pos_idx).masked_fill_(~pos_valid, finfo.min)
+            positive = pos_idx.gather(1, pos_vals.argmax(dim=1, keepdim=True)).squeeze(1)
+            index.mask_same_label(mat, start, pos_idx, pos_valid, finfo.max)
+            if k_eff == 1:
+                negatives = mat.min(dim=1, keepdim=True).indices
+            else:
+                negatives = mat.topk(k_eff, dim=1, largest=False, sorted=True).indices
+            # Masked entries sort last, so the first n_neg slots of a row are exactly its negatives.
+            slots = torch.arange(k_eff, device=mat.device)
+            keep = (slots < index.n_neg[start:stop, None]) & (index.n_pos[start:stop, None] > 0)
+            rows, cols = keep.nonzero(as_tuple=True)
+            parts.append((_shift(rows, start), positive[rows], negatives[rows, cols]))
+        return _cat(parts, 3, inputs.device)
+
+
+def multi_similarity(
+    embeddings: torch.Tensor,
+    labels: torch.Tensor,
+    ref_embeddings: torch.Tensor | None = None,
+    ref_labels: torch.Tensor | None = None,
+    *,
+    epsilon: float = 0.1,
+    distance: str = "cosine",
+    chunk_size: int | None = None,
+) -> Pairs:
+    """Multi-similarity pair mining (Wang et al., 2019).
+
+    With ``d`` the distance, a positive pair ``(a, p)`` is kept if ``d(a, p) + epsilon > min_n d(a, n)``
+    and a negative pair ``(a, n)`` if ``d(a, n) - epsilon < max_p d(a, p)``; for ``"cosine"`` this is
+    the paper's rule on similarities, ``s(a, p) - epsilon < max_n s(a, n)`` and
+    ``s(a, n) + epsilon > min_p s(a, p)``. Anchors without a negative keep no positive pair and vice
+    versa. On L2-normalised embeddings the pairs equal pytorch-metric-learning's
+    ``MultiSimilarityMiner(epsilon)`` (as sets; with ``distance="cosine"`` the decisions are
+    bit-identical). Pairs are ordered by anchor, then pool index.
+
+    Args:
+        embeddings: ``(B, D)`` floating-point anchors.
+        labels: ``(B,)`` integer labels.
+        ref_embeddings: Optional ``(M, D)`` pool (default: the batch).
+        ref_labels: ``(M,)`` labels of the pool; required with ``ref_embeddings``.
+        epsilon: Margin of the mining rule, ``>= 0``.
+        distance: ``"cosine"`` (default), ``"euclidean"`` or ``"squared_euclidean"``.
+        chunk_size: Anchors per distance-matrix chunk; ``None`` bounds a chunk's matrix to about 64 MiB.
+
+    Returns:
+        ``(a1, p, a2, n)``, 1-D int64 tensors on the embeddings' device: positive pairs ``(a1, p)`` and
+        negative pairs ``(a2, n)``.
+
+    Raises:
+        ValueError: On invalid inputs, ``epsilon < 0`` or ``chunk_size < 1``.
+
+    Example:
+        >>> emb = torch.tensor([[1.0, 0.0], [0.6, 0.8], [0.8, 0.6], [0.0, 1.0]])
+        >>> multi_similarity(emb, torch.tensor([0, 0, 1, 1]), epsilon=0.1)
+        (tensor([0, 1, 2, 3]), tensor([1, 0, 3, 2]), tensor([0, 1, 1, 2, 2, 3]), tensor([2, 2, 3, 0, 1, 1]))
+    """
+    with torch.no_grad():
+        epsilon = check_float("epsilon", epsilon, 0.0)
+        inputs, index = _prepare(embeddings, labels, ref_embeddings, ref_labels, distance, chunk_size)
+        if index is None:
+            return empty_indices(4, inputs.device)
+        ranks = RankMatrix(inputs.embeddings, inputs.ref_embeddings, distance)
+        n_rows, n_cols = inputs.embeddings.shape[0], inputs.ref_embeddings.shape[0]
+        pos_parts, neg_parts = [], []
+        # The matrix plus a bool mask per entry.
+        bytes_per_entry = inputs.embeddings.element_size() + 1
+        for start, stop in row_chunks(n_rows, n_cols, bytes_per_entry, chunk_size):
+            mat = ranks.rows(start, stop)
+            finfo = torch.finfo(mat.dtype)
+            pos_idx, pos_valid = index.chunk(start, stop)
+            pos_vals = mat.gather(1, pos_idx)
+            hardest_pos = pos_vals.masked_fill(~pos_valid, finfo.min).amax(dim=1)
+            index.mask_same_label(mat, start, pos_idx, pos_valid, finfo.max)
+            hardest_neg = mat.amin(dim=1)
+            has_neg = index.n_neg[start:stop, None] > 0
+            # Written as `d + eps > x` and `d - eps < x` (not `d > x - eps`) so that, with the cosine rank
+            # matrix being exactly -s, the rounding matches similarity code's `s - eps < x` bit for bit.
+            keep_pos = pos_valid & has_neg & (pos_vals + epsilon > hardest_neg[:, None])
+            rows, slots = keep_pos.nonzero(as_tuple=True)
+            pos_parts.append((_shift(rows, start), pos_idx[rows, slots]))
+            # Same-label entries hold finfo.max, and finfo.max - eps rounds back to finfo.max, which is
+            # never below a real distance; anchors without positives have hardest_pos == finfo.min.
+            keep_neg = mat.sub_(epsilon) < hardest_pos[:, None]
+            rows, cols = keep_neg.nonzero(as_tuple=True)
+            neg_parts.append((_shift(rows, start), cols))
+        a1, p = _cat(pos_parts, 2, inputs.device)
+        a2, n = _cat(neg_parts, 2, inputs.device)
+        return a1, p, a2, n
+
+
+def _successors(
+    mat: torch.Tensor, thresholds: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """For each row and threshold, the smallest entry of the row strictly greater than the threshold.
+
+    Buckets every entry by the number of the row's thresholds below it, takes the minimum of each bucket
+    with a scatter, and a suffix minimum over buckets: entries above threshold ``t`` are exactly those in
+    buckets ``>= #{thresholds <= t}``. Cost: ``O(W)`` (or ``O(log W)``) work per entry for ``W`` thresholds
+    per row, no sort of the rows.
+
+    Args:
+        mat: ``(R, M)`` non-negative values (distances); entries never to be returned may hold
+            ``finfo.max`` and are returned only when nothing else lies above a threshold.
+        thresholds: ``(R, W)`` thresholds, ``W >= 1``; padding slots may hold ``finfo.max``.
+
+    Returns:
+        ``(values, cols, found, min_value, min_col)``: ``(R, W)`` successor values and pool indices
+        (meaningless where ``found`` is false) and the ``(R,)`` minimum of each row with its index.
+    """
+    n_rows, n_cols = mat.shape
+    width = thresholds.shape[1]
+    sorted_thr, order = thresholds.sort(dim=1)
+    packable = mat.dtype != torch.float64 and n_cols < 2**_INDEX_BITS
+    loop = width <= _LOOP_MAX_WIDTH
+    # One scratch buffer serves first the bucket counting (two matrices of mat's dtype) and then the
+    # packed keys (8 bytes per entry): freshly allocated memory costs a page fault per 4 KiB on first
+    # touch, which on CPU is a sizeable share of this function's time.
+    entries = n_rows * n_cols
+    scratch_bytes = max(2 * mat.element_size() if loop else 0, 8 if packable else 0)
+    scratch = torch.empty(entries * scratch_bytes, dtype=torch.uint8, device=mat.device)
+    if loop:
+        # bucket = #{t < v}: one comparison per threshold (a loop over positive slots, not anchors),
+        # written straight into a float buffer, which on CPU is faster than going through bool.
+        span = entries * mat.element_size()
+        count = scratch[:span].view(mat.dtype).view(n_rows, n_cols)
+        step = scratch[span : 2 * span].view(mat.dtype).view(n_rows, n_cols)
+        torch.gt(mat, sorted_thr[:, :1], out=count)
+        for j in range(1, width):
+            count.add_(torch.gt(mat, sorted_thr[:, j : j + 1], out=step))
+        bucket = count.long()
+    else:
+        bucket = torch.searchsorted(sorted_thr, mat)
+    # #{thresholds <= t}: where the suffix minimum for threshold t starts (ties between thresholds included).
+    start_bucket = torch.searchsorted(sorted_thr, sorted_thr, right=True)
+    col_ids = torch.arange(n_cols, device=mat.device)
+
+    if packable:
+        # A float32 (or half) value widened to float64 has 29 zero low mantissa bits: put the column there.
+        # For non-negative floats the int64 bit pattern orders like the value (-0.0 maps to the smallest
+        # key, which is right since it equals 0), so one integer amin yields the minimum with its index.
+        keys = scratch[: entries * 8].view(torch.float64).view(n_rows, n_cols)
+        keys.copy_(mat)
+        keys = keys.view(torch.int64).bitwise_or_(col_ids)
+        table = torch.full((n_rows, width + 1), _INT64_MAX, dtype=torch.int64, device=mat.device)
+        table.scatter_reduce_(1, bucket, keys, reduce="amin")
+        suffix = table.flip(1).cummin(dim=1).values.flip(1)
+        succ = suffix.gather(1, start_bucket)
+        found = succ != _INT64_MAX
+        low = (1 << _INDEX_BITS) - 1
+
+        def unpack(key: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            value = (key & ~low).view(torch.float64).to(mat.dtype)
+            return value, (key & low).clamp_(max=max(n_cols - 1, 0))
+
+        values, cols = unpack(succ)
+        min_value, min_col = unpack(suffix[:, 0])
+    else:
+        # float64 distances use all mantissa bits: find bucket minima by value, then their index with an
+        # equality pass (slower, same result).
+        big = torch.finfo(mat.dtype).max
+        vtable = torch.full((n_rows, width + 1), big, dtype=mat.dtype, device=mat.device)
+        vtable.scatter_reduce_(1, bucket, mat, reduce="amin")
+        is_min = mat == vtable.gather(1, bucket)
+        cand = torch.where(is_min, col_ids, n_cols)
+        ctable = torch.full((n_rows, width + 1), n_cols, dtype=torch.int64, device=mat.device)
+        ctable.scatter_reduce_(1, bucket, cand, reduce="amin")
+        suffix_val, suffix_arg = vtable.flip(1).cummin(dim=1)
+        suffix_val = suffix_val.flip(1)
+        suffix_bucket = (width - suffix_arg).flip(1)
+        suffix_col = ctable.gather(1, suffix_bucket).clamp_(max=max(n_cols - 1, 0))
+        values = suffix_val.gather(1, start_bucket)
+        cols = suffix_col.gather(1, start_bucket)
+        found = values < big
+        min_value, min_col = suffix_val[:, 0], suffix_col[:, 0]
+
+    # Back from threshold-sorted order to the caller's slot order.
+    def unsort(x: torch.Tensor) -> torch.Tensor:
+        return torch.empty_like(x).scatter_(1, order, x)
+
+    return unsort(values), unsort(cols), unsort(found), min_value, min_col
+
+
+def semi_hard(
+    embeddings: torch.Tensor,
+    labels: torch.Tensor,
+    ref_embeddings: torch.Tensor | None = None,
+    ref_labels: torch.Tensor | None = None,
+    *,
+    margin: float = 0.2,
+    distance: str = "cosine",
+    fallback: str = "hardest",
+    chunk_size: int | None = None,
+) -> Triplets:
+    """FaceNet semi-hard triplets (Schroff et al., 2015): one negative per anchor-positive pair.
+
+    For every anchor-positive pair ``(a, p)`` the semi-hard negative is the nearest negative ``n`` with
+    ``d(a, p) < d(a, n) < d(a, p) + margin``. When a pair has none, ``fallback`` decides:
+
+    * ``"hardest"`` (default): the nearest negative with ``d(a, n) > d(a, p)`` (beyond the margin, so it
+      gives zero loss under a triplet loss with the same margin); the pair is dropped if every negative is
+      at most as far as the positive. With this fallback the result is "the nearest negative farther than
+      the positive" for every pair, as in TensorFlow's ``triplet_semihard_loss``; ``margin`` then only
+      decides which of these are semi-hard proper, not which negative is returned.
+    * ``"hardest_negative"``: the nearest negative overall (the batch-hard negative of the anchor, possibly
+      closer than the positive); the pair is dropped only if the anchor has no negative.
+    * ``"none"``: the pair is dropped. The result is then a subset of pytorch-metric-learning's
+      ``TripletMarginMiner(margin, type_of_triplets="semihard")`` (which returns *all* semi-hard triplets).
+
+    Triplets are ordered by anchor, then by positive index. Distances are computed as true distances
+    (``1 - cos`` for cosine), so ``margin`` is in distance units.
+
+    Args:
+        embeddings: ``(B, D)`` floating-point anchors.
+        labels: ``(B,)`` integer labels.
+        ref_embeddings: Optional ``(M, D)`` pool (default: the batch).
+        ref_labels: ``(M,)`` labels of the pool; required with ``ref_embeddings``.
+        margin: Width of the semi-hard band, ``>= 0``.
+        distance: ``"cosine"`` (default), ``"euclidean"`` or ``"squared_euclidean"``.
+        fallback: One of :data:`SEMI_HARD_FALLBACKS`: ``"hardest"``, ``"hardest_negative"``, ``"none"``.
+        chunk_size: Anchors per chunk; ``None`` bounds a chunk's working set to about 64 MiB.
+
+    Returns:
+        ``(anchors, positives, negatives)``, 1-D int64 tensors on the embeddings' device.
+
+    Raises:
+        ValueError: On invalid inputs, ``margin < 0``, an unknown ``fallback`` or ``chunk_size < 1``.
+
+    Example:
+        Points on a line; pair (1, 0) has d = 1 and negatives at 0.1, 0.5 and 2.0 from the anchor, so
+        no semi-hard negative for margin 0.3: "none" drops it, "hardest" takes sample 4 (at 2.0).
+
+        >>> emb = torch.tensor([[0.0], [1.0], [1.1], [1.5], [3.0]])
+        >>> labels = torch.tensor([0, 0, 1, 1, 2])
+        >>> semi_hard(emb, labels, margin=0.3, distance="euclidean", fallback="none")
+        (tensor([0, 3]), tensor([1, 2]), tensor([2, 1]))
+        >>> semi_hard(emb, labels, margin=0.3, distance="euclidean", fallback="hardest")
+        (tensor([0, 1, 2, 3]), tensor([1, 0, 3, 2]), tensor([2, 4, 0, 1]))
+    """
+    with torch.no_grad():
+        margin = check_float("margin", margin, 0.0)
+        if not isinstance(fallback, str) or fallback not in SEMI_HARD_FALLBACKS:
+            raise ValueError(f"fallback must be one of {SEMI_HARD_FALLBACKS}; got {fallback!r}")
+        inputs, index = _prepare(embeddings, labels, ref_embeddings, ref_labels, distance, chunk_size)
+        if index is None:
+            return empty_indices(3, inputs.device)
+        ranks = RankMatrix(inputs.embeddings, inputs.ref_embeddings, distance, nonnegative=True)
+        n_rows, n_cols = inputs.embeddings.shape[0], inputs.ref_embeddings.shape[0]
+        # Matrix and two same-size float buffers, int64 bucket, int64 key and its float64 source.
+        bytes_per_entry = 3 * inputs.embeddings.element_size() + 24
+        labels_, ref_labels_ = inputs.labels, inputs.ref_labels
+        parts = []
+        for start, stop in row_chunks(n_rows, n_cols, bytes_per_entry, chunk_size):
+            mat = ranks.rows(start, stop)
+            big = torch.finfo(mat.dtype).max
+            pos_idx, pos_valid = index.chunk(start, stop)
+            pos_dist = mat.gather(1, pos_idx).masked_fill_(~pos_valid, big)
+            index.mask_same_label(mat, start, pos_idx, pos_valid, big)
+            succ_dist, succ_col, found, _, min_col = _successors(mat, pos_dist)
+            anchor_labels = labels_[start:stop, None]
+            # A masked (same-label) entry comes back only when no negative lies above the threshold.
+            found &= ref_labels_[succ_col] != anchor_labels
+            semi = found & (succ_dist < pos_dist + margin)
+            if fallback == "none":
+                keep, negative = pos_valid & semi, succ_col
+            elif fallback == "hardest":
+                keep, negative = pos_valid & found, succ_col
+            else:
+                has_neg = index.n_neg[start:stop, None] > 0
+                keep = pos_valid & (semi | has_neg)
+                negative = torch.where(semi, succ_col, min_col[:, None])
+            rows, slots = keep.nonzero(as_tuple=True)
+            parts.append((_shift(rows, start), pos_idx[rows, slots], negative[rows, slots]))
+        return _cat(parts, 3, inputs.device)
+
+
+def distance_weighted(
+    embeddings: torch.Tensor,
+    labels: torch.Tensor,
+    ref_embeddings: torch.Tensor | None = None,
+    ref_labels: torch.Tensor | None = None,
+    *,
+    cutoff: float = 0.5,
+    nonzero_loss_cutoff: float = 1.4,
+    generator: torch.Generator | None = None,
+    distance: str = "euclidean",
+    chunk_size: int | None = None,
+) -> Triplets:
+    """Distance-weighted negative sampling (Wu et al., 2017, "Sampling matters in deep embedding learning").
+
+    Embeddings are L2-normalised and ``d`` is the Euclidean distance between them, in ``[0, 2]``, whatever
+    ``distance`` says (the weights are defined for this distance only; see ``distance`` below). Pairwise
+    distances of points uniform on the unit sphere in ``D`` dimensions have density
+    ``q(d) ∝ d^(D-2) (1 - d^2/4)^((D-3)/2)``; each negative ``n`` of anchor ``a`` gets weight
+    ``w ∝ 1 / q(max(d(a, n), cutoff))``, and ``w = 0`` where ``d(a, n) >= nonzero_loss_cutoff``. Weights are
+    computed in log space (float32 or wider), normalised by the row maximum. For every anchor-positive pair
+    one negative is drawn, independently and with probability proportional to ``w``; pairs whose anchor has
+    no negative of non-zero weight are dropped.
+
+    Sampling uses one uniform number per anchor-positive pair, drawn up front from ``generator`` (or the
+    global RNG) and mapped through each row's cumulative weights, so the result is deterministic given the
+    generator state and independent of chunking.
+
+    Args:
+        embeddings: ``(B, D)`` floating-point anchors.
+        labels: ``(B,)`` integer labels.
+        ref_embeddings: Optional ``(M, D)`` pool (default: the batch).
+        ref_labels: ``(M,)`` labels of the pool; required with ``ref_embeddings``.
+        cutoff: Distances below it are clipped up to it before weighting (bounds the weight variance),
+            ``>= 0``.
+        nonzero_loss_cutoff: Negatives at this distance or beyond are never sampled, ``> 0``.
+        generator: Optional ``torch.Generator`` for reproducible sampling.
+        distance: Validated and accepted so that all miners share one call signature, but it does not
+            change the sampling, which always uses the Euclidean distance of L2-normalised embeddings
+            (``cutoff`` and ``nonzero_loss_cutoff`` are in its units; every supported distance is a
+            monotone function of it on normalised embeddings).
+        chunk_size: Anchors per chunk; ``None`` bounds a chunk's working set to about 64 MiB.
+
+    Returns:
+        ``(anchors, positives, negatives)``, 1-D int64 tensors on the embeddings' device, ordered by anchor
+        then positive index.
+
+    Raises:
+        ValueError: On invalid inputs or arguments.
+
+    Example:
+        Anchor 0's only negative closer than 1.4 is sample 2, so it is always drawn; anchor 1 has two
+        eligible negatives and draws one of them.
+
+        >>> emb = torch.tensor([[1.0, 0.0], [0.6, 0.8], [0.8, 0.6], [0.0, 1.0]])
+        >>> distance_weighted(emb, torch.tensor([0, 0, 1, 1]), generator=torch.Generator().manual_seed(0))
+        (tensor([0, 1, 2, 3]), tensor([1, 0, 3, 2]), tensor([2, 3, 0, 1]))
+    """
+    with torch.no_grad():
+        cutoff = check_float("cutoff", cutoff, 0.0)
+        nonzero_loss_cutoff = check_float("nonzero_loss_cutoff", nonzero_loss_cutoff, 0.0, strict=True)
+        if generator is not None and not isinstance(generator, torch.Generator):
+            raise ValueError(f"generator must be a torch.Generator or None; got {type(generator).__name__}")
+        inputs, index = _prepare(embeddings, labels, ref_embeddings, ref_labels, distance, chunk_size)
+        if index is None:
+            return empty_indices(3, inputs.device)
+        device = inputs.device
+        emb, ref = inputs.embeddings, inputs.ref_embeddings
+        if emb.element_size() < 4:
+            # (D - 2) * log(d) amplifies rounding by D: half precision would distort the weights.
+            emb = emb.float()
+            ref = emb if inputs.self_pool else ref.float()
+        ranks = RankMatrix(emb, ref, "cosine", nonnegative=True)
+        dim = emb.shape[1]
+        n_rows, n_cols = emb.shape[0], ref.shape[0]
+
+        # One uniform per anchor-positive pair, in (anchor, positive index) order, drawn before chunking.
+        total_pairs = int(index.n_pos.sum())
+        gen_device = generator.device if generator is not None else device
+        uniforms = torch.rand(total_pairs, generator=generator, dtype=torch.float64, device=gen_device).to(
+            device
+        )
+
+        parts = []
+        offset = 0
+        # In terms of the cosine distance c = 1 - cos = d^2 / 2 (fewer passes than going through d):
+        # -log q(d) = -(D-2)/2 log(2c) - (D-3)/2 log(1 - c/2), clipping d >= cutoff is c >= cutoff^2 / 2.
+        c_min = max(cutoff**2 / 2.0, torch.finfo(torch.float32).tiny)
+        c_max = nonzero_loss_cutoff**2 / 2.0
+        # float32 matrix and two float32 temporaries.
+        for start, stop in row_chunks(n_rows, n_cols, 3 * emb.element_size(), chunk_size):
+            cos_dist = ranks.rows(start, stop)
+            pos_idx, pos_valid = index.chunk(start, stop)
+            # 1.0 where the entry may not be sampled (beyond the cutoff, positives, self). Arithmetic on this
+            # float mask is several times faster on CPU than masked_fill with a bool one.
+            excluded = torch.ge(cos_dist, c_max, out=torch.empty_like(cos_dist))
+            index.mask_same_label(excluded, start, pos_idx, pos_valid, 1.0)
+            # c <= 2 up to rounding; clamping keeps log1p(-c/2) off NaN, and its -inf at c = 2 is clamped.
+            clipped = cos_dist.clamp_(min=c_min, max=2.0)
+            log_w = clipped.mul(-0.5).log1p_().clamp_(min=_LOG_TINY).mul_(-(dim - 3) / 2.0)
+            log_w.sub_(clipped.mul_(2.0).log_(), alpha=(dim - 2) / 2.0)
+            # Excluded entries drop to about -1e30, far below any real log-weight, so the row maximum is
+            # over the sampleable entries; it normalises the weights so that exp() cannot overflow.
+            log_w.sub_(excluded, alpha=_EXCLUDED)
+            row_max = log_w.amax(dim=1, keepdim=True)
+            has_weight = row_max > -_EXCLUDED / 2
+            row_max.masked_fill_(~has_weight, 0.0)
+            # Relative weights below e^-80 are raised to e^-80 (still negligible): exp() of very negative
+            # or subnormal-producing arguments takes a far slower path on CPU. Excluded entries are then
+            # zeroed exactly by the mask.
+            weights = log_w.sub_(row_max).clamp_(min=_LOG_WEIGHT_FLOOR).exp_()
+            cdf = weights.mul_(excluded.neg_().add_(1.0)).cumsum_(dim=1)
+            total = cdf[:, -1:]
+
+            rows, slots = pos_valid.nonzero(as_tuple=True)
+            u = uniforms[offset : offset + rows.shape[0]]
+            offset += rows.shape[0]
+            # Inverse CDF: the first j with cdf[j] > u * total has weight > 0 (cumsum of non-negative
+            # numbers is monotone, and equal neighbours mean a zero weight). Keep the target below total
+            # so rounding of u * total cannot step past the last positive weight.
+            target = torch.zeros(stop - start, pos_idx.shape[1], dtype=cdf.dtype, device=device)
+            target[rows, slots] = (u * total[rows, 0]).to(cdf.dtype)
+            target = torch.minimum(target, torch.nextafter(total, torch.zeros_like(total)))
+            negative = torch.searchsorted(cdf, target, right=True).clamp_(max=n_cols - 1)
+            keep = has_weight[rows, 0]
+            rows, slots = rows[keep], slots[keep]
+            parts.append((_shift(rows, start), pos_idx[rows, slots], negative[rows, slots]))
+        return _cat(parts, 3, device)

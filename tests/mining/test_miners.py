@@ -1,0 +1,338 @@
+"""Every miner against a brute-force reference (loops over anchors, float64) on hypothesis-drawn inputs."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from composer_dynsample.mining import (
+    SEMI_HARD_FALLBACKS,
+    batch_hard,
+    distance_weighted,
+    hard_topk,
+    multi_similarity,
+    semi_hard,
+)
+from tests.mining import (
+    DISTANCE_NAMES,
+    TOL,
+    Case,
+    as_rows,
+    cases,
+    check_index_tuple,
+    distances,
+    negatives_of,
+    positives_of,
+)
+
+SETTINGS = settings(max_examples=40, deadline=None)
+distance_names = st.sampled_from(DISTANCE_NAMES)
+
+
+def _tol(dist: list[list[float]]) -> float:
+    """Absolute tolerance for float32-vs-float64 comparisons, scaled to the distances' magnitude."""
+    return TOL * (1.0 + max((abs(x) for row in dist for x in row), default=0.0))
+
+
+def check_batch_hard(case: Case, distance: str, out: tuple[torch.Tensor, ...]) -> None:
+    check_index_tuple(out, 3)
+    dist = distances(case, distance)
+    tol = _tol(dist)
+    expected = [a for a in range(len(case.labels)) if positives_of(case, a) and negatives_of(case, a)]
+    assert out[0].tolist() == expected
+    for a, p, n in as_rows(out):
+        pos, neg = positives_of(case, a), negatives_of(case, a)
+        assert p in pos and n in neg
+        assert dist[a][p] >= max(dist[a][j] for j in pos) - tol
+        assert dist[a][n] <= min(dist[a][j] for j in neg) + tol
+
+
+def check_hard_topk(case: Case, distance: str, k: int, out: tuple[torch.Tensor, ...]) -> None:
+    check_index_tuple(out, 3)
+    dist = distances(case, distance)
+    tol = _tol(dist)
+    rows = as_rows(out)
+    assert [a for a, _, _ in rows] == sorted(a for a, _, _ in rows)
+    for a in range(len(case.labels)):
+        pos, neg = positives_of(case, a), negatives_of(case, a)
+        mine = [(p, n) for aa, p, n in rows if aa == a]
+        if not pos or not neg:
+            assert mine == []
+            continue
+        assert len(mine) == min(k, len(neg))
+        assert len({p for p, _ in mine}) == 1
+        p = mine[0][0]
+        assert p in pos and dist[a][p] >= max(dist[a][j] for j in pos) - tol
+        got = [dist[a][n] for _, n in mine]
+        assert len({n for _, n in mine}) == len(mine) and all(n in neg for _, n in mine)
+        assert all(x <= y + tol for x, y in itertools.pairwise(got))  # increasing distance
+        best = sorted(dist[a][j] for j in neg)[: len(mine)]
+        assert all(abs(x - y) <= tol for x, y in zip(got, best))
+
+
+def check_semi_hard(
+    case: Case, distance: str, margin: float, fallback: str, out: tuple[torch.Tensor, ...]
+) -> None:
+    check_index_tuple(out, 3)
+    dist = distances(case, distance)
+    tol = _tol(dist)
+    rows = as_rows(out)
+    got = {(a, p): n for a, p, n in rows}
+    assert len(got) == len(rows), "one triplet per anchor-positive pair at most"
+    assert [(a, p) for a, p, _ in rows] == sorted(got), "ordered by anchor, then positive"
+    all_pairs = {(a, p) for a in range(len(case.labels)) for p in positives_of(case, a)}
+    assert set(got) <= all_pairs
+    for a, p in sorted(all_pairs):
+        neg = negatives_of(case, a)
+        d_ap = dist[a][p]
+        d = {j: dist[a][j] for j in neg}
+        above = [x for x in d.values() if x > d_ap + tol]
+        successor = min(above) if above else math.inf
+        window_strict = any(d_ap + tol < x < d_ap + margin - tol for x in d.values())
+        window_loose = any(d_ap - tol < x < d_ap + margin + tol for x in d.values())
+        n = got.get((a, p))
+        if n is not None:
+            assert n in neg
+        is_successor = n is not None and d_ap - tol < d[n] <= successor + tol
+        if fallback == "none":
+            assert (n is not None) or not window_strict
+            assert (n is None) or (window_loose and is_successor and d[n] < d_ap + margin + tol)
+        elif fallback == "hardest":
+            exists_loose = any(x > d_ap - tol for x in d.values())
+            assert (n is not None) or not above
+            assert (n is None) or (exists_loose and is_successor)
+        else:
+            assert (n is not None) == bool(neg)
+            if n is None:
+                continue
+            if window_strict:
+                assert is_successor and d[n] < d_ap + margin + tol
+            elif not window_loose:
+                assert d[n] <= min(d.values()) + tol
+            else:
+                assert (is_successor and d[n] < d_ap + margin + tol) or d[n] <= min(d.values()) + tol
+
+
+def check_multi_similarity(case: Case, distance: str, epsilon: float, out: tuple[torch.Tensor, ...]) -> None:
+    check_index_tuple(out, 4)
+    dist = distances(case, distance)
+    tol = _tol(dist)
+    got_pos, got_neg = as_rows(out[:2]), as_rows(out[2:])
+    assert len(set(got_pos)) == len(got_pos) and len(set(got_neg)) == len(got_neg)
+    sure_pos, maybe_pos, sure_neg, maybe_neg = set(), set(), set(), set()
+    for a in range(len(case.labels)):
+        pos, neg = positives_of(case, a), negatives_of(case, a)
+        if not pos or not neg:
+            continue
+        min_neg = min(dist[a][j] for j in neg)
+        max_pos = max(dist[a][j] for j in pos)
+        for p in pos:
+            margin = dist[a][p] + epsilon - min_neg
+            (sure_pos if margin > tol else maybe_pos if margin > -tol else set()).add((a, p))
+        for n in neg:
+            margin = max_pos - (dist[a][n] - epsilon)
+            (sure_neg if margin > tol else maybe_neg if margin > -tol else set()).add((a, n))
+    assert sure_pos <= set(got_pos) <= sure_pos | maybe_pos
+    assert sure_neg <= set(got_neg) <= sure_neg | maybe_neg
+    assert got_pos == sorted(got_pos) and got_neg == sorted(got_neg)
+
+
+def check_distance_weighted(case: Case, nonzero_loss_cutoff: float, out: tuple[torch.Tensor, ...]) -> None:
+    """Structure only (the statistics are tested in test_distance_weighted.py)."""
+    check_index_tuple(out, 3)
+    pool_emb, _ = case.pool
+    xn = torch.nn.functional.normalize(case.emb.double(), dim=1)
+    yn = torch.nn.functional.normalize(pool_emb.double(), dim=1)
+    chord = torch.cdist(xn, yn)
+    rows = as_rows(out)
+    got_pairs = [(a, p) for a, p, _ in rows]
+    assert got_pairs == sorted(set(got_pairs)), "one negative per anchor-positive pair, in order"
+    for a in range(len(case.labels)):
+        pos, neg = positives_of(case, a), negatives_of(case, a)
+        eligible_sure = [j for j in neg if chord[a, j] < nonzero_loss_cutoff - TOL]
+        eligible_loose = [j for j in neg if chord[a, j] < nonzero_loss_cutoff + TOL]
+        mine = [(p, n) for aa, p, n in rows if aa == a]
+        if eligible_sure:
+            assert [p for p, _ in mine] == pos
+        if not eligible_loose:
+            assert mine == []
+        for _, n in mine:
+            assert n in eligible_loose
+
+
+@SETTINGS
+@given(case=cases(), distance=distance_names)
+def test_batch_hard_matches_reference(case: Case, distance: str) -> None:
+    check_batch_hard(case, distance, batch_hard(*case.args(), distance=distance))
+
+
+@SETTINGS
+@given(case=cases(), distance=distance_names, k=st.integers(1, 6))
+def test_hard_topk_matches_reference(case: Case, distance: str, k: int) -> None:
+    check_hard_topk(case, distance, k, hard_topk(*case.args(), k=k, distance=distance))
+
+
+@SETTINGS
+@given(
+    case=cases(),
+    distance=distance_names,
+    margin=st.floats(0.0, 2.0),
+    fallback=st.sampled_from(SEMI_HARD_FALLBACKS),
+)
+def test_semi_hard_matches_reference(case: Case, distance: str, margin: float, fallback: str) -> None:
+    out = semi_hard(*case.args(), margin=margin, distance=distance, fallback=fallback)
+    check_semi_hard(case, distance, margin, fallback, out)
+
+
+@SETTINGS
+@given(case=cases(max_batch=12, max_pool=14), distance=distance_names, margin=st.floats(0.0, 1.0))
+def test_semi_hard_with_many_positives_per_anchor(case: Case, distance: str, margin: float) -> None:
+    """More than 32 positives per anchor takes the searchsorted bucketing path."""
+    emb = torch.cat([case.emb, torch.randn(40, case.emb.shape[1])])
+    labels = torch.cat([case.labels, torch.zeros(40, dtype=torch.int64)])
+    big = Case(emb, labels, case.ref_emb, case.ref_labels)
+    if case.ref_emb is not None:
+        big.ref_emb = torch.cat([case.ref_emb, torch.randn(40, case.emb.shape[1])])
+        big.ref_labels = torch.cat([case.ref_labels, torch.zeros(40, dtype=torch.int64)])
+    for fallback in SEMI_HARD_FALLBACKS:
+        out = semi_hard(*big.args(), margin=margin, distance=distance, fallback=fallback)
+        check_semi_hard(big, distance, margin, fallback, out)
+
+
+@SETTINGS
+@given(case=cases(), distance=distance_names, epsilon=st.floats(0.0, 1.0))
+def test_multi_similarity_matches_reference(case: Case, distance: str, epsilon: float) -> None:
+    check_multi_similarity(
+        case, distance, epsilon, multi_similarity(*case.args(), epsilon=epsilon, distance=distance)
+    )
+
+
+@SETTINGS
+@given(
+    case=cases(), cutoff=st.floats(0.0, 1.0), nonzero_loss_cutoff=st.floats(0.2, 2.5), seed=st.integers(0, 99)
+)
+def test_distance_weighted_structure(
+    case: Case, cutoff: float, nonzero_loss_cutoff: float, seed: int
+) -> None:
+    out = distance_weighted(
+        *case.args(),
+        cutoff=cutoff,
+        nonzero_loss_cutoff=nonzero_loss_cutoff,
+        generator=torch.Generator().manual_seed(seed),
+    )
+    check_distance_weighted(case, nonzero_loss_cutoff, out)
+
+
+@SETTINGS
+@given(case=cases(with_ref=False, max_dim=4), distance=distance_names)
+def test_same_pool_objects_count_as_no_pool(case: Case, distance: str) -> None:
+    """Passing the batch itself as pool (same objects) excludes self-pairs, as PML decides by identity."""
+    args = (case.emb, case.labels, case.emb, case.labels)
+    assert as_rows(batch_hard(*args, distance=distance)) == as_rows(
+        batch_hard(case.emb, case.labels, distance=distance)
+    )
+    copied = batch_hard(case.emb, case.labels, case.emb.clone(), case.labels.clone(), distance=distance)
+    check_batch_hard(Case(case.emb, case.labels, case.emb.clone(), case.labels.clone()), distance, copied)
+
+
+MINERS = {
+    "batch_hard": lambda *a, **k: batch_hard(*a, **k),
+    "hard_topk": lambda *a, **k: hard_topk(*a, k=3, **k),
+    "semi_hard": lambda *a, **k: semi_hard(*a, **k),
+    "semi_hard_none": lambda *a, **k: semi_hard(*a, fallback="none", **k),
+    "semi_hard_hardest_negative": lambda *a, **k: semi_hard(*a, fallback="hardest_negative", **k),
+    "multi_similarity": lambda *a, **k: multi_similarity(*a, **k),
+    "distance_weighted": lambda *a, **k: distance_weighted(
+        *a, generator=torch.Generator().manual_seed(0), nonzero_loss_cutoff=2.0, **k
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(MINERS))
+@pytest.mark.parametrize("distance", DISTANCE_NAMES)
+@pytest.mark.parametrize("with_ref", [False, True])
+def test_chunked_equals_unchunked(
+    name: str, distance: str, with_ref: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    gen = torch.Generator().manual_seed(7)
+    emb, labels = torch.randn(37, 5, generator=gen), torch.randint(0, 6, (37,), generator=gen)
+    ref = (
+        (torch.randn(53, 5, generator=gen), torch.randint(0, 7, (53,), generator=gen))
+        if with_ref
+        else (None, None)
+    )
+    miner = MINERS[name]
+    whole = miner(emb, labels, *ref, distance=distance)
+    assert whole[0].numel() > 0
+    for chunk_size in (1, 5, 16):
+        chunked = miner(emb, labels, *ref, distance=distance, chunk_size=chunk_size)
+        assert [t.tolist() for t in chunked] == [t.tolist() for t in whole], chunk_size
+    # The automatic bound splits a large pool into chunks too.
+    monkeypatch.setattr("composer_dynsample.mining._common.CHUNK_BYTES", 1024)
+    auto = miner(emb, labels, *ref, distance=distance)
+    assert [t.tolist() for t in auto] == [t.tolist() for t in whole]
+
+
+EDGE_CASES = {
+    "single_sample": (torch.randn(1, 4), torch.tensor([3])),
+    "all_same_label": (torch.randn(6, 4), torch.zeros(6, dtype=torch.int64)),
+    "all_distinct_labels": (torch.randn(6, 4), torch.arange(6)),
+    "empty_batch": (torch.randn(0, 4), torch.zeros(0, dtype=torch.int64)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(MINERS))
+@pytest.mark.parametrize("edge", sorted(EDGE_CASES))
+def test_degenerate_batches_give_empty_tuples(name: str, edge: str) -> None:
+    emb, labels = EDGE_CASES[edge]
+    out = MINERS[name](emb, labels)
+    check_index_tuple(out, 4 if name == "multi_similarity" else 3)
+    assert all(t.shape == (0,) for t in out)
+
+
+def test_pool_without_shared_labels_or_empty_pool_gives_empty_tuples() -> None:
+    emb, labels = torch.randn(4, 3), torch.tensor([0, 0, 1, 1])
+    for name, miner in MINERS.items():
+        n = 4 if name == "multi_similarity" else 3
+        for ref_emb, ref_labels in (
+            (torch.randn(5, 3), torch.full((5,), 9)),
+            (torch.randn(0, 3), torch.zeros(0, dtype=torch.int64)),
+        ):
+            out = miner(emb, labels, ref_emb, ref_labels)
+            check_index_tuple(out, n)
+            assert all(t.numel() == 0 for t in out), name
+
+
+def test_anchor_without_negative_in_pool_is_left_out() -> None:
+    """Pool entries of the anchor's class only: positives but no negative; the other anchor has both."""
+    emb, labels = torch.randn(2, 3), torch.tensor([0, 1])
+    ref_emb, ref_labels = torch.randn(3, 3), torch.tensor([0, 0, 0])
+    a = batch_hard(emb, labels, ref_emb, ref_labels)[0]
+    assert a.numel() == 0  # anchor 0 has no negative, anchor 1 no positive
+    a, _, n = batch_hard(emb, torch.tensor([0, 0]), ref_emb, torch.tensor([0, 0, 1]))
+    assert a.tolist() == [0, 1] and n.tolist() == [2, 2]
+
+
+@pytest.mark.parametrize("name", sorted(MINERS))
+def test_gradients_are_not_tracked_and_inputs_are_untouched(name: str) -> None:
+    emb = torch.randn(12, 4, requires_grad=True)
+    labels = torch.arange(12) % 3
+    before = emb.detach().clone()
+    out = MINERS[name](emb, labels)
+    assert all(not t.requires_grad and t.grad_fn is None for t in out)
+    assert torch.equal(emb.detach(), before)
+
+
+def test_automatic_chunks_respect_the_working_set_budget() -> None:
+    from composer_dynsample.mining._common import CHUNK_BYTES, row_chunks
+
+    chunks = list(row_chunks(1000, 65536, 36, None))
+    assert chunks[0] == (0, CHUNK_BYTES // (65536 * 36)) and chunks[-1][1] == 1000
+    assert all((stop - start) * 65536 * 36 <= CHUNK_BYTES for start, stop in chunks)
+    assert list(row_chunks(5, 3, 4, 2)) == [(0, 2), (2, 4), (4, 5)]
+    assert list(row_chunks(4, 10**9, 10**9, None)) == [(0, 1), (1, 2), (2, 3), (3, 4)]  # at least one row

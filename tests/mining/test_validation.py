@@ -1,0 +1,135 @@
+"""Bad input raises clear ValueErrors naming the argument, the value seen and what is valid."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from composer_dynsample.mining import (
+    batch_hard,
+    distance_weighted,
+    hard_topk,
+    multi_similarity,
+    semi_hard,
+    validate_mining_inputs,
+)
+
+MINERS = [batch_hard, hard_topk, semi_hard, multi_similarity, distance_weighted]
+EMB, LABELS = torch.randn(4, 3), torch.tensor([0, 0, 1, 1])
+
+
+@pytest.mark.parametrize("miner", MINERS, ids=lambda m: m.__name__)
+@pytest.mark.parametrize(
+    ("args", "kwargs", "pattern"),
+    [
+        ((torch.randn(4), LABELS), {}, r"embeddings must be a 2-D floating-point tensor.*shape \(4,\)"),
+        (
+            (torch.ones(4, 3, dtype=torch.int64), LABELS),
+            {},
+            r"embeddings must be .*floating-point.*torch.int64",
+        ),
+        (([[1.0, 2.0]], LABELS[:1]), {}, r"embeddings must be .*got object of type list"),
+        ((torch.randn(4, 0), LABELS), {}, r"embeddings must have at least one feature dimension"),
+        ((EMB, LABELS.float()), {}, r"labels must be a 1-D integer tensor.*torch.float32"),
+        ((EMB, LABELS.bool()), {}, r"labels must be a 1-D integer tensor.*torch.bool"),
+        ((EMB, LABELS[:, None]), {}, r"labels must be a 1-D integer tensor.*shape \(4, 1\)"),
+        ((EMB, LABELS[:3]), {}, r"labels must have one entry per row of embeddings; got 3 labels for 4 rows"),
+        ((EMB, LABELS, torch.randn(5, 3)), {}, r"ref_embeddings was given without ref_labels"),
+        (
+            (EMB, LABELS, None, torch.zeros(5, dtype=torch.int64)),
+            {},
+            r"ref_labels was given without ref_embeddings",
+        ),
+        (
+            (EMB, LABELS, torch.randn(5, 2), torch.zeros(5, dtype=torch.int64)),
+            {},
+            r"ref_embeddings must have the same dimension as embeddings; got 2 and 3",
+        ),
+        (
+            (EMB, LABELS, torch.randn(5, 3), torch.zeros(4, dtype=torch.int64)),
+            {},
+            r"ref_labels must have one entry per row of ref_embeddings; got 4 labels for 5 rows",
+        ),
+        (
+            (EMB, LABELS),
+            {"distance": "manhattan"},
+            r"distance must be one of \('cosine', 'euclidean', 'squared_euclidean'\); got 'manhattan'",
+        ),
+        ((EMB, LABELS), {"chunk_size": 0}, r"chunk_size must be an integer >= 1; got 0"),
+        ((EMB, LABELS), {"chunk_size": 2.5}, r"chunk_size must be an integer >= 1; got 2.5"),
+    ],
+)
+def test_invalid_inputs(miner, args, kwargs, pattern) -> None:
+    with pytest.raises(ValueError, match=pattern):
+        miner(*args, **kwargs)
+
+
+@pytest.mark.parametrize("miner", MINERS, ids=lambda m: m.__name__)
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+@pytest.mark.parametrize("where", ["embeddings", "ref_embeddings"])
+def test_non_finite_embeddings(miner, bad: float, where: str) -> None:
+    emb, ref = EMB.clone(), torch.randn(5, 3)
+    (emb if where == "embeddings" else ref)[1, 2] = bad
+    with pytest.raises(ValueError, match=rf"^{where} contain NaN or inf$"):
+        miner(emb, LABELS, ref, torch.zeros(5, dtype=torch.int64))
+
+
+@pytest.mark.parametrize(
+    ("call", "pattern"),
+    [
+        (
+            lambda: semi_hard(EMB, LABELS, fallback="easiest"),
+            r"fallback must be one of \('hardest', 'hardest_negative', 'none'\); got 'easiest'",
+        ),
+        (lambda: semi_hard(EMB, LABELS, margin=-0.1), r"margin must be >= 0.0; got -0.1"),
+        (
+            lambda: semi_hard(EMB, LABELS, margin=float("nan")),
+            r"margin must be a finite real number; got nan",
+        ),
+        (lambda: hard_topk(EMB, LABELS, k=0), r"k must be an integer >= 1; got 0"),
+        (lambda: hard_topk(EMB, LABELS, k=True), r"k must be an integer >= 1; got True"),
+        (lambda: multi_similarity(EMB, LABELS, epsilon=-1), r"epsilon must be >= 0.0; got -1"),
+        (
+            lambda: multi_similarity(EMB, LABELS, epsilon="0.1"),
+            r"epsilon must be a finite real number; got '0.1'",
+        ),
+        (lambda: distance_weighted(EMB, LABELS, cutoff=-0.5), r"cutoff must be >= 0.0; got -0.5"),
+        (
+            lambda: distance_weighted(EMB, LABELS, nonzero_loss_cutoff=0),
+            r"nonzero_loss_cutoff must be > 0.0; got 0",
+        ),
+        (
+            lambda: distance_weighted(EMB, LABELS, generator=0),
+            r"generator must be a torch.Generator or None; got int",
+        ),
+        (lambda: distance_weighted(EMB, LABELS, distance="l1"), r"distance must be one of .*got 'l1'"),
+    ],
+)
+def test_invalid_options(call, pattern) -> None:
+    with pytest.raises(ValueError, match=pattern):
+        call()
+
+
+def test_validation_helper_normalises_inputs() -> None:
+    labels32 = LABELS.to(torch.int32)
+    inputs = validate_mining_inputs(EMB, labels32)
+    assert inputs.self_pool and inputs.ref_embeddings is inputs.embeddings
+    assert inputs.labels.dtype == torch.int64 and inputs.ref_labels is inputs.labels
+    # A bf16 batch against an fp32 memory bank: both promoted to fp32; labels cast to int64.
+    ref = validate_mining_inputs(EMB.bfloat16(), LABELS, torch.randn(5, 3), torch.zeros(5, dtype=torch.uint8))
+    assert not ref.self_pool
+    assert ref.embeddings.dtype == ref.ref_embeddings.dtype == torch.float32
+    assert ref.ref_labels.dtype == torch.int64
+    # The very same objects as pool count as no pool.
+    assert validate_mining_inputs(EMB, LABELS, EMB, LABELS).self_pool
+    assert not validate_mining_inputs(EMB, LABELS, EMB.clone(), LABELS).self_pool
+
+
+def test_mixed_precision_pool_gives_same_result_as_fp32() -> None:
+    gen = torch.Generator().manual_seed(3)
+    emb, ref = torch.randn(10, 4, generator=gen), torch.randn(12, 4, generator=gen)
+    labels, ref_labels = torch.arange(10) % 3, torch.arange(12) % 4
+    emb = emb.double().float()  # exactly representable in both precisions below
+    mixed = batch_hard(emb.double(), labels, ref, ref_labels)
+    same = batch_hard(emb.double(), labels, ref.double(), ref_labels)
+    assert [t.tolist() for t in mixed] == [t.tolist() for t in same]
