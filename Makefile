@@ -34,6 +34,8 @@ test-distributed: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) benchmarks/samplers.py
+	$(PY) benchmarks/miners.py
+	$(PY) benchmarks/overhead.py
 
 # Refresh the pins on purpose: install the newest allowed versions in a scratch venv, test, then freeze.
 constraints:

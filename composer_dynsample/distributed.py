@@ -11,7 +11,14 @@ import os
 import torch
 import torch.distributed as torch_dist
 
-__all__ = ["all_gather_rows", "get_rank", "get_world_size", "is_distributed"]
+__all__ = [
+    "all_gather_embeddings",
+    "all_gather_rows",
+    "all_reduce_sum",
+    "get_rank",
+    "get_world_size",
+    "is_distributed",
+]
 
 
 def is_distributed() -> bool:
@@ -59,3 +66,81 @@ def all_gather_rows(tensor: torch.Tensor) -> torch.Tensor:
     parts = [torch.empty_like(tensor) for _ in range(get_world_size())]
     torch_dist.all_gather(parts, tensor.contiguous())
     return torch.stack(parts)
+
+
+class _AllGatherWithGrad(torch.autograd.Function):
+    """All-gather whose backward sends every rank the sum, over ranks, of the gradient of its own slice.
+
+    ``torch.distributed.nn.all_gather`` needs reduce-scatter or all-to-all in its backward, which gloo
+    lacks for some layouts; an all-reduce of the whole gradient followed by taking this rank's slice is
+    the same sum and works on every backend.
+    """
+
+    @staticmethod
+    def forward(ctx, tensor: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        ctx.rank, ctx.rows = get_rank(), tensor.shape[0]
+        parts = [torch.empty_like(tensor) for _ in range(get_world_size())]
+        torch_dist.all_gather(parts, tensor.contiguous())
+        return torch.cat(parts)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        grad = grad.contiguous()
+        torch_dist.all_reduce(grad)
+        return grad[ctx.rank * ctx.rows : (ctx.rank + 1) * ctx.rows]
+
+
+def all_gather_embeddings(
+    embeddings: torch.Tensor, labels: torch.Tensor, *, with_grad: bool
+) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """Gather every rank's embeddings and labels into one pool, in rank order.
+
+    Ranks may hold different numbers of rows (the last microbatch of an epoch): rows are padded to the
+    largest count for the collective and the padding is dropped again.
+
+    Args:
+        embeddings (torch.Tensor): This rank's ``(B, D)`` embeddings.
+        labels (torch.Tensor): This rank's ``(B,)`` labels.
+        with_grad (bool): ``True`` lets gradients flow back to every rank's embeddings through the pool
+            (an autograd-aware gather); ``False`` gathers constants, except that this rank's own rows
+            are the input tensor itself and keep their gradient.
+
+    Returns:
+        ``(pool_embeddings, pool_labels, offset)``: the ``(sum of B, D)`` pool, its labels, and the row
+        at which this rank's embeddings start in the pool.
+
+    Example:
+        >>> pool, pool_labels, offset = all_gather_embeddings(torch.ones(2, 3), torch.tensor([0, 1]), with_grad=False)
+        >>> tuple(pool.shape), pool_labels.tolist(), offset
+        ((2, 3), [0, 1], 0)
+    """
+    if not is_distributed() or get_world_size() == 1:
+        return embeddings, labels, 0
+    rows = all_gather_rows(torch.tensor([embeddings.shape[0]], device=embeddings.device)).view(-1).tolist()
+    largest, rank = max(rows), get_rank()
+    pad = largest - embeddings.shape[0]
+    padded = torch.nn.functional.pad(embeddings, (0, 0, 0, pad)) if pad else embeddings
+    padded_labels = torch.nn.functional.pad(labels, (0, pad), value=-1) if pad else labels
+    if with_grad:
+        gathered = _AllGatherWithGrad.apply(padded)
+    else:
+        gathered = all_gather_rows(padded.detach()).reshape(-1, embeddings.shape[1])
+    gathered_labels = all_gather_rows(padded_labels).reshape(-1)
+    keep = torch.cat(
+        [torch.arange(r * largest, r * largest + n, device=embeddings.device) for r, n in enumerate(rows)]
+    )
+    pool, pool_labels = gathered[keep], gathered_labels[keep]
+    offset = sum(rows[:rank])
+    if not with_grad:
+        # This rank's own rows keep their gradient even when the others are constants.
+        pool = torch.cat([pool[:offset], embeddings, pool[offset + embeddings.shape[0] :]])
+    return pool, pool_labels, offset
+
+
+def all_reduce_sum(value: torch.Tensor) -> torch.Tensor:
+    """Sum a tensor over ranks (a copy; no gradient). With one rank, returns it unchanged."""
+    if not is_distributed():
+        return value
+    total = value.detach().clone()
+    torch_dist.all_reduce(total)
+    return total

@@ -1,0 +1,152 @@
+"""Mining as a fraction of a training step of a small 1-D CNN, per strategy, with and without memory.
+
+One process, side by side: for each strategy the median time of ``mine(...)`` on the step's detached
+embeddings and the median time of the whole training step (forward, mining, loss, backward, AdamW
+step) at the same batch. Goal (mining issue): at most 5% of a step at B = 256.
+
+    python benchmarks/overhead.py [--quick] [--out benchmarks/results]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from composer_dynsample import ContrastiveLoss, TripletMarginLoss, mine
+from composer_dynsample.algorithms.hard_negative_mining.hard_negative_mining import STRATEGIES
+
+PAIR_STRATEGIES = {"multi_similarity"}
+
+
+class SmallCNN(torch.nn.Module):
+    """Four 1-D convolutions of 64 channels and a 64-d embedding, the size of the MNIST-1D recipe's."""
+
+    def __init__(self, length: int = 40, channels: int = 64, dim: int = 64) -> None:
+        super().__init__()
+        layers, inputs = [], 1
+        for _ in range(4):
+            layers += [
+                torch.nn.Conv1d(inputs, channels, 5, padding=2),
+                torch.nn.BatchNorm1d(channels),
+                torch.nn.ReLU(),
+            ]
+            inputs = channels
+        self.features = torch.nn.Sequential(*layers)
+        self.head = torch.nn.Linear(channels * length, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.normalize(self.head(self.features(x[:, None]).flatten(1)), dim=1)
+
+
+def median_time(fn, repeats: int, warmup: int = 2) -> float:
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def measure(strategy: str, batch: int, memory: int, repeats: int) -> dict:
+    torch.manual_seed(0)
+    model = SmallCNN()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    loss_fn = ContrastiveLoss() if strategy in PAIR_STRATEGIES else TripletMarginLoss(margin=0.2)
+    features = torch.randn(batch, 40)
+    labels = torch.arange(batch) % (batch // 4)
+    bank = torch.nn.functional.normalize(torch.randn(memory, 64), dim=1) if memory else None
+    bank_labels = torch.randint(0, batch // 4, (memory,)) if memory else None
+
+    def pool_of(embeddings):
+        if bank is None:
+            return None, None, None
+        return torch.cat([embeddings.detach(), bank]), torch.cat([labels, bank_labels]), 0
+
+    def step():
+        optimizer.zero_grad(set_to_none=True)
+        embeddings = model(features)
+        ref, ref_labels, offset = pool_of(embeddings)
+        tuples = mine(
+            embeddings.detach(),
+            labels,
+            strategy,
+            ref_embeddings=ref,
+            ref_labels=ref_labels,
+            self_offset=offset,
+        )
+        pool = None if ref is None else torch.cat([embeddings, bank])
+        loss = loss_fn(embeddings, labels, tuples, pool, ref_labels)
+        loss.backward()
+        optimizer.step()
+
+    with torch.no_grad():
+        embeddings = model(features)
+    ref, ref_labels, offset = pool_of(embeddings)
+    mine_s = median_time(
+        lambda: mine(
+            embeddings, labels, strategy, ref_embeddings=ref, ref_labels=ref_labels, self_offset=offset
+        ),
+        repeats,
+    )
+    step_s = median_time(step, repeats)
+    return {
+        "strategy": strategy,
+        "batch": batch,
+        "memory": memory,
+        "mine_ms": round(mine_s * 1e3, 3),
+        "step_ms": round(step_s * 1e3, 3),
+        "fraction": round(mine_s / step_s, 4),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--quick", action="store_true", help="one small setting, for a smoke test")
+    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
+    args = parser.parse_args()
+    torch.set_num_threads(2)
+
+    batch, repeats = (64, 3) if args.quick else (256, 15)
+    memories = (0,) if args.quick else (0, 4096)
+    strategies = ("batch_hard", "semi_hard") if args.quick else tuple(STRATEGIES)
+    rows = [measure(s, batch, m, repeats) for m in memories for s in strategies]
+
+    lines = [
+        "| strategy | batch | memory | mining (ms) | training step (ms) | mining / step |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    lines += [
+        f"| {r['strategy']} | {r['batch']} | {r['memory']} | {r['mine_ms']:.2f} | {r['step_ms']:.1f} | {100 * r['fraction']:.1f}% |"
+        for r in rows
+    ]
+    table = "\n".join(lines)
+    worst = max(r["fraction"] for r in rows if r["memory"] == 0)
+    goal = "mining at most 5% of a training step of a small CNN at B = 256 (no memory)"
+    print(table)
+    print(f"\ngoal: {goal}\nmeasured: worst strategy {100 * worst:.1f}% of a step")
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    name = "overhead_quick" if args.quick else "overhead"
+    result = {
+        "ratio": round(worst, 4),
+        "ratio_meaning": "largest mining time / training step time over strategies without memory; goal <= 0.05",
+        "goal": goal,
+        "rows": rows,
+        "machine": f"{platform.machine()} {platform.system()}, {torch.get_num_threads()} torch threads, python {platform.python_version()}, torch {torch.__version__}",
+    }
+    (args.out / f"{name}.json").write_text(json.dumps(result, indent=2) + "\n")
+    (args.out / f"{name}.md").write_text(table + "\n")
+
+
+if __name__ == "__main__":
+    main()

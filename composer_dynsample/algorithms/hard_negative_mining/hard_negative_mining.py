@@ -1,0 +1,431 @@
+"""Mine hard tuples at ``Event.AFTER_FORWARD`` on the embeddings the forward pass just produced.
+
+:func:`mine` is the pure function (no Composer inside); :class:`HardNegativeMining` is the thin Composer
+wrapper that moves data between ``State`` and it.
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+from composer.core import Algorithm, Event, State, Time, TimeUnit
+from composer.loggers import Logger
+
+from composer_dynsample import mining
+from composer_dynsample.algorithms.hard_negative_mining.memory import CrossBatchMemory
+from composer_dynsample.distributed import all_gather_embeddings, get_world_size
+from composer_dynsample.losses.distances import paired_distance
+from composer_dynsample.mined import MinedBatch
+
+__all__ = ["STRATEGIES", "HardNegativeMining", "mine"]
+
+log = logging.getLogger(__name__)
+
+STRATEGIES: dict[str, Callable[..., tuple[torch.Tensor, ...]]] = {
+    "batch_hard": mining.batch_hard,
+    "semi_hard": mining.semi_hard,
+    "hard_topk": mining.hard_topk,
+    "distance_weighted": mining.distance_weighted,
+    "multi_similarity": mining.multi_similarity,
+    "random_triplets": mining.random_triplets,
+}
+_GATHERS = ("autograd", "constant")
+_ON_NONFINITE = ("raise", "skip")
+
+
+def mine(
+    embeddings: torch.Tensor,
+    labels: torch.Tensor,
+    strategy: str = "semi_hard",
+    *,
+    ref_embeddings: torch.Tensor | None = None,
+    ref_labels: torch.Tensor | None = None,
+    self_offset: int | None = None,
+    distance: str = "cosine",
+    **miner_kwargs: Any,
+) -> tuple[torch.Tensor, ...]:
+    """Run one mining strategy under ``no_grad`` and return PML-style index tuples.
+
+    Args:
+        embeddings (torch.Tensor): ``(B, D)`` anchors.
+        labels (torch.Tensor): ``(B,)`` integer labels.
+        strategy (str): One of :data:`STRATEGIES`. Default: ``"semi_hard"``.
+        ref_embeddings (torch.Tensor, optional): ``(M, D)`` reference pool; positives and negatives
+            index it. Default: the batch itself.
+        ref_labels (torch.Tensor, optional): The pool's labels.
+        self_offset (int, optional): When the pool contains the anchors themselves (a cross-rank pool or
+            the batch followed by a memory), anchor ``i`` sits at pool row ``self_offset + i``; those
+            self-matches are removed from the result. Default: ``None``.
+        distance (str): ``"cosine"``, ``"euclidean"`` or ``"squared_euclidean"``. Default: ``"cosine"``.
+        **miner_kwargs: Passed to the strategy (``margin`` for ``semi_hard``, ``k`` for ``hard_topk``, ...).
+
+    Returns:
+        Triplets ``(anchors, positives, negatives)`` or pairs ``(a1, p, a2, n)``.
+
+    Example:
+        >>> emb = torch.nn.functional.normalize(torch.randn(8, 4, generator=torch.Generator().manual_seed(0)))
+        >>> anchors, positives, negatives = mine(emb, torch.arange(8) % 4, "batch_hard")
+        >>> anchors.tolist()
+        [0, 1, 2, 3, 4, 5, 6, 7]
+    """
+    if strategy not in STRATEGIES:
+        raise ValueError(f"strategy must be one of {sorted(STRATEGIES)}, got {strategy!r}.")
+    with torch.no_grad():
+        tuples = STRATEGIES[strategy](
+            embeddings, labels, ref_embeddings, ref_labels, distance=distance, **miner_kwargs
+        )
+    if self_offset is None or ref_embeddings is None:
+        return tuples
+    if len(tuples) == 3:
+        anchors, positives, negatives = tuples
+        keep = positives != anchors + self_offset
+        return anchors[keep], positives[keep], negatives[keep]
+    a1, p, a2, n = tuples
+    keep = p != a1 + self_offset
+    return a1[keep], p[keep], a2, n
+
+
+class HardNegativeMining(Algorithm):
+    """Mine hard tuples at ``AFTER_FORWARD`` from the forward pass's embeddings and hand them to the loss.
+
+    At every microbatch it reads the embeddings from ``state.outputs`` and the labels from ``state.batch``,
+    mines under ``no_grad`` (no extra forward pass, current weights, whole batch at once) and replaces
+    ``state.outputs`` with a :class:`~composer_dynsample.MinedBatch` that the model's ``loss`` consumes
+    (see :mod:`composer_dynsample.mined` for the contract).
+
+    ``AFTER_FORWARD`` fires once per microbatch, so the pool is the microbatch, plus the other ranks'
+    microbatches with ``cross_rank=True``, plus the cross-batch memory when it is on.
+
+    Args:
+        strategy (str | Mapping[str, str]): A strategy name (``batch_hard``, ``semi_hard``, ``hard_topk``,
+            ``distance_weighted``, ``multi_similarity``, or the baseline ``random_triplets``), or a schedule mapping Composer time strings to
+            the strategy that starts then, e.g. ``{"0ep": "semi_hard", "40ep": "batch_hard"}`` (it must
+            start at zero). Default: ``"semi_hard"``.
+        distance (str): ``"cosine"``, ``"euclidean"`` or ``"squared_euclidean"``. Default: ``"cosine"``.
+        miner_kwargs (Mapping[str, Mapping[str, Any]], optional): Keyword arguments per strategy, e.g.
+            ``{"semi_hard": {"margin": 0.2}}``. Default: none.
+        embeddings_key (str | int, optional): Where the embeddings are in ``state.outputs``: ``None`` when
+            the outputs are the embeddings tensor, else a dict key or a tuple index. Default: ``None``.
+        labels_key (str | int, optional): Where the labels are in ``state.batch``. Default: ``"labels"``
+            for a dict batch, index ``1`` for a tuple or list batch.
+        cross_rank (bool): Mine against the global batch over all ranks. Default: ``False``.
+        gather (str, optional): With ``cross_rank``, how the other ranks' embeddings join the pool, to be
+            chosen explicitly: ``"autograd"`` (gradients flow to every rank; with the losses of
+            :mod:`composer_dynsample.losses` the gradient equals one process's on the concatenated batch)
+            or ``"constant"`` (only local embeddings carry gradient; cheaper). Default: ``None``.
+        memory_size (int): Rows of cross-batch memory (XBM); ``0`` turns it off. Default: ``0``.
+        memory_start (str): Composer time string from which the memory is filled and mined against
+            (XBM starts once embeddings have settled). Default: ``"0ba"``.
+        on_nonfinite (str): NaN or inf embeddings ``"raise"`` a ``ValueError`` or ``"skip"`` the step: the
+            loss is then zero, attached to the parameters with zero gradients (so DDP stays in step and
+            no NaN reaches the weights). Default: ``"raise"``.
+        log_margin (float): The margin of the logged fraction of active triplets
+            (``d(a, p) - d(a, n) + margin > 0``). Default: ``0.2``.
+        collapse_threshold (float): Warn once when the mean pairwise distance of a microbatch falls below
+            this: the embeddings have collapsed to a point. Default: ``1e-3``.
+
+    Example:
+        >>> from composer import Trainer
+        >>> from composer_dynsample import EmbeddingModel, HardNegativeMining, TripletMarginLoss
+        >>> trainer = Trainer(
+        ...     model=EmbeddingModel(encoder, loss=TripletMarginLoss(margin=0.2)),
+        ...     train_dataloader=loader, max_duration="60ep",
+        ...     algorithms=[HardNegativeMining({"0ep": "semi_hard", "40ep": "batch_hard"})],
+        ... )  # doctest: +SKIP
+    """
+
+    def __init__(
+        self,
+        strategy: str | Mapping[str, str] = "semi_hard",
+        *,
+        distance: str = "cosine",
+        miner_kwargs: Mapping[str, Mapping[str, Any]] | None = None,
+        embeddings_key: str | int | None = None,
+        labels_key: str | int | None = None,
+        cross_rank: bool = False,
+        gather: str | None = None,
+        memory_size: int = 0,
+        memory_start: str = "0ba",
+        on_nonfinite: str = "raise",
+        log_margin: float = 0.2,
+        collapse_threshold: float = 1e-3,
+    ) -> None:
+        self.schedule = _parse_schedule(strategy)
+        paired_distance(torch.zeros(1, 1), torch.zeros(1, 1), distance)  # validates the name now, not mid-run
+        self.distance = distance
+        self.miner_kwargs = {name: dict(kwargs) for name, kwargs in (miner_kwargs or {}).items()}
+        unknown = sorted(set(self.miner_kwargs) - set(STRATEGIES))
+        if unknown:
+            raise ValueError(f"miner_kwargs names unknown strategies {unknown}; valid: {sorted(STRATEGIES)}.")
+        self.embeddings_key, self.labels_key = embeddings_key, labels_key
+        if cross_rank and gather not in _GATHERS:
+            raise ValueError(
+                f"cross_rank=True needs an explicit gather: 'autograd' (gradients flow to every rank) or "
+                f"'constant' (other ranks' embeddings as constants), got {gather!r}."
+            )
+        if not cross_rank and gather is not None:
+            raise ValueError(f"gather={gather!r} only applies with cross_rank=True.")
+        self.cross_rank, self.gather = cross_rank, gather
+        if on_nonfinite not in _ON_NONFINITE:
+            raise ValueError(f"on_nonfinite must be one of {_ON_NONFINITE}, got {on_nonfinite!r}.")
+        self.on_nonfinite = on_nonfinite
+        if isinstance(memory_size, bool) or not isinstance(memory_size, int) or memory_size < 0:
+            raise ValueError(f"memory_size must be an integer >= 0, got {memory_size!r}.")
+        self.memory = CrossBatchMemory(memory_size) if memory_size else None
+        self.memory_start = _parse_time("memory_start", memory_start)
+        self.log_margin = float(log_margin)
+        self.collapse_threshold = float(collapse_threshold)
+        self._warned_collapse = False
+
+    def match(self, event: Event, state: State) -> bool:
+        return event == Event.AFTER_FORWARD
+
+    def apply(self, event: Event, state: State, logger: Logger) -> None:
+        embeddings = _find(state.outputs, self.embeddings_key, "state.outputs", "embeddings_key")
+        labels = _find(
+            state.batch, self.labels_key, "state.batch", "labels_key", default_key="labels", default_index=1
+        )
+        _check_embeddings_and_labels(embeddings, labels)
+        strategy = self.strategy_at(state)
+
+        finite = bool(torch.isfinite(embeddings.detach()).all())
+        if not finite and self.on_nonfinite == "raise":
+            raise ValueError(
+                f"HardNegativeMining: the embeddings at batch {int(state.timestamp.batch)} contain NaN or inf. "
+                "Lower the learning rate, check the inputs, or pass on_nonfinite='skip' to skip such steps."
+            )
+
+        memory = self.memory if self.memory is not None and _reached(state, self.memory_start) else None
+        batch_pool, batch_pool_labels, offset = embeddings, labels, 0
+        if self.cross_rank and finite:
+            batch_pool, batch_pool_labels, offset = all_gather_embeddings(
+                embeddings, labels, with_grad=self.gather == "autograd"
+            )
+        pool, pool_labels = batch_pool, batch_pool_labels
+        if memory is not None and len(memory) and finite:
+            pool = torch.cat([pool, memory.embeddings.to(pool.dtype)])
+            pool_labels = torch.cat([pool_labels, memory.labels.to(pool_labels.dtype)])
+        uses_pool = pool is not embeddings
+
+        if finite:
+            tuples = mine(
+                embeddings.detach(),
+                labels,
+                strategy,
+                ref_embeddings=pool.detach() if uses_pool else None,
+                ref_labels=pool_labels if uses_pool else None,
+                self_offset=offset if uses_pool else None,
+                distance=self.distance,
+                **self.miner_kwargs.get(strategy, {}),
+            )
+        else:
+            tuples = _empty_like(strategy, labels.device)
+
+        if memory is not None and finite:
+            # Enqueue the global batch, so the memory is identical on every rank.
+            if not self.cross_rank:
+                batch_pool, batch_pool_labels, _ = all_gather_embeddings(
+                    embeddings.detach(), labels, with_grad=False
+                )
+            memory.enqueue(batch_pool, batch_pool_labels)
+
+        if not finite:
+            # Gradients through NaN activations are NaN even when multiplied by zero, so the skipped step's
+            # loss must not reach them: zeros attached to the parameters keep DDP in step with zero grads.
+            embeddings = _zero_stand_in(embeddings, state.model)
+            pool, pool_labels, uses_pool = embeddings, labels, False
+        stats = self._stats(embeddings.detach(), pool.detach(), tuples, finite)
+        logger.log_metrics({f"mining/{name}": value for name, value in stats.items()})
+        self._check_collapse(stats, state)
+        state.outputs = MinedBatch(
+            embeddings=embeddings,
+            labels=labels,
+            indices_tuple=tuples,
+            ref_embeddings=pool if uses_pool else None,
+            ref_labels=pool_labels if uses_pool else None,
+            strategy=strategy,
+            global_mean=self.cross_rank and get_world_size() > 1,
+            outputs=state.outputs,
+            stats=stats,
+        )
+
+    def strategy_at(self, state: State) -> str:
+        """The strategy the schedule gives for the current time."""
+        current = self.schedule[0][1]
+        for start, name in self.schedule:
+            if _reached(state, start):
+                current = name
+        return current
+
+    def _stats(self, embeddings, pool, tuples, finite) -> dict[str, float]:
+        stats: dict[str, float] = {"skipped": float(not finite)}
+        if not finite:
+            return stats
+        if len(tuples) == 3:
+            anchors, positives, negatives = tuples
+            ap = paired_distance(embeddings[anchors], pool[positives], self.distance).float()
+            an = paired_distance(embeddings[anchors], pool[negatives], self.distance).float()
+            stats["num_tuples"] = float(anchors.numel())
+            stats["active_fraction"] = (
+                float((ap - an + self.log_margin > 0).float().mean()) if anchors.numel() else 0.0
+            )
+        else:
+            a1, p, a2, n = tuples
+            ap = paired_distance(embeddings[a1], pool[p], self.distance).float()
+            an = paired_distance(embeddings[a2], pool[n], self.distance).float()
+            stats["num_tuples"] = float(a1.numel() + a2.numel())
+        stats["positive_distance"] = float(ap.mean()) if ap.numel() else 0.0
+        stats["negative_distance"] = float(an.mean()) if an.numel() else 0.0
+        stats["embedding_spread"] = _mean_pairwise_distance(embeddings, self.distance)
+        return stats
+
+    def _check_collapse(self, stats: dict[str, float], state: State) -> None:
+        spread = stats.get("embedding_spread")
+        if spread is None or self._warned_collapse or spread >= self.collapse_threshold:
+            return
+        self._warned_collapse = True
+        warnings.warn(
+            f"HardNegativeMining: the embeddings have collapsed (mean pairwise {self.distance} distance "
+            f"{spread:.2e} < {self.collapse_threshold:g} at batch {int(state.timestamp.batch)}). Batch-hard "
+            "mining from the first step often does this; start with semi_hard and switch later, e.g. "
+            "strategy={'0ep': 'semi_hard', '40ep': 'batch_hard'}, or lower the learning rate.",
+            UserWarning,
+            stacklevel=2,
+        )
+
+    def state_dict(self) -> dict[str, Any]:
+        state = super().state_dict()
+        state["memory"] = None if self.memory is None else self.memory.state_dict()
+        state["warned_collapse"] = self._warned_collapse
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        saved = state.get("memory")
+        if saved is not None:
+            if self.memory is None:
+                raise ValueError(
+                    f"the checkpoint holds a cross-batch memory of {saved['size']} rows but this "
+                    "HardNegativeMining has memory_size=0; pass the same memory_size to resume."
+                )
+            self.memory.load_state_dict(saved)
+        self._warned_collapse = bool(state.get("warned_collapse", False))
+
+
+def _parse_time(name: str, value: str) -> Time:
+    try:
+        time = Time.from_timestring(value) if isinstance(value, str) else None
+    except ValueError:
+        time = None
+    if time is None or time.unit not in (TimeUnit.EPOCH, TimeUnit.BATCH, TimeUnit.SAMPLE, TimeUnit.TOKEN):
+        raise ValueError(
+            f"{name} must be a Composer time string such as '2ep', '500ba' or '10000sp', got {value!r}."
+        )
+    return time
+
+
+def _parse_schedule(strategy: str | Mapping[str, str]) -> list[tuple[Time, str]]:
+    if isinstance(strategy, str):
+        entries = [(Time(0, TimeUnit.BATCH), strategy)]
+    elif isinstance(strategy, Mapping) and strategy:
+        entries = [(_parse_time("strategy schedule key", key), name) for key, name in strategy.items()]
+    else:
+        raise ValueError(
+            f"strategy must be a strategy name or a non-empty mapping of time strings to names, got {strategy!r}."
+        )
+    for _, name in entries:
+        if name not in STRATEGIES:
+            raise ValueError(f"strategy must be one of {sorted(STRATEGIES)}, got {name!r}.")
+    if len({start.unit for start, _ in entries}) > 1:
+        raise ValueError(
+            f"a strategy schedule must use one time unit for all its keys, got {list(dict(strategy))}."
+        )
+    entries.sort(key=lambda entry: int(entry[0].value))
+    if int(entries[0][0].value) != 0:
+        raise ValueError(
+            f"a strategy schedule must say what runs from the start (a key like '0ep'), got {list(dict(strategy))}."
+        )
+    return entries
+
+
+def _reached(state: State, time: Time) -> bool:
+    return int(state.timestamp.get(time.unit)) >= int(time.value)
+
+
+def _find(
+    container: Any,
+    key: str | int | None,
+    where: str,
+    option: str,
+    default_key: str | None = None,
+    default_index: int | None = None,
+) -> torch.Tensor:
+    """Pull a tensor out of outputs or a batch, with an error that names what was looked for."""
+    if key is None and isinstance(container, torch.Tensor) and default_key is None:
+        return container
+    if key is None:
+        key = default_key if isinstance(container, Mapping) else default_index
+    try:
+        value = container[key] if key is not None else None
+    except (KeyError, IndexError, TypeError):
+        value = None
+    if isinstance(value, torch.Tensor):
+        return value
+    shape = (
+        f"a dict with keys {sorted(map(str, container))}"
+        if isinstance(container, Mapping)
+        else type(container).__name__
+    )
+    raise ValueError(
+        f"HardNegativeMining looked for a tensor at {where}[{key!r}] and found {type(value).__name__}; "
+        f"{where} is {shape}. Set {option} to where it is."
+    )
+
+
+def _check_embeddings_and_labels(embeddings: torch.Tensor, labels: torch.Tensor) -> None:
+    if embeddings.ndim != 2 or not embeddings.is_floating_point():
+        raise ValueError(
+            f"HardNegativeMining needs (batch, dim) float embeddings, got shape {tuple(embeddings.shape)} and dtype {embeddings.dtype}."
+        )
+    if labels.ndim != 1 or labels.is_floating_point() or labels.dtype == torch.bool:
+        raise ValueError(
+            f"labels must be a 1-D integer tensor, got shape {tuple(labels.shape)} and dtype {labels.dtype}."
+        )
+    if labels.shape[0] != embeddings.shape[0]:
+        raise ValueError(
+            f"labels ({labels.shape[0]}) and embeddings ({embeddings.shape[0]}) must have the same length."
+        )
+
+
+def _empty_like(strategy: str, device: torch.device) -> tuple[torch.Tensor, ...]:
+    empty = torch.empty(0, dtype=torch.int64, device=device)
+    return (empty,) * (4 if strategy == "multi_similarity" else 3)
+
+
+def _zero_stand_in(embeddings: torch.Tensor, model: torch.nn.Module) -> torch.Tensor:
+    """Zeros shaped like ``embeddings`` whose graph reaches every trainable parameter with a zero gradient."""
+    firsts = [p.reshape(-1)[0] for p in model.parameters() if p.requires_grad and p.numel()]
+    zeros = torch.zeros_like(embeddings.detach())
+    if not firsts:
+        return zeros
+    anchor = torch.nan_to_num(torch.stack(firsts).sum(), nan=0.0, posinf=0.0, neginf=0.0) * 0.0
+    return zeros + anchor.to(embeddings.dtype)
+
+
+def _mean_pairwise_distance(embeddings: torch.Tensor, distance: str) -> float:
+    """Mean distance over distinct pairs in O(B x D); near zero when the embeddings collapsed to one point."""
+    count = embeddings.shape[0]
+    if count < 2:
+        return float("inf")
+    x = embeddings.float()
+    if distance == "cosine":
+        unit = torch.nn.functional.normalize(x, dim=1)
+        total = unit.sum(0).pow(2).sum()
+        mean_similarity = (total - count) / (count * (count - 1))
+        return float(1.0 - mean_similarity)
+    # Mean squared distance over ordered pairs: 2 (mean |x|^2 - |mean x|^2) * n / (n - 1).
+    squared = 2.0 * (x.pow(2).sum(1).mean() - x.mean(0).pow(2).sum()) * count / (count - 1)
+    return float(squared.clamp_min(0.0).sqrt() if distance == "euclidean" else squared)

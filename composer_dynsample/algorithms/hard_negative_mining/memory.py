@@ -1,0 +1,90 @@
+"""Cross-batch memory (XBM, Wang et al. 2020): a FIFO of detached embeddings and labels."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+__all__ = ["CrossBatchMemory"]
+
+
+class CrossBatchMemory:
+    """A fixed-size FIFO of past embeddings and labels, used as extra reference pool for mining.
+
+    The memory holds constants (``detach``-ed copies): gradients never flow into past steps. Under
+    cross-rank training the algorithm enqueues the global batch, so the memory is identical on every rank.
+
+    Args:
+        size (int): The number of rows kept, at least 1.
+
+    Example:
+        >>> memory = CrossBatchMemory(size=3)
+        >>> memory.enqueue(torch.ones(2, 4), torch.tensor([0, 1]))
+        >>> memory.enqueue(torch.zeros(2, 4), torch.tensor([2, 3]))
+        >>> memory.labels.tolist()  # oldest first; the first row fell out
+        [1, 2, 3]
+    """
+
+    def __init__(self, size: int) -> None:
+        if not isinstance(size, int) or isinstance(size, bool) or size < 1:
+            raise ValueError(f"memory size must be an integer >= 1, got {size!r}.")
+        self.size = size
+        self._embeddings: torch.Tensor | None = None
+        self._labels: torch.Tensor | None = None
+        self._next = 0  # the row the next enqueue writes
+        self._filled = 0
+
+    def __len__(self) -> int:
+        return self._filled
+
+    @property
+    def embeddings(self) -> torch.Tensor | None:
+        """The stored embeddings, oldest first, or ``None`` while empty."""
+        return None if self._embeddings is None or not self._filled else self._ordered(self._embeddings)
+
+    @property
+    def labels(self) -> torch.Tensor | None:
+        """The stored labels, oldest first, or ``None`` while empty."""
+        return None if self._labels is None or not self._filled else self._ordered(self._labels)
+
+    def _ordered(self, values: torch.Tensor) -> torch.Tensor:
+        if self._filled < self.size:
+            return values[: self._filled]
+        return torch.cat([values[self._next :], values[: self._next]])
+
+    def enqueue(self, embeddings: torch.Tensor, labels: torch.Tensor) -> None:
+        """Append rows (detached), dropping the oldest when full."""
+        embeddings, labels = embeddings.detach(), labels.detach()
+        if self._embeddings is None or self._labels is None:
+            self._embeddings = embeddings.new_zeros(self.size, embeddings.shape[1])
+            self._labels = labels.new_zeros(self.size)
+        elif embeddings.shape[1] != self._embeddings.shape[1]:
+            raise ValueError(
+                f"embeddings of dimension {embeddings.shape[1]} cannot join a memory of dimension "
+                f"{self._embeddings.shape[1]}."
+            )
+        embeddings, labels = embeddings[-self.size :], labels[-self.size :]
+        rows = (self._next + torch.arange(embeddings.shape[0], device=self._embeddings.device)) % self.size
+        self._embeddings[rows] = embeddings.to(self._embeddings.device, self._embeddings.dtype)
+        self._labels[rows] = labels.to(self._labels.device, self._labels.dtype)
+        self._next = (self._next + embeddings.shape[0]) % self.size
+        self._filled = min(self.size, self._filled + embeddings.shape[0])
+
+    def state_dict(self) -> dict[str, Any]:
+        """The whole memory, for checkpoints."""
+        return {
+            "size": self.size,
+            "embeddings": None if self._embeddings is None else self._embeddings.cpu(),
+            "labels": None if self._labels is None else self._labels.cpu(),
+            "next": self._next,
+            "filled": self._filled,
+        }
+
+    def load_state_dict(self, state: dict[str, Any], device: torch.device | None = None) -> None:
+        """Restore a memory saved by :meth:`state_dict`."""
+        if state["size"] != self.size:
+            raise ValueError(f"the checkpoint's memory holds {state['size']} rows, this one {self.size}.")
+        move = (lambda t: None if t is None else t.to(device)) if device is not None else (lambda t: t)
+        self._embeddings, self._labels = move(state["embeddings"]), move(state["labels"])
+        self._next, self._filled = int(state["next"]), int(state["filled"])

@@ -1,0 +1,11 @@
+"""Losses that consume mined tuples, with pytorch-metric-learning's call signature."""
+
+from composer_dynsample.losses.tuple_losses import (
+    ContrastiveLoss,
+    MultiSimilarityLoss,
+    TripletMarginLoss,
+    all_pairs,
+    all_triplets,
+)
+
+__all__ = ["ContrastiveLoss", "MultiSimilarityLoss", "TripletMarginLoss", "all_pairs", "all_triplets"]

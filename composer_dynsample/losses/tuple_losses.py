@@ -1,0 +1,240 @@
+"""Losses that consume mined tuples, with pytorch-metric-learning's call signature.
+
+Every loss is called as ``loss(embeddings, labels, indices_tuple=None, ref_emb=None, ref_labels=None)``:
+anchors index ``embeddings``, positives and negatives index ``ref_emb`` (or ``embeddings`` when it is
+``None``). Without ``indices_tuple`` the loss uses every valid tuple of the batch, as PML does.
+
+Reductions are plain means over the tuples (PML's ``MeanReducer``), so that with ``global_mean=True``
+the mean can run over the tuples of every rank: each rank divides its sum by the global count over the
+world size, and DDP's gradient average then equals one process's gradient on the concatenated batch.
+Every loss stays attached to the graph of ``embeddings`` and ``ref_emb`` even when there is no tuple,
+so a step that mined nothing gives a zero loss and DDP (or a gradient-carrying gather) does not hang.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from composer_dynsample.distributed import all_reduce_sum, get_world_size
+from composer_dynsample.losses.distances import distance_matrix
+from composer_dynsample.mining.distances import check_distance
+
+__all__ = ["ContrastiveLoss", "MultiSimilarityLoss", "TripletMarginLoss", "all_pairs", "all_triplets"]
+
+
+def all_pairs(labels: torch.Tensor, ref_labels: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
+    """Every positive and negative pair ``(a1, p, a2, n)``; without a reference pool, self-pairs are left out.
+
+    Example:
+        >>> [t.tolist() for t in all_pairs(torch.tensor([0, 0, 1]))]
+        [[0, 1], [1, 0], [0, 1, 2, 2], [2, 2, 0, 1]]
+    """
+    ref = labels if ref_labels is None else ref_labels
+    same = labels[:, None] == ref[None, :]
+    if ref_labels is None:
+        same.fill_diagonal_(False)
+        different = labels[:, None] != ref[None, :]
+    else:
+        different = ~same
+    a1, p = same.nonzero(as_tuple=True)
+    a2, n = different.nonzero(as_tuple=True)
+    return a1, p, a2, n
+
+
+def all_triplets(labels: torch.Tensor, ref_labels: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
+    """Every triplet ``(a, p, n)``: ``O(B x M^2)`` memory, meant for small batches.
+
+    Example:
+        >>> [t.tolist() for t in all_triplets(torch.tensor([0, 0, 1]))]
+        [[0, 1], [1, 0], [2, 2]]
+    """
+    a1, p, a2, n = all_pairs(labels, ref_labels)
+    ref_size = labels.numel() if ref_labels is None else ref_labels.numel()
+    pos = torch.zeros(labels.numel(), ref_size, dtype=torch.bool, device=labels.device)
+    neg = torch.zeros_like(pos)
+    pos[a1, p] = True
+    neg[a2, n] = True
+    anchor, positive, negative = (pos[:, :, None] & neg[:, None, :]).nonzero(as_tuple=True)
+    return anchor, positive, negative
+
+
+class _TupleLoss(nn.Module):
+    """Shared validation and reduction; subclasses implement :meth:`compute`."""
+
+    tuple_size: int
+
+    def __init__(self, distance: str = "cosine") -> None:
+        super().__init__()
+        check_distance(distance)
+        self.distance = distance
+
+    def forward(
+        self,
+        embeddings: torch.Tensor,
+        labels: torch.Tensor,
+        indices_tuple: tuple[torch.Tensor, ...] | None = None,
+        ref_emb: torch.Tensor | None = None,
+        ref_labels: torch.Tensor | None = None,
+        *,
+        global_mean: bool = False,
+    ) -> torch.Tensor:
+        if (ref_emb is None) != (ref_labels is None):
+            raise ValueError("ref_emb and ref_labels must be given together.")
+        if indices_tuple is None:
+            indices_tuple = (
+                all_triplets(labels, ref_labels) if self.tuple_size == 3 else all_pairs(labels, ref_labels)
+            )
+        if len(indices_tuple) != self.tuple_size:
+            kind = (
+                "triplets (anchors, positives, negatives)" if self.tuple_size == 3 else "pairs (a1, p, a2, n)"
+            )
+            raise ValueError(
+                f"{type(self).__name__} needs {kind}: an indices_tuple of {self.tuple_size} tensors, got "
+                f"{len(indices_tuple)}. Use a miner that returns {kind}."
+            )
+        pool = embeddings if ref_emb is None else ref_emb
+        # A zero that still depends on every input, so the backward pass reaches all of them.
+        attached = (embeddings.sum() + (0 if ref_emb is None else ref_emb.sum())) * 0.0
+        return self.compute(embeddings, pool, indices_tuple, global_mean) + attached
+
+    def compute(
+        self,
+        embeddings: torch.Tensor,
+        pool: torch.Tensor,
+        indices_tuple: tuple[torch.Tensor, ...],
+        global_mean: bool,
+    ) -> torch.Tensor:
+        raise NotImplementedError
+
+    @classmethod
+    def _weighted_mean(cls, values: torch.Tensor, counts: torch.Tensor, global_mean: bool) -> torch.Tensor:
+        """``sum(values * counts) / sum(counts)``: the mean over pairs given as a dense count matrix."""
+        total = counts.sum()
+        if not global_mean:
+            return (values * counts).sum() / total.clamp_min(1.0)
+        count = all_reduce_sum(total)
+        return (values * counts).sum() * get_world_size() / count.clamp_min(1.0)
+
+    @staticmethod
+    def _mean(values: torch.Tensor, global_mean: bool) -> torch.Tensor:
+        """Mean over this rank's values, or over every rank's when ``global_mean`` (one small all-reduce)."""
+        if not global_mean:
+            return values.mean() if values.numel() else values.sum()
+        count = all_reduce_sum(torch.tensor(float(values.numel()), device=values.device))
+        return values.sum() * get_world_size() / count.clamp_min(1.0)
+
+
+class TripletMarginLoss(_TupleLoss):
+    """``mean(relu(d(a, p) - d(a, n) + margin))`` over the triplets.
+
+    Equals PML's ``TripletMarginLoss(margin, reducer=MeanReducer())`` with the matching distance (cosine
+    distance ``1 - s`` against PML's ``CosineSimilarity``).
+
+    Args:
+        margin (float): The margin. Default: ``0.2``.
+        distance (str): ``"cosine"``, ``"euclidean"`` or ``"squared_euclidean"``. Default: ``"cosine"``.
+
+    Example:
+        >>> emb = torch.nn.functional.normalize(torch.randn(6, 4, generator=torch.Generator().manual_seed(0)))
+        >>> loss = TripletMarginLoss(margin=0.2)(emb, torch.tensor([0, 0, 1, 1, 2, 2]))
+        >>> bool(loss >= 0)
+        True
+    """
+
+    tuple_size = 3
+
+    def __init__(self, margin: float = 0.2, distance: str = "cosine") -> None:
+        super().__init__(distance)
+        self.margin = float(margin)
+
+    def compute(self, embeddings, pool, indices_tuple, global_mean):
+        anchors, positives, negatives = indices_tuple
+        distances = distance_matrix(embeddings, pool, self.distance)
+        ap, an = distances[anchors, positives], distances[anchors, negatives]
+        return self._mean(torch.relu(ap - an + self.margin), global_mean)
+
+
+class ContrastiveLoss(_TupleLoss):
+    """``mean(relu(d_pos - pos_margin)) + mean(relu(neg_margin - d_neg))`` over positive and negative pairs.
+
+    Equals PML's ``ContrastiveLoss(pos_margin, neg_margin, reducer=MeanReducer())`` with the matching
+    distance (PML reduces its positive and negative terms separately and adds them).
+
+    Args:
+        pos_margin (float): Positive pairs closer than this cost nothing. Default: ``0.0``.
+        neg_margin (float): Negative pairs farther than this cost nothing. Default: ``0.5``.
+        distance (str): ``"cosine"``, ``"euclidean"`` or ``"squared_euclidean"``. Default: ``"cosine"``.
+
+    Example:
+        >>> emb = torch.nn.functional.normalize(torch.randn(6, 4, generator=torch.Generator().manual_seed(0)))
+        >>> bool(ContrastiveLoss()(emb, torch.tensor([0, 0, 1, 1, 2, 2])) >= 0)
+        True
+    """
+
+    tuple_size = 4
+
+    def __init__(self, pos_margin: float = 0.0, neg_margin: float = 0.5, distance: str = "cosine") -> None:
+        super().__init__(distance)
+        self.pos_margin, self.neg_margin = float(pos_margin), float(neg_margin)
+
+    def compute(self, embeddings, pool, indices_tuple, global_mean):
+        a1, p, a2, n = indices_tuple
+        distances = distance_matrix(embeddings, pool, self.distance)
+        positive, negative = _pair_counts(a1, p, distances), _pair_counts(a2, n, distances)
+        pos_loss = self._weighted_mean(torch.relu(distances - self.pos_margin), positive, global_mean)
+        neg_loss = self._weighted_mean(torch.relu(self.neg_margin - distances), negative, global_mean)
+        return pos_loss + neg_loss
+
+
+class MultiSimilarityLoss(_TupleLoss):
+    """Multi-similarity loss (Wang et al. 2019) on cosine similarity, over mined pairs.
+
+    Per anchor:
+    ``1/alpha * log(1 + sum_p exp(-alpha (s_ap - base))) + 1/beta * log(1 + sum_n exp(beta (s_an - base)))``,
+    averaged over all anchors (an anchor without pairs contributes zero), as PML's ``MultiSimilarityLoss``
+    does. Computed with grouped log-sum-exp, stable for large ``beta``.
+
+    Args:
+        alpha (float): Positive scale. Default: ``2.0``.
+        beta (float): Negative scale. Default: ``50.0``.
+        base (float): The similarity offset. Default: ``0.5``.
+
+    Example:
+        >>> emb = torch.nn.functional.normalize(torch.randn(6, 4, generator=torch.Generator().manual_seed(0)))
+        >>> bool(MultiSimilarityLoss()(emb, torch.tensor([0, 0, 1, 1, 2, 2])) > 0)
+        True
+    """
+
+    tuple_size = 4
+
+    def __init__(self, alpha: float = 2.0, beta: float = 50.0, base: float = 0.5) -> None:
+        super().__init__("cosine")
+        self.alpha, self.beta, self.base = float(alpha), float(beta), float(base)
+
+    def compute(self, embeddings, pool, indices_tuple, global_mean):
+        a1, p, a2, n = indices_tuple
+        similarity = 1.0 - distance_matrix(embeddings, pool, "cosine")
+        positive, negative = _pair_counts(a1, p, similarity), _pair_counts(a2, n, similarity)
+        pos_term = _log1p_weighted_sum_exp(-self.alpha * (similarity - self.base), positive) / self.alpha
+        neg_term = _log1p_weighted_sum_exp(self.beta * (similarity - self.base), negative) / self.beta
+        return self._mean(pos_term + neg_term, global_mean)
+
+
+def _pair_counts(rows: torch.Tensor, cols: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """How often each (row, col) pair occurs, as a dense matrix shaped like ``like`` (no gradient).
+
+    Pair losses weight the dense distance matrix with these counts: with tens of thousands of pairs,
+    dense elementwise work beats indexing the matrix per pair and scattering the gradient back.
+    """
+    num_rows, num_cols = like.shape
+    flat = torch.bincount(rows * num_cols + cols, minlength=num_rows * num_cols)
+    return flat.view(num_rows, num_cols).to(like.dtype)
+
+
+def _log1p_weighted_sum_exp(values: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+    """Per row, ``log(1 + sum_j counts_ij exp(values_ij))`` without overflow; ``0`` for rows without pairs."""
+    masked = values.masked_fill(counts == 0, torch.finfo(values.dtype).min)
+    peak = masked.detach().amax(dim=1).clamp_min(0.0)  # at least 0: the "1 +" term
+    total = (counts * torch.exp(masked - peak[:, None])).sum(dim=1)
+    return peak + torch.log(torch.exp(-peak) + total)

@@ -1,0 +1,5 @@
+"""Composer models for metric learning."""
+
+from composer_dynsample.models.embedding_model import EmbeddingModel
+
+__all__ = ["EmbeddingModel"]

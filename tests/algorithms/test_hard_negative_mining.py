@@ -1,0 +1,312 @@
+"""HardNegativeMining inside a real Composer Trainer on one process."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+from composer import Trainer
+from composer.core import Callback, State
+from composer.loggers import InMemoryLogger, Logger
+from pytorch_metric_learning import losses as pml_losses
+from torch.utils.data import TensorDataset
+from torchmetrics import Metric
+
+from composer_dynsample import (
+    ContrastiveLoss,
+    EmbeddingModel,
+    HardNegativeMining,
+    MinedBatch,
+    PKBatchSampler,
+    TripletMarginLoss,
+    build_dataloader,
+)
+from composer_dynsample.algorithms import mine
+from composer_dynsample.mining import batch_hard
+
+NUM, DIM, CLASSES = 128, 6, 8
+
+
+def make_data(seed: int = 0):
+    generator = torch.Generator().manual_seed(seed)
+    labels = torch.arange(NUM) % CLASSES
+    centers = torch.randn(CLASSES, DIM, generator=generator)
+    features = centers[labels] + 0.8 * torch.randn(NUM, DIM, generator=generator)
+    return features, labels
+
+
+class CountingEncoder(torch.nn.Module):
+    def __init__(self, out: int = 4) -> None:
+        super().__init__()
+        self.layer = torch.nn.Linear(DIM, out)
+        self.calls = 0
+
+    def forward(self, x):
+        self.calls += 1
+        return self.layer(x)
+
+
+class Recorder(Callback):
+    """Runs after the algorithm at AFTER_FORWARD (the engine runs algorithms first) and keeps what it saw."""
+
+    def __init__(self) -> None:
+        self.mined: list[MinedBatch] = []
+        self.losses: list[torch.Tensor] = []
+
+    def after_forward(self, state: State, logger: Logger) -> None:
+        self.mined.append(state.outputs)
+
+    def after_loss(self, state: State, logger: Logger) -> None:
+        self.losses.append(state.loss.detach().clone())
+
+
+def make_trainer(algorithm, *, loss=None, encoder=None, callbacks=(), max_duration="2ep", **kwargs):
+    features, labels = make_data()
+    sampler = PKBatchSampler(labels, classes_per_batch=4, samples_per_class=4, seed=0)
+    encoder = encoder or CountingEncoder()
+    model = EmbeddingModel(encoder, loss=loss, **kwargs.pop("model_kwargs", {}))
+    return (
+        Trainer(
+            model=model,
+            train_dataloader=build_dataloader(TensorDataset(features, labels), sampler),
+            optimizers=torch.optim.SGD(model.parameters(), lr=kwargs.pop("lr", 0.05)),
+            algorithms=[algorithm] if algorithm is not None else [],
+            callbacks=list(callbacks),
+            max_duration=max_duration,
+            progress_bar=False,
+            **kwargs,
+        ),
+        encoder,
+        sampler,
+    )
+
+
+def test_mines_the_forward_embeddings_once_per_batch_without_extra_forward():
+    recorder = Recorder()
+    trainer, encoder, sampler = make_trainer(HardNegativeMining("batch_hard"), callbacks=[recorder])
+    trainer.fit()
+    steps = 2 * len(sampler)
+    assert encoder.calls == steps  # no extra forward pass for mining
+    assert len(recorder.mined) == steps
+    for mined in recorder.mined:
+        assert isinstance(mined, MinedBatch) and mined.strategy == "batch_hard"
+        assert mined.embeddings.requires_grad  # the loss still trains through them
+        expected = batch_hard(mined.embeddings.detach(), mined.labels)
+        assert all(torch.equal(a, b) for a, b in zip(mined.indices_tuple, expected))
+    # The loss is the triplet loss on exactly those tuples.
+    last = recorder.mined[-1]
+    reference = TripletMarginLoss(0.2)(last.embeddings.detach(), last.labels, last.indices_tuple)
+    assert torch.allclose(recorder.losses[-1], reference)
+
+
+def test_logs_mining_statistics_every_step():
+    in_memory = InMemoryLogger()
+    trainer, _, sampler = make_trainer(HardNegativeMining("semi_hard"), loggers=[in_memory])
+    trainer.fit()
+    for key in (
+        "num_tuples",
+        "active_fraction",
+        "positive_distance",
+        "negative_distance",
+        "embedding_spread",
+    ):
+        assert len(in_memory.data[f"mining/{key}"]) == 2 * len(sampler), key
+    fractions = [float(v) for _, v in in_memory.data["mining/active_fraction"]]
+    assert all(0.0 <= f <= 1.0 for f in fractions)
+
+
+def test_schedule_switches_strategy_at_the_given_time():
+    recorder = Recorder()
+    algorithm = HardNegativeMining({"0ep": "semi_hard", "1ep": "batch_hard"})
+    trainer, _, sampler = make_trainer(algorithm, callbacks=[recorder])
+    trainer.fit()
+    strategies = [m.strategy for m in recorder.mined]
+    assert strategies == ["semi_hard"] * len(sampler) + ["batch_hard"] * len(sampler)
+
+
+def test_pairs_strategy_with_contrastive_loss_and_a_pml_loss():
+    for loss in (ContrastiveLoss(), pml_losses.ContrastiveLoss()):
+        recorder = Recorder()
+        trainer, _, _ = make_trainer(HardNegativeMining("multi_similarity"), loss=loss, callbacks=[recorder])
+        trainer.fit()
+        assert all(len(m.indices_tuple) == 4 for m in recorder.mined)
+        assert all(torch.isfinite(v) for v in recorder.losses)
+
+
+def test_pml_triplet_loss_consumes_the_tuples():
+    recorder = Recorder()
+    trainer, _, _ = make_trainer(
+        HardNegativeMining("batch_hard"), loss=pml_losses.TripletMarginLoss(margin=0.2), callbacks=[recorder]
+    )
+    trainer.fit()
+    last = recorder.mined[-1]
+    expected = pml_losses.TripletMarginLoss(margin=0.2)(
+        last.embeddings.detach(), last.labels, last.indices_tuple
+    )
+    assert torch.allclose(recorder.losses[-1], expected)
+
+
+class LabelCount(Metric):
+    """A tiny metric fed (embeddings, labels): counts the labels it saw."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.add_state("seen", default=torch.tensor(0), dist_reduce_fx="sum")
+
+    def update(self, embeddings: torch.Tensor, labels: torch.Tensor) -> None:
+        self.seen += labels.numel()
+
+    def compute(self) -> torch.Tensor:
+        return self.seen
+
+
+def test_train_metrics_keep_working():
+    trainer, _, _ = make_trainer(
+        HardNegativeMining("semi_hard"),
+        max_duration="1ep",
+        model_kwargs={"train_metrics": {"seen": LabelCount()}},
+    )
+    trainer.fit()
+    assert int(trainer.state.train_metric_values["seen"]) == 16  # computed per batch: one batch of 4 x 4
+
+
+def test_a_batch_with_nothing_to_mine_gives_a_zero_loss_with_a_graph():
+    embeddings = torch.nn.functional.normalize(torch.randn(6, 4)).requires_grad_()
+    labels = torch.zeros(6, dtype=torch.int64)  # no negatives anywhere
+    tuples = mine(embeddings.detach(), labels, "batch_hard")
+    assert all(t.numel() == 0 for t in tuples)
+    loss = TripletMarginLoss()(embeddings, labels, tuples)
+    assert loss.item() == 0.0 and loss.requires_grad
+    loss.backward()
+    assert torch.equal(embeddings.grad, torch.zeros_like(embeddings))
+
+
+class NaNEncoder(CountingEncoder):
+    def forward(self, x):
+        out = super().forward(x)
+        return out * float("nan") if self.calls == 2 else out
+
+
+def test_nonfinite_embeddings_raise_a_clear_error():
+    trainer, _, _ = make_trainer(
+        HardNegativeMining(), encoder=NaNEncoder(), model_kwargs={"normalize": False}
+    )
+    with pytest.raises(ValueError, match="embeddings at batch 1 contain NaN or inf"):
+        trainer.fit()
+
+
+def test_nonfinite_embeddings_can_skip_the_step():
+    in_memory = InMemoryLogger()
+    trainer, _, _ = make_trainer(
+        HardNegativeMining(on_nonfinite="skip"),
+        encoder=NaNEncoder(),
+        loggers=[in_memory],
+        max_duration="3ba",
+        model_kwargs={"normalize": False},
+    )
+    trainer.fit()
+    assert [float(v) for _, v in in_memory.data["mining/skipped"]] == [0.0, 1.0, 0.0]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"strategy": "hardest"}, "strategy must be one of"),
+        ({"strategy": {"2ep": "batch_hard"}}, "must say what runs from the start"),
+        ({"strategy": {"0ep": "semi_hard", "100ba": "batch_hard"}}, "one time unit"),
+        ({"strategy": {"0ep": "semi_hard", "soon": "batch_hard"}}, "Composer time string"),
+        ({"cross_rank": True}, "cross_rank=True needs an explicit gather"),
+        ({"gather": "autograd"}, "only applies with cross_rank=True"),
+        ({"distance": "manhattan"}, "manhattan"),
+        ({"on_nonfinite": "ignore"}, "on_nonfinite must be one of"),
+        ({"memory_size": -1}, "memory_size must be an integer >= 0"),
+        ({"miner_kwargs": {"semihard": {}}}, r"miner_kwargs names unknown strategies \['semihard'\]"),
+    ],
+)
+def test_bad_configuration_raises_clear_errors(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        HardNegativeMining(**kwargs)
+
+
+def test_missing_labels_name_what_was_looked_for():
+    features, labels = make_data()
+
+    class DictBatches(TensorDataset):
+        def __getitem__(self, i):
+            return {"features": self.tensors[0][i], "target": self.tensors[1][i]}
+
+    model = EmbeddingModel(CountingEncoder(), labels_key="target")
+    trainer = Trainer(
+        model=model,
+        train_dataloader=build_dataloader(DictBatches(features, labels), PKBatchSampler(labels, 4, 4)),
+        algorithms=[HardNegativeMining()],
+        max_duration="1ba",
+        progress_bar=False,
+    )
+    with pytest.raises(
+        ValueError, match=r"state.batch\['labels'\].*keys \['features', 'target'\].*Set labels_key"
+    ):
+        trainer.fit()
+
+
+def test_wrong_label_dtype_is_rejected():
+    algorithm = HardNegativeMining()
+    features, labels = make_data()
+    trainer, _, _ = make_trainer(algorithm, max_duration="1ba")
+    trainer.state.outputs = torch.randn(4, 3)
+    trainer.state.batch = (features[:4], labels[:4].float())
+    with pytest.raises(ValueError, match="labels must be a 1-D integer tensor"):
+        algorithm.apply(None, trainer.state, trainer.logger)
+
+
+def test_collapse_warns_once():
+    class Constant(CountingEncoder):
+        def forward(self, x):
+            return super().forward(x) * 0 + 1.0
+
+    trainer, _, _ = make_trainer(HardNegativeMining("batch_hard"), encoder=Constant())
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer.fit()
+    assert sum("have collapsed" in str(w.message) for w in caught) == 1
+
+
+def test_memory_joins_the_pool_after_its_start_and_holds_detached_rows():
+    recorder = Recorder()
+    algorithm = HardNegativeMining("batch_hard", memory_size=40, memory_start="2ba")
+    trainer, _, _ = make_trainer(algorithm, callbacks=[recorder], max_duration="5ba")
+    trainer.fit()
+    pool_sizes = [None if m.ref_embeddings is None else m.ref_embeddings.shape[0] for m in recorder.mined]
+    # Batches 0-1: no memory. Batch 2: filled after mining, so still empty. Then 16, 32, capped at 40 rows.
+    assert pool_sizes == [None, None, None, 16 + 16, 16 + 32]
+    assert len(algorithm.memory) == 40 and not algorithm.memory.embeddings.requires_grad
+    # Anchors never pair with themselves through the pool.
+    for m in recorder.mined[3:]:
+        anchors, positives, _ = m.indices_tuple
+        assert not bool((positives == anchors).any())
+
+
+def test_memory_is_checkpointed_and_a_resumed_run_continues_exactly(tmp_path):
+    def run(**kwargs):
+        recorder = Recorder()
+        algorithm = HardNegativeMining("batch_hard", memory_size=48, memory_start="1ba")
+        trainer, _, _ = make_trainer(algorithm, callbacks=[recorder], max_duration="2ep", seed=3, **kwargs)
+        trainer.fit()
+        return algorithm, recorder
+
+    full_algorithm, full = run(save_folder=str(tmp_path), save_interval="5ba")
+    resumed_algorithm, resumed = run(load_path=str(tmp_path / "ep0-ba5-rank0.pt"))
+    assert len(resumed.mined) == len(full.mined) - 5
+    for a, b in zip(full.mined[5:], resumed.mined):
+        assert all(torch.equal(x, y) for x, y in zip(a.indices_tuple, b.indices_tuple))
+        assert torch.allclose(a.ref_embeddings, b.ref_embeddings, atol=1e-6)
+    assert torch.allclose(full_algorithm.memory.embeddings, resumed_algorithm.memory.embeddings, atol=1e-6)
+    assert torch.equal(full_algorithm.memory.labels, resumed_algorithm.memory.labels)
+
+
+def test_resuming_memory_into_an_algorithm_without_memory_is_an_error():
+    with_memory = HardNegativeMining(memory_size=8)
+    with_memory.memory.enqueue(torch.ones(2, 3), torch.tensor([0, 1]))
+    with pytest.raises(ValueError, match="pass the same memory_size to resume"):
+        HardNegativeMining().load_state_dict(with_memory.state_dict())
