@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml constraints.txt
 	@touch $(STAMP)
 
 train: $(STAMP)
-	$(PY) -m composer_dynsample demo --run-dir $(RUN_DIR)
+	$(PY) -m composer_dynsample train yamls/mnist1d_default.yaml --run-dir $(RUN_DIR)
 
 test: $(STAMP) lint test-unit test-distributed
 
@@ -36,6 +36,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/samplers.py
 	$(PY) benchmarks/miners.py
 	$(PY) benchmarks/overhead.py
+	$(PY) benchmarks/quality.py
 
 # Refresh the pins on purpose: install the newest allowed versions in a scratch venv, test, then freeze.
 constraints:

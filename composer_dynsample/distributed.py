@@ -15,9 +15,11 @@ __all__ = [
     "all_gather_embeddings",
     "all_gather_rows",
     "all_reduce_sum",
+    "broadcast_buffers",
     "get_rank",
     "get_world_size",
     "is_distributed",
+    "unwrap_model",
 ]
 
 
@@ -144,3 +146,30 @@ def all_reduce_sum(value: torch.Tensor) -> torch.Tensor:
     total = value.detach().clone()
     torch_dist.all_reduce(total)
     return total
+
+
+def unwrap_model(model: torch.nn.Module) -> torch.nn.Module:
+    """The ComposerModel inside a DDP (or similar) wrapper."""
+    while isinstance(getattr(model, "module", None), torch.nn.Module):
+        model = model.module
+    return model
+
+
+def broadcast_buffers(model: torch.nn.Module, src: int = 0) -> None:
+    """Copy rank ``src``'s buffers (e.g. BatchNorm running statistics) to every rank, in place.
+
+    DDP keeps parameters identical on every rank, but each rank's last training forward updates its own
+    BatchNorm statistics; DDP broadcasts rank 0's at the start of the next forward. Calling this before
+    an evaluation makes every rank evaluate rank 0's model, the one rank 0 checkpoints. A no-op on one rank.
+
+    Args:
+        model (torch.nn.Module): The model, possibly wrapped in DDP.
+        src (int): The rank whose buffers win. Default: ``0``.
+
+    Example:
+        >>> broadcast_buffers(torch.nn.BatchNorm1d(3))  # a no-op without a process group
+    """
+    if not is_distributed() or get_world_size() < 2:
+        return
+    for buffer in unwrap_model(model).buffers():
+        torch_dist.broadcast(buffer.data, src=src)

@@ -1,5 +1,6 @@
 """Composer callbacks: one file each."""
 
+from composer_dynsample.callbacks.retrieval_gallery import RetrievalGallery, embed_store
 from composer_dynsample.callbacks.set_sampler_epoch import SetSamplerEpoch, find_epoch_target
 
-__all__ = ["SetSamplerEpoch", "find_epoch_target"]
+__all__ = ["RetrievalGallery", "SetSamplerEpoch", "embed_store", "find_epoch_target"]

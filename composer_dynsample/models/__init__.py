@@ -1,5 +1,6 @@
-"""Composer models for metric learning."""
+"""Composer models and encoders for metric learning."""
 
 from composer_dynsample.models.embedding_model import EmbeddingModel
+from composer_dynsample.models.encoders import Conv1dEncoder, MLPEncoder
 
-__all__ = ["EmbeddingModel"]
+__all__ = ["Conv1dEncoder", "EmbeddingModel", "MLPEncoder"]

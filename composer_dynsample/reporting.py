@@ -1,0 +1,195 @@
+"""What a training run reports: a metrics table, ``metrics.json`` and a PNG of the test embeddings.
+
+Plots use matplotlib's Agg canvas directly (``matplotlib.figure.Figure``), so they work without a
+display and never change the process's global backend.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+__all__ = ["format_metrics_table", "pca_2d", "plot_embeddings", "write_json"]
+
+_NAMES = {
+    "map_at_r": "MAP@R",
+    "r_precision": "R-precision",
+}
+
+
+def _metric_label(name: str) -> str:
+    if name.startswith("recall_at_"):
+        return f"Recall@{name.removeprefix('recall_at_')}"
+    return _NAMES.get(name, name)
+
+
+def format_metrics_table(metrics: Mapping[str, float], title: str = "final retrieval metrics") -> str:
+    """Format retrieval metrics as a two-column text table.
+
+    Args:
+        metrics (Mapping[str, float]): ``recall_at_{k}``, ``map_at_r``, ``r_precision`` and any other
+            numbers; non-numbers are left out.
+        title (str): The heading. Default: ``"final retrieval metrics"``.
+
+    Returns:
+        str: The table, one metric per line.
+
+    Example:
+        >>> print(format_metrics_table({"recall_at_1": 0.975, "map_at_r": 0.8}, title="test"))
+        test
+        metric     value
+        --------  ------
+        Recall@1  0.9750
+        MAP@R     0.8000
+    """
+    rows = [
+        (_metric_label(name), f"{float(value):.4f}")
+        for name, value in metrics.items()
+        if isinstance(value, (int, float)) and not isinstance(value, bool)
+    ]
+    width = max([len("metric"), *(len(label) for label, _ in rows)])
+    value_width = max([len("value"), *(len(value) for _, value in rows)])
+    lines = [title, f"{'metric':<{width + 2}}{'value':>{value_width}}"]
+    lines.append(f"{'-' * width}  {'-' * value_width}")
+    lines += [f"{label:<{width + 2}}{value:>{value_width}}" for label, value in rows]
+    return "\n".join(line.rstrip() for line in lines)
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        value = value.item() if value.numel() == 1 else value.tolist()
+    if isinstance(value, np.generic):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, Mapping):
+        return {str(key): _jsonable(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(item) for item in value]
+    if isinstance(value, Path):
+        return str(value)
+    return value
+
+
+def write_json(path: str | os.PathLike[str], data: Mapping[str, Any]) -> None:
+    """Write ``data`` as indented JSON, atomically (tensors and numpy scalars become numbers, NaN null).
+
+    Example:
+        >>> import tempfile
+        >>> file = Path(tempfile.mkdtemp()) / "m.json"
+        >>> write_json(file, {"recall_at_1": torch.tensor(0.5), "ks": (1, 5)})
+        >>> json.loads(file.read_text())
+        {'recall_at_1': 0.5, 'ks': [1, 5]}
+    """
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(f".{target.name}.tmp")
+    tmp.write_text(json.dumps(_jsonable(dict(data)), indent=2) + "\n")
+    os.replace(tmp, target)
+
+
+def pca_2d(embeddings: torch.Tensor | np.ndarray) -> np.ndarray:
+    """Project ``(N, D)`` embeddings on their first two principal components.
+
+    Args:
+        embeddings (torch.Tensor | np.ndarray): ``(N, D)`` with ``N >= 1``.
+
+    Returns:
+        np.ndarray: ``(N, 2)`` float64 coordinates (a zero column when ``D < 2`` or the data is flat).
+
+    Raises:
+        ValueError: If ``embeddings`` is not 2-D.
+
+    Example:
+        >>> points = pca_2d(np.array([[0.0, 0.0, 1.0], [2.0, 0.0, 1.0], [4.0, 0.1, 1.0]]))
+        >>> points.shape, bool(np.ptp(points[:, 0]) > np.ptp(points[:, 1]))
+        ((3, 2), True)
+    """
+    array = embeddings.detach().cpu().double().numpy() if isinstance(embeddings, torch.Tensor) else embeddings
+    array = np.asarray(array, dtype=np.float64)
+    if array.ndim != 2:
+        raise ValueError(f"embeddings must be 2-D (N, D), got shape {array.shape}.")
+    centered = array - array.mean(axis=0, keepdims=True)
+    out = np.zeros((array.shape[0], 2))
+    if array.shape[0] < 2:
+        return out
+    _, _, vt = np.linalg.svd(centered, full_matrices=False)
+    components = vt[:2]
+    projected = centered @ components.T
+    out[:, : projected.shape[1]] = projected
+    return out
+
+
+def plot_embeddings(
+    embeddings: torch.Tensor | np.ndarray,
+    labels: torch.Tensor | np.ndarray | Sequence[int],
+    path: str | os.PathLike[str],
+    *,
+    title: str = "test embeddings (PCA)",
+    dpi: int = 110,
+) -> Path:
+    """Scatter a 2-D PCA projection of embeddings, coloured by class, with a legend, to a PNG.
+
+    Args:
+        embeddings (torch.Tensor | np.ndarray): ``(N, D)`` embeddings.
+        labels (torch.Tensor | np.ndarray | Sequence[int]): ``(N,)`` integer classes.
+        path (str | os.PathLike): The PNG to write.
+        title (str): The plot title, e.g. with the Recall@1. Default: ``"test embeddings (PCA)"``.
+        dpi (int): Resolution. Default: ``110``.
+
+    Returns:
+        Path: ``path``.
+
+    Raises:
+        ValueError: If the lengths of ``embeddings`` and ``labels`` differ.
+
+    Example:
+        >>> import tempfile
+        >>> file = plot_embeddings(torch.randn(30, 8), torch.arange(30) % 3, Path(tempfile.mkdtemp()) / "e.png")
+        >>> file.read_bytes()[:8] == b"\\x89PNG\\r\\n\\x1a\\n"
+        True
+    """
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    points = pca_2d(embeddings)
+    label_array = labels.cpu().numpy() if isinstance(labels, torch.Tensor) else np.asarray(labels)
+    if label_array.shape != (points.shape[0],):
+        raise ValueError(
+            f"labels must have one entry per embedding ({points.shape[0]}), got shape {label_array.shape}."
+        )
+    figure = Figure(figsize=(6.4, 5.2))
+    FigureCanvasAgg(figure)
+    axes = figure.add_subplot(1, 1, 1)
+    classes = np.unique(label_array)
+    cmap = _colour_map(len(classes))
+    for position, cls in enumerate(classes):
+        mask = label_array == cls
+        axes.scatter(points[mask, 0], points[mask, 1], s=7, alpha=0.75, color=cmap(position), label=str(cls))
+    axes.set_title(title)
+    axes.set_xlabel("PC 1")
+    axes.set_ylabel("PC 2")
+    if len(classes) <= 30:
+        axes.legend(title="class", loc="center left", bbox_to_anchor=(1.0, 0.5), markerscale=2, fontsize=8)
+    figure.tight_layout()
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(target, dpi=dpi)
+    return target
+
+
+def _colour_map(count: int) -> Any:
+    from matplotlib import colormaps
+
+    name = "tab10" if count <= 10 else "tab20" if count <= 20 else "viridis"
+    cmap = colormaps[name]
+    if name == "viridis":
+        return lambda i: cmap(i / max(count - 1, 1))
+    return cmap
