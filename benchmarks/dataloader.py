@@ -1,0 +1,266 @@
+"""Loader throughput: the index-only pipeline against a per-sample ``__getitem__``, same sampler and batch.
+
+* **index-only**: ``IndexDataset`` (``__getitem__`` returns ``(index, label)``) + ``GatherCollate`` over a
+  preloaded ``TensorStore``: one ``index_select`` per batch.
+* **per-sample**: ``__getitem__`` builds one sample's feature tensor (``torch.tensor(features[i])`` from a
+  numpy array) and the default collate stacks B of them.
+
+Both read batches of 256 from the same ``PKBatchSampler`` (cycled over epochs with ``set_epoch``), for
+``num_workers`` 0, 1, 2 (fork, ``persistent_workers=True``, ``prefetch_factor=2``) and ``pin_memory``
+off/on (pinning needs CUDA: without it the pinned rows are skipped, not timed). Data: MNIST-1D-sized
+(4000 x 40, 10 classes) and a larger synthetic store (200k x 128, 1000 classes).
+
+Timing is **steady state**: each loader first runs a warm-up of ``warmup`` batches (which starts the
+worker processes; that start-up cost is reported separately as ``first_batch_s``), then the next
+``batches`` batches are timed. Batches are only fetched, not used.
+
+    python benchmarks/dataloader.py [--quick] [--out benchmarks/results] [--threads 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from composer_dynsample import PKBatchSampler
+from composer_dynsample.data import GatherCollate, IndexDataset, TensorStore
+
+BATCH = 256
+
+
+class PerSampleDataset(torch.utils.data.Dataset):
+    """The usual map-style dataset: one feature tensor per ``__getitem__``, stacked by the default collate."""
+
+    def __init__(self, features: np.ndarray, labels: np.ndarray) -> None:
+        self.features, self.labels = features, labels
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, index: int) -> dict:
+        return {
+            "index": index,
+            "features": torch.tensor(self.features[index]),
+            "labels": int(self.labels[index]),
+        }
+
+
+class CyclingBatches(torch.utils.data.Sampler):
+    """Yield ``num_batches`` batches from a ``PKBatchSampler``, moving to the next epoch when one ends."""
+
+    def __init__(self, sampler: PKBatchSampler, num_batches: int) -> None:
+        self.sampler, self.num_batches, self.epoch = sampler, num_batches, 0
+
+    def __len__(self) -> int:
+        return self.num_batches
+
+    def __iter__(self):
+        produced = 0
+        while produced < self.num_batches:
+            self.sampler.set_epoch(self.epoch)
+            for batch in self.sampler:
+                yield batch
+                produced += 1
+                if produced == self.num_batches:
+                    return
+            self.epoch += 1
+
+
+def make_data(n: int, dim: int, classes: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return rng.standard_normal((n, dim), dtype=np.float32), np.arange(n, dtype=np.int64) % classes
+
+
+def measure(
+    pipeline: str,
+    features: np.ndarray,
+    labels: np.ndarray,
+    store: TensorStore,
+    workers: int,
+    pin: bool,
+    warmup: int,
+    batches: int,
+) -> dict:
+    classes = int(labels.max()) + 1
+    per_batch = 8 if classes < 64 else 64  # P x K = 8 x 32 (10 classes) or 64 x 4
+    sampler = PKBatchSampler(labels, per_batch, BATCH // per_batch, num_replicas=1, rank=0, seed=0)
+    if pipeline == "index-only":
+        dataset, collate = IndexDataset(store.labels), GatherCollate(store)
+    else:
+        dataset, collate = PerSampleDataset(features, labels), None
+    kwargs = {"persistent_workers": True, "prefetch_factor": 2, "multiprocessing_context": "fork"}
+    loader = torch.utils.data.DataLoader(
+        dataset,
+        batch_sampler=CyclingBatches(sampler, warmup + batches),
+        collate_fn=collate,
+        num_workers=workers,
+        pin_memory=pin,
+        **(kwargs if workers else {}),
+    )
+    start = time.perf_counter()
+    iterator = iter(loader)
+    first = next(iterator)
+    first_batch_s = time.perf_counter() - start
+    assert first["features"].shape == (BATCH, features.shape[1])
+    for _ in range(warmup - 1):
+        next(iterator)
+    start = time.perf_counter()
+    count = 0
+    for batch in iterator:
+        count += batch["features"].shape[0]
+    elapsed = time.perf_counter() - start
+    del iterator, loader  # shuts the workers down
+    return {
+        "pipeline": pipeline,
+        "workers": workers,
+        "pin_memory": pin,
+        "samples": count,
+        "seconds": round(elapsed, 4),
+        "samples_per_s": round(count / elapsed, 1),
+        "first_batch_s": round(first_batch_s, 4),
+    }
+
+
+def plot(path: Path, results: dict[str, list[dict]]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(1, len(results), figsize=(6 * len(results), 4.5), squeeze=False)
+    for ax, (data_name, rows) in zip(axes[0], results.items()):
+        configs = sorted({(r["workers"], r["pin_memory"]) for r in rows})
+        width = 0.38
+        for offset, (pipeline, colour) in enumerate((("index-only", "C0"), ("per-sample", "C3"))):
+            values = [
+                next(
+                    (
+                        r["samples_per_s"]
+                        for r in rows
+                        if r["pipeline"] == pipeline and (r["workers"], r["pin_memory"]) == c
+                    ),
+                    0,
+                )
+                for c in configs
+            ]
+            positions = np.arange(len(configs)) + (offset - 0.5) * width
+            ax.bar(positions, values, width, label=pipeline, color=colour)
+        ax.set_xticks(
+            np.arange(len(configs)),
+            [f"{w} workers\npin {'on' if p else 'off'}" for w, p in configs],
+            fontsize=8,
+        )
+        ax.set_yscale("log")
+        ax.set_ylabel("samples / s (log)")
+        ax.set_title(f"{data_name}, batch {BATCH}, steady state")
+        ax.legend()
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--quick", action="store_true", help="small stores, few batches: a smoke test")
+    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
+    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1)")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+
+    cuda = torch.cuda.is_available()
+    if args.quick:
+        datasets = {"MNIST-1D-sized 4000 x 40": (4000, 40, 10), "synthetic 20k x 128": (20_000, 128, 1000)}
+        warmup, batches, worker_counts = 2, 5, (0, 1)
+    else:
+        datasets = {"MNIST-1D-sized 4000 x 40": (4000, 40, 10), "synthetic 200k x 128": (200_000, 128, 1000)}
+        warmup, batches, worker_counts = 5, 300, (0, 1, 2)
+    pins = (False, True) if cuda else (False,)
+
+    results: dict[str, list[dict]] = {}
+    for data_name, (n, dim, classes) in datasets.items():
+        features, labels = make_data(n, dim, classes)
+        store = TensorStore(torch.from_numpy(features), torch.from_numpy(labels))
+        rows = []
+        for workers in worker_counts:
+            for pin in pins:
+                for pipeline in ("index-only", "per-sample"):
+                    with warnings.catch_warnings():
+                        warnings.simplefilter("ignore", UserWarning)
+                        rows.append(measure(pipeline, features, labels, store, workers, pin, warmup, batches))
+        results[data_name] = rows
+
+    lines = [
+        "| data | workers | pin_memory | index-only (samples/s) | per-sample (samples/s) | ratio | "
+        "first batch index-only / per-sample (s) |",
+        "|---|---:|---|---:|---:|---:|---:|",
+    ]
+    for data_name, rows in results.items():
+        for workers in worker_counts:
+            for pin in pins:
+                fast, slow = (
+                    next(
+                        r
+                        for r in rows
+                        if r["pipeline"] == p and r["workers"] == workers and r["pin_memory"] == pin
+                    )
+                    for p in ("index-only", "per-sample")
+                )
+                lines.append(
+                    f"| {data_name} | {workers} | {'on' if pin else 'off'} | {fast['samples_per_s']:,.0f} | "
+                    f"{slow['samples_per_s']:,.0f} | {fast['samples_per_s'] / slow['samples_per_s']:.1f}x | "
+                    f"{fast['first_batch_s']:.3f} / {slow['first_batch_s']:.3f} |"
+                )
+    notes = [
+        "",
+        f"Steady state: {batches} batches of {BATCH} timed after {warmup} warm-up batches (worker start-up "
+        "excluded; it is in the first-batch column). Workers: fork, persistent, prefetch_factor 2.",
+    ]
+    if not cuda:
+        notes.append("CUDA is not available: pin_memory=True would be a no-op here, so it was not measured.")
+    table = "\n".join(lines + notes)
+
+    large = list(results)[-1]
+    fast, slow = (
+        next(r for r in results[large] if r["pipeline"] == p and r["workers"] == 0 and not r["pin_memory"])
+        for p in ("index-only", "per-sample")
+    )
+    ratio = fast["samples_per_s"] / slow["samples_per_s"]
+    goal = "the index-only loader faster than a per-sample __getitem__ (ratio > 1) at num_workers=0, larger store"
+    print(table)
+    print(
+        f"\ngoal: {goal}\nmeasured: {ratio:.1f}x on {large} ({fast['samples_per_s']:,.0f} vs "
+        f"{slow['samples_per_s']:,.0f} samples/s)"
+    )
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    name = "dataloader_quick" if args.quick else "dataloader"
+    result = {
+        "ratio": round(ratio, 2),
+        "ratio_meaning": f"index-only / per-sample samples/s at num_workers=0, pin_memory off, on {large}",
+        "goal": goal,
+        "batch": BATCH,
+        "warmup_batches": warmup,
+        "timed_batches": batches,
+        "cuda": cuda,
+        "pin_memory_note": None if cuda else "no CUDA: pin_memory=True not measured (a no-op without CUDA)",
+        "results": results,
+        "machine": f"{platform.machine()} {platform.system()}, {torch.get_num_threads()} torch threads, "
+        f"python {platform.python_version()}, torch {torch.__version__}",
+    }
+    (args.out / f"{name}.json").write_text(json.dumps(result, indent=2) + "\n")
+    (args.out / f"{name}.md").write_text(table + "\n")
+    plot(args.out / f"{name}.png", results)
+    return result
+
+
+if __name__ == "__main__":
+    main()
