@@ -17,8 +17,11 @@ $(STAMP): pyproject.toml constraints.txt
 	$(PY) -m pip install --quiet --constraint constraints.txt --editable ".[test]"
 	@touch $(STAMP)
 
+# One intra-op thread, as benchmarks/quality.py measures: on a small shared CPU two threads per process
+# slow every step down whenever the other core is busy. Override with `make train OMP_NUM_THREADS=2`.
+OMP_NUM_THREADS ?= 1
 train: $(STAMP)
-	$(PY) -m composer_dynsample train yamls/mnist1d_default.yaml --run-dir $(RUN_DIR)
+	OMP_NUM_THREADS=$(OMP_NUM_THREADS) $(PY) -m composer_dynsample train yamls/mnist1d_default.yaml --run-dir $(RUN_DIR)
 
 test: $(STAMP) lint test-unit test-distributed
 
