@@ -1,0 +1,54 @@
+"""Smoke tests of benchmarks/miners_scaling.py and benchmarks/distributed.py in --quick mode.
+
+Each script runs in a subprocess (miners_scaling imports ``composer_dynsample.mining`` under a bare
+parent package, which must not leak into this test session; distributed launches its own ranks). No
+timing is asserted: only that the run succeeds and writes its .json (with a positive ``ratio``), .md
+and .png.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("name", ["miners_scaling", "distributed"])
+def test_quick_run_writes_json_md_png(name: str, tmp_path: Path) -> None:
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / f"{name}.py"), "--quick", "--out", str(tmp_path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=230,
+        check=False,
+    )
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "goal:" in out.stdout and "measured:" in out.stdout
+    stem = f"{name}_quick"
+    data = json.loads((tmp_path / f"{stem}.json").read_text())
+    assert isinstance(data["ratio"], (int, float)) and data["ratio"] > 0
+    assert data["ratio_meaning"]
+    assert "|" in (tmp_path / f"{stem}.md").read_text()
+    assert (tmp_path / f"{stem}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    if name == "miners_scaling":
+        miners = {row["miner"] for row in data["rows"]}
+        assert miners == {
+            "matmul",
+            "batch_hard",
+            "semi_hard",
+            "hard_topk",
+            "distance_weighted",
+            "multi_similarity",
+        }
+        assert all(row["peak_mib"] is not None and row["peak_mib"] >= 0 for row in data["rows"])
+    else:
+        assert {row["world_size"] for row in data["training"]} == {1, 2}
+        assert all(row["steps_per_s"] > 0 for row in data["training"])
+        assert data["all_gather"] and all(row["gather_autograd_ms"] > 0 for row in data["all_gather"])
