@@ -28,6 +28,7 @@ test: $(STAMP) lint test-unit test-distributed
 lint: $(STAMP)
 	$(VENV)/bin/ruff check composer_dynsample tests benchmarks
 	$(VENV)/bin/ruff format --check composer_dynsample tests benchmarks
+	$(PY) benchmarks/report.py --check  # the README's benchmark summary matches benchmarks/results
 
 test-unit: $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider --doctest-modules composer_dynsample tests
@@ -39,7 +40,12 @@ bench: $(STAMP)
 	$(PY) benchmarks/samplers.py
 	$(PY) benchmarks/miners.py
 	$(PY) benchmarks/overhead.py
+	$(PY) benchmarks/antipattern.py
+	$(PY) benchmarks/dataloader.py
+	$(PY) benchmarks/miners_scaling.py
+	$(PY) benchmarks/distributed.py
 	$(PY) benchmarks/quality.py
+	$(PY) benchmarks/report.py
 
 # Refresh the pins on purpose: install the newest allowed versions in a scratch venv, test, then freeze.
 constraints:
