@@ -28,7 +28,6 @@ Run:
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import platform
@@ -37,36 +36,17 @@ import statistics
 import subprocess
 import sys
 import time
-import types
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from _mining_import import import_mining
 from pytorch_metric_learning import __version__ as pml_version
 from pytorch_metric_learning import distances as pml_distances
 from pytorch_metric_learning import miners as pml_miners
 
-
-def _import_mining_without_package_init() -> types.ModuleType:
-    """``composer_dynsample.mining`` without running ``composer_dynsample/__init__.py``.
-
-    The package's ``__init__`` imports Composer (several seconds, once per process, and again in every
-    memory subprocess); the miners need nothing from it. A bare parent module with the package's
-    ``__path__`` lets the submodules import normally. Falls back to a plain import.
-    """
-    if "composer_dynsample" not in sys.modules:
-        spec = importlib.util.find_spec("composer_dynsample")
-        if spec is not None and spec.submodule_search_locations:
-            parent = types.ModuleType("composer_dynsample")
-            parent.__path__ = list(spec.submodule_search_locations)
-            sys.modules["composer_dynsample"] = parent
-    import composer_dynsample.mining as mining
-
-    return mining
-
-
-_mining = _import_mining_without_package_init()
+_mining = import_mining()
 batch_hard, distance_weighted, hard_topk = _mining.batch_hard, _mining.distance_weighted, _mining.hard_topk
 multi_similarity, semi_hard = _mining.multi_similarity, _mining.semi_hard
 

@@ -29,7 +29,6 @@ bound). The matmul's growth is about the size of its output.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import platform
@@ -38,32 +37,14 @@ import statistics
 import subprocess
 import sys
 import time
-import types
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from _mining_import import import_mining
 
-
-def _import_mining_without_package_init() -> types.ModuleType:
-    """``composer_dynsample.mining`` without ``composer_dynsample/__init__.py`` (which imports Composer).
-
-    Saves seconds per memory subprocess; a bare parent module with the package's ``__path__`` lets the
-    submodules import normally.
-    """
-    if "composer_dynsample" not in sys.modules:
-        spec = importlib.util.find_spec("composer_dynsample")
-        if spec is not None and spec.submodule_search_locations:
-            parent = types.ModuleType("composer_dynsample")
-            parent.__path__ = list(spec.submodule_search_locations)
-            sys.modules["composer_dynsample"] = parent
-    import composer_dynsample.mining as mining
-
-    return mining
-
-
-_mining = _import_mining_without_package_init()
+_mining = import_mining()
 
 DIM = 128
 PER_CLASS = 8
