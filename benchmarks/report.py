@@ -1,8 +1,9 @@
 """Regenerate the README's benchmark summary from ``benchmarks/results/*.json``.
 
-Every headline in the README's "Benchmark summary" comes from a results file that a script in this
+Every headline in the README's benchmark summary comes from a results file that a script in this
 folder wrote; this script rewrites the text between the ``<!-- benchmarks:start -->`` and
-``<!-- benchmarks:end -->`` markers. ``make bench`` runs it last.
+``<!-- benchmarks:end -->`` markers, and every ``<!-- results:NAME -->`` ... ``<!-- /results:NAME -->``
+block with ``benchmarks/results/NAME.md``. ``make bench`` runs it last.
 
     python benchmarks/report.py [--results benchmarks/results] [--readme README.md] [--check]
 """
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -68,6 +70,17 @@ def summary(results: Path) -> str:
     return "\n".join(lines)
 
 
+def fill_tables(text: str, results: Path) -> str:
+    """Replace each ``<!-- results:NAME -->`` ... ``<!-- /results:NAME -->`` block with ``results/NAME.md``."""
+    for match in reversed(
+        list(re.finditer(r"<!-- results:([\w.-]+) -->\n(.*?)<!-- /results:\1 -->", text, re.S))
+    ):
+        table = (results / f"{match.group(1)}.md").read_text().strip()
+        block = f"<!-- results:{match.group(1)} -->\n{table}\n<!-- /results:{match.group(1)} -->"
+        text = text[: match.start()] + block + text[match.end() :]
+    return text
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -81,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"{args.readme} has no {START} ... {END} markers to fill.")
     head, rest = text.split(START, 1)
     _, tail = rest.split(END, 1)
-    updated = f"{head}{START}\n{summary(args.results)}\n{END}{tail}"
+    updated = fill_tables(f"{head}{START}\n{summary(args.results)}\n{END}{tail}", args.results)
     if args.check:
         return 0 if updated == text else 1
     args.readme.write_text(updated)
