@@ -41,7 +41,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from _mining_import import import_mining
+from _common import import_mining, proc_status_kib
 from pytorch_metric_learning import __version__ as pml_version
 from pytorch_metric_learning import distances as pml_distances
 from pytorch_metric_learning import miners as pml_miners
@@ -194,17 +194,6 @@ def measure(batch: int, rounds: int, quick: bool) -> list[dict]:
     return results
 
 
-def _proc_status_kib(key: str) -> int | None:
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith(key + ":"):
-                    return int(line.split()[1])
-    except OSError:
-        return None
-    return None
-
-
 def memory_worker(which: str, batch: int, threads: int) -> None:
     """Runs in a fresh subprocess: print the peak-RSS growth (bytes) of one call."""
     torch.set_num_threads(threads)
@@ -220,12 +209,12 @@ def memory_worker(which: str, batch: int, threads: int) -> None:
     try:
         with open("/proc/self/clear_refs", "w") as f:
             f.write("5")  # reset the peak RSS (VmHWM) to the current RSS
-        before = _proc_status_kib("VmRSS")
+        before = proc_status_kib("VmRSS")
     except OSError:
         before = None
     if before is not None:
         out = call(emb, labels)
-        growth_kib = (_proc_status_kib("VmHWM") or 0) - before
+        growth_kib = (proc_status_kib("VmHWM") or 0) - before
     else:
         start = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         out = call(emb, labels)

@@ -42,7 +42,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from _mining_import import import_mining
+from _common import import_mining, proc_status_kib
 
 _mining = import_mining()
 
@@ -100,17 +100,6 @@ def time_interleaved(fns: dict[str, Callable[[], object]], budget_s: float, max_
     return {"rounds": rounds, **{name: statistics.median(v) for name, v in samples.items()}}
 
 
-def _proc_status_kib(key: str) -> int | None:
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith(key + ":"):
-                    return int(line.split()[1])
-    except OSError:
-        return None
-    return None
-
-
 def _measure_one(name: str, batch: int, pool: int) -> int:
     """Peak-RSS growth (bytes) of one call, in a process that has done no large allocation yet."""
     call_of(name, make_inputs(16, 64 if pool else 0, seed=1))()  # warm-up at a tiny size
@@ -118,12 +107,12 @@ def _measure_one(name: str, batch: int, pool: int) -> int:
     try:
         with open("/proc/self/clear_refs", "w") as f:
             f.write("5")  # reset VmHWM to the current RSS
-        before = _proc_status_kib("VmRSS")
+        before = proc_status_kib("VmRSS")
     except OSError:
         before = None
     if before is not None:
         out = fn()
-        growth_kib = (_proc_status_kib("VmHWM") or 0) - before
+        growth_kib = (proc_status_kib("VmHWM") or 0) - before
     else:
         start = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         out = fn()

@@ -1,6 +1,7 @@
-"""Import ``composer_dynsample.mining`` without running ``composer_dynsample/__init__.py``.
+"""Helpers shared by the miner benchmarks.
 
-The package's ``__init__`` imports Composer (seconds on a small CPU), which the miner benchmarks pay
+``import_mining`` imports ``composer_dynsample.mining`` without running ``composer_dynsample/__init__.py``:
+the package's ``__init__`` imports Composer (seconds on a small CPU), which the miner benchmarks pay
 in every memory-measuring subprocess while the miners need nothing from it. A bare parent module with
 the package's ``__path__`` lets the submodules import normally; without the package installed this
 falls back to a plain import.
@@ -24,3 +25,15 @@ def import_mining() -> types.ModuleType:
     import composer_dynsample.mining as mining
 
     return mining
+
+
+def proc_status_kib(key: str) -> int | None:
+    """A ``/proc/self/status`` field in KiB (``VmRSS``, ``VmHWM``, ...), or ``None`` where unavailable."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(key + ":"):
+                    return int(line.split()[1])
+    except OSError:
+        return None
+    return None
