@@ -1,0 +1,268 @@
+"""Argument checks shared by the whole package: one place for every "must be an integer >= 1".
+
+Each check returns the value in its canonical Python type (``int``, ``float``, ``bool``, ``str``) or
+raises an error that names the argument, the value seen and what would be valid. Numpy scalars are
+accepted where a Python number is (``np.int64(2)`` is an integer), ``bool`` never counts as a number.
+Nothing here imports Composer: the miners and samplers stay Composer-free; :func:`parse_time` imports
+``composer.core.Time`` only when called.
+
+Example:
+    >>> check_int("num_replicas", 2, minimum=1)
+    2
+    >>> check_float("margin", 0.2, minimum=0.0)
+    0.2
+    >>> check_choice("distance", "cosine", ("cosine", "euclidean"))
+    'cosine'
+    >>> check_int("k", 0, minimum=1)
+    Traceback (most recent call last):
+        ...
+    ValueError: k must be an integer >= 1, got 0.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+if TYPE_CHECKING:
+    from composer.core import Time, TimeUnit
+
+__all__ = [
+    "InputTypeError",
+    "check_bool",
+    "check_choice",
+    "check_embeddings",
+    "check_float",
+    "check_int",
+    "check_labels",
+    "describe",
+    "is_int",
+    "parse_time",
+]
+
+
+class InputTypeError(TypeError, ValueError):
+    """An argument has the wrong type: both a ``TypeError`` and a ``ValueError``, so callers that catch
+    either (configs catch ``ValueError``, Python convention says ``TypeError``) see it."""
+
+
+def is_int(value: object) -> bool:
+    """Whether ``value`` is an integer (Python or numpy), not a ``bool``."""
+    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+
+
+def _range_text(minimum: float | None, maximum: float | None, *, strict: tuple[bool, bool]) -> str:
+    if minimum is not None and maximum is not None:
+        left, right = "(" if strict[0] else "[", ")" if strict[1] else "]"
+        return f" in {left}{minimum}, {maximum}{right}"
+    if minimum is not None:
+        return f" {'>' if strict[0] else '>='} {minimum}"
+    if maximum is not None:
+        return f" {'<' if strict[1] else '<='} {maximum}"
+    return ""
+
+
+def _in_range(value: float, minimum: float | None, maximum: float | None, strict: tuple[bool, bool]) -> bool:
+    if minimum is not None and (value < minimum or (strict[0] and value == minimum)):
+        return False
+    return not (maximum is not None and (value > maximum or (strict[1] and value == maximum)))
+
+
+def check_int(
+    name: str,
+    value: object,
+    *,
+    minimum: int | None = None,
+    maximum: int | None = None,
+    allow_none: bool = False,
+) -> int | None:
+    """Return ``int(value)`` if it is an integer within ``[minimum, maximum]``, else raise ``ValueError``.
+
+    Args:
+        name (str): The argument's name, as the caller knows it.
+        value (object): The value to check.
+        minimum (int, optional): The smallest valid value. Default: no bound.
+        maximum (int, optional): The largest valid value. Default: no bound.
+        allow_none (bool): Return ``None`` for ``None`` instead of raising. Default: ``False``.
+
+    Example:
+        >>> check_int("rank", np.int64(1), minimum=0, maximum=1)
+        1
+        >>> check_int("rank", 2, minimum=0, maximum=1)
+        Traceback (most recent call last):
+            ...
+        ValueError: rank must be an integer in [0, 1], got 2.
+    """
+    if value is None and allow_none:
+        return None
+    if not is_int(value) or not _in_range(int(value), minimum, maximum, (False, False)):  # type: ignore[arg-type]
+        valid = _range_text(minimum, maximum, strict=(False, False))
+        raise ValueError(f"{name} must be an integer{valid}, got {value!r}.")
+    return int(value)  # type: ignore[arg-type]
+
+
+def check_float(
+    name: str,
+    value: object,
+    *,
+    minimum: float | None = None,
+    maximum: float | None = None,
+    strict_minimum: bool = False,
+    strict_maximum: bool = False,
+    finite: bool = True,
+) -> float:
+    """Return ``float(value)`` if it is a real number within the bounds, else raise ``ValueError``.
+
+    Args:
+        name (str): The argument's name.
+        value (object): The value to check (``int``, ``float`` or a numpy real; not ``bool``).
+        minimum (float, optional): Lower bound. Default: none.
+        maximum (float, optional): Upper bound. Default: none.
+        strict_minimum (bool): Exclude ``minimum`` itself. Default: ``False``.
+        strict_maximum (bool): Exclude ``maximum`` itself. Default: ``False``.
+        finite (bool): Reject NaN and infinities. Default: ``True``.
+
+    Example:
+        >>> check_float("pct_start", 0.25, minimum=0, maximum=1, strict_minimum=True, strict_maximum=True)
+        0.25
+        >>> check_float("dropout", 1.0, minimum=0, maximum=1, strict_maximum=True)
+        Traceback (most recent call last):
+            ...
+        ValueError: dropout must be a number in [0, 1), got 1.0.
+    """
+    strict = (strict_minimum, strict_maximum)
+    valid = _range_text(minimum, maximum, strict=strict)
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
+        raise ValueError(f"{name} must be a number{valid}, got {value!r}.")
+    number = float(value)
+    if finite and not math.isfinite(number):
+        raise ValueError(f"{name} must be a finite number{valid}, got {value!r}.")
+    if not math.isnan(number) and not _in_range(number, minimum, maximum, strict):
+        raise ValueError(f"{name} must be a number{valid}, got {value!r}.")
+    return number
+
+
+def check_bool(name: str, value: object) -> bool:
+    """Return ``value`` if it is a ``bool``, else raise ``ValueError`` (``1`` and ``"yes"`` are not).
+
+    Example:
+        >>> check_bool("normalize", True)
+        True
+    """
+    if not isinstance(value, (bool, np.bool_)):
+        raise ValueError(f"{name} must be true or false, got {value!r}.")
+    return bool(value)
+
+
+def check_choice(name: str, value: object, choices: Iterable[str]) -> str:
+    """Return ``value`` if it is one of ``choices``, else raise ``ValueError`` listing them.
+
+    Example:
+        >>> check_choice("gather", "all", ("autograd", "constant"))
+        Traceback (most recent call last):
+            ...
+        ValueError: gather must be one of ('autograd', 'constant'), got 'all'.
+    """
+    options = tuple(choices)
+    if not isinstance(value, str) or value not in options:
+        raise ValueError(f"{name} must be one of {options}, got {value!r}.")
+    return value
+
+
+def describe(value: object) -> str:
+    """A short description of a value for error messages: a tensor's shape and dtype, else its type."""
+    if isinstance(value, torch.Tensor):
+        return f"a tensor of shape {tuple(value.shape)} and dtype {value.dtype}"
+    return f"an object of type {type(value).__name__}"
+
+
+def check_embeddings(name: str, value: object, *, finite: bool = True) -> torch.Tensor:
+    """Return ``value`` if it is a ``(N, D)`` floating-point tensor with ``D >= 1`` (finite if asked).
+
+    A non-tensor or non-float tensor raises :class:`InputTypeError`; a wrong shape or NaN/inf a
+    ``ValueError``.
+
+    Example:
+        >>> check_embeddings("embeddings", torch.zeros(3, 2)).shape
+        torch.Size([3, 2])
+        >>> check_embeddings("embeddings", torch.zeros(3))
+        Traceback (most recent call last):
+            ...
+        ValueError: embeddings must be a 2-D floating-point tensor (num_items, dim), got a tensor of shape (3,) and dtype torch.float32.
+    """
+    if not isinstance(value, torch.Tensor) or not value.is_floating_point():
+        raise InputTypeError(
+            f"{name} must be a 2-D floating-point tensor (num_items, dim), got {describe(value)}."
+        )
+    if value.ndim != 2 or value.shape[1] == 0:
+        raise ValueError(
+            f"{name} must be a 2-D floating-point tensor (num_items, dim), got {describe(value)}."
+        )
+    # min and max propagate NaN and expose +-inf: one fused reduction instead of an isfinite pass.
+    if finite and value.numel() > 0 and not bool(torch.isfinite(torch.stack(torch.aminmax(value))).all()):
+        raise ValueError(f"{name} contain NaN or inf.")
+    return value
+
+
+def check_labels(name: str, value: object, num_items: int | None = None, items_name: str = "") -> torch.Tensor:
+    """Return ``value`` if it is a 1-D integer tensor (of ``num_items`` entries when given).
+
+    Example:
+        >>> check_labels("labels", torch.tensor([0, 1]), 3, "embeddings")
+        Traceback (most recent call last):
+            ...
+        ValueError: labels has 2 entries but embeddings has 3 rows; they must match.
+    """
+    if (
+        not isinstance(value, torch.Tensor)
+        or value.dtype == torch.bool
+        or value.is_floating_point()
+        or value.is_complex()
+    ):
+        raise InputTypeError(f"{name} must be a 1-D integer tensor, got {describe(value)}.")
+    if value.ndim != 1:
+        raise ValueError(f"{name} must be a 1-D integer tensor, got {describe(value)}.")
+    if num_items is not None and value.shape[0] != num_items:
+        raise ValueError(
+            f"{name} has {value.shape[0]} entries but {items_name} has {num_items} rows; they must match."
+        )
+    return value
+
+
+def parse_time(name: str, value: object, units: Sequence[TimeUnit] | None = None) -> Time:
+    """Parse a Composer time string (``"2ep"``, ``"500ba"``, ``"10000sp"``); a bare int means epochs.
+
+    Args:
+        name (str): The argument's name.
+        value (object): A time string, a ``composer.core.Time`` or a non-negative int (epochs).
+        units (Sequence[TimeUnit], optional): The units allowed. Default: epochs, batches, samples, tokens.
+
+    Example:
+        >>> parse_time("memory_start", "2ep")
+        Time(2, TimeUnit.EPOCH)
+        >>> parse_time("interval", "1dur")
+        Traceback (most recent call last):
+            ...
+        ValueError: interval must be a Composer time string such as '2ep', '500ba', '10000sp', '1000tok', got '1dur'.
+    """
+    from composer.core import Time, TimeUnit
+
+    allowed = tuple(units or (TimeUnit.EPOCH, TimeUnit.BATCH, TimeUnit.SAMPLE, TimeUnit.TOKEN))
+    time: Any = value if isinstance(value, Time) else None
+    if isinstance(value, str):
+        try:
+            time = Time.from_timestring(value)
+        except ValueError:
+            time = None
+    elif is_int(value) and int(value) >= 0:  # type: ignore[arg-type]
+        time = Time(int(value), TimeUnit.EPOCH)  # type: ignore[arg-type]
+    if time is None or time.unit not in allowed:
+        examples = {"ep": "2ep", "ba": "500ba", "sp": "10000sp", "tok": "1000tok", "dur": "0.5dur"}
+        shown = "', '".join(examples.get(unit.value, f"1{unit.value}") for unit in allowed)
+        raise ValueError(f"{name} must be a Composer time string such as '{shown}', got {value!r}.")
+    return time
