@@ -55,7 +55,30 @@ _EXPORTS: dict[str, str] = {
     "mine": "composer_dynsample.algorithms",
 }
 
-__all__ = sorted(_EXPORTS)
+__all__ = [
+    "BatchSamplerDataLoader",
+    "ContrastiveLoss",
+    "Conv1dEncoder",
+    "CrossBatchMemory",
+    "DistributedBatchSampler",
+    "EmbeddingModel",
+    "GatherCollate",
+    "HardNegativeMining",
+    "IndexDataset",
+    "MLPEncoder",
+    "MinedBatch",
+    "MultiSimilarityLoss",
+    "PKBatchSampler",
+    "RetrievalGallery",
+    "SetSamplerEpoch",
+    "SupportsSetEpoch",
+    "TensorStore",
+    "TripletMarginLoss",
+    "TwoStreamBatchSampler",
+    "build_dataloader",
+    "find_epoch_target",
+    "mine",
+]
 
 if TYPE_CHECKING:
     from composer_dynsample.algorithms import CrossBatchMemory, HardNegativeMining, mine

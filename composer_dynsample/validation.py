@@ -209,7 +209,9 @@ def check_embeddings(name: str, value: object, *, finite: bool = True) -> torch.
     return value
 
 
-def check_labels(name: str, value: object, num_items: int | None = None, items_name: str = "") -> torch.Tensor:
+def check_labels(
+    name: str, value: object, num_items: int | None = None, items_name: str = ""
+) -> torch.Tensor:
     """Return ``value`` if it is a 1-D integer tensor (of ``num_items`` entries when given).
 
     Example:
