@@ -15,6 +15,7 @@ __all__ = [
     "all_gather_embeddings",
     "all_gather_rows",
     "all_reduce_sum",
+    "barrier",
     "broadcast_buffers",
     "get_rank",
     "get_world_size",
@@ -41,6 +42,12 @@ def get_world_size() -> int:
 def get_rank() -> int:
     """This process's global rank: the default process group's, else the launcher's ``RANK``, else ``0``."""
     return torch_dist.get_rank() if is_distributed() else _env_int("RANK", 0)
+
+
+def barrier() -> None:
+    """Wait until every rank gets here; a no-op without a process group or with one rank."""
+    if is_distributed() and torch_dist.get_world_size() > 1:
+        torch_dist.barrier()
 
 
 def _env_int(name: str, default: int) -> int:

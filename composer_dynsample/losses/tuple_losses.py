@@ -16,9 +16,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from composer_dynsample.distances import check_distance, distance_matrix
 from composer_dynsample.distributed import all_reduce_sum, get_world_size
-from composer_dynsample.losses.distances import distance_matrix
-from composer_dynsample.mining.distances import check_distance
 
 __all__ = ["ContrastiveLoss", "MultiSimilarityLoss", "TripletMarginLoss", "all_pairs", "all_triplets"]
 

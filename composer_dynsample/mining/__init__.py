@@ -23,8 +23,8 @@ Example:
     [0, 1, 2, 3, 4, 5, 6, 7]
 """
 
+from composer_dynsample.distances import DISTANCES, pairwise_distance
 from composer_dynsample.mining._common import MiningInputs, validate_mining_inputs
-from composer_dynsample.mining.distances import DISTANCES, pairwise_distance
 from composer_dynsample.mining.miners import (
     SEMI_HARD_FALLBACKS,
     batch_hard,

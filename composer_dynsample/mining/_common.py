@@ -9,7 +9,7 @@ from typing import Final
 
 import torch
 
-from composer_dynsample.mining.distances import check_distance
+from composer_dynsample.distances import check_distance
 
 __all__ = [
     "CHUNK_BYTES",

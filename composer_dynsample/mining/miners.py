@@ -27,6 +27,7 @@ from typing import Final
 
 import torch
 
+from composer_dynsample.distances import RankMatrix
 from composer_dynsample.mining._common import (
     LabelIndex,
     MiningInputs,
@@ -36,7 +37,6 @@ from composer_dynsample.mining._common import (
     row_chunks,
     validate_mining_inputs,
 )
-from composer_dynsample.mining.distances import RankMatrix
 
 __all__ = [
     "SEMI_HARD_FALLBACKS",

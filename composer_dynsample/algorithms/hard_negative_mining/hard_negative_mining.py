@@ -17,8 +17,8 @@ from composer.loggers import Logger
 
 from composer_dynsample import mining
 from composer_dynsample.algorithms.hard_negative_mining.memory import CrossBatchMemory
+from composer_dynsample.distances import paired_distance
 from composer_dynsample.distributed import all_gather_embeddings, get_world_size
-from composer_dynsample.losses.distances import paired_distance
 from composer_dynsample.mined import MinedBatch
 
 __all__ = ["STRATEGIES", "HardNegativeMining", "mine"]
