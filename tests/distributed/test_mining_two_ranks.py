@@ -142,3 +142,55 @@ def test_memory_is_identical_on_every_rank_through_the_trainer(cross_rank):
         assert torch.equal(emb0, emb1) and torch.equal(lab0, lab1)
     # The memory holds both ranks' rows: the global batch, not only the local one.
     assert probe.snapshots[0][0].shape[0] == 32
+
+
+class NaNOnRankOne(torch.nn.Module):
+    """A linear encoder whose output on rank 1 turns NaN at its ``bad_call``-th training forward."""
+
+    def __init__(self, bad_call: int = 3) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(6, 4)
+        self.bad_call, self.calls = bad_call, 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.linear(x)
+        if self.training:
+            self.calls += 1
+            if dist.get_global_rank() == 1 and self.calls == self.bad_call:
+                out = out * float("nan")
+        return out
+
+
+class BatchCounter(Callback):
+    def __init__(self) -> None:
+        self.batches = 0
+
+    def batch_end(self, state: State, logger: Logger) -> None:
+        self.batches += 1
+
+
+@pytest.mark.parametrize("options", [{"cross_rank": True, "gather": "autograd"}, {"memory_size": 256}])
+def test_nonfinite_on_one_rank_skips_the_step_on_every_rank_without_hanging(options):
+    # Before the ranks agreed on finiteness, rank 1 skipped the gather that rank 0 waited in: a hang,
+    # which the short dist_timeout turns into a failure.
+    labels = torch.arange(128) % 8
+    features = torch.randn(128, 6, generator=torch.Generator().manual_seed(0))
+    algorithm = HardNegativeMining("batch_hard", on_nonfinite="skip", **options)
+    encoder, counter = NaNOnRankOne(), BatchCounter()
+    model = EmbeddingModel(encoder)
+    trainer = Trainer(
+        model=model,
+        train_dataloader=build_dataloader(
+            TensorDataset(features, labels), PKBatchSampler(labels, 4, 4, seed=1)
+        ),
+        optimizers=torch.optim.SGD(model.parameters(), lr=0.1),
+        algorithms=[algorithm],
+        callbacks=[counter],
+        max_duration="2ep",
+        progress_bar=False,
+        dist_timeout=20.0,
+    )
+    trainer.fit()
+    assert encoder.calls >= 3
+    assert all(torch.isfinite(p).all() for p in model.parameters())
+    assert dist.all_gather_object(counter.batches) == [8, 8]

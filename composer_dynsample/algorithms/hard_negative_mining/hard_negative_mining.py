@@ -18,7 +18,7 @@ from composer.loggers import Logger
 from composer_dynsample import mining
 from composer_dynsample.algorithms.hard_negative_mining.memory import CrossBatchMemory
 from composer_dynsample.distances import paired_distance
-from composer_dynsample.distributed import all_gather_embeddings, get_world_size
+from composer_dynsample.distributed import all_gather_embeddings, all_reduce_sum, get_world_size
 from composer_dynsample.mined import MinedBatch
 
 __all__ = ["STRATEGIES", "HardNegativeMining", "mine"]
@@ -192,7 +192,7 @@ class HardNegativeMining(Algorithm):
         _check_embeddings_and_labels(embeddings, labels)
         strategy = self.strategy_at(state)
 
-        finite = bool(torch.isfinite(embeddings.detach()).all())
+        finite = _all_ranks_finite(embeddings)
         if not finite and self.on_nonfinite == "raise":
             raise ValueError(
                 f"HardNegativeMining: the embeddings at batch {int(state.timestamp.batch)} contain NaN or inf. "
@@ -398,6 +398,16 @@ def _check_embeddings_and_labels(embeddings: torch.Tensor, labels: torch.Tensor)
         raise ValueError(
             f"labels ({labels.shape[0]}) and embeddings ({embeddings.shape[0]}) must have the same length."
         )
+
+
+def _all_ranks_finite(embeddings: torch.Tensor) -> bool:
+    """Whether the embeddings are finite on every rank: one all-reduce of a 0/1 flag, the same answer everywhere.
+
+    The ranks must agree before any branch: a rank that skipped ``all_gather_embeddings`` (or the memory's
+    enqueue gather) while another waits in it would hang both. With one rank this is a local check.
+    """
+    nonfinite = (~torch.isfinite(embeddings.detach()).all()).to(torch.int32).reshape(1)
+    return int(all_reduce_sum(nonfinite).item()) == 0
 
 
 def _empty_like(strategy: str, device: torch.device) -> tuple[torch.Tensor, ...]:
