@@ -310,3 +310,22 @@ def test_resuming_memory_into_an_algorithm_without_memory_is_an_error():
     with_memory.memory.enqueue(torch.ones(2, 3), torch.tensor([0, 1]))
     with pytest.raises(ValueError, match="pass the same memory_size to resume"):
         HardNegativeMining().load_state_dict(with_memory.state_dict())
+
+
+def test_memory_moves_to_the_embeddings_device_before_it_joins_the_pool(monkeypatch):
+    # Without a GPU, spy on CrossBatchMemory.to: each time the memory joins the pool it is first moved
+    # to the embeddings' device (a resumed memory sits on the CPU until then).
+    from composer_dynsample import CrossBatchMemory
+
+    moves, original = [], CrossBatchMemory.to
+
+    def spy(self, device):
+        moves.append(torch.device(device))
+        return original(self, device)
+
+    monkeypatch.setattr(CrossBatchMemory, "to", spy)
+    algorithm = HardNegativeMining("batch_hard", memory_size=40)
+    trainer, _, _ = make_trainer(algorithm, max_duration="3ba")
+    trainer.fit()
+    # Three enqueues and two reads of a non-empty memory, all to the embeddings' device.
+    assert moves == [torch.device("cpu")] * 5

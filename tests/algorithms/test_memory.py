@@ -45,3 +45,25 @@ def test_rows_are_detached_and_errors_are_clear():
         CrossBatchMemory(0)
     with pytest.raises(ValueError, match="holds 4 rows, this one 6"):
         CrossBatchMemory(6).load_state_dict(memory.state_dict())
+
+
+def test_memory_follows_the_device_of_the_rows_it_is_given():
+    # A memory restored on the CPU must move to the embeddings' device; `meta` stands in for a GPU here.
+    memory = CrossBatchMemory(4)
+    memory.enqueue(torch.randn(2, 3), torch.tensor([0, 1]))
+    memory.enqueue(torch.randn(2, 3, device="meta"), torch.tensor([2, 3], device="meta"))
+    assert memory.embeddings.device.type == "meta" and memory.labels.device.type == "meta"
+    other = CrossBatchMemory(4)
+    other.enqueue(torch.randn(2, 3), torch.tensor([0, 1]))
+    assert other.to(torch.device("meta")).embeddings.device.type == "meta"
+
+
+def test_state_dict_round_trip_keeps_dtype_and_loads_onto_the_given_device():
+    a = CrossBatchMemory(3)
+    a.enqueue(torch.randn(2, 4, dtype=torch.bfloat16), torch.tensor([5, 6], dtype=torch.int32))
+    b, c = CrossBatchMemory(3), CrossBatchMemory(3)
+    b.load_state_dict(a.state_dict())
+    c.load_state_dict(a.state_dict(), device=torch.device("meta"))
+    assert b.embeddings.dtype == torch.bfloat16 and b.labels.dtype == torch.int32
+    assert torch.equal(a.embeddings, b.embeddings) and torch.equal(a.labels, b.labels)
+    assert c.embeddings.device.type == "meta" and c.embeddings.dtype == torch.bfloat16

@@ -207,6 +207,7 @@ class HardNegativeMining(Algorithm):
             )
         pool, pool_labels = batch_pool, batch_pool_labels
         if memory is not None and len(memory) and finite:
+            memory.to(pool.device)  # a memory restored from a checkpoint sits on the CPU until used
             pool = torch.cat([pool, memory.embeddings.to(pool.dtype)])
             pool_labels = torch.cat([pool_labels, memory.labels.to(pool_labels.dtype)])
         uses_pool = pool is not embeddings

@@ -53,9 +53,24 @@ class CrossBatchMemory:
             return values[: self._filled]
         return torch.cat([values[self._next :], values[: self._next]])
 
+    def to(self, device: torch.device | str) -> CrossBatchMemory:
+        """Move the stored rows to ``device`` (in place; a no-op when they are there) and return ``self``.
+
+        The memory follows the embeddings: the algorithm moves it to the embeddings' device before it joins
+        the pool, and :meth:`enqueue` before it writes, so a memory restored on the CPU moves to the GPU on
+        its first use.
+        """
+        device = torch.device(device)
+        if self._embeddings is not None and self._embeddings.device != device:
+            self._embeddings = self._embeddings.to(device)
+        if self._labels is not None and self._labels.device != device:
+            self._labels = self._labels.to(device)
+        return self
+
     def enqueue(self, embeddings: torch.Tensor, labels: torch.Tensor) -> None:
-        """Append rows (detached), dropping the oldest when full."""
+        """Append rows (detached), dropping the oldest when full; the memory moves to their device."""
         embeddings, labels = embeddings.detach(), labels.detach()
+        self.to(embeddings.device)
         if self._embeddings is None or self._labels is None:
             self._embeddings = embeddings.new_zeros(self.size, embeddings.shape[1])
             self._labels = labels.new_zeros(self.size)
@@ -82,7 +97,10 @@ class CrossBatchMemory:
         }
 
     def load_state_dict(self, state: dict[str, Any], device: torch.device | None = None) -> None:
-        """Restore a memory saved by :meth:`state_dict`."""
+        """Restore a memory saved by :meth:`state_dict`, onto ``device`` (default: where it was saved).
+
+        The rows keep their saved dtype; they move to the embeddings' device on first use (:meth:`to`).
+        """
         if state["size"] != self.size:
             raise ValueError(f"the checkpoint's memory holds {state['size']} rows, this one {self.size}.")
         move = (lambda t: None if t is None else t.to(device)) if device is not None else (lambda t: t)
