@@ -329,3 +329,46 @@ def test_memory_moves_to_the_embeddings_device_before_it_joins_the_pool(monkeypa
     trainer.fit()
     # Three enqueues and two reads of a non-empty memory, all to the embeddings' device.
     assert moves == [torch.device("cpu")] * 5
+
+
+def _spread_reference(embeddings, distance):
+    """Mean pairwise distance over distinct ordered pairs, in float64, zero rows at distance 0 under cosine."""
+    x = embeddings.double()
+    total, count = 0.0, x.shape[0]
+    for i in range(count):
+        for j in range(count):
+            if i == j:
+                continue
+            if distance == "cosine":
+                ni, nj = x[i].norm(), x[j].norm()
+                total += 0.0 if ni == 0 or nj == 0 else float(1 - x[i] @ x[j] / (ni * nj))
+            else:
+                total += float((x[i] - x[j]).pow(2).sum())
+    return total / (count * (count - 1))
+
+
+@pytest.mark.parametrize("zero_rows", [0, 3, 8])
+@pytest.mark.parametrize("distance", ["cosine", "squared_euclidean"])
+def test_embedding_spread_matches_a_float64_loop_and_zero_rows_count_as_collapsed(distance, zero_rows):
+    from composer_dynsample.algorithms.hard_negative_mining.hard_negative_mining import (
+        _mean_pairwise_distance,
+    )
+
+    x = torch.randn(8, 5, generator=torch.Generator().manual_seed(3))
+    x[:zero_rows] = 0.0
+    assert _mean_pairwise_distance(x, distance) == pytest.approx(_spread_reference(x, distance), abs=1e-5)
+    if zero_rows == 8:
+        assert _mean_pairwise_distance(x, distance) == 0.0
+
+
+def test_collapse_warns_for_all_zero_embeddings_under_cosine_and_not_for_a_healthy_batch():
+    class Zero(CountingEncoder):
+        def forward(self, x):
+            return super().forward(x) * 0
+
+    for encoder, expected in ((Zero(), 1), (CountingEncoder(), 0)):
+        trainer, _, _ = make_trainer(HardNegativeMining("semi_hard", on_nonfinite="skip"), encoder=encoder)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            trainer.fit()
+        assert sum("have collapsed" in str(w.message) for w in caught) == expected

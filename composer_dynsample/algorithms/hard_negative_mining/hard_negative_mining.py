@@ -433,10 +433,14 @@ def _mean_pairwise_distance(embeddings: torch.Tensor, distance: str) -> float:
         return float("inf")
     x = embeddings.float()
     if distance == "cosine":
-        unit = torch.nn.functional.normalize(x, dim=1)
-        total = unit.sum(0).pow(2).sum()
-        mean_similarity = (total - count) / (count * (count - 1))
-        return float(1.0 - mean_similarity)
+        # Zero (or near-zero-norm) rows have no direction: they count as collapsed (distance 0 to every row),
+        # not as orthogonal to everything, which normalising them to zeros would make them.
+        norms = x.norm(dim=1)
+        directed = norms > torch.clamp(norms.max() * 1e-6, min=1e-12)
+        unit = torch.nn.functional.normalize(x[directed], dim=1)
+        valid = unit.shape[0]
+        similarity_sum = unit.sum(0).pow(2).sum() - valid  # over ordered pairs of distinct directed rows
+        return float((valid * (valid - 1) - similarity_sum) / (count * (count - 1)))
     # Mean squared distance over ordered pairs: 2 (mean |x|^2 - |mean x|^2) * n / (n - 1).
     squared = 2.0 * (x.pow(2).sum(1).mean() - x.mean(0).pow(2).sum()) * count / (count - 1)
     return float(squared.clamp_min(0.0).sqrt() if distance == "euclidean" else squared)
