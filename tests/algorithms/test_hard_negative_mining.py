@@ -350,15 +350,15 @@ def _spread_reference(embeddings, distance):
 @pytest.mark.parametrize("zero_rows", [0, 3, 8])
 @pytest.mark.parametrize("distance", ["cosine", "squared_euclidean"])
 def test_embedding_spread_matches_a_float64_loop_and_zero_rows_count_as_collapsed(distance, zero_rows):
-    from composer_dynsample.algorithms.hard_negative_mining.hard_negative_mining import (
-        _mean_pairwise_distance,
+    from composer_dynsample.mining.statistics import (
+        embedding_spread,
     )
 
     x = torch.randn(8, 5, generator=torch.Generator().manual_seed(3))
     x[:zero_rows] = 0.0
-    assert _mean_pairwise_distance(x, distance) == pytest.approx(_spread_reference(x, distance), abs=1e-5)
+    assert float(embedding_spread(x, distance)) == pytest.approx(_spread_reference(x, distance), abs=1e-5)
     if zero_rows == 8:
-        assert _mean_pairwise_distance(x, distance) == 0.0
+        assert float(embedding_spread(x, distance)) == 0.0
 
 
 def test_collapse_warns_for_all_zero_embeddings_under_cosine_and_not_for_a_healthy_batch():

@@ -18,8 +18,11 @@ from composer.loggers import Logger
 from composer_dynsample import mining
 from composer_dynsample.algorithms.hard_negative_mining.memory import CrossBatchMemory
 from composer_dynsample.distances import paired_distance
-from composer_dynsample.distributed import all_gather_embeddings, all_reduce_sum, get_world_size
+from composer_dynsample.distributed import all_reduce_sum, get_world_size
 from composer_dynsample.mined import MinedBatch
+from composer_dynsample.mining.pool import Pool, assemble_pool
+from composer_dynsample.mining.statistics import mining_statistics
+from composer_dynsample.validation import check_bool, check_choice, check_float, check_int, parse_time
 
 __all__ = ["STRATEGIES", "HardNegativeMining", "mine"]
 
@@ -162,6 +165,7 @@ class HardNegativeMining(Algorithm):
         if unknown:
             raise ValueError(f"miner_kwargs names unknown strategies {unknown}; valid: {sorted(STRATEGIES)}.")
         self.embeddings_key, self.labels_key = embeddings_key, labels_key
+        cross_rank = check_bool("cross_rank", cross_rank)
         if cross_rank and gather not in _GATHERS:
             raise ValueError(
                 f"cross_rank=True needs an explicit gather: 'autograd' (gradients flow to every rank) or "
@@ -170,89 +174,107 @@ class HardNegativeMining(Algorithm):
         if not cross_rank and gather is not None:
             raise ValueError(f"gather={gather!r} only applies with cross_rank=True.")
         self.cross_rank, self.gather = cross_rank, gather
-        if on_nonfinite not in _ON_NONFINITE:
-            raise ValueError(f"on_nonfinite must be one of {_ON_NONFINITE}, got {on_nonfinite!r}.")
-        self.on_nonfinite = on_nonfinite
-        if isinstance(memory_size, bool) or not isinstance(memory_size, int) or memory_size < 0:
-            raise ValueError(f"memory_size must be an integer >= 0, got {memory_size!r}.")
+        self.on_nonfinite = check_choice("on_nonfinite", on_nonfinite, _ON_NONFINITE)
+        memory_size = check_int("memory_size", memory_size, minimum=0)
         self.memory = CrossBatchMemory(memory_size) if memory_size else None
-        self.memory_start = _parse_time("memory_start", memory_start)
-        self.log_margin = float(log_margin)
-        self.collapse_threshold = float(collapse_threshold)
+        self.memory_start = parse_time("memory_start", memory_start)
+        self.log_margin = check_float("log_margin", log_margin, finite=True)
+        self.collapse_threshold = check_float("collapse_threshold", collapse_threshold, minimum=0.0)
         self._warned_collapse = False
 
     def match(self, event: Event, state: State) -> bool:
         return event == Event.AFTER_FORWARD
 
     def apply(self, event: Event, state: State, logger: Logger) -> None:
+        """Mine the microbatch, log its statistics and hand a :class:`MinedBatch` to the loss.
+
+        Host syncs per step: one all-ranks finiteness flag (every rank must take the same branch before
+        any collective) and one ``tolist`` of the stacked statistics, besides what the miner needs.
+        """
         embeddings = _find(state.outputs, self.embeddings_key, "state.outputs", "embeddings_key")
-        labels = _find(
-            state.batch, self.labels_key, "state.batch", "labels_key", default_key="labels", default_index=1
-        )
+        labels = self._labels(state)
         _check_embeddings_and_labels(embeddings, labels)
         strategy = self.strategy_at(state)
-
-        finite = _all_ranks_finite(embeddings)
-        if not finite and self.on_nonfinite == "raise":
-            raise ValueError(
-                f"HardNegativeMining: the embeddings at batch {int(state.timestamp.batch)} contain NaN or inf. "
-                "Lower the learning rate, check the inputs, or pass on_nonfinite='skip' to skip such steps."
-            )
-
-        memory = self.memory if self.memory is not None and _reached(state, self.memory_start) else None
-        batch_pool, batch_pool_labels, offset = embeddings, labels, 0
-        if self.cross_rank and finite:
-            batch_pool, batch_pool_labels, offset = all_gather_embeddings(
-                embeddings, labels, with_grad=self.gather == "autograd"
-            )
-        pool, pool_labels = batch_pool, batch_pool_labels
-        if memory is not None and len(memory) and finite:
-            memory.to(pool.device)  # a memory restored from a checkpoint sits on the CPU until used
-            pool = torch.cat([pool, memory.embeddings.to(pool.dtype)])
-            pool_labels = torch.cat([pool_labels, memory.labels.to(pool_labels.dtype)])
-        uses_pool = pool is not embeddings
-
-        if finite:
-            tuples = mine(
+        if _all_ranks_finite(embeddings):
+            pool, tuples = self._mine(embeddings, labels, strategy, state)
+            stats = mining_statistics(
                 embeddings.detach(),
-                labels,
-                strategy,
-                ref_embeddings=pool.detach() if uses_pool else None,
-                ref_labels=pool_labels if uses_pool else None,
-                self_offset=offset if uses_pool else None,
+                pool.embeddings.detach(),
+                tuples,
                 distance=self.distance,
-                **self.miner_kwargs.get(strategy, {}),
+                margin=self.log_margin,
+            )
+        elif self.on_nonfinite == "raise":
+            raise ValueError(
+                f"HardNegativeMining: the embeddings at batch {int(state.timestamp.batch)} contain NaN or inf "
+                "(on this or another rank). Lower the learning rate, check the inputs, or pass "
+                "on_nonfinite='skip' to skip such steps."
             )
         else:
-            tuples = _empty_like(strategy, labels.device)
-
-        if memory is not None and finite:
-            # Enqueue the global batch, so the memory is identical on every rank.
-            if not self.cross_rank:
-                batch_pool, batch_pool_labels, _ = all_gather_embeddings(
-                    embeddings.detach(), labels, with_grad=False
-                )
-            memory.enqueue(batch_pool, batch_pool_labels)
-
-        if not finite:
             # Gradients through NaN activations are NaN even when multiplied by zero, so the skipped step's
             # loss must not reach them: zeros attached to the parameters keep DDP in step with zero grads.
             embeddings = _zero_stand_in(embeddings, state.model)
-            pool, pool_labels, uses_pool = embeddings, labels, False
-        stats = self._stats(embeddings.detach(), pool.detach(), tuples, finite)
-        logger.log_metrics({f"mining/{name}": value for name, value in stats.items()})
-        self._check_collapse(stats, state)
+            pool, tuples = Pool(embeddings, labels, None, None, None), _empty_like(strategy, labels.device)
+            stats = mining_statistics(embeddings, embeddings, tuples, skipped=True)
+        values = dict(zip(stats, torch.stack(list(stats.values())).tolist()))  # the statistics' one host sync
+        logger.log_metrics({f"mining/{name}": value for name, value in values.items()})
+        self._check_collapse(values, state)
+        uses_pool = pool.offset is not None
         state.outputs = MinedBatch(
             embeddings=embeddings,
             labels=labels,
             indices_tuple=tuples,
-            ref_embeddings=pool if uses_pool else None,
-            ref_labels=pool_labels if uses_pool else None,
+            ref_embeddings=pool.embeddings if uses_pool else None,
+            ref_labels=pool.labels if uses_pool else None,
             strategy=strategy,
             global_mean=self.cross_rank and get_world_size() > 1,
             outputs=state.outputs,
-            stats=stats,
+            stats=values,
         )
+
+    def _labels(self, state: State) -> torch.Tensor:
+        key = self.labels_key
+        if key is None:
+            key = "labels" if isinstance(state.batch, Mapping) else 1
+        try:
+            value = state.batch_get_item(key)
+        except (KeyError, IndexError, TypeError):
+            value = None
+        if isinstance(value, torch.Tensor):
+            return value
+        return _find(state.batch, key, "state.batch", "labels_key")  # raises the error naming labels_key
+
+    def _mine(
+        self, embeddings: torch.Tensor, labels: torch.Tensor, strategy: str, state: State
+    ) -> tuple[Pool, tuple[torch.Tensor, ...]]:
+        """Assemble the pool (all ranks take part in its collectives), mine, then enqueue into the memory."""
+        memory = self.memory if self.memory is not None and _reached(state, self.memory_start) else None
+        stored = memory is not None and len(memory) > 0
+        if stored:
+            memory.to(embeddings.device)  # a memory restored from a checkpoint sits on the CPU until used
+        pool = assemble_pool(
+            embeddings,
+            labels,
+            cross_rank=self.cross_rank,
+            with_grad=self.gather == "autograd",
+            memory_embeddings=memory.embeddings if stored else None,
+            memory_labels=memory.labels if stored else None,
+            enqueue=memory is not None,
+        )
+        uses_pool = pool.offset is not None
+        tuples = mine(
+            embeddings.detach(),
+            labels,
+            strategy,
+            ref_embeddings=pool.embeddings.detach() if uses_pool else None,
+            ref_labels=pool.labels if uses_pool else None,
+            self_offset=pool.offset,
+            distance=self.distance,
+            **self.miner_kwargs.get(strategy, {}),
+        )
+        if memory is not None:
+            memory.enqueue(pool.enqueue_embeddings, pool.enqueue_labels)
+        return pool, tuples
 
     def strategy_at(self, state: State) -> str:
         """The strategy the schedule gives for the current time."""
@@ -261,28 +283,6 @@ class HardNegativeMining(Algorithm):
             if _reached(state, start):
                 current = name
         return current
-
-    def _stats(self, embeddings, pool, tuples, finite) -> dict[str, float]:
-        stats: dict[str, float] = {"skipped": float(not finite)}
-        if not finite:
-            return stats
-        if len(tuples) == 3:
-            anchors, positives, negatives = tuples
-            ap = paired_distance(embeddings[anchors], pool[positives], self.distance).float()
-            an = paired_distance(embeddings[anchors], pool[negatives], self.distance).float()
-            stats["num_tuples"] = float(anchors.numel())
-            stats["active_fraction"] = (
-                float((ap - an + self.log_margin > 0).float().mean()) if anchors.numel() else 0.0
-            )
-        else:
-            a1, p, a2, n = tuples
-            ap = paired_distance(embeddings[a1], pool[p], self.distance).float()
-            an = paired_distance(embeddings[a2], pool[n], self.distance).float()
-            stats["num_tuples"] = float(a1.numel() + a2.numel())
-        stats["positive_distance"] = float(ap.mean()) if ap.numel() else 0.0
-        stats["negative_distance"] = float(an.mean()) if an.numel() else 0.0
-        stats["embedding_spread"] = _mean_pairwise_distance(embeddings, self.distance)
-        return stats
 
     def _check_collapse(self, stats: dict[str, float], state: State) -> None:
         spread = stats.get("embedding_spread")
@@ -316,23 +316,11 @@ class HardNegativeMining(Algorithm):
         self._warned_collapse = bool(state.get("warned_collapse", False))
 
 
-def _parse_time(name: str, value: str) -> Time:
-    try:
-        time = Time.from_timestring(value) if isinstance(value, str) else None
-    except ValueError:
-        time = None
-    if time is None or time.unit not in (TimeUnit.EPOCH, TimeUnit.BATCH, TimeUnit.SAMPLE, TimeUnit.TOKEN):
-        raise ValueError(
-            f"{name} must be a Composer time string such as '2ep', '500ba' or '10000sp', got {value!r}."
-        )
-    return time
-
-
 def _parse_schedule(strategy: str | Mapping[str, str]) -> list[tuple[Time, str]]:
     if isinstance(strategy, str):
         entries = [(Time(0, TimeUnit.BATCH), strategy)]
     elif isinstance(strategy, Mapping) and strategy:
-        entries = [(_parse_time("strategy schedule key", key), name) for key, name in strategy.items()]
+        entries = [(parse_time("strategy schedule key", key), name) for key, name in strategy.items()]
     else:
         raise ValueError(
             f"strategy must be a strategy name or a non-empty mapping of time strings to names, got {strategy!r}."
@@ -424,23 +412,3 @@ def _zero_stand_in(embeddings: torch.Tensor, model: torch.nn.Module) -> torch.Te
         return zeros
     anchor = torch.nan_to_num(torch.stack(firsts).sum(), nan=0.0, posinf=0.0, neginf=0.0) * 0.0
     return zeros + anchor.to(embeddings.dtype)
-
-
-def _mean_pairwise_distance(embeddings: torch.Tensor, distance: str) -> float:
-    """Mean distance over distinct pairs in O(B x D); near zero when the embeddings collapsed to one point."""
-    count = embeddings.shape[0]
-    if count < 2:
-        return float("inf")
-    x = embeddings.float()
-    if distance == "cosine":
-        # Zero (or near-zero-norm) rows have no direction: they count as collapsed (distance 0 to every row),
-        # not as orthogonal to everything, which normalising them to zeros would make them.
-        norms = x.norm(dim=1)
-        directed = norms > torch.clamp(norms.max() * 1e-6, min=1e-12)
-        unit = torch.nn.functional.normalize(x[directed], dim=1)
-        valid = unit.shape[0]
-        similarity_sum = unit.sum(0).pow(2).sum() - valid  # over ordered pairs of distinct directed rows
-        return float((valid * (valid - 1) - similarity_sum) / (count * (count - 1)))
-    # Mean squared distance over ordered pairs: 2 (mean |x|^2 - |mean x|^2) * n / (n - 1).
-    squared = 2.0 * (x.pow(2).sum(1).mean() - x.mean(0).pow(2).sum()) * count / (count - 1)
-    return float(squared.clamp_min(0.0).sqrt() if distance == "euclidean" else squared)

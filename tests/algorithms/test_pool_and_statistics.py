@@ -1,0 +1,127 @@
+"""assemble_pool and mining_statistics against brute-force references, and the algorithm's host syncs."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+import torch
+
+from composer_dynsample import HardNegativeMining, mine
+from composer_dynsample.distances import paired_distance
+from composer_dynsample.mining.pool import assemble_pool
+from composer_dynsample.mining.statistics import STATISTICS, mining_statistics
+from tests.algorithms.test_hard_negative_mining import make_trainer
+
+
+def _data(seed=0, rows=12, dim=4):
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randn(rows, dim, generator=generator), torch.randint(0, 3, (rows,), generator=generator)
+
+
+@pytest.mark.parametrize("memory_rows", [0, 5])
+@pytest.mark.parametrize("enqueue", [False, True])
+def test_pool_is_the_batch_then_the_memory(memory_rows, enqueue):
+    x, y = _data()
+    memory_x, memory_y = _data(seed=1, rows=memory_rows)
+    pool = assemble_pool(
+        x, y, memory_embeddings=memory_x.double(), memory_labels=memory_y.int(), enqueue=enqueue
+    )
+    assert torch.equal(pool.embeddings, torch.cat([x, memory_x]))
+    assert torch.equal(pool.labels, torch.cat([y, memory_y])) and pool.labels.dtype == y.dtype
+    assert pool.embeddings.dtype == x.dtype
+    assert pool.offset == (0 if memory_rows else None)
+    if memory_rows == 0:
+        assert pool.embeddings is x  # nothing joined: the batch itself, mined without a reference pool
+    if enqueue:
+        assert torch.equal(pool.enqueue_embeddings, x) and not pool.enqueue_embeddings.requires_grad
+    else:
+        assert pool.enqueue_embeddings is None and pool.enqueue_labels is None
+
+
+def test_one_process_cross_rank_pool_is_the_batch_with_its_gradient():
+    x, y = _data()
+    x.requires_grad_(True)
+    pool = assemble_pool(x, y, cross_rank=True, with_grad=True)
+    assert torch.equal(pool.embeddings, x) and pool.embeddings.requires_grad
+
+
+def _reference(embeddings, pool, tuples, distance, margin):
+    """A float64 loop over the tuples."""
+    e, p = embeddings.double(), pool.double()
+
+    def d(u, v):
+        return float(paired_distance(u[None], v[None], distance)[0])
+
+    if len(tuples) == 3:
+        ap = [d(e[a], p[q]) for a, q in zip(tuples[0].tolist(), tuples[1].tolist())]
+        an = [d(e[a], p[n]) for a, n in zip(tuples[0].tolist(), tuples[2].tolist())]
+        active = [float(dp - dn + margin > 0) for dp, dn in zip(ap, an)]
+    else:
+        ap = [d(e[a], p[q]) for a, q in zip(tuples[0].tolist(), tuples[1].tolist())]
+        an = [d(e[a], p[n]) for a, n in zip(tuples[2].tolist(), tuples[3].tolist())]
+        active = None
+    count = e.shape[0]
+    pairs = [d(e[i], e[j]) for i in range(count) for j in range(count) if i != j]
+    spread = sum(pairs) / len(pairs)
+    if distance == "euclidean":  # the spread is the root of the mean squared distance
+        spread = (sum(v * v for v in pairs) / len(pairs)) ** 0.5
+    reference = {
+        "skipped": 0.0,
+        "num_tuples": float(len(ap) + (0 if active is not None else len(an))),
+        "positive_distance": sum(ap) / len(ap) if ap else 0.0,
+        "negative_distance": sum(an) / len(an) if an else 0.0,
+        "embedding_spread": spread,
+    }
+    if active is not None:
+        reference["active_fraction"] = sum(active) / len(active) if active else 0.0
+    return reference
+
+
+@pytest.mark.parametrize("distance", ["cosine", "euclidean", "squared_euclidean"])
+@pytest.mark.parametrize("strategy", ["batch_hard", "semi_hard", "multi_similarity"])
+def test_statistics_match_a_float64_loop(strategy, distance):
+    x, y = _data(rows=16)
+    memory_x, memory_y = _data(seed=2, rows=6)
+    pool = assemble_pool(x, y, memory_embeddings=memory_x, memory_labels=memory_y)
+    tuples = mine(
+        x,
+        y,
+        strategy,
+        ref_embeddings=pool.embeddings,
+        ref_labels=pool.labels,
+        self_offset=0,
+        distance=distance,
+    )
+    stats = mining_statistics(x, pool.embeddings, tuples, distance=distance, margin=0.3)
+    assert all(value.ndim == 0 for value in stats.values())
+    assert list(stats) == [name for name in STATISTICS if name in stats]
+    reference = _reference(x, pool.embeddings, tuples, distance, 0.3)
+    assert {k: float(v) for k, v in stats.items()} == pytest.approx(reference, abs=1e-5)
+
+
+def test_skipped_and_empty_steps():
+    x, _ = _data()
+    assert {k: float(v) for k, v in mining_statistics(x, x, (), skipped=True).items()} == {"skipped": 1.0}
+    empty = (torch.empty(0, dtype=torch.int64),) * 3
+    stats = mining_statistics(x, x, empty)
+    assert float(stats["num_tuples"]) == 0.0 and float(stats["positive_distance"]) == 0.0
+
+
+def test_statistics_reach_the_logger_with_one_host_sync_per_step(monkeypatch):
+    # Count the host reads made from the algorithm, the pool and the statistics modules: one finiteness flag
+    # and one tolist of the stacked statistics per step (the miners' own reads are not counted).
+    counted = ("hard_negative_mining.py", "statistics.py", "pool.py")
+    calls = []
+    for name in ("item", "tolist", "__float__", "__bool__", "__int__"):
+        original = getattr(torch.Tensor, name)
+
+        def wrapper(self, *args, _original=original, _name=name, **kwargs):
+            if sys._getframe(1).f_code.co_filename.endswith(counted):
+                calls.append(_name)
+            return _original(self, *args, **kwargs)
+
+        monkeypatch.setattr(torch.Tensor, name, wrapper)
+    trainer, _, _ = make_trainer(HardNegativeMining("semi_hard", memory_size=32), max_duration="3ba")
+    trainer.fit()
+    assert sorted(calls) == ["item"] * 3 + ["tolist"] * 3
