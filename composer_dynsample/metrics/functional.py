@@ -34,6 +34,9 @@ from typing import Literal, NamedTuple
 import torch
 import torch.nn.functional as F
 
+from composer_dynsample.distances import DISTANCES
+from composer_dynsample.validation import check_choice
+
 __all__ = [
     "mean_average_precision_at_r",
     "r_precision",
@@ -42,7 +45,8 @@ __all__ = [
 ]
 
 Distance = Literal["cosine", "euclidean"]
-_DISTANCES = ("cosine", "euclidean")
+# The metrics rank with the cosine and euclidean members of the one distance name set.
+_DISTANCES: tuple[str, ...] = tuple(d for d in DISTANCES if d in ("cosine", "euclidean"))
 
 
 class _Gallery(NamedTuple):
@@ -109,10 +113,8 @@ def _check_k(k: int) -> int:
     return k
 
 
-def _check_distance(distance: str) -> str:
-    if distance not in _DISTANCES:
-        raise ValueError(f"distance must be one of {_DISTANCES}, got {distance!r}.")
-    return distance
+def _check_distance(distance: object) -> str:
+    return check_choice("distance", distance, _DISTANCES)
 
 
 def _check_chunk_size(chunk_size: int) -> int:
