@@ -274,6 +274,8 @@ def _checked_sums(
     else:
         g_emb = _check_embeddings("gallery_embeddings", gallery_embeddings)
         g_labels = _check_labels("gallery_labels", gallery_labels, g_emb.shape[0], "gallery_embeddings")
+        if g_emb.shape[0] == 0:
+            raise ValueError("the gallery must hold at least one item, got 0.")
         if g_emb.shape[1] != query.shape[1]:
             raise ValueError(
                 f"gallery_embeddings have dim {g_emb.shape[1]} but query_embeddings have dim "
@@ -322,8 +324,8 @@ def retrieval_metrics(
 
     Raises:
         TypeError: If an input is not a tensor, or has the wrong dtype.
-        ValueError: If shapes, ``ks``, ``distance`` or ``chunk_size`` are invalid, or embeddings are
-            not finite.
+        ValueError: If shapes, ``ks``, ``distance`` or ``chunk_size`` are invalid, the gallery is
+            empty, or embeddings are not finite.
 
     Example:
         >>> emb = torch.tensor([[0.0], [1.0], [2.5], [4.0], [5.5]])

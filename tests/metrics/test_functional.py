@@ -306,3 +306,11 @@ def test_matches_pml_accuracy_calculator(distance, leave_one_out):
     assert result["recall_at_1"].item() == pytest.approx(expected["precision_at_1"], abs=1e-6)
     assert result["map_at_r"].item() == pytest.approx(expected["mean_average_precision_at_r"], abs=1e-6)
     assert result["r_precision"].item() == pytest.approx(expected["r_precision"], abs=1e-6)
+
+
+def test_empty_gallery_raises_like_set_gallery():
+    """An empty gallery is an error, as in ``RetrievalMetric.set_gallery``, not NaN for every metric."""
+    query = torch.randn(4, 3)
+    labels = torch.tensor([0, 1, 0, 1])
+    with pytest.raises(ValueError, match="gallery must hold at least one item, got 0"):
+        retrieval_metrics(query, labels, torch.empty(0, 3), torch.empty(0, dtype=torch.int64))
