@@ -161,7 +161,7 @@ def test_unknown_names_list_the_registry(tmp_path, override, registry_entry):
         (["sampler.samples_per_class=500"], r"sampler: PKBatchSampler\(.*samples_per_class=500"),
         (["model.encoder.hidden_dims=[0]"], r"model.encoder: MLPEncoder\(.*hidden_dims\[0\] must be"),
         (["model.encoder.name=conv1d"], "model.encoder: unknown key 'hidden_dims' for 'conv1d'"),
-        (["model.loss.margin=abc"], r"model.loss: TripletMarginLoss\(margin='abc'\)"),
+        (["model.loss.margin=abc"], r"model.loss.margin must be a number, got 'abc' \(a string\)"),
         (["algorithms.hard_negative_mining.strategy=hardest"], "strategy must be one of"),
         (["trainer.max_duration=abc"], "trainer.max_duration must be a Composer time string"),
         (["trainer.max_duration=null"], "trainer.max_duration is required"),

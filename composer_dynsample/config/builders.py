@@ -1,0 +1,321 @@
+"""Builders: one function per config section, each turning its section into the object it names.
+
+Every builder takes the whole config and reads only its own section; the short names a section may
+use live in the registries below, and any other class or function is reachable by a
+``_component_`` dotted path (see :mod:`composer_dynsample.config.registry`). What the builder supplies
+itself (a sampler's labels, the optimizer's parameters, an encoder's input sizes read off the data) is
+the same for a registered name and for a ``_component_``:
+
+- ``data``: ``target(**keys)`` returns a :class:`~composer_dynsample.data.DatasetSplits`.
+- ``model.encoder``: ``target(**keys)``; ``in_features``, ``in_channels``, ``input_length`` are
+  filled from the data's item shape when the target takes them and the config leaves them out.
+- ``model.loss``: ``target(**keys)``, e.g. ``pytorch_metric_learning.losses.ArcFaceLoss``; a loss
+  with parameters trains them (the model holds it as ``loss_fn``).
+- ``sampler``: ``target(train_labels, **keys)``, with ``seed`` from the top level when it takes one.
+- ``dataloader``: ``target(index_dataset, batch_sampler, collate_fn=..., **keys)``.
+- ``optimizer``: ``target(model.parameters(), **keys)``; ``scheduler``: ``target(**keys)``.
+- ``algorithms``, ``callbacks``, ``loggers``: ``{label: {keys}}``, the label a registry name or, with
+  a ``_component_`` among the keys, any label.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from composer.utils import dist
+from omegaconf import DictConfig
+from torch.utils.data import DataLoader
+
+from composer_dynsample.algorithms import HardNegativeMining
+from composer_dynsample.callbacks.set_sampler_epoch import SetSamplerEpoch
+from composer_dynsample.config.loading import dataloader_config, evaluation_config, section
+from composer_dynsample.config.registry import (
+    COMPONENT_KEY,
+    ConfigError,
+    Lazy,
+    Registered,
+    call,
+    check_keys,
+    import_component,
+    parameters,
+    resolve,
+)
+from composer_dynsample.data import (
+    DatasetSplits,
+    GatherCollate,
+    IndexDataset,
+    TensorStore,
+    load_digits,
+    load_file,
+    load_mnist1d,
+    stratified_split,
+)
+from composer_dynsample.losses import ContrastiveLoss, MultiSimilarityLoss, TripletMarginLoss
+from composer_dynsample.metrics import MeanAveragePrecisionAtR, RetrievalRecallAtK, RPrecision
+from composer_dynsample.models.embedding_model import EmbeddingModel
+from composer_dynsample.models.encoders import Conv1dEncoder, MLPEncoder
+from composer_dynsample.samplers import PKBatchSampler, TwoStreamBatchSampler
+from composer_dynsample.samplers.dataloader import BatchSamplerDataLoader
+from composer_dynsample.schedulers import OneCycleScheduler
+
+__all__ = [
+    "ALGORITHMS",
+    "CALLBACKS",
+    "DATASETS",
+    "ENCODERS",
+    "LOGGERS",
+    "LOSSES",
+    "OPTIMIZERS",
+    "SAMPLERS",
+    "SCHEDULERS",
+    "build_algorithms",
+    "build_callbacks",
+    "build_data",
+    "build_encoder",
+    "build_eval_dataloader",
+    "build_loggers",
+    "build_loss",
+    "build_model",
+    "build_optimizer",
+    "build_sampler",
+    "build_scheduler",
+    "build_train_dataloader",
+]
+
+DATASETS: dict[str, Registered] = {
+    "mnist1d": Registered(load_mnist1d),
+    "digits": Registered(load_digits),
+    "file": Registered(load_file),
+}
+ENCODERS: dict[str, Registered] = {
+    "conv1d": Registered(Conv1dEncoder, inferred=("input_length", "in_channels")),
+    "mlp": Registered(MLPEncoder, inferred=("in_features",)),
+}
+LOSSES: dict[str, Registered] = {
+    "triplet_margin": Registered(TripletMarginLoss),
+    "contrastive": Registered(ContrastiveLoss),
+    "multi_similarity": Registered(MultiSimilarityLoss),
+}
+SAMPLERS: dict[str, Registered] = {
+    "pk": Registered(PKBatchSampler, reserved=("labels", "num_replicas", "rank"), inferred=("seed",)),
+    "two_stream": Registered(
+        TwoStreamBatchSampler,
+        reserved=("primary_indices", "secondary_indices", "num_replicas", "rank"),
+        inferred=("seed",),
+        # The primary stream is a stratified `primary_fraction` of the train split, the secondary the rest.
+        extra={"primary_fraction": 0.5},
+    ),
+}
+ALGORITHMS: dict[str, Registered | Lazy] = {"hard_negative_mining": Registered(HardNegativeMining)}
+CALLBACKS: dict[str, Registered | Lazy] = {
+    "set_sampler_epoch": Registered(SetSamplerEpoch),
+    "lr_monitor": Lazy("composer.callbacks", "LRMonitor"),
+    "speed_monitor": Lazy("composer.callbacks", "SpeedMonitor"),
+    "optimizer_monitor": Lazy("composer.callbacks", "OptimizerMonitor"),
+}
+OPTIMIZERS: dict[str, Registered] = {
+    "adamw": Registered(torch.optim.AdamW, reserved=("params",)),
+    "adam": Registered(torch.optim.Adam, reserved=("params",)),
+    "sgd": Registered(torch.optim.SGD, reserved=("params",)),
+}
+SCHEDULERS: dict[str, Registered | Lazy] = {
+    "one_cycle": Registered(OneCycleScheduler),
+    "cosine_with_warmup": Lazy("composer.optim", "CosineAnnealingWithWarmupScheduler"),
+    "linear_with_warmup": Lazy("composer.optim", "LinearWithWarmupScheduler"),
+    "constant_with_warmup": Lazy("composer.optim", "ConstantWithWarmupScheduler"),
+}
+LOGGERS: dict[str, Registered | Lazy] = {
+    "file": Lazy("composer.loggers", "FileLogger"),
+    "in_memory": Lazy("composer.loggers", "InMemoryLogger"),
+    "tensorboard": Lazy("composer.loggers", "TensorboardLogger"),
+    "wandb": Lazy("composer.loggers", "WandBLogger"),
+    "mlflow": Lazy("composer.loggers", "MLFlowLogger"),
+}
+# What the builder supplies to any sampler, optimizer or data loader target: never a config key.
+_SAMPLER_RESERVED = ("labels", "num_replicas", "rank")
+_LOADER_OWNED = ("dataset", "batch_sampler", "batch_size", "shuffle", "sampler", "drop_last", "collate_fn")
+_MODEL_OWNED = ("encoder", "loss", "train_metrics", "eval_metrics")
+
+
+def _entry(
+    path: str,
+    values: dict[str, Any],
+    registry: Mapping[str, Any],
+    *,
+    reserved: tuple[str, ...] = (),
+    **kwargs: Any,
+) -> tuple[Registered, str, dict[str, Any], dict[str, Any]]:
+    """Resolve a section's target and check its keys: ``(entry, name, kwargs, builder-level extras)``."""
+    entry, name = resolve(path, values, registry, **kwargs)
+    if reserved and not entry.reserved:  # a _component_: the builder's own arguments are not keys
+        entry = Registered(entry.target, reserved=reserved, inferred=("seed",))
+    if not entry.accepts_any_key():
+        check_keys(path, values, entry.valid_keys(), repr(name))
+    missing = [arg for arg in entry.required_keys() if arg not in values]
+    if missing:
+        raise ConfigError(f"{path}: {name!r} needs the key {missing[0]!r}; valid keys: {entry.valid_keys()}.")
+    extras = {key: values[key] for key in entry.extra if key in values}
+    return entry, name, {key: value for key, value in values.items() if key not in entry.extra}, extras
+
+
+def build_data(cfg: DictConfig) -> DatasetSplits:
+    """Load the dataset the ``data`` section names, with its other keys."""
+    entry, name, kwargs, _ = _entry("data", section(cfg, "data", "data"), DATASETS)
+    try:
+        splits = call("data", entry, kwargs)
+    except FileNotFoundError as error:
+        raise ConfigError(f"data: {error}") from error
+    if not isinstance(splits, DatasetSplits):
+        raise ConfigError(
+            f"data: {name} returned {type(splits).__name__}, not composer_dynsample.data.DatasetSplits."
+        )
+    return splits
+
+
+def build_encoder(cfg: DictConfig, feature_shape: tuple[int, ...]) -> torch.nn.Module:
+    """Build ``model.encoder``, filling the input sizes it takes from the data's ``feature_shape``."""
+    path = "model.encoder"
+    values = section(section(cfg, "model", "model"), "encoder", path)
+    entry, name, kwargs, _ = _entry(path, values, ENCODERS)
+    if name == "conv1d" and len(feature_shape) not in (1, 2):
+        raise ConfigError(
+            f"{path}: 'conv1d' needs sequences (N, L) or (N, C, L), but the data's items have shape "
+            f"{feature_shape}; use 'mlp' for other data."
+        )
+    takes = parameters(entry.target)
+    inferred = {
+        "in_features": int(math.prod(feature_shape)),
+        "in_channels": feature_shape[0] if len(feature_shape) >= 2 else 1,
+        "input_length": feature_shape[-1],
+    }
+    for key, value in inferred.items():
+        if key in takes:
+            kwargs.setdefault(key, value)
+    encoder = call(path, entry, kwargs)
+    if not isinstance(encoder, torch.nn.Module):
+        raise ConfigError(f"{path}: {name} returned {type(encoder).__name__}, not a torch.nn.Module.")
+    return encoder
+
+
+def build_loss(cfg: DictConfig) -> torch.nn.Module:
+    """Build ``model.loss`` (default: ``TripletMarginLoss(margin=0.2)``)."""
+    model = section(cfg, "model", "model")
+    if model.get("loss") is None:
+        return TripletMarginLoss(margin=0.2)
+    entry, _, kwargs, _ = _entry("model.loss", section(model, "loss", "model.loss"), LOSSES)
+    return call("model.loss", entry, kwargs)
+
+
+def build_model(cfg: DictConfig, splits: DatasetSplits) -> EmbeddingModel:
+    """Build the :class:`~composer_dynsample.EmbeddingModel` with its retrieval eval metrics."""
+    model = section(cfg, "model", "model")
+    valid = [key for key in parameters(EmbeddingModel) if key not in _MODEL_OWNED] + ["encoder", "loss"]
+    check_keys("model", model, valid, "EmbeddingModel")
+    if model.get("encoder") is None:
+        raise ConfigError(
+            f"model needs an 'encoder' section; valid names: {sorted(ENCODERS)}, or a '_component_' dotted path."
+        )
+    encoder = build_encoder(cfg, splits.train.feature_shape)
+    loss = build_loss(cfg)
+    evaluation = evaluation_config(cfg)
+    metrics: dict[str, Any] = {
+        f"recall_at_{k}": RetrievalRecallAtK(k, evaluation.distance) for k in evaluation.ks
+    }
+    metrics["map_at_r"] = MeanAveragePrecisionAtR(evaluation.distance)
+    metrics["r_precision"] = RPrecision(evaluation.distance)
+    kwargs = {key: value for key, value in model.items() if key not in ("encoder", "loss")}
+    return call("model", Registered(EmbeddingModel), {**kwargs, "eval_metrics": metrics}, encoder, loss)
+
+
+def build_sampler(cfg: DictConfig, labels: torch.Tensor, seed: int) -> Any:
+    """Build ``sampler`` for the train labels; ``num_replicas``/``rank`` come from the launcher."""
+    values = section(cfg, "sampler", "sampler")
+    entry, _, kwargs, extras = _entry("sampler", values, SAMPLERS, reserved=_SAMPLER_RESERVED)
+    if "seed" in parameters(entry.target):
+        kwargs.setdefault("seed", seed)
+    if entry.target is not TwoStreamBatchSampler:
+        return call("sampler", entry, kwargs, labels)
+    fraction = extras.get("primary_fraction", entry.extra["primary_fraction"])
+    if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 < fraction < 1:
+        raise ConfigError(f"sampler.primary_fraction must be a number in (0, 1), got {fraction!r}.")
+    secondary, primary = stratified_split(labels, float(fraction), seed=int(kwargs["seed"]))
+    return call("sampler", entry, kwargs, primary, secondary)
+
+
+def build_train_dataloader(cfg: DictConfig, store: TensorStore, seed: int) -> DataLoader:
+    """The train loader: ``IndexDataset`` + the sampler + ``GatherCollate`` over the store."""
+    sampler = build_sampler(cfg, store.labels, seed)
+    component, kwargs = dataloader_config(cfg)
+    if component is None:
+        entry = Registered(BatchSamplerDataLoader, reserved=_LOADER_OWNED)
+    else:
+        entry = Registered(import_component("dataloader._component_", component), reserved=_LOADER_OWNED)
+        if not entry.accepts_any_key():
+            check_keys("dataloader", kwargs, entry.valid_keys(), component)
+    kwargs = {**kwargs, "collate_fn": GatherCollate(store)}
+    return call("dataloader", entry, kwargs, IndexDataset(store.labels), sampler)
+
+
+def build_eval_dataloader(store: TensorStore, batch_size: int) -> DataLoader:
+    """The query loader: the test split, sharded over ranks without shuffling (Composer drops the padding)."""
+    dataset = IndexDataset(store.labels)
+    sampler = dist.get_sampler(dataset, drop_last=False, shuffle=False)
+    # No larger than one rank's share, so Composer's microbatching never warns about a short batch.
+    batch_size = max(1, min(batch_size, math.ceil(len(dataset) / dist.get_world_size())))
+    return DataLoader(dataset, batch_size=batch_size, sampler=sampler, collate_fn=GatherCollate(store))
+
+
+def build_optimizer(cfg: DictConfig, model: torch.nn.Module) -> torch.optim.Optimizer:
+    """Build ``optimizer`` over the model's parameters (the loss's too, when it has any)."""
+    values = section(cfg, "optimizer", "optimizer")
+    entry, _, kwargs, _ = _entry("optimizer", values, OPTIMIZERS, reserved=("params",))
+    if "betas" in kwargs and isinstance(kwargs["betas"], list):
+        kwargs["betas"] = tuple(kwargs["betas"])
+    return call("optimizer", entry, kwargs, model.parameters())
+
+
+def build_scheduler(cfg: DictConfig) -> Any | None:
+    """Build ``scheduler`` (a Composer scheduler), or ``None`` when the section is null or absent."""
+    if cfg.get("scheduler") is None:
+        return None
+    entry, _, kwargs, _ = _entry("scheduler", section(cfg, "scheduler", "scheduler"), SCHEDULERS)
+    return call("scheduler", entry, kwargs)
+
+
+def _build_set(path: str, values: Mapping[str, Any], registry: Mapping[str, Any]) -> list[Any]:
+    """Build every entry of a ``{label: keys}`` section; null entries are off."""
+    built = []
+    for label, keys in values.items():
+        if keys is None:
+            continue
+        if not isinstance(keys, Mapping):
+            raise ConfigError(
+                f"{path}.{label} must be a mapping of keyword arguments ({{}} for the defaults) or null, got {keys!r}."
+            )
+        keys = dict(keys)
+        default = None if COMPONENT_KEY in keys else label  # without a _component_ the label names the target
+        entry, _, kwargs, _ = _entry(f"{path}.{label}", keys, registry, default=default, name_key=False)
+        built.append(call(f"{path}.{label}", entry, kwargs))
+    return built
+
+
+def build_algorithms(cfg: DictConfig) -> list[Any]:
+    """Build ``algorithms`` (e.g. ``hard_negative_mining``)."""
+    return _build_set("algorithms", section(cfg, "algorithms", "algorithms"), ALGORITHMS)
+
+
+def build_callbacks(cfg: DictConfig) -> list[Any]:
+    """Build ``callbacks`` (e.g. ``set_sampler_epoch``)."""
+    return _build_set("callbacks", section(cfg, "callbacks", "callbacks"), CALLBACKS)
+
+
+def build_loggers(cfg: DictConfig, run_dir: Path) -> list[Any]:
+    """Build ``loggers``; a ``file`` logger writes into the run directory unless given a ``filename``."""
+    values = section(cfg, "loggers", "loggers")
+    if isinstance(values.get("file"), Mapping) and "filename" not in values["file"]:
+        values["file"] = {**values["file"], "filename": str(run_dir / "logs-rank{rank}.txt")}
+    return _build_set("loggers", values, LOGGERS)

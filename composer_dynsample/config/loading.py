@@ -1,0 +1,321 @@
+"""Reading a config: YAML files, dotted overrides, and the sections with fixed keys as structured configs.
+
+The sections that build objects (``data``, ``model``, ``sampler``, ``optimizer``, ...) take whatever
+their target's signature takes. The sections with fixed keys, the run options (``seed``,
+``run_dir``), ``evaluation`` and ``dataloader``, are OmegaConf structured configs: dataclasses whose
+fields are the valid keys, with their types and defaults; :func:`structured` checks a section against
+one and returns the dataclass.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional, TypeVar
+
+import yaml
+from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from composer_dynsample.config.registry import COMPONENT_KEY, ConfigError, check_keys
+from composer_dynsample.validation import check_choice, check_int, parse_time
+
+__all__ = [
+    "SECTIONS",
+    "DataloaderConfig",
+    "EvaluationConfig",
+    "RunOptions",
+    "load_config",
+    "plain",
+    "save_config",
+    "section",
+    "structured",
+]
+
+#: The top-level sections.
+SECTIONS: tuple[str, ...] = (
+    "seed",
+    "run_dir",
+    "data",
+    "model",
+    "sampler",
+    "dataloader",
+    "algorithms",
+    "callbacks",
+    "optimizer",
+    "scheduler",
+    "evaluation",
+    "trainer",
+    "loggers",
+)
+REQUIRED_SECTIONS = ("data", "model", "sampler", "optimizer", "trainer")
+
+# Optional[...] rather than `X | None`: OmegaConf reads these annotations at run time.
+
+
+@dataclass
+class RunOptions:
+    """The top-level run options.
+
+    Attributes:
+        seed (int): Seeds every random generator, the sampler's order included. Default: ``0``.
+        run_dir (str, optional): The output directory; ``--run-dir`` overrides it. Default:
+            ``runs/<config file stem>``.
+    """
+
+    seed: int = 0
+    run_dir: Optional[str] = None  # noqa: UP045
+
+    def __post_init__(self) -> None:
+        _checked("seed", lambda: check_int("seed", self.seed, minimum=0))
+
+
+@dataclass
+class EvaluationConfig:
+    """The ``evaluation`` section: retrieval of the test queries against the train gallery.
+
+    Attributes:
+        interval (str, optional): A Composer time string (``"1ep"``, ``"200ba"``; a bare integer counts
+            epochs), or null: evaluate only once, after training. Default: ``"1ep"``.
+        ks (list[int]): The ``K`` of Recall@K, distinct integers >= 1. Default: ``[1, 5]``.
+        distance (str): ``"cosine"`` or ``"euclidean"``. Default: ``"cosine"``.
+        batch_size (int): Queries per evaluation batch. Default: ``1000``.
+        gallery_batch_size (int): Gallery items embedded per forward pass. Default: ``2048``.
+    """
+
+    interval: Any = "1ep"
+    ks: list[int] = field(default_factory=lambda: [1, 5])
+    distance: str = "cosine"
+    batch_size: int = 1000
+    gallery_batch_size: int = 2048
+
+    def __post_init__(self) -> None:
+        ks = list(self.ks)
+        if not ks or any(k < 1 for k in ks) or len(set(ks)) != len(ks):
+            raise ConfigError(f"evaluation.ks must be a list of distinct integers >= 1, got {ks!r}.")
+        self.ks = ks
+        if self.distance not in ("cosine", "euclidean"):
+            raise ConfigError(f"evaluation.distance must be 'cosine' or 'euclidean', got {self.distance!r}.")
+        for key in ("batch_size", "gallery_batch_size"):
+            _checked(
+                f"evaluation.{key}",
+                lambda key=key: check_int(f"evaluation.{key}", getattr(self, key), minimum=1),
+            )
+        if self.interval is not None:
+            from composer.core import TimeUnit
+
+            if isinstance(self.interval, int) and not isinstance(self.interval, bool):
+                self.interval = f"{self.interval}ep"  # a bare integer counts epochs, as elsewhere
+            _checked(
+                "evaluation.interval",
+                lambda: parse_time("evaluation.interval", self.interval, (TimeUnit.EPOCH, TimeUnit.BATCH)),
+            )
+
+
+@dataclass
+class DataloaderConfig:
+    """The ``dataloader`` section: ``DataLoader`` arguments of the train loader that the sampler does not own.
+
+    ``batch_size``, ``shuffle``, ``sampler``, ``batch_sampler``, ``drop_last`` and ``collate_fn`` come
+    from the sampler and the data. A ``_component_`` names another loader class, called as
+    ``loader(dataset, batch_sampler, collate_fn=..., **keys)``; its keys are then checked against it.
+
+    Attributes:
+        num_workers (int): Worker processes; they only see indices. Default: ``0``.
+        pin_memory (bool, optional): Pin batches for the copy to a GPU; null pins when CUDA is available.
+            Default: null.
+        persistent_workers (bool): Keep workers between epochs. Default: ``False``.
+        prefetch_factor (int, optional): Batches each worker loads ahead. Default: PyTorch's.
+        timeout (float): Seconds to wait for a worker's batch. Default: ``0`` (forever).
+        multiprocessing_context (str, optional): ``"fork"``, ``"spawn"`` or ``"forkserver"``. Default: the
+            platform's.
+    """
+
+    num_workers: int = 0
+    pin_memory: Optional[bool] = None  # noqa: UP045
+    persistent_workers: bool = False
+    prefetch_factor: Optional[int] = None  # noqa: UP045
+    timeout: float = 0.0
+    multiprocessing_context: Optional[str] = None  # noqa: UP045
+
+    def __post_init__(self) -> None:
+        _checked(
+            "dataloader.num_workers", lambda: check_int("dataloader.num_workers", self.num_workers, minimum=0)
+        )
+        if self.multiprocessing_context is not None:
+            _checked(
+                "dataloader.multiprocessing_context",
+                lambda: check_choice(
+                    "dataloader.multiprocessing_context",
+                    self.multiprocessing_context,
+                    ("fork", "spawn", "forkserver"),
+                ),
+            )
+
+
+def _checked(path: str, check: Any) -> Any:
+    """Run a validation check, re-raising its ``ValueError`` as a :class:`ConfigError`."""
+    try:
+        return check()
+    except ConfigError:
+        raise
+    except ValueError as error:
+        raise ConfigError(str(error)) from error
+
+
+Schema = TypeVar("Schema")
+
+
+def structured(path: str, values: Mapping[str, Any], schema: type[Schema]) -> Schema:
+    """Check a section against a structured config (unknown keys, types, ranges) and return the dataclass.
+
+    Args:
+        path (str): The section's name, for messages.
+        values (Mapping): The section's keys and values.
+        schema (type): A dataclass from this module.
+
+    Example:
+        >>> structured("evaluation", {"ks": [1, 10]}, EvaluationConfig).ks
+        [1, 10]
+        >>> structured("evaluation", {"batch_size": "big"}, EvaluationConfig)
+        Traceback (most recent call last):
+            ...
+        composer_dynsample.config.registry.ConfigError: evaluation.batch_size must be of type int, got 'big'.
+    """
+    fields = {item.name: item for item in dataclasses.fields(schema)}  # type: ignore[arg-type]
+    check_keys(path, values, list(fields), path)
+    base = OmegaConf.structured(schema)
+    for key, value in values.items():
+        try:
+            base[key] = value
+        except OmegaConfBaseException as error:
+            wanted = getattr(fields[key].type, "__name__", None) or str(fields[key].type).replace(
+                "typing.", ""
+            )
+            raise ConfigError(f"{path}.{key} must be of type {wanted}, got {value!r}.") from error
+    return OmegaConf.to_object(base)  # type: ignore[return-value]
+
+
+def load_config(
+    config: str | os.PathLike[str] | Mapping[str, Any] | DictConfig, overrides: Sequence[str] = ()
+) -> DictConfig:
+    """Load a YAML config (or take a mapping) and apply dotted ``key.path=value`` overrides.
+
+    Args:
+        config (str | os.PathLike | Mapping | DictConfig): A YAML file, or the config itself.
+        overrides (Sequence[str]): Items such as ``trainer.max_duration=2ep`` or ``evaluation.ks=[1,10]``,
+            parsed by ``OmegaConf.from_dotlist`` and merged over the file. Default: none.
+
+    Returns:
+        DictConfig: The merged config, with interpolations resolved and its top-level sections checked.
+
+    Raises:
+        FileNotFoundError: If the file does not exist.
+        ConfigError: If the YAML or an override is malformed, or a top-level key is unknown.
+
+    Example:
+        >>> minimal = {
+        ...     "data": {"name": "digits"},
+        ...     "model": {"encoder": {"name": "mlp"}},
+        ...     "sampler": {"name": "pk", "classes_per_batch": 4, "samples_per_class": 4},
+        ...     "optimizer": {"name": "adam"},
+        ...     "trainer": {"max_duration": "2ep"},
+        ... }
+        >>> cfg = load_config(minimal, ["trainer.max_duration=3ep", "seed=1"])
+        >>> cfg.trainer.max_duration, cfg.seed
+        ('3ep', 1)
+    """
+    base = _read(config)
+    bad = [item for item in overrides if not isinstance(item, str) or "=" not in item or item.startswith("=")]
+    if bad:
+        raise ConfigError(
+            f"override {bad[0]!r} is not of the form key.path=value (e.g. trainer.max_duration=2ep)."
+        )
+    try:
+        merged = OmegaConf.merge(base, OmegaConf.from_dotlist(list(overrides)))
+        container = OmegaConf.to_container(merged, resolve=True)
+    except OmegaConfBaseException as error:
+        raise ConfigError(f"cannot apply the overrides {list(overrides)}: {error}") from error
+    cfg = OmegaConf.create(container)
+    check_keys("the config", {key: None for key in cfg}, list(SECTIONS), "the top level")
+    missing = [key for key in REQUIRED_SECTIONS if cfg.get(key) is None]
+    if missing:
+        raise ConfigError(
+            f"the config has no {missing[0]!r} section; required sections: {list(REQUIRED_SECTIONS)}."
+        )
+    return cfg
+
+
+def _read(config: str | os.PathLike[str] | Mapping[str, Any] | DictConfig) -> DictConfig:
+    if isinstance(config, DictConfig):
+        return config.copy()
+    if isinstance(config, Mapping):
+        return OmegaConf.create(dict(config))
+    path = Path(config).expanduser()
+    if not path.is_file():
+        raise FileNotFoundError(f"config file {str(path)!r} does not exist.")
+    try:
+        base = OmegaConf.load(path)
+    except (OmegaConfBaseException, yaml.YAMLError, UnicodeDecodeError) as error:
+        raise ConfigError(f"{path}: not a valid YAML config: {error}") from error
+    if not isinstance(base, DictConfig):
+        raise ConfigError(f"{path}: a config must be a YAML mapping of sections, got a list.")
+    return base
+
+
+def save_config(cfg: DictConfig, path: str | os.PathLike[str]) -> None:
+    """Write the resolved config as YAML (what ``composer-dynsample train`` saves as ``config.yaml``)."""
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    OmegaConf.save(cfg, Path(path), resolve=True)
+
+
+def plain(value: Any) -> Any:
+    """An OmegaConf node as plain Python containers."""
+    if isinstance(value, (DictConfig, ListConfig)):
+        return OmegaConf.to_container(value, resolve=True)
+    return value
+
+
+def section(cfg: DictConfig | Mapping[str, Any], key: str, path: str) -> dict[str, Any]:
+    """``cfg[key]`` as a dict (``{}`` when absent or null), or a ConfigError if it is not a mapping."""
+    value = plain(cfg.get(key)) if key in cfg else None
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise ConfigError(f"{path} must be a mapping of keys to values, got {value!r}.")
+    return dict(value)
+
+
+def run_options(cfg: DictConfig) -> RunOptions:
+    """The validated top-level ``seed`` and ``run_dir``."""
+    values = {key: plain(cfg[key]) for key in ("seed", "run_dir") if key in cfg and cfg[key] is not None}
+    return structured("the config", values, RunOptions)
+
+
+def evaluation_config(cfg: DictConfig) -> EvaluationConfig:
+    """The validated ``evaluation`` section (a bare integer ``K`` counts as ``[K]``)."""
+    values = section(cfg, "evaluation", "evaluation")
+    if isinstance(values.get("ks"), int):
+        values["ks"] = [values["ks"]]
+    return structured("evaluation", values, EvaluationConfig)
+
+
+def dataloader_config(cfg: DictConfig) -> tuple[str | None, dict[str, Any]]:
+    """The ``dataloader`` section: its ``_component_`` (or ``None``) and the keyword arguments the user set.
+
+    Without a ``_component_`` the keys are checked against :class:`DataloaderConfig`; ``pin_memory``
+    defaults to whether CUDA is available.
+    """
+    values = section(cfg, "dataloader", "dataloader")
+    component = values.pop(COMPONENT_KEY, None)
+    if component is None:
+        checked = dataclasses.asdict(structured("dataloader", values, DataloaderConfig))
+        values = {key: checked[key] for key in values}
+        if values.get("pin_memory") is None:
+            import torch
+
+            values["pin_memory"] = torch.cuda.is_available()
+    return component, values

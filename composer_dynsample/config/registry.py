@@ -1,0 +1,348 @@
+"""How a config section reaches a class: short registry names, ``_component_`` dotted paths, checked keys.
+
+A section that builds one object names its target either with ``name:`` (a short alias from a registry
+such as :data:`~composer_dynsample.config.builders.ENCODERS`) or with ``_component_:`` (torchtune's
+convention), a dotted import path such as ``my_models.MyEncoder`` or
+``pytorch_metric_learning.losses.ArcFaceLoss``. A ``_component_`` without a dot is read as a registry
+alias. The section's other keys are the target's keyword arguments, checked against its signature:
+an unknown key fails with the valid keys and the closest match, a value of the wrong type (a string
+for a ``float`` argument) fails naming the key, both before the target is called.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+import inspect
+import numbers
+import types
+import typing
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = [
+    "COMPONENT_KEY",
+    "ConfigError",
+    "Lazy",
+    "Registered",
+    "call",
+    "check_keys",
+    "check_types",
+    "import_component",
+    "resolve",
+]
+
+#: The key that names a target by its dotted import path.
+COMPONENT_KEY = "_component_"
+
+
+class ConfigError(ValueError):
+    """A config key or value is wrong; the message names the key, the value and what is valid."""
+
+
+def parameters(target: Callable[..., Any]) -> Mapping[str, inspect.Parameter]:
+    """The parameters of a class's ``__init__`` or a function, without ``self``."""
+    try:
+        found = dict(inspect.signature(target).parameters)
+    except (TypeError, ValueError):  # builtins without a signature: accept any keyword
+        return {"kwargs": inspect.Parameter("kwargs", inspect.Parameter.VAR_KEYWORD)}
+    found.pop("self", None)
+    return found
+
+
+_VARIADIC = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+
+
+@dataclass(frozen=True)
+class Registered:
+    """A target a section can build, and which of its arguments are not config keys.
+
+    Attributes:
+        target (Callable[..., Any]): The class or function.
+        reserved (tuple[str, ...]): Arguments the builder always supplies; a config key for them is an error.
+        inferred (tuple[str, ...]): Arguments the builder supplies unless the config gives them.
+        extra (Mapping[str, Any]): Builder-level keys that are not arguments of ``target``, with defaults.
+    """
+
+    target: Callable[..., Any]
+    reserved: tuple[str, ...] = ()
+    inferred: tuple[str, ...] = ()
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        """The target's name as a user wrote it in Python."""
+        return getattr(self.target, "__qualname__", None) or getattr(
+            self.target, "__name__", repr(self.target)
+        )
+
+    def accepts_any_key(self) -> bool:
+        """Whether the target takes ``**kwargs`` (then unknown keys are its business)."""
+        return any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters(self.target).values())
+
+    def valid_keys(self) -> list[str]:
+        """The keys a config section may hold for this entry (besides ``name``/``_component_``)."""
+        keys = [
+            name
+            for name, parameter in parameters(self.target).items()
+            if parameter.kind not in _VARIADIC and name not in self.reserved
+        ]
+        return sorted({*keys, *self.extra})
+
+    def required_keys(self) -> list[str]:
+        """Arguments without a default that neither the builder nor ``extra`` supplies."""
+        return [
+            name
+            for name, parameter in parameters(self.target).items()
+            if parameter.default is inspect.Parameter.empty
+            and parameter.kind not in _VARIADIC
+            and name not in self.reserved
+            and name not in self.inferred
+        ]
+
+
+class Lazy:
+    """A registry target imported on first use, so optional dependencies (wandb, mlflow) stay optional.
+
+    Args:
+        module (str): The module to import.
+        attribute (str): The class or function in it.
+    """
+
+    def __init__(self, module: str, attribute: str) -> None:
+        self.module, self.attribute = module, attribute
+
+    def get(self) -> Callable[..., Any]:
+        """Import and return the target."""
+        return getattr(importlib.import_module(self.module), self.attribute)
+
+
+def _closest(word: str, options: Sequence[str]) -> str:
+    matches = difflib.get_close_matches(word, list(options), n=1, cutoff=0.6)
+    return f" Did you mean {matches[0]!r}?" if matches else ""
+
+
+def check_keys(path: str, section: Mapping[str, Any], valid: Sequence[str], what: str) -> None:
+    """Raise a :class:`ConfigError` for the first key of ``section`` not in ``valid``, with the closest match.
+
+    Example:
+        >>> check_keys("optimizer", {"lr": 0.1, "weight_decy": 0.1}, ["lr", "weight_decay"], "AdamW")
+        Traceback (most recent call last):
+            ...
+        composer_dynsample.config.registry.ConfigError: optimizer: unknown key 'weight_decy' for AdamW; valid keys: ['lr', 'weight_decay']. Did you mean 'weight_decay'?
+    """
+    unknown = [key for key in section if key not in valid]
+    if unknown:
+        key = str(unknown[0])
+        raise ConfigError(
+            f"{path}: unknown key {key!r} for {what}; valid keys: {sorted(valid)}.{_closest(key, valid)}"
+        )
+
+
+def import_component(path: str, dotted: Any) -> Callable[..., Any]:
+    """Import ``package.module.Name`` (the value of a ``_component_`` key), or raise a one-line ConfigError.
+
+    Example:
+        >>> import_component("optimizer._component_", "torch.optim.SGD").__name__
+        'SGD'
+    """
+    if not isinstance(dotted, str) or "." not in dotted.strip(".") or " " in dotted:
+        raise ConfigError(
+            f"{path} must be a dotted import path such as 'my_models.MyEncoder', got {dotted!r}."
+        )
+    module_name, _, attribute = dotted.rpartition(".")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as error:
+        raise ConfigError(
+            f"{path}: cannot import {module_name!r} for {dotted!r}: {error}. Is its folder on PYTHONPATH "
+            "(e.g. PYTHONPATH=. composer-dynsample train ...)?"
+        ) from error
+    target = getattr(module, attribute, None)
+    if target is None or not callable(target):
+        raise ConfigError(f"{path}: module {module_name!r} has no class or function {attribute!r}.")
+    return target
+
+
+def resolve(
+    path: str,
+    section: dict[str, Any],
+    registry: Mapping[str, Registered | Lazy],
+    *,
+    default: str | None = None,
+    name_key: bool = True,
+) -> tuple[Registered, str]:
+    """Pop ``name``/``_component_`` from a section and find its target.
+
+    Args:
+        path (str): The section's dotted path, for messages (``"model.encoder"``).
+        section (dict): The section's keys; ``name`` and ``_component_`` are removed from it.
+        registry (Mapping): Short names and their entries.
+        default (str, optional): The registry name used when the section names nothing. Default: none
+            (then naming nothing is an error).
+        name_key (bool): Whether ``name`` names the target; ``False`` where the registry name is the
+            section's own label (``callbacks: {lr_monitor: {}}``) and ``name`` is an ordinary key. Default:
+            ``True``.
+
+    Returns:
+        tuple[Registered, str]: The entry (a dotted path gets one with no reserved arguments) and the
+        registry name, or the dotted path.
+    """
+    if name_key and "name" in section and COMPONENT_KEY in section:
+        raise ConfigError(f"{path}: give either 'name' or '{COMPONENT_KEY}', not both.")
+    if COMPONENT_KEY in section:
+        value = section.pop(COMPONENT_KEY)
+        if isinstance(value, str) and value in registry:
+            return lookup(f"{path}.{COMPONENT_KEY}", value, registry), value
+        return Registered(import_component(f"{path}.{COMPONENT_KEY}", value)), str(value)
+    if default is not None and not name_key:
+        return lookup(path, default, registry), default
+    if "name" not in section and default is None:
+        raise ConfigError(
+            f"{path} needs a 'name' (valid names: {sorted(registry)}) or a '{COMPONENT_KEY}' "
+            "such as 'my_package.MyClass'."
+        )
+    name = section.pop("name", default)
+    return lookup(f"{path}.name", name, registry), name
+
+
+def lookup(path: str, name: Any, registry: Mapping[str, Registered | Lazy]) -> Registered:
+    """The registry entry of ``name``, or a ConfigError with the valid names and the closest one."""
+    if not isinstance(name, str) or name not in registry:
+        hint = _closest(name, list(registry)) if isinstance(name, str) else ""
+        raise ConfigError(
+            f"{path}: unknown name {name!r}; valid names: {sorted(registry)}, or a '{COMPONENT_KEY}' "
+            f"dotted path such as 'my_package.MyClass'.{hint}"
+        )
+    entry = registry[name]
+    if isinstance(entry, Lazy):
+        try:
+            return Registered(entry.get())
+        except (ImportError, AttributeError) as error:
+            raise ConfigError(f"{path}: {name!r} is not available here: {error}") from error
+    return entry
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Types of values against annotations
+# ---------------------------------------------------------------------------------------------------------
+_KINDS: dict[Any, str] = {bool: "bool", int: "int", float: "float", str: "str", type(None): "null"}
+_WORDS = {
+    "int": "an integer",
+    "float": "a number",
+    "bool": "true or false",
+    "str": "a string",
+    "list": "a list",
+}
+
+
+def _is_tensor_class(annotation: Any) -> bool:
+    """``torch.Tensor`` in a union such as AdamW's ``lr: float | Tensor``: no YAML value is one."""
+    return (
+        inspect.isclass(annotation)
+        and annotation.__name__ == "Tensor"
+        and annotation.__module__.startswith("torch")
+    )
+
+
+def _kinds(annotation: Any) -> set[str] | None:
+    """The plain value kinds an annotation admits, or ``None`` when it admits anything we cannot tell."""
+    if annotation in _KINDS:
+        kinds = {_KINDS[annotation]}
+        return kinds | {"int"} if "float" in kinds else kinds
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType):
+        found: set[str] = set()
+        for member in typing.get_args(annotation):
+            if _is_tensor_class(member):
+                continue
+            kinds = _kinds(member)
+            if kinds is None:
+                return None
+            found |= kinds
+        return found
+    if origin in (list, tuple, Sequence) or annotation in (list, tuple):
+        return {"list"}
+    if origin is typing.Literal:
+        return {_KINDS.get(type(value), "other") for value in typing.get_args(annotation)}
+    return None  # tensors, modules, Any, user classes: not ours to judge
+
+
+def _kind(value: Any) -> str:
+    if isinstance(value, bool):
+        return "bool"
+    if isinstance(value, numbers.Integral):
+        return "int"
+    if isinstance(value, numbers.Real):
+        return "float"
+    if isinstance(value, (list, tuple)):
+        return "list"
+    return _KINDS.get(type(value), "other")
+
+
+def _expected(parameter: inspect.Parameter, hints: Mapping[str, Any]) -> set[str] | None:
+    if parameter.name in hints:
+        return _kinds(hints[parameter.name])
+    default = parameter.default
+    if default is inspect.Parameter.empty or default is None:
+        return None
+    kinds = _kinds(type(default))
+    # An un-annotated float default (lr=1e-3) also takes ints; an int default may mean a float too.
+    return kinds | {"int", "float"} if kinds and kinds & {"int", "float"} else kinds
+
+
+def _hints(target: Callable[..., Any]) -> Mapping[str, Any]:
+    function = target.__init__ if inspect.isclass(target) else target  # type: ignore[misc]
+    try:
+        return typing.get_type_hints(function)
+    except Exception:  # forward references that do not resolve: fall back to the defaults' types
+        return {}
+
+
+def check_types(path: str, entry: Registered, kwargs: Mapping[str, Any]) -> None:
+    """Raise a ConfigError naming the key whose value's type the target's signature rules out.
+
+    Only plain values are judged (numbers, strings, booleans, null, lists) against plain annotations
+    or, without one, the default's type; anything else is left to the target.
+
+    Example:
+        >>> import torch
+        >>> check_types("optimizer", Registered(torch.optim.SGD), {"lr": "fast"})
+        Traceback (most recent call last):
+            ...
+        composer_dynsample.config.registry.ConfigError: optimizer.lr must be a number, got 'fast' (a string).
+    """
+    signature = parameters(entry.target)
+    hints = _hints(entry.target)
+    for key, value in kwargs.items():
+        parameter = signature.get(key)
+        if parameter is None or parameter.kind in _VARIADIC:
+            continue
+        expected = _expected(parameter, hints)
+        kind = _kind(value)
+        if expected is None or kind == "other" or kind in expected or (kind == "bool" and "int" in expected):
+            continue
+        shown = expected - {"int"} if "float" in expected else expected  # "a number" covers integers
+        words = [_WORDS[name] for name in sorted(shown) if name in _WORDS]
+        wanted = " or ".join(words + (["null"] if "null" in expected else [])) or "something else"
+        raise ConfigError(f"{path}.{key} must be {wanted}, got {value!r} ({_WORDS.get(kind, kind)}).")
+
+
+def call(path: str, entry: Registered, kwargs: Mapping[str, Any], *args: Any) -> Any:
+    """Check ``kwargs`` against ``entry`` and construct ``entry.target(*args, **kwargs)``.
+
+    Errors of the target (``TypeError``, ``ValueError``) and a missing optional package (``ImportError``)
+    become one-line :class:`ConfigError` messages that name the section.
+    """
+    check_types(path, entry, kwargs)
+    try:
+        return entry.target(*args, **kwargs)
+    except ImportError as error:
+        first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise ConfigError(
+            f"{path}: {entry.name} needs a package that is not installed: {first_line}"
+        ) from error
+    except (TypeError, ValueError) as error:
+        shown = ", ".join(f"{key}={value!r}" for key, value in kwargs.items() if key not in entry.reserved)
+        raise ConfigError(f"{path}: {entry.name}({shown}) rejected the config: {error}") from error

@@ -1,0 +1,191 @@
+"""The training run: every builder's product put together into a Composer ``Trainer``."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from composer import Trainer
+from composer.core import Evaluator, TimeUnit
+from composer.utils import reproducibility
+from omegaconf import DictConfig
+from torch.utils.data import DataLoader
+
+from composer_dynsample.callbacks.retrieval_gallery import RetrievalGallery
+from composer_dynsample.config.builders import (
+    build_algorithms,
+    build_callbacks,
+    build_data,
+    build_eval_dataloader,
+    build_loggers,
+    build_model,
+    build_optimizer,
+    build_scheduler,
+    build_train_dataloader,
+)
+from composer_dynsample.config.loading import evaluation_config, load_config, run_options, section
+from composer_dynsample.config.registry import ConfigError, check_keys, parameters
+from composer_dynsample.data import DatasetSplits
+from composer_dynsample.models.embedding_model import EmbeddingModel
+from composer_dynsample.validation import parse_time
+
+__all__ = ["TrainingRun", "build_run", "default_run_dir"]
+
+# Trainer arguments the builder constructs from other sections.
+_TRAINER_OWNED = {
+    "model": "model",
+    "train_dataloader": "data/sampler/dataloader",
+    "eval_dataloader": "evaluation",
+    "eval_interval": "evaluation.interval",
+    "optimizers": "optimizer",
+    "schedulers": "scheduler",
+    "algorithms": "algorithms",
+    "callbacks": "callbacks",
+    "loggers": "loggers",
+    "seed": "seed (top level)",
+}
+
+
+def _trainer_kwargs(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
+    values = section(cfg, "trainer", "trainer")
+    owned = [key for key in values if key in _TRAINER_OWNED]
+    if owned:
+        raise ConfigError(
+            f"trainer: key {owned[0]!r} is set by the {_TRAINER_OWNED[owned[0]]!r} section, not here."
+        )
+    valid = [key for key in parameters(Trainer) if key not in _TRAINER_OWNED]
+    check_keys("trainer", values, valid, "composer.Trainer")
+    if values.get("max_duration") is None:
+        raise ConfigError("trainer.max_duration is required, e.g. '60ep' or '500ba'.")
+    try:
+        parse_time(
+            "trainer.max_duration", values["max_duration"], (TimeUnit.EPOCH, TimeUnit.BATCH, TimeUnit.SAMPLE)
+        )
+    except ValueError as error:
+        raise ConfigError(str(error)) from error
+    load_path = values.get("load_path")
+    if (
+        load_path is not None
+        and "://" not in str(load_path)
+        and not Path(str(load_path)).expanduser().exists()
+    ):
+        raise ConfigError(f"trainer.load_path {values['load_path']!r} does not exist.")
+    defaults = {
+        "save_folder": str(run_dir / "checkpoints"),
+        "save_overwrite": True,  # the run directory is an output folder: a re-run replaces it
+        "run_name": run_dir.name or "run",
+        "progress_bar": True,
+        "log_to_console": False,
+    }
+    return {**defaults, **values}
+
+
+@dataclass
+class TrainingRun:
+    """Everything :func:`build_run` made; ``trainer.fit()`` trains it.
+
+    Attributes:
+        config (DictConfig): The resolved config (with ``run_dir`` filled in).
+        run_dir (Path): Where the run writes its files.
+        trainer (composer.Trainer): The trainer, ready to ``fit``.
+        model (EmbeddingModel): The model.
+        splits (DatasetSplits): The data: ``train`` is the gallery, ``test`` the queries.
+        train_dataloader (DataLoader): The P x K train loader.
+        ks (tuple[int, ...]): The ``K`` of Recall@K.
+        distance (str): The evaluation distance.
+        gallery (RetrievalGallery | None): The callback that attaches the train gallery at ``EVAL_START``.
+        seed (int): The run's seed.
+    """
+
+    config: DictConfig
+    run_dir: Path
+    trainer: Trainer
+    model: EmbeddingModel
+    splits: DatasetSplits
+    train_dataloader: DataLoader
+    ks: tuple[int, ...]
+    distance: str
+    gallery: RetrievalGallery | None
+    seed: int
+
+
+def default_run_dir(config_path: str | os.PathLike[str] | None) -> Path:
+    """``runs/<config file stem>`` (``runs/default`` without a file)."""
+    return Path("runs") / (Path(config_path).stem if config_path is not None else "default")
+
+
+def build_run(cfg: DictConfig, run_dir: str | os.PathLike[str] | None = None) -> TrainingRun:
+    """Build the data, model, loaders, optimizer, scheduler, algorithms, callbacks and the ``Trainer``.
+
+    Args:
+        cfg (DictConfig): A config from :func:`~composer_dynsample.config.load_config`.
+        run_dir (str | os.PathLike, optional): Output directory; overrides the config's ``run_dir``.
+            Default: the config's ``run_dir``, else ``runs/default``.
+
+    Returns:
+        TrainingRun: The trainer and what it was built from. Nothing is written to disk yet, except what
+        Composer's ``Trainer`` creates (the checkpoint folder on rank 0; a ``load_path`` is loaded).
+
+    Raises:
+        ConfigError: If a key or value is wrong.
+    """
+    cfg = load_config(cfg)
+    options = run_options(cfg)
+    directory = Path(run_dir if run_dir is not None else options.run_dir or default_run_dir(None))
+    cfg.run_dir = str(directory)
+    evaluation = evaluation_config(cfg)
+    reproducibility.seed_all(options.seed)
+    splits = build_data(cfg)
+    model = build_model(cfg, splits)
+    train_loader = build_train_dataloader(cfg, splits.train, options.seed)
+    optimizer = build_optimizer(cfg, model)
+    scheduler = build_scheduler(cfg)
+    algorithms = build_algorithms(cfg)
+    callbacks = build_callbacks(cfg)
+    loggers = build_loggers(cfg, directory)
+    trainer_kwargs = _trainer_kwargs(cfg, directory)
+
+    gallery = None
+    eval_kwargs: dict[str, Any] = {}
+    if evaluation.interval is not None:
+        gallery = RetrievalGallery(
+            splits.train, evaluator_label="test", batch_size=evaluation.gallery_batch_size
+        )
+        callbacks.append(gallery)
+        eval_kwargs = {
+            "eval_dataloader": Evaluator(
+                label="test", dataloader=build_eval_dataloader(splits.test, evaluation.batch_size)
+            ),
+            "eval_interval": evaluation.interval,
+        }
+    try:
+        trainer = Trainer(
+            model=model,
+            train_dataloader=train_loader,
+            optimizers=optimizer,
+            schedulers=scheduler,
+            algorithms=algorithms,
+            callbacks=callbacks,
+            loggers=loggers,
+            seed=options.seed,
+            **eval_kwargs,
+            **trainer_kwargs,
+        )
+    except (TypeError, ValueError) as error:
+        raise ConfigError(
+            f"trainer: composer.Trainer rejected the config {section(cfg, 'trainer', 'trainer')}: {error}"
+        ) from error
+    return TrainingRun(
+        config=cfg,
+        run_dir=directory,
+        trainer=trainer,
+        model=model,
+        splits=splits,
+        train_dataloader=train_loader,
+        ks=tuple(evaluation.ks),
+        distance=evaluation.distance,
+        gallery=gallery,
+        seed=options.seed,
+    )
