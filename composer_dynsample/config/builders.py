@@ -147,12 +147,21 @@ def _entry(
     registry: Mapping[str, Any],
     *,
     reserved: tuple[str, ...] = (),
+    supplied: Mapping[str, Any] | None = None,
     **kwargs: Any,
 ) -> tuple[Registered, str, dict[str, Any], dict[str, Any]]:
-    """Resolve a section's target and check its keys: ``(entry, name, kwargs, builder-level extras)``."""
+    """Resolve a section's target and check its keys: ``(entry, name, kwargs, builder-level extras)``.
+
+    ``supplied`` holds values the builder fills in for the arguments of those names that the target takes
+    and the section leaves out (an encoder's input sizes).
+    """
     entry, name = resolve(path, values, registry, **kwargs)
     if reserved and not entry.reserved:  # a _component_: the builder's own arguments are not keys
         entry = Registered(entry.target, reserved=reserved, inferred=("seed",))
+    takes = parameters(entry.target)
+    for key, value in (supplied or {}).items():
+        if key in takes:
+            values.setdefault(key, value)
     if not entry.accepts_any_key():
         check_keys(path, values, entry.valid_keys(), repr(name))
     missing = [arg for arg in entry.required_keys() if arg not in values]
@@ -180,21 +189,17 @@ def build_encoder(cfg: DictConfig, feature_shape: tuple[int, ...]) -> torch.nn.M
     """Build ``model.encoder``, filling the input sizes it takes from the data's ``feature_shape``."""
     path = "model.encoder"
     values = section(section(cfg, "model", "model"), "encoder", path)
-    entry, name, kwargs, _ = _entry(path, values, ENCODERS)
-    if name == "conv1d" and len(feature_shape) not in (1, 2):
-        raise ConfigError(
-            f"{path}: 'conv1d' needs sequences (N, L) or (N, C, L), but the data's items have shape "
-            f"{feature_shape}; use 'mlp' for other data."
-        )
-    takes = parameters(entry.target)
     inferred = {
         "in_features": int(math.prod(feature_shape)),
         "in_channels": feature_shape[0] if len(feature_shape) >= 2 else 1,
         "input_length": feature_shape[-1],
     }
-    for key, value in inferred.items():
-        if key in takes:
-            kwargs.setdefault(key, value)
+    entry, name, kwargs, _ = _entry(path, values, ENCODERS, supplied=inferred)
+    if name == "conv1d" and len(feature_shape) not in (1, 2):
+        raise ConfigError(
+            f"{path}: 'conv1d' needs sequences (N, L) or (N, C, L), but the data's items have shape "
+            f"{feature_shape}; use 'mlp' for other data."
+        )
     encoder = call(path, entry, kwargs)
     if not isinstance(encoder, torch.nn.Module):
         raise ConfigError(f"{path}: {name} returned {type(encoder).__name__}, not a torch.nn.Module.")

@@ -207,7 +207,8 @@ def load_config(
     Args:
         config (str | os.PathLike | Mapping | DictConfig): A YAML file, or the config itself.
         overrides (Sequence[str]): Items such as ``trainer.max_duration=2ep`` or ``evaluation.ks=[1,10]``,
-            parsed by ``OmegaConf.from_dotlist`` and merged over the file. Default: none.
+            parsed by ``OmegaConf.from_dotlist`` and merged over the file in order; a mapping such as
+            ``model.loss={_component_: my.Loss, scale: 2}`` replaces the whole section. Default: none.
 
     Returns:
         DictConfig: The merged config, with interpolations resolved and its top-level sections checked.
@@ -235,8 +236,9 @@ def load_config(
             f"override {bad[0]!r} is not of the form key.path=value (e.g. trainer.max_duration=2ep)."
         )
     try:
-        merged = OmegaConf.merge(base, OmegaConf.from_dotlist(list(overrides)))
-        container = OmegaConf.to_container(merged, resolve=True)
+        for item in overrides:
+            _apply(base, item)
+        container = OmegaConf.to_container(base, resolve=True)
     except OmegaConfBaseException as error:
         raise ConfigError(f"cannot apply the overrides {list(overrides)}: {error}") from error
     cfg = OmegaConf.create(container)
@@ -247,6 +249,20 @@ def load_config(
             f"the config has no {missing[0]!r} section; required sections: {list(REQUIRED_SECTIONS)}."
         )
     return cfg
+
+
+def _apply(cfg: DictConfig, override: str) -> None:
+    """Apply one ``key.path=value``: a mapping value replaces the section, any other value is merged in.
+
+    ``model.encoder={_component_: my_models.MyEncoder}`` therefore starts the section afresh (the file's
+    keys belonged to the encoder it named), while ``model.encoder.embedding_dim=32`` changes one key.
+    """
+    key = override.split("=", 1)[0].strip()
+    value = OmegaConf.select(OmegaConf.from_dotlist([override]), key)
+    if isinstance(value, DictConfig):
+        OmegaConf.update(cfg, key, value, merge=False)
+    else:
+        cfg.merge_with(OmegaConf.from_dotlist([override]))
 
 
 def _read(config: str | os.PathLike[str] | Mapping[str, Any] | DictConfig) -> DictConfig:

@@ -190,7 +190,11 @@ def resolve(
         registry name, or the dotted path.
     """
     if name_key and "name" in section and COMPONENT_KEY in section:
-        raise ConfigError(f"{path}: give either 'name' or '{COMPONENT_KEY}', not both.")
+        component = section[COMPONENT_KEY]
+        raise ConfigError(
+            f"{path}: give either 'name' ({section['name']!r}) or '{COMPONENT_KEY}' ({component!r}), not both; "
+            f"to replace the section, override it whole: {path}={{{COMPONENT_KEY}: {component}, ...}}."
+        )
     if COMPONENT_KEY in section:
         value = section.pop(COMPONENT_KEY)
         if isinstance(value, str) and value in registry:

@@ -12,6 +12,7 @@ from torchmetrics import Metric
 
 from composer_dynsample.losses.tuple_losses import TripletMarginLoss, _TupleLoss
 from composer_dynsample.mined import MinedBatch
+from composer_dynsample.validation import InputTypeError, check_bool
 
 __all__ = ["EmbeddingModel"]
 
@@ -62,10 +63,13 @@ class EmbeddingModel(ComposerModel):
     ) -> None:
         super().__init__()
         if not isinstance(encoder, nn.Module):
-            raise TypeError(f"encoder must be a torch.nn.Module, got {type(encoder).__name__}.")
+            raise InputTypeError(f"encoder must be a torch.nn.Module, got {type(encoder).__name__}.")
         self.encoder = encoder
         self.loss_fn = loss if loss is not None else TripletMarginLoss(margin=0.2)
-        self.normalize = normalize
+        self.normalize = check_bool("normalize", normalize)
+        for name, key in (("features_key", features_key), ("labels_key", labels_key)):
+            if not isinstance(key, str) or not key:
+                raise InputTypeError(f"{name} must be a non-empty string, got {key!r}.")
         self.features_key, self.labels_key = features_key, labels_key
         self.train_metrics = _as_metric_dict(train_metrics)
         self.eval_metrics = _as_metric_dict(eval_metrics)
