@@ -195,27 +195,7 @@ class HardNegativeMining(Algorithm):
         labels = self._labels(state)
         _check_embeddings_and_labels(embeddings, labels)
         strategy = self.strategy_at(state)
-        if _all_ranks_finite(embeddings):
-            pool, tuples = self._mine(embeddings, labels, strategy, state)
-            stats = mining_statistics(
-                embeddings.detach(),
-                pool.embeddings.detach(),
-                tuples,
-                distance=self.distance,
-                margin=self.log_margin,
-            )
-        elif self.on_nonfinite == "raise":
-            raise ValueError(
-                f"HardNegativeMining: the embeddings at batch {int(state.timestamp.batch)} contain NaN or inf "
-                "(on this or another rank). Lower the learning rate, check the inputs, or pass "
-                "on_nonfinite='skip' to skip such steps."
-            )
-        else:
-            # Gradients through NaN activations are NaN even when multiplied by zero, so the skipped step's
-            # loss must not reach them: zeros attached to the parameters keep DDP in step with zero grads.
-            embeddings = _zero_stand_in(embeddings, state.model)
-            pool, tuples = Pool(embeddings, labels, None, None, None), _empty_like(strategy, labels.device)
-            stats = mining_statistics(embeddings, embeddings, tuples, skipped=True)
+        embeddings, pool, tuples, stats = self._mine_or_skip(embeddings, labels, strategy, state)
         values = dict(zip(stats, torch.stack(list(stats.values())).tolist()))  # the statistics' one host sync
         logger.log_metrics({f"mining/{name}": value for name, value in values.items()})
         self._check_collapse(values, state)
@@ -231,6 +211,33 @@ class HardNegativeMining(Algorithm):
             outputs=state.outputs,
             stats=values,
         )
+
+    def _mine_or_skip(
+        self, embeddings: torch.Tensor, labels: torch.Tensor, strategy: str, state: State
+    ) -> tuple[torch.Tensor, Pool, tuple[torch.Tensor, ...], dict[str, torch.Tensor]]:
+        """Mine when every rank's embeddings are finite; else raise or skip the step on every rank alike."""
+        if _all_ranks_finite(embeddings):
+            pool, tuples = self._mine(embeddings, labels, strategy, state)
+            stats = mining_statistics(
+                embeddings.detach(),
+                pool.embeddings.detach(),
+                tuples,
+                distance=self.distance,
+                margin=self.log_margin,
+            )
+            return embeddings, pool, tuples, stats
+        if self.on_nonfinite == "raise":
+            raise ValueError(
+                f"HardNegativeMining: the embeddings at batch {int(state.timestamp.batch)} contain NaN or inf "
+                "(on this or another rank). Lower the learning rate, check the inputs, or pass "
+                "on_nonfinite='skip' to skip such steps."
+            )
+        # Gradients through NaN activations are NaN even when multiplied by zero, so the skipped step's
+        # loss must not reach them: zeros attached to the parameters keep DDP in step with zero grads.
+        embeddings = _zero_stand_in(embeddings, state.model)
+        tuples = _empty_like(strategy, labels.device)
+        stats = mining_statistics(embeddings, embeddings, tuples, skipped=True)
+        return embeddings, Pool(embeddings, labels, None, None, None), tuples, stats
 
     def _labels(self, state: State) -> torch.Tensor:
         key = self.labels_key
