@@ -23,13 +23,14 @@ from __future__ import annotations
 
 import math
 import numbers
+import sys
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
 if TYPE_CHECKING:
+    import torch
     from composer.core import Time, TimeUnit
 
 __all__ = [
@@ -176,7 +177,8 @@ def check_choice(name: str, value: object, choices: Iterable[str]) -> str:
 
 def describe(value: object) -> str:
     """A short description of a value for error messages: a tensor's shape and dtype, else its type."""
-    if isinstance(value, torch.Tensor):
+    torch = sys.modules.get("torch")  # no tensor exists unless torch has been imported
+    if torch is not None and isinstance(value, torch.Tensor):
         return f"a tensor of shape {tuple(value.shape)} and dtype {value.dtype}"
     return f"an object of type {type(value).__name__}"
 
@@ -188,6 +190,7 @@ def check_embeddings(name: str, value: object, *, finite: bool = True) -> torch.
     ``ValueError``.
 
     Example:
+        >>> import torch
         >>> check_embeddings("embeddings", torch.zeros(3, 2)).shape
         torch.Size([3, 2])
         >>> check_embeddings("embeddings", torch.zeros(3))
@@ -195,6 +198,8 @@ def check_embeddings(name: str, value: object, *, finite: bool = True) -> torch.
             ...
         ValueError: embeddings must be a 2-D floating-point tensor (num_items, dim), got a tensor of shape (3,) and dtype torch.float32.
     """
+    import torch
+
     if not isinstance(value, torch.Tensor) or not value.is_floating_point():
         raise InputTypeError(
             f"{name} must be a 2-D floating-point tensor (num_items, dim), got {describe(value)}."
@@ -215,11 +220,14 @@ def check_labels(
     """Return ``value`` if it is a 1-D integer tensor (of ``num_items`` entries when given).
 
     Example:
+        >>> import torch
         >>> check_labels("labels", torch.tensor([0, 1]), 3, "embeddings")
         Traceback (most recent call last):
             ...
         ValueError: labels has 2 entries but embeddings has 3 rows; they must match.
     """
+    import torch
+
     if (
         not isinstance(value, torch.Tensor)
         or value.dtype == torch.bool

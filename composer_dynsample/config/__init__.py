@@ -39,28 +39,37 @@ into a ready :class:`TrainingRun`); ``composer-dynsample train`` runs it. Proble
 :class:`ConfigError`, a ``ValueError`` whose message names the key, the value and what is valid.
 """
 
-from composer_dynsample.config.builders import (
-    ALGORITHMS,
-    CALLBACKS,
-    DATASETS,
-    ENCODERS,
-    LOGGERS,
-    LOSSES,
-    OPTIMIZERS,
-    SAMPLERS,
-    SCHEDULERS,
-)
-from composer_dynsample.config.loading import (
-    SECTIONS,
-    DataloaderConfig,
-    EvaluationConfig,
-    RunOptions,
-    load_config,
-    save_config,
-)
-from composer_dynsample.config.registry import ConfigError, Lazy, Registered
-from composer_dynsample.config.run import TrainingRun, build_run, default_run_dir
-from composer_dynsample.schedulers import OneCycleScheduler
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+# Imported on first use (PEP 562): reading and checking a config must not wait for Composer and torch,
+# which only the builders and the run need.
+_EXPORTS: dict[str, str] = {
+    "ALGORITHMS": "composer_dynsample.config.builders",
+    "CALLBACKS": "composer_dynsample.config.builders",
+    "DATASETS": "composer_dynsample.config.builders",
+    "ENCODERS": "composer_dynsample.config.builders",
+    "LOGGERS": "composer_dynsample.config.builders",
+    "LOSSES": "composer_dynsample.config.builders",
+    "OPTIMIZERS": "composer_dynsample.config.builders",
+    "SAMPLERS": "composer_dynsample.config.builders",
+    "SCHEDULERS": "composer_dynsample.config.builders",
+    "SECTIONS": "composer_dynsample.config.loading",
+    "DataloaderConfig": "composer_dynsample.config.loading",
+    "EvaluationConfig": "composer_dynsample.config.loading",
+    "RunOptions": "composer_dynsample.config.loading",
+    "load_config": "composer_dynsample.config.loading",
+    "save_config": "composer_dynsample.config.loading",
+    "ConfigError": "composer_dynsample.config.registry",
+    "Lazy": "composer_dynsample.config.registry",
+    "Registered": "composer_dynsample.config.registry",
+    "TrainingRun": "composer_dynsample.config.run",
+    "build_run": "composer_dynsample.config.run",
+    "default_run_dir": "composer_dynsample.config.run",
+    "OneCycleScheduler": "composer_dynsample.schedulers",
+}
 
 __all__ = [
     "ALGORITHMS",
@@ -86,3 +95,40 @@ __all__ = [
     "load_config",
     "save_config",
 ]
+
+if TYPE_CHECKING:
+    from composer_dynsample.config.builders import (
+        ALGORITHMS,
+        CALLBACKS,
+        DATASETS,
+        ENCODERS,
+        LOGGERS,
+        LOSSES,
+        OPTIMIZERS,
+        SAMPLERS,
+        SCHEDULERS,
+    )
+    from composer_dynsample.config.loading import (
+        SECTIONS,
+        DataloaderConfig,
+        EvaluationConfig,
+        RunOptions,
+        load_config,
+        save_config,
+    )
+    from composer_dynsample.config.registry import ConfigError, Lazy, Registered
+    from composer_dynsample.config.run import TrainingRun, build_run, default_run_dir
+    from composer_dynsample.schedulers import OneCycleScheduler
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'composer_dynsample.config' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later lookups skip __getattr__
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
