@@ -37,6 +37,7 @@ _EXPORTS: dict[str, str] = {
     "CrossBatchMemory": "composer_dynsample.algorithms",
     "DistributedBatchSampler": "composer_dynsample.samplers",
     "EmbeddingModel": "composer_dynsample.models",
+    "EmbeddingTable": "composer_dynsample.algorithms",
     "GatherCollate": "composer_dynsample.data",
     "HardNegativeMining": "composer_dynsample.algorithms",
     "IndexDataset": "composer_dynsample.data",
@@ -62,6 +63,7 @@ __all__ = [
     "CrossBatchMemory",
     "DistributedBatchSampler",
     "EmbeddingModel",
+    "EmbeddingTable",
     "GatherCollate",
     "HardNegativeMining",
     "IndexDataset",
@@ -81,7 +83,7 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from composer_dynsample.algorithms import CrossBatchMemory, HardNegativeMining, mine
+    from composer_dynsample.algorithms import CrossBatchMemory, EmbeddingTable, HardNegativeMining, mine
     from composer_dynsample.callbacks import RetrievalGallery, SetSamplerEpoch, find_epoch_target
     from composer_dynsample.data import GatherCollate, IndexDataset, TensorStore
     from composer_dynsample.losses import ContrastiveLoss, MultiSimilarityLoss, TripletMarginLoss

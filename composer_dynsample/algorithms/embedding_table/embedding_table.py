@@ -1,0 +1,338 @@
+"""An embedding table of the whole training set, fed by the forward pass: model-awareness beyond the batch.
+
+One row per training sample holds the embedding the forward pass last produced for it, and the batch
+at which it was written. :class:`EmbeddingTable` writes the rows at ``Event.AFTER_FORWARD`` from the
+embeddings the step already computed (the batch carries each sample's ``index``), gathered from every
+rank, so the table is identical everywhere and costs no extra forward pass. Class centroids, nearest
+classes and nearest samples are then functions of the table (:func:`class_centroids`), for samplers that
+build batches from what the current model confuses. An optional refresh re-embeds rows that grew old,
+in one batched no-grad pass in eval mode at chosen epoch starts, and logs what it cost.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from composer.core import Algorithm, Event, State
+from composer.loggers import Logger
+
+from composer_dynsample.distributed import all_gather_embeddings, get_rank, get_world_size, unwrap_model
+from composer_dynsample.mined import MinedBatch
+from composer_dynsample.validation import check_choice, check_int, parse_time
+
+__all__ = ["EmbeddingTable", "class_centroids", "write_rows"]
+
+_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def write_rows(
+    rows: torch.Tensor, written_at: torch.Tensor, indices: torch.Tensor, embeddings: torch.Tensor, step: int
+) -> None:
+    """Write ``embeddings`` into ``rows[indices]`` (in place) and stamp them with ``step``.
+
+    An index that occurs twice (a sampler that repeats a sample within a batch) keeps its last row, as
+    a sequential write would. Negative indices (padding) are skipped.
+
+    Args:
+        rows (torch.Tensor): The ``(N, D)`` table.
+        written_at (torch.Tensor): The ``(N,)`` int64 step of each row's last write, ``-1`` if never.
+        indices (torch.Tensor): ``(B,)`` row indices.
+        embeddings (torch.Tensor): ``(B, D)`` embeddings, cast to the table's dtype and device.
+        step (int): The step to stamp.
+
+    Example:
+        >>> rows, written = torch.zeros(4, 2), torch.full((4,), -1)
+        >>> write_rows(rows, written, torch.tensor([3, 1, 3]), torch.tensor([[1.0, 1], [2, 2], [3, 3]]), step=7)
+        >>> rows.tolist(), written.tolist()
+        ([[0.0, 0.0], [2.0, 2.0], [0.0, 0.0], [3.0, 3.0]], [-1, 7, -1, 7])
+    """
+    keep = indices >= 0
+    indices, embeddings = indices[keep].to(rows.device), embeddings[keep]
+    # Last occurrence wins: write in reverse and keep each index's first hit of the reversed order.
+    reversed_indices = indices.flip(0)
+    unique, inverse = torch.unique(reversed_indices, return_inverse=True)
+    first = torch.full((unique.numel(),), reversed_indices.numel(), dtype=torch.int64, device=rows.device)
+    first.scatter_reduce_(0, inverse, torch.arange(reversed_indices.numel(), device=rows.device), "amin")
+    source = embeddings.flip(0)[first.to(embeddings.device)]
+    rows[unique] = source.detach().to(device=rows.device, dtype=rows.dtype)
+    written_at[unique] = int(step)
+
+
+def class_centroids(
+    rows: torch.Tensor, written_at: torch.Tensor, labels: torch.Tensor, num_classes: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The mean of each class's written rows, in float32, and how many rows each mean is over.
+
+    Args:
+        rows (torch.Tensor): The ``(N, D)`` table.
+        written_at (torch.Tensor): ``(N,)`` steps of the last writes, ``-1`` for rows never written.
+        labels (torch.Tensor): ``(N,)`` class of each row, in ``[0, num_classes)``.
+        num_classes (int): The number of classes ``C``.
+
+    Returns:
+        tuple[torch.Tensor, torch.Tensor]: ``(C, D)`` centroids (zeros for a class with no written row) and
+        the ``(C,)`` int64 counts.
+
+    Example:
+        >>> rows = torch.tensor([[0.0, 2.0], [2.0, 0.0], [4.0, 4.0]])
+        >>> centroids, counts = class_centroids(rows, torch.tensor([1, 1, -1]), torch.tensor([0, 0, 1]), 2)
+        >>> centroids.tolist(), counts.tolist()
+        ([[1.0, 1.0], [0.0, 0.0]], [2, 0])
+    """
+    written = written_at >= 0
+    labels = labels.to(rows.device)[written]
+    values = rows[written].float()
+    sums = torch.zeros(num_classes, rows.shape[1], dtype=torch.float32, device=rows.device)
+    sums.index_add_(0, labels, values)
+    counts = torch.bincount(labels, minlength=num_classes)
+    return sums / counts.clamp(min=1).unsqueeze(1), counts
+
+
+class EmbeddingTable(Algorithm):
+    """Keep one embedding per training sample, written by the forward pass, identical on every rank.
+
+    At ``Event.AFTER_FORWARD`` the algorithm reads the step's embeddings (``state.outputs``, or the
+    ``embeddings`` of a :class:`~composer_dynsample.MinedBatch` when mining ran first) and the batch's
+    ``index``, gathers both from every rank and writes the rows; every row remembers the batch at which it
+    was written. The table is part of the checkpoint. It is an algorithm of its own rather than an option
+    of :class:`~composer_dynsample.HardNegativeMining` because samplers use it without any mining, and a
+    miner without it.
+
+    With ``refresh_interval`` set, at each epoch start that is a multiple of it, rows older than
+    ``refresh_max_age`` batches (and rows never written) are re-embedded in one batched pass under
+    ``no_grad`` in eval mode, each rank a share and the results gathered; the seconds and rows are logged
+    as ``embedding_table/refresh_seconds`` and ``embedding_table/refreshed_rows``.
+
+    Args:
+        num_items (int, optional): Rows, the size of the training set. Default: read off the train
+            dataloader's dataset at ``FIT_START``.
+        dtype (str): ``"float32"``, ``"float16"`` or ``"bfloat16"``. Default: ``"float32"``.
+        index_key (str): The batch key of the sample indices. Default: ``"index"``
+            (what :class:`~composer_dynsample.data.GatherCollate` produces).
+        device (str): Where the table lives. Default: ``"cpu"``.
+        refresh_interval (str, optional): A time string in epochs (``"5ep"``). Default: ``None`` (no refresh).
+        refresh_max_age (int): Rows written more than this many batches ago are refreshed. Default: ``0``
+            (all rows).
+        refresh_batch_size (int): Samples per forward pass of the refresh. Default: ``1024``.
+
+    Example:
+        >>> from composer import Trainer
+        >>> table = EmbeddingTable(dtype="float16")
+        >>> trainer = Trainer(model=model, train_dataloader=loader, algorithms=[table],
+        ...                   max_duration="2ep")  # doctest: +SKIP
+        >>> centroids, counts = table.centroids(train_labels, num_classes)  # doctest: +SKIP
+    """
+
+    def __init__(
+        self,
+        num_items: int | None = None,
+        *,
+        dtype: str = "float32",
+        index_key: str = "index",
+        device: str = "cpu",
+        refresh_interval: str | None = None,
+        refresh_max_age: int = 0,
+        refresh_batch_size: int = 1024,
+    ) -> None:
+        self.num_items = check_int("num_items", num_items, minimum=1, allow_none=True)
+        self.dtype = _DTYPES[check_choice("dtype", dtype, tuple(_DTYPES))]
+        if not isinstance(index_key, str) or not index_key:
+            raise ValueError(f"index_key must be a non-empty string, got {index_key!r}.")
+        self.index_key = index_key
+        self.device = torch.device(device)
+        self.refresh_every = None
+        if refresh_interval is not None:
+            from composer.core import TimeUnit
+
+            self.refresh_every = int(
+                parse_time("refresh_interval", refresh_interval, (TimeUnit.EPOCH,)).value
+            )
+            if self.refresh_every < 1:
+                raise ValueError(f"refresh_interval must be at least 1ep, got {refresh_interval!r}.")
+        self.refresh_max_age = check_int("refresh_max_age", refresh_max_age, minimum=0)
+        self.refresh_batch_size = check_int("refresh_batch_size", refresh_batch_size, minimum=1)
+        self.rows: torch.Tensor | None = None
+        self.written_at: torch.Tensor | None = None
+
+    # ----------------------------------------------------------------------------------- the table itself
+    def _allocate(self, dim: int) -> None:
+        if self.num_items is None:
+            raise RuntimeError(
+                "EmbeddingTable: num_items is unknown; pass it or use a train dataloader with a dataset."
+            )
+        self.rows = torch.zeros(self.num_items, dim, dtype=self.dtype, device=self.device)
+        self.written_at = torch.full((self.num_items,), -1, dtype=torch.int64, device=self.device)
+
+    def write(self, indices: torch.Tensor, embeddings: torch.Tensor, step: int) -> None:
+        """Write rows (already gathered from every rank) and stamp them with ``step``."""
+        if embeddings.ndim != 2:
+            raise ValueError(
+                f"EmbeddingTable: embeddings must be (batch, dim), got shape {tuple(embeddings.shape)}."
+            )
+        if self.rows is None or self.written_at is None:
+            self._allocate(embeddings.shape[1])
+        rows, written_at = self.rows, self.written_at
+        if embeddings.shape[1] != rows.shape[1]:
+            raise ValueError(
+                f"EmbeddingTable: embeddings of dimension {embeddings.shape[1]} for a table of dimension "
+                f"{rows.shape[1]}."
+            )
+        if indices.numel() and (int(indices.max()) >= rows.shape[0]):
+            raise IndexError(
+                f"EmbeddingTable: sample index {int(indices.max())} is outside a table of {rows.shape[0]} "
+                "rows; num_items must be the size of the training set."
+            )
+        write_rows(rows, written_at, indices, embeddings, step)
+
+    def centroids(
+        self, labels: torch.Tensor, num_classes: int | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Class centroids of the written rows and their counts (see :func:`class_centroids`)."""
+        if self.rows is None or self.written_at is None:
+            raise RuntimeError("EmbeddingTable: no row has been written yet.")
+        labels = torch.as_tensor(labels, dtype=torch.int64)
+        classes = int(labels.max()) + 1 if num_classes is None else int(num_classes)
+        return class_centroids(self.rows, self.written_at, labels, classes)
+
+    def fingerprint(self) -> str:
+        """A SHA-256 of the rows and their stamps: equal on two ranks exactly when their tables are equal."""
+        digest = hashlib.sha256()
+        if self.rows is not None and self.written_at is not None:
+            digest.update(self.rows.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+            digest.update(self.written_at.cpu().numpy().tobytes())
+        return digest.hexdigest()
+
+    # ------------------------------------------------------------------------------------------- Composer
+    def match(self, event: Event, state: State) -> bool:
+        if event == Event.AFTER_FORWARD:
+            return True
+        if event == Event.FIT_START:
+            return self.num_items is None
+        return event == Event.EPOCH_START and self._refresh_due(state)
+
+    def apply(self, event: Event, state: State, logger: Logger) -> None:
+        if event == Event.FIT_START:
+            self.num_items = _dataset_length(state)
+        elif event == Event.EPOCH_START:
+            self._refresh(state, logger)
+        else:
+            outputs = state.outputs
+            embeddings = outputs.embeddings if isinstance(outputs, MinedBatch) else outputs
+            if not isinstance(embeddings, torch.Tensor):
+                raise TypeError(
+                    "EmbeddingTable: state.outputs must be the (batch, dim) embeddings or a MinedBatch, got "
+                    f"{type(embeddings).__name__}."
+                )
+            indices = _batch_indices(state, self.index_key)
+            gathered, gathered_indices, _ = all_gather_embeddings(
+                embeddings.detach(), indices, with_grad=False
+            )
+            self.write(gathered_indices, gathered, int(state.timestamp.batch))
+
+    def _refresh_due(self, state: State) -> bool:
+        epoch = int(state.timestamp.epoch)
+        return self.refresh_every is not None and epoch > 0 and epoch % self.refresh_every == 0
+
+    def _refresh(self, state: State, logger: Logger) -> None:
+        started = time.perf_counter()
+        if self.rows is None or self.written_at is None:
+            return
+        step = int(state.timestamp.batch)
+        stale = ((self.written_at < 0) | (step - self.written_at > self.refresh_max_age)).nonzero().view(-1)
+        mine = stale[get_rank() :: get_world_size()]
+        embeddings = _embed_rows(
+            state.model, _train_collate(state), mine, self.refresh_batch_size, self.rows.shape[1]
+        )
+        gathered, gathered_indices, _ = all_gather_embeddings(
+            embeddings, mine.to(embeddings.device), with_grad=False
+        )
+        if gathered_indices.numel():
+            write_rows(self.rows, self.written_at, gathered_indices, gathered, step)
+        logger.log_metrics(
+            {
+                "embedding_table/refresh_seconds": time.perf_counter() - started,
+                "embedding_table/refreshed_rows": float(stale.numel()),
+            }
+        )
+
+    def state_dict(self) -> dict[str, Any]:
+        state = super().state_dict()
+        state["rows"] = None if self.rows is None else self.rows.cpu()
+        state["written_at"] = None if self.written_at is None else self.written_at.cpu()
+        state["num_items"] = self.num_items
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        rows = state.get("rows")
+        if rows is not None and self.num_items is not None and rows.shape[0] != self.num_items:
+            raise ValueError(
+                f"the checkpoint's embedding table has {rows.shape[0]} rows, this run's training set "
+                f"{self.num_items}; resume with the same data."
+            )
+        self.num_items = state.get("num_items", self.num_items)
+        self.rows = None if rows is None else rows.to(device=self.device, dtype=self.dtype)
+        written = state.get("written_at")
+        self.written_at = None if written is None else written.to(self.device)
+
+
+def _batch_indices(state: State, key: str) -> torch.Tensor:
+    try:
+        value = state.batch_get_item(key)
+    except (KeyError, IndexError, TypeError):
+        value = None
+    if not isinstance(value, torch.Tensor):
+        keys = sorted(state.batch) if isinstance(state.batch, Mapping) else type(state.batch).__name__
+        raise ValueError(
+            f"EmbeddingTable: the batch has no {key!r} tensor of sample indices (batch: {keys}); use "
+            "composer_dynsample.data.GatherCollate, which adds it, or set index_key."
+        )
+    return value.view(-1).to(torch.int64)
+
+
+def _dataset_length(state: State) -> int:
+    loader = getattr(state.train_dataloader, "dataloader", state.train_dataloader)
+    dataset = getattr(loader, "dataset", None)
+    try:
+        return check_int("num_items", len(dataset), minimum=1)  # type: ignore[arg-type]
+    except TypeError:
+        raise ValueError(
+            "EmbeddingTable: cannot read the training set's size off the train dataloader; pass num_items."
+        ) from None
+
+
+def _train_collate(state: State) -> Any:
+    loader = getattr(state.train_dataloader, "dataloader", state.train_dataloader)
+    collate = getattr(loader, "collate_fn", None)
+    if getattr(collate, "store", None) is None:
+        raise ValueError(
+            "EmbeddingTable: a refresh re-embeds samples from the train loader's GatherCollate store, and this "
+            "loader has none; use composer_dynsample.data.GatherCollate or leave refresh_interval unset."
+        )
+    return collate
+
+
+def _embed_rows(
+    model: torch.nn.Module, collate: Any, indices: torch.Tensor, batch_size: int, dim: int
+) -> torch.Tensor:
+    """Embed the items at ``indices`` as the train collate builds them, under ``no_grad`` in eval mode."""
+    inner = unwrap_model(model)
+    parameter = next(inner.parameters(), None)
+    device = parameter.device if parameter is not None else torch.device("cpu")
+    was_training = inner.training
+    inner.eval()
+    chunks = []
+    try:
+        with torch.no_grad():
+            for start in range(0, indices.numel(), batch_size):
+                chunk = indices[start : start + batch_size]
+                features = collate.store.gather(chunk)
+                if collate.transform is not None:
+                    features = collate.transform(features)
+                chunks.append(inner.embed(features.to(device)).float())
+    finally:
+        inner.train(was_training)
+    return torch.cat(chunks) if chunks else torch.empty(0, dim, device=device)

@@ -1,0 +1,53 @@
+"""``EmbeddingTable`` on 2 real processes over gloo: every rank holds the same table, with every rank's rows."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from composer import Trainer
+from composer.utils import dist
+
+from composer_dynsample import EmbeddingModel, PKBatchSampler, build_dataloader
+from composer_dynsample.algorithms.embedding_table import EmbeddingTable
+from composer_dynsample.data import GatherCollate, IndexDataset, TensorStore
+from composer_dynsample.distributed import all_gather_rows
+
+pytestmark = [pytest.mark.world_size(2), pytest.mark.filterwarnings("ignore::UserWarning")]
+
+
+@pytest.mark.parametrize("refresh", [False, True])
+def test_the_table_is_identical_on_every_rank_and_holds_every_ranks_rows(tmp_path, refresh):
+    dist.initialize_dist("cpu")
+    gen = torch.Generator().manual_seed(0)
+    store = TensorStore(torch.randn(96, 8, generator=gen), torch.arange(96) % 8)
+    torch.manual_seed(0)  # the same initial weights on both ranks; lr=0 keeps them
+    model = EmbeddingModel(torch.nn.Linear(8, 4))
+    sampler = PKBatchSampler(store.labels, 4, 4, seed=3)
+    table = EmbeddingTable(refresh_interval="1ep" if refresh else None)
+    trainer = Trainer(
+        model=model,
+        train_dataloader=build_dataloader(
+            IndexDataset(store.labels), sampler, collate_fn=GatherCollate(store)
+        ),
+        optimizers=torch.optim.SGD(model.parameters(), lr=0.0),
+        algorithms=[table],
+        max_duration="2ep" if refresh else "1ep",
+        progress_bar=False,
+        seed=0,
+    )
+    trainer.fit()
+    # Both ranks' tables are byte-identical.
+    digest = torch.tensor(list(bytes.fromhex(table.fingerprint())), dtype=torch.int64)
+    digests = all_gather_rows(digest)
+    assert torch.equal(digests[0], digests[1])
+    # Every row a rank trained on is in the table: the global batches of epoch 0, over both ranks.
+    visited = torch.zeros(96, dtype=torch.bool)
+    visited[torch.as_tensor(sampler.global_batches(0)[: len(sampler) * 2]).view(-1)] = True
+    with torch.no_grad():
+        expected = model.embed(store.features)
+    written = table.written_at >= 0
+    if refresh:
+        assert bool(written.all())
+    else:
+        assert torch.equal(written, visited)
+    assert torch.allclose(table.rows[written], expected[written], atol=1e-6)
