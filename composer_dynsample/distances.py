@@ -31,6 +31,7 @@ __all__ = [
     "distance_matrix",
     "paired_distance",
     "pairwise_distance",
+    "working_dtype",
 ]
 
 DISTANCES: Final[tuple[str, ...]] = ("cosine", "euclidean", "squared_euclidean")
@@ -60,6 +61,39 @@ def check_distance(distance: object) -> str:
     return distance
 
 
+def working_dtype(x: torch.Tensor, y: torch.Tensor) -> torch.dtype:
+    """The dtype the miners compute distances in: never half precision, never one that overflows.
+
+    fp16 and bf16 inputs are computed in float32: ``||x||^2 + ||y||^2 - 2 x.y`` cancels catastrophically
+    in half precision (two unit vectors one degree apart, true distance 0.0175, come out 0.0 in fp16).
+    float32 inputs whose squared norms could overflow (entries near 1e18 and above) are computed in
+    float64, so a finite input never gives an inf or NaN distance and a wrong tuple; inputs too large
+    even for float64 raise a ``ValueError``.
+
+    Example:
+        >>> working_dtype(torch.ones(2, 3, dtype=torch.float16), torch.ones(4, 3, dtype=torch.float16))
+        torch.float32
+        >>> working_dtype(torch.full((2, 3), 1e20), torch.ones(4, 3))
+        torch.float64
+    """
+    dtype = torch.promote_types(torch.promote_types(x.dtype, y.dtype), torch.float32)
+    if x.numel() == 0 and y.numel() == 0:
+        return dtype
+    largest = max(
+        float(x.detach().abs().max()) if x.numel() else 0.0,
+        float(y.detach().abs().max()) if y.numel() else 0.0,
+    )
+    needed = largest * largest * max(x.shape[-1], 1) * 4.0  # a bound on |x.y| + ||x||^2 + ||y||^2
+    if dtype == torch.float32 and needed > torch.finfo(torch.float32).max:
+        dtype = torch.float64
+    if needed > torch.finfo(torch.float64).max:
+        raise ValueError(
+            f"embeddings with entries up to {largest:.3g} overflow every distance computation; normalise or "
+            "rescale them."
+        )
+    return dtype
+
+
 class RankMatrix:
     """Rows of a pairwise distance matrix, shifted by a constant, computed one chunk of rows at a time.
 
@@ -72,6 +106,9 @@ class RankMatrix:
     ``s - eps < max_s`` give bit-identical decisions, which ``1 - s`` (rounded) would not.
     With ``nonnegative=True`` the true distance is returned (``offset == 0``), clamped at zero.
 
+    The rows are in :func:`working_dtype`: float32 for fp16/bf16 inputs, float64 where float32 would
+    overflow.
+
     Args:
         x: Query embeddings, ``(B, D)``.
         y: Reference embeddings, ``(M, D)``, same dtype and device as ``x``.
@@ -83,8 +120,10 @@ class RankMatrix:
         self.distance = check_distance(distance)
         self.nonnegative = nonnegative
         self.offset = 1.0 if distance == "cosine" and not nonnegative else 0.0
-        self._x, self._y = x, y
-        self._prepare(x, y)
+        dtype = working_dtype(x, y)
+        same = y is x
+        x = x.to(dtype)
+        self._prepare(x, x if same else y.to(dtype))
 
     def _prepare(self, x: torch.Tensor, y: torch.Tensor) -> None:
         if self.distance == "cosine":
@@ -102,18 +141,12 @@ class RankMatrix:
 
     @property
     def dtype(self) -> torch.dtype:
-        """The dtype of the rows returned (the embeddings' dtype, or float32 after an fp16 overflow)."""
+        """The dtype of the rows returned: see :func:`working_dtype`."""
         return self._a.dtype
 
     def rows(self, start: int, stop: int) -> torch.Tensor:
         """Return rows ``start:stop`` of the (shifted) distance matrix as a new tensor."""
-        out = self._compute(start, stop)
-        if out.dtype in _HALF_DTYPES and not bool(torch.isfinite(out).all()):
-            # fp16 overflows at 65504: squared norms of unnormalised embeddings can exceed it although the
-            # embeddings are finite. Redo the whole problem in float32 (once) rather than mine on inf/NaN.
-            self._prepare(self._x.float(), self._y.float())
-            out = self._compute(start, stop)
-        return out
+        return self._compute(start, stop)
 
     def _compute(self, start: int, stop: int) -> torch.Tensor:
         a = self._a[start:stop]
@@ -143,8 +176,8 @@ def pairwise_distance(x: torch.Tensor, y: torch.Tensor, distance: str = "cosine"
             ``"squared_euclidean"``.
 
     Returns:
-        ``(N, M)`` tensor in the promoted dtype of ``x`` and ``y`` (float32 if an fp16 computation
-        overflowed).
+        ``(N, M)`` tensor in :func:`working_dtype` of ``x`` and ``y`` (float32 for half-precision inputs,
+        float64 where float32 would overflow).
 
     Raises:
         ValueError: If an input is not a 2-D floating-point tensor, the feature dimensions differ, the
@@ -172,12 +205,13 @@ def pairwise_distance(x: torch.Tensor, y: torch.Tensor, distance: str = "cosine"
         raise ValueError(f"x and y must have the same feature dimension; got {x.shape[1]} and {y.shape[1]}")
     if x.device != y.device:
         raise ValueError(f"x and y must be on the same device; got {x.device} and {y.device}")
-    dtype = torch.promote_types(x.dtype, y.dtype)
-    same = x is y
-    x = x.to(dtype)
-    y = x if same else y.to(dtype)
     with torch.no_grad():
         return RankMatrix(x, y, distance, nonnegative=True).rows(0, x.shape[0])
+
+
+def _at_least_float32(t: torch.Tensor) -> torch.Tensor:
+    """Half-precision tensors as float32 (differentiably): the losses' distances must not cancel in fp16."""
+    return t.float() if t.dtype in _HALF_DTYPES else t
 
 
 def paired_distance(x: torch.Tensor, y: torch.Tensor, distance: str = "cosine") -> torch.Tensor:
@@ -193,6 +227,7 @@ def paired_distance(x: torch.Tensor, y: torch.Tensor, distance: str = "cosine") 
         ([1.0, 0.0], [2.0, 4.0])
     """
     check_distance(distance)
+    x, y = _at_least_float32(x), _at_least_float32(y)
     if distance == "cosine":
         return 1.0 - torch.nn.functional.cosine_similarity(x, y, dim=-1, eps=1e-12)
     squared = (x - y).pow(2).sum(-1)
@@ -203,7 +238,8 @@ def distance_matrix(x: torch.Tensor, y: torch.Tensor, distance: str = "cosine") 
     """Differentiable ``(N, M)`` distances between the rows of ``x`` and ``y``: one matrix multiplication.
 
     Losses index this matrix at their tuples: with tens of thousands of pairs, gathering embedding rows
-    per tuple (and scattering their gradients back) costs far more than one ``N x M`` product.
+    per tuple (and scattering their gradients back) costs far more than one ``N x M`` product. fp16 and
+    bf16 inputs are computed (and returned) in float32, as the miners do.
 
     Example:
         >>> x = torch.tensor([[1.0, 0.0], [0.0, 3.0]])
@@ -211,6 +247,9 @@ def distance_matrix(x: torch.Tensor, y: torch.Tensor, distance: str = "cosine") 
         [[0.0, 10.0], [10.0, 0.0]]
     """
     check_distance(distance)
+    same = y is x
+    x = _at_least_float32(x)
+    y = x if same else _at_least_float32(y)
     if distance == "cosine":
         x_unit = torch.nn.functional.normalize(x, dim=-1, eps=1e-12)
         y_unit = x_unit if y is x else torch.nn.functional.normalize(y, dim=-1, eps=1e-12)

@@ -1,0 +1,105 @@
+"""Numbers the miners must get right whatever the dtype: half precision and very large norms."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from pytorch_metric_learning import miners as pml_miners
+
+from composer_dynsample.distances import distance_matrix, paired_distance, pairwise_distance
+from composer_dynsample.mining import batch_hard, hard_topk, multi_similarity, semi_hard
+from tests.mining import as_rows, cases
+
+HALF = [torch.float16, torch.bfloat16]
+
+
+def circle(points: int = 16) -> torch.Tensor:
+    angles = torch.arange(points, dtype=torch.float64) * (2 * math.pi / points)
+    return torch.stack([angles.cos(), angles.sin()], dim=1).float()
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_precision_euclidean_does_not_cancel(dtype):
+    degree = math.radians(1.0)
+    x = torch.tensor([[1.0, 0.0], [math.cos(degree), math.sin(degree)]], dtype=dtype)
+    expected = float(torch.dist(x[0].double(), x[1].double()))  # of the rounded inputs
+    for value in (pairwise_distance(x, x, "euclidean")[0, 1], distance_matrix(x, x, "euclidean")[0, 1]):
+        assert abs(float(value) - expected) < 1e-4, float(value)
+    assert abs(float(paired_distance(x[:1], x[1:], "euclidean")[0]) - expected) < 1e-4
+
+
+@pytest.mark.parametrize("dtype", HALF)
+@pytest.mark.parametrize(
+    "miner",
+    [
+        lambda *a: semi_hard(*a, margin=0.1, distance="euclidean"),
+        lambda *a: semi_hard(*a, margin=0.1, distance="euclidean", fallback="none"),
+        lambda *a: multi_similarity(*a, epsilon=0.1, distance="euclidean"),
+        lambda *a: batch_hard(*a, distance="euclidean"),
+    ],
+    ids=["semi_hard", "semi_hard_none", "multi_similarity", "batch_hard"],
+)
+def test_points_on_a_circle_give_the_fp32_tuples_in_half_precision(dtype, miner):
+    points = circle(16).to(dtype)  # the rounded points, so only the distance computation differs
+    labels = torch.arange(16) % 2
+    half = miner(points, labels)
+    full = miner(points.float(), labels)
+    assert [t.tolist() for t in half] == [t.tolist() for t in full]
+
+
+@pytest.mark.parametrize(
+    "miner",
+    [
+        lambda *a: batch_hard(*a, distance="euclidean"),
+        lambda *a: hard_topk(*a, k=2, distance="euclidean"),
+        lambda *a: semi_hard(*a, margin=0.2e20, distance="euclidean", fallback="none"),
+        lambda *a: batch_hard(*a, distance="cosine"),
+        lambda *a: multi_similarity(*a, epsilon=0.1, distance="cosine"),
+    ],
+    ids=["batch_hard", "hard_topk", "semi_hard", "batch_hard_cosine", "multi_similarity_cosine"],
+)
+def test_finite_embeddings_near_1e20_give_the_float64_tuples(miner):
+    generator = torch.Generator().manual_seed(0)
+    embeddings = (torch.randn(24, 8, generator=generator, dtype=torch.float64) * 1e20).float()
+    labels = torch.randint(0, 4, (24,), generator=generator)
+    ours = miner(embeddings, labels)
+    reference = miner(embeddings.double(), labels)
+    assert sum(t.numel() for t in ours) > 0
+    assert [sorted(as_rows(ours))] == [sorted(as_rows(reference))]
+
+
+def test_inputs_too_large_even_for_float64_are_named():
+    embeddings = torch.full((4, 2), 1e200, dtype=torch.float64)
+    with pytest.raises(ValueError, match="overflow every distance computation"):
+        batch_hard(embeddings, torch.tensor([0, 0, 1, 1]))
+
+
+@settings(max_examples=30, deadline=None)
+@given(case=cases(max_dim=6).filter(lambda c: c.emb.shape[1] >= 2), dtype=st.sampled_from(HALF))
+def test_half_precision_inputs_give_pml_tuples_on_the_same_numbers(case, dtype):
+    """PML's miners on the half-precision inputs (as float32) and ours on the half inputs agree exactly."""
+    emb = F.normalize(case.emb, dim=1).to(dtype)
+    ref = None if case.ref_emb is None else F.normalize(case.ref_emb, dim=1).to(dtype)
+
+    def pml(miner):
+        if ref is None:
+            return miner(emb.float(), case.labels)
+        return miner(emb.float(), case.labels, ref.float(), case.ref_labels)
+
+    ours = batch_hard(emb, case.labels, ref, case.ref_labels, distance="cosine")
+    assert sorted(as_rows(ours)) == sorted(as_rows(pml(pml_miners.BatchHardMiner(distance=_cosine()))))
+    ours = multi_similarity(emb, case.labels, ref, case.ref_labels, epsilon=0.1, distance="cosine")
+    theirs = pml(pml_miners.MultiSimilarityMiner(epsilon=0.1, distance=_cosine()))
+    assert set(as_rows(ours[:2])) == set(as_rows(theirs[:2]))
+    assert set(as_rows(ours[2:])) == set(as_rows(theirs[2:]))
+
+
+def _cosine():
+    from pytorch_metric_learning.distances import CosineSimilarity
+
+    return CosineSimilarity()
