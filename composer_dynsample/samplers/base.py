@@ -23,6 +23,7 @@ import torch
 from torch.utils.data import DistributedSampler
 
 from composer_dynsample.distributed import get_rank, get_world_size
+from composer_dynsample.validation import check_int, is_int
 
 __all__ = ["DistributedBatchSampler", "SupportsSetEpoch", "epoch_rng"]
 
@@ -56,23 +57,13 @@ def epoch_rng(seed: int, epoch: int, stream: int = 0) -> np.random.Generator:
 
 def _resolve_world(num_replicas: int | None, rank: int | None) -> tuple[int, int]:
     """Fill ``num_replicas``/``rank`` from the process group or the launcher's environment, else ``(1, 0)``."""
-    if num_replicas is None:
-        num_replicas = get_world_size()
-    if rank is None:
-        rank = get_rank()
-    if not isinstance(num_replicas, int) or isinstance(num_replicas, bool) or num_replicas < 1:
-        raise ValueError(f"num_replicas must be an integer >= 1, got {num_replicas!r}.")
-    if not isinstance(rank, int) or isinstance(rank, bool) or not 0 <= rank < num_replicas:
+    world = check_int("num_replicas", get_world_size() if num_replicas is None else num_replicas, minimum=1)
+    rank = get_rank() if rank is None else rank
+    if not is_int(rank) or not 0 <= int(rank) < world:  # type: ignore[arg-type]
         raise ValueError(
-            f"rank must be an integer in [0, {num_replicas - 1}] for num_replicas={num_replicas}, got {rank!r}."
+            f"rank must be an integer in [0, {world - 1}] for num_replicas={world}, got {rank!r}."
         )
-    return num_replicas, rank
-
-
-def _check_int(name: str, value: object, minimum: int) -> int:
-    if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}.")
-    return int(value)
+    return world, int(rank)  # type: ignore[arg-type]
 
 
 def _as_index_array(name: str, values: Sequence[int] | np.ndarray | torch.Tensor) -> np.ndarray:
@@ -136,8 +127,7 @@ class DistributedBatchSampler(DistributedSampler, abc.ABC):
         drop_last: bool = True,
     ) -> None:
         num_replicas, rank = _resolve_world(num_replicas, rank)
-        if not isinstance(seed, (int, np.integer)) or isinstance(seed, bool):
-            raise ValueError(f"seed must be an integer, got {seed!r}.")
+        seed = check_int("seed", seed)
         super().__init__(
             _Sized(num_indices),  # type: ignore[arg-type]
             num_replicas=num_replicas,
@@ -146,7 +136,7 @@ class DistributedBatchSampler(DistributedSampler, abc.ABC):
             seed=int(seed),
             drop_last=drop_last,
         )
-        self.batch_size = _check_int("batch_size", batch_size, 1)
+        self.batch_size = check_int("batch_size", batch_size, minimum=1)
         self.num_indices = num_indices
 
     @property
@@ -178,9 +168,7 @@ class DistributedBatchSampler(DistributedSampler, abc.ABC):
 
     def set_epoch(self, epoch: int) -> None:
         """Set the epoch whose order the next iteration yields. Calling it twice with one epoch is harmless."""
-        if not isinstance(epoch, (int, np.integer)) or isinstance(epoch, bool) or epoch < 0:
-            raise ValueError(f"epoch must be an integer >= 0, got {epoch!r}.")
-        self.epoch = int(epoch)
+        self.epoch = check_int("epoch", epoch, minimum=0)
 
     def rank_batches(self, epoch: int | None = None) -> np.ndarray:
         """This rank's batches of an epoch (default: the current one) as a ``(len(self), batch_size)`` array."""

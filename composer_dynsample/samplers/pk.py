@@ -9,7 +9,8 @@ from typing import Literal
 import numpy as np
 import torch
 
-from composer_dynsample.samplers.base import DistributedBatchSampler, _as_index_array, _check_int, epoch_rng
+from composer_dynsample.samplers.base import DistributedBatchSampler, _as_index_array, epoch_rng
+from composer_dynsample.validation import check_choice, check_int
 
 __all__ = ["PKBatchSampler"]
 
@@ -76,11 +77,11 @@ class PKBatchSampler(DistributedBatchSampler):
         label_array = _as_index_array("labels", labels)
         if label_array.size == 0:
             raise ValueError("labels must not be empty.")
-        self.classes_per_batch = _check_int("classes_per_batch", classes_per_batch, 2)
-        self.samples_per_class = _check_int("samples_per_class", samples_per_class, 1)
-        if small_classes not in _SMALL_CLASS_POLICIES:
-            raise ValueError(f"small_classes must be one of {_SMALL_CLASS_POLICIES}, got {small_classes!r}.")
-        self.small_classes = small_classes
+        self.classes_per_batch = check_int("classes_per_batch", classes_per_batch, minimum=2)
+        self.samples_per_class = check_int("samples_per_class", samples_per_class, minimum=1)
+        self.small_classes: SmallClassPolicy = check_choice(
+            "small_classes", small_classes, _SMALL_CLASS_POLICIES
+        )  # type: ignore[assignment]
         super().__init__(
             label_array.size,
             self.classes_per_batch * self.samples_per_class,

@@ -7,7 +7,8 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from composer_dynsample.samplers.base import DistributedBatchSampler, _as_index_array, _check_int, epoch_rng
+from composer_dynsample.samplers.base import DistributedBatchSampler, _as_index_array, epoch_rng
+from composer_dynsample.validation import check_int
 
 __all__ = ["TwoStreamBatchSampler"]
 
@@ -22,8 +23,9 @@ class TwoStreamBatchSampler(DistributedBatchSampler):
     primary stream needs. ``batch_size`` is the sum of the two sizes. The order is a pure function of
     ``(seed, epoch)`` and the rank; rank ``r`` of ``W`` takes batches ``r, r + W, ...``.
 
-    Within an epoch a primary index appears on one rank only; a secondary index repeats only when the
-    secondary stream is shorter than what the epoch consumes of it.
+    Within an epoch a primary index appears on one rank only, once per occurrence in ``primary_indices``
+    (repeated primary indices, an oversampling, trigger a warning); a secondary index repeats only when
+    the secondary stream is shorter than what the epoch consumes of it.
 
     Args:
         primary_indices (Sequence[int] | numpy.ndarray | torch.Tensor): Dataset indices of the primary
@@ -69,8 +71,8 @@ class TwoStreamBatchSampler(DistributedBatchSampler):
                 raise ValueError(f"{name} must not be empty.")
             if values.min() < 0:
                 raise ValueError(f"{name} must be non-negative dataset indices, got {int(values.min())}.")
-        self.primary_batch_size = _check_int("primary_batch_size", primary_batch_size, 1)
-        self.secondary_batch_size = _check_int("secondary_batch_size", secondary_batch_size, 1)
+        self.primary_batch_size = check_int("primary_batch_size", primary_batch_size, minimum=1)
+        self.secondary_batch_size = check_int("secondary_batch_size", secondary_batch_size, minimum=1)
         if primary.size < self.primary_batch_size:
             raise ValueError(
                 f"primary_batch_size must be in [1, {primary.size}] (the number of primary indices), "
@@ -84,6 +86,14 @@ class TwoStreamBatchSampler(DistributedBatchSampler):
             seed=seed,
             drop_last=drop_last,
         )
+        values, counts = np.unique(primary, return_counts=True)
+        if (counts > 1).any():
+            repeated = values[counts > 1]
+            self._warn_overlap(
+                f"{repeated.size} primary indices occur more than once in primary_indices (for example "
+                f"{repeated[:5].tolist()}); each occurrence is trained once per epoch, so they repeat within "
+                "an epoch. Pass numpy.unique(primary_indices) unless the oversampling is meant."
+            )
         overlap = np.intersect1d(primary, secondary)
         if overlap.size:
             self._warn_overlap(

@@ -266,3 +266,11 @@ def test_is_a_distributed_sampler_with_the_expected_contract():
     assert sampler.epoch == 4
     with pytest.raises(ValueError, match="epoch must be an integer >= 0"):
         sampler.set_epoch(-1)
+
+
+def test_numpy_integers_are_accepted_for_the_world():
+    sampler = PKBatchSampler(
+        torch.arange(32) % 4, 2, 2, num_replicas=np.int64(2), rank=np.int32(1), seed=np.int64(3)
+    )
+    assert (sampler.num_replicas, sampler.rank, sampler.seed) == (2, 1, 3)
+    assert isinstance(sampler.num_replicas, int) and isinstance(sampler.rank, int)

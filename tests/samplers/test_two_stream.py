@@ -134,3 +134,12 @@ def test_too_few_batches_for_the_world_size():
         for r in range(4)
     ]
     assert [len(list(s)) for s in padded] == [1, 1, 1, 1]
+
+
+def test_repeated_primary_indices_are_not_repeated_silently():
+    with pytest.warns(UserWarning, match=r"2 primary indices occur more than once .*\[1, 3\]"):
+        sampler = TwoStreamBatchSampler(
+            [0, 1, 1, 2, 3, 3], [8, 9], primary_batch_size=2, secondary_batch_size=1
+        )
+    primaries = sorted(i for batch in sampler for i in batch[:2])
+    assert primaries == [0, 1, 1, 2, 3, 3]  # the oversampling is what was asked for, and said
