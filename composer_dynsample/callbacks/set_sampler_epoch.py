@@ -12,6 +12,7 @@ from composer.loggers import Logger
 
 from composer_dynsample.distributed import all_gather_rows, get_rank, get_world_size
 from composer_dynsample.samplers.base import SupportsSetEpoch
+from composer_dynsample.validation import check_bool
 
 __all__ = ["SetSamplerEpoch", "find_epoch_target"]
 
@@ -55,14 +56,16 @@ def find_epoch_target(dataloader: Any) -> SupportsSetEpoch | None:
 
 
 class SetSamplerEpoch(Callback):
-    """Call ``set_epoch`` on the train dataloader's batch sampler (or sampler) at every epoch start and on resume.
+    """Keep the train sampler's epoch in step on every rank, check that the ranks agree, and guard resumes.
 
-    Composer's trainer sets the epoch only on a ``DistributedSampler`` it finds as the dataloader's
-    ``batch_sampler`` or ``sampler`` (the batch sampler since v0.21.2). This callback covers the rest:
-    any batch sampler or sampler with a ``set_epoch`` method (duck-typed), the sampler inside a plain
-    ``BatchSampler``, the dataloader inside a ``DataSpec``, and a run resumed mid-epoch, where
-    ``Event.EPOCH_START`` does not fire (it also acts at ``Event.FIT_START``). Setting the same epoch
-    twice is harmless, so it runs safely beside Composer's own call.
+    Composer's trainer already calls ``set_epoch`` on a ``DistributedSampler`` it finds as the train
+    dataloader's ``sampler`` or ``batch_sampler`` (the batch sampler since v0.21.2), which covers this
+    package's batch samplers (:class:`~composer_dynsample.samplers.DistributedBatchSampler` subclasses).
+    For them this callback's value is the all-rank agreement check and the resume guard; for everything
+    else it sets the epoch itself: any batch sampler or sampler with a ``set_epoch`` method (duck-typed),
+    the sampler inside a plain ``BatchSampler``, the dataloader inside a ``DataSpec``, and a run resumed
+    mid-epoch, where ``Event.EPOCH_START`` does not fire (it also acts at ``Event.FIT_START``). Setting the
+    same epoch twice is harmless, so it runs safely beside Composer's own call.
 
     At every epoch start on more than one rank it gathers ``(epoch, sampler seed, number of batches)``
     from every rank in one small collective and raises a ``RuntimeError`` naming the ranks that
@@ -70,17 +73,18 @@ class SetSamplerEpoch(Callback):
     multi-rank run's train dataloader has nothing that takes an epoch, and logs the epoch it set as
     ``sampler/epoch``.
 
+    It saves the world size in the checkpoint. A resume in the middle of an epoch on another number of
+    ranks raises a ``ValueError`` naming both (Composer would skip the batches each rank trained before,
+    which are other batches on another world size, so samples would repeat or go missing); a resume at
+    an epoch boundary is exact on any number of ranks.
+
     With a ``DataLoader(batch_sampler=...)`` (``batch_size=None``) and no ``device_train_microbatch_size``,
     Composer would fail with a bare ``AssertionError`` at the first batch; at ``FIT_START`` this callback
-    raises a ``ValueError`` that says what to set instead (or, with ``infer_microbatch_size=True``, sets
-    the microbatch size to the batch sampler's ``batch_size``, Composer's own default for loaders with a
-    ``batch_size``).
+    raises a ``ValueError`` that says what to set instead (:func:`~composer_dynsample.build_dataloader`
+    builds a loader that needs nothing).
 
     Args:
         check_ranks (bool): Check that all ranks agree at every epoch start. Default: ``True``.
-        infer_microbatch_size (bool): When the Trainer has no ``device_train_microbatch_size`` and the loader
-            reports no ``batch_size``, use the batch sampler's ``batch_size`` instead of raising. Default:
-            ``False``.
 
     Example:
         >>> from composer import Trainer
@@ -89,14 +93,39 @@ class SetSamplerEpoch(Callback):
         ...                   callbacks=[SetSamplerEpoch()])  # doctest: +SKIP
     """
 
-    def __init__(self, check_ranks: bool = True, infer_microbatch_size: bool = False) -> None:
-        self.check_ranks = check_ranks
-        self.infer_microbatch_size = infer_microbatch_size
+    def __init__(self, check_ranks: bool = True) -> None:
+        self.check_ranks = check_bool("check_ranks", check_ranks)
         self._warned_missing = False
+        self._saved_world_size: int | None = None
 
     def fit_start(self, state: State, logger: Logger) -> None:
         self._check_microbatch_size(state)
+        self._check_resumed_world(state)
         self._set_epoch(state, logger)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The world size the run trained on, so a resume can tell whether the epoch's shards still hold."""
+        return {"world_size": get_world_size()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._saved_world_size = state.get("world_size")
+
+    def _check_resumed_world(self, state: State) -> None:
+        """Refuse a mid-epoch resume on another number of ranks, which would repeat or skip samples.
+
+        Composer skips the ``batch_in_epoch`` batches each rank already trained; with another world size
+        those are other batches than the ones trained. At an epoch boundary nothing is skipped, so a
+        resume there is exact on any number of ranks.
+        """
+        saved, now = self._saved_world_size, get_world_size()
+        if saved is None or saved == now or int(state.timestamp.batch_in_epoch) == 0:
+            return
+        raise ValueError(
+            f"SetSamplerEpoch: the checkpoint was written by {saved} rank(s) in the middle of epoch "
+            f"{int(state.timestamp.epoch)} (batch {int(state.timestamp.batch_in_epoch)} of the epoch), and this "
+            f"run has {now} rank(s): resuming would repeat or skip samples of that epoch. Resume on {saved} "
+            "rank(s), or from a checkpoint saved at an epoch boundary (save_interval in epochs)."
+        )
 
     def epoch_start(self, state: State, logger: Logger) -> None:
         self._set_epoch(state, logger)
@@ -127,19 +156,12 @@ class SetSamplerEpoch(Callback):
         if isinstance(loader, DataSpec):
             loader = loader.dataloader
         batch_size = getattr(getattr(loader, "batch_sampler", None), "batch_size", None)
-        if self.infer_microbatch_size and isinstance(batch_size, int):
-            state.device_train_microbatch_size = batch_size
-            log.info(
-                "SetSamplerEpoch: device_train_microbatch_size set to the batch sampler's batch_size=%d",
-                batch_size,
-            )
-            return
         raise ValueError(
             "The train dataloader reports batch_size=None (a DataLoader built with batch_sampler=...) and the "
-            "Trainer has no device_train_microbatch_size, so Composer cannot size its microbatches. Pass "
+            "Trainer has no device_train_microbatch_size, so Composer cannot size its microbatches. Build the "
+            "loader with composer_dynsample.build_dataloader(dataset, batch_sampler), or pass "
             f"device_train_microbatch_size={batch_size if isinstance(batch_size, int) else '<per-rank batch size>'} "
-            "to the Trainer, build the loader with composer_dynsample.build_dataloader(dataset, batch_sampler), "
-            "or use SetSamplerEpoch(infer_microbatch_size=True)."
+            "to the Trainer."
         )
 
 

@@ -147,18 +147,50 @@ def test_plain_batch_sampler_loader_without_microbatch_size_gets_a_clear_error()
         trainer.fit()
 
 
-def test_infer_microbatch_size_makes_the_plain_loader_train():
+def test_build_dataloader_makes_the_same_batch_sampler_train():
     sampler = PKBatchSampler(LABELS, 4, 3)
     trainer = Trainer(
         model=IndexClassifier(LABELS.numel(), 8),
-        train_dataloader=DataLoader(index_dataset(LABELS), batch_sampler=sampler),
+        train_dataloader=build_dataloader(index_dataset(LABELS), sampler),
         max_duration="1ep",
-        callbacks=[SetSamplerEpoch(infer_microbatch_size=True)],
+        callbacks=[SetSamplerEpoch()],
         progress_bar=False,
     )
     trainer.fit()
     assert trainer.state.device_train_microbatch_size == 12
     assert int(trainer.state.timestamp.batch) == len(sampler)
+
+
+def _as_written_by(checkpoint, world_size, out):
+    """A copy of a checkpoint whose SetSamplerEpoch state says it was written on ``world_size`` ranks."""
+    state = torch.load(checkpoint, weights_only=False)
+    (key,) = [key for key in state["state"]["callbacks"] if "SetSamplerEpoch" in key]
+    state["state"]["callbacks"][key]["world_size"] = world_size
+    torch.save(state, out)
+    return str(out)
+
+
+def test_a_mid_epoch_resume_on_another_world_size_is_refused(tmp_path):
+    trainer, _, _ = make_run(callbacks=[SetSamplerEpoch()], save_folder=str(tmp_path), save_interval="5ba")
+    trainer.fit()
+    trainer.close()
+    two_ranks = _as_written_by(tmp_path / "ep1-ba10-rank0.pt", 2, tmp_path / "from-two-ranks.pt")
+    resumed, _, recorder = make_run(callbacks=[SetSamplerEpoch()], load_path=two_ranks)
+    with pytest.raises(
+        ValueError, match=r"written by 2 rank\(s\) in the middle of epoch 1 .* this run has 1 rank"
+    ):
+        resumed.fit()
+    assert recorder.batches == {}  # refused before a single batch
+
+
+def test_an_epoch_boundary_resume_on_another_world_size_is_exact(tmp_path):
+    trainer, _, full = make_run(callbacks=[SetSamplerEpoch()], save_folder=str(tmp_path), save_interval="1ep")
+    trainer.fit()
+    trainer.close()
+    two_ranks = _as_written_by(tmp_path / "ep1-ba8-rank0.pt", 2, tmp_path / "from-two-ranks.pt")
+    resumed, _, recorder = make_run(callbacks=[SetSamplerEpoch()], load_path=two_ranks)
+    resumed.fit()
+    assert recorder.in_order() == full.in_order()[8:]
 
 
 def test_build_dataloader_rejects_arguments_the_batch_sampler_owns():
