@@ -21,7 +21,7 @@ $(STAMP): pyproject.toml constraints.txt
 # slow every step down whenever the other core is busy. Override with `make train OMP_NUM_THREADS=2`.
 OMP_NUM_THREADS ?= 1
 train: $(STAMP)
-	OMP_NUM_THREADS=$(OMP_NUM_THREADS) $(PY) -m composer_dynsample train yamls/mnist1d_default.yaml --run-dir $(RUN_DIR)
+	OMP_NUM_THREADS=$(OMP_NUM_THREADS) $(PY) -m composer_dynsample train yamls/mnist1d_default.yaml --run-dir $(RUN_DIR) --overwrite
 
 test: $(STAMP) lint test-unit test-distributed
 

@@ -6,6 +6,7 @@ import json
 import struct
 from pathlib import Path
 
+import numpy as np
 import pytest
 from omegaconf import OmegaConf
 
@@ -103,3 +104,142 @@ def test_command_line_errors_exit_with_a_message(tmp_path, capsys):
         main(["train", str(tmp_path / "missing.yaml")])
     assert "does not exist" in capsys.readouterr().err
     assert not (tmp_path / "metrics.json").exists()
+
+
+def test_eval_and_embed_a_trained_checkpoint(first_run, tmp_path, capsys):
+    run_dir, metrics = first_run
+    checkpoint = str(run_dir / "checkpoints" / "latest-rank0.pt")
+    main(["eval", DIGITS, "--checkpoint", checkpoint, "--out", str(tmp_path / "eval.json")])
+    evaluated = json.loads((tmp_path / "eval.json").read_text())
+    for key in KEYS:  # the weights of the last epoch, scored as train scored them
+        assert evaluated[key] == pytest.approx(metrics[key], abs=1e-6), key
+    assert "Recall@1" in capsys.readouterr().out
+    main(
+        ["embed", DIGITS, "--checkpoint", checkpoint, "--split", "test", "--out", str(tmp_path / "test.npz")]
+    )
+    arrays = np.load(tmp_path / "test.npz")
+    assert arrays["embeddings"].shape == (359, 32) and arrays["embeddings"].dtype == np.float32
+    assert arrays["labels"].shape == (359,) and arrays["indices"].tolist() == list(range(359))
+    norms = np.linalg.norm(arrays["embeddings"], axis=1)
+    assert np.allclose(norms, 1.0, atol=1e-5)  # the model's L2-normalised embeddings
+
+
+def test_a_finished_run_resumed_without_more_duration_is_one_line(first_run, tmp_path, capsys):
+    run_dir, _ = first_run
+    load = f"trainer.load_path={run_dir / 'checkpoints' / 'latest-rank0.pt'}"
+    with pytest.raises(SystemExit) as exit_info:
+        main(
+            ["train", DIGITS, *QUIET, "trainer.max_duration=4ep", load, "--run-dir", str(tmp_path / "again")]
+        )
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "has already trained 4ep and trainer.max_duration is 4ep" in err[0]
+    assert "Raise trainer.max_duration (e.g. trainer.max_duration=6ep)" in err[0]
+
+
+def test_the_summary_counts_the_epochs_this_run_trained(first_run, tmp_path, capsys):
+    run_dir, _ = first_run
+    load = f"trainer.load_path={run_dir / 'checkpoints' / 'latest-rank0.pt'}"
+    main(["train", DIGITS, *QUIET, "trainer.max_duration=5ep", "evaluation.interval=null", load,
+          "--run-dir", str(tmp_path / "more")])  # fmt: skip
+    assert "trained 1 epochs (resumed at epoch 4) to epoch 5 in" in capsys.readouterr().out
+    assert json.loads((tmp_path / "more" / "metrics.json").read_text())["epochs_this_run"] == 1
+
+
+def test_a_previous_run_is_not_overwritten_without_asking(first_run, tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    args = [
+        "train",
+        DIGITS,
+        *QUIET,
+        "trainer.max_duration=1ep",
+        "evaluation.interval=null",
+        "--run-dir",
+        str(run_dir),
+    ]
+    main(args)
+    before = (run_dir / "metrics.json").read_bytes()
+    (run_dir / "notes.txt").write_text("mine")
+    with pytest.raises(SystemExit) as exit_info:
+        main([*args, "seed=1"])
+    assert exit_info.value.code == 2
+    assert "holds a previous run (metrics.json, config.yaml" in capsys.readouterr().err
+    assert (run_dir / "metrics.json").read_bytes() == before
+    main([*args, "seed=1", "--overwrite"])
+    assert json.loads((run_dir / "metrics.json").read_text())["seed"] == 1
+    assert (run_dir / "notes.txt").read_text() == "mine"  # only the run's own outputs are replaced
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == [
+        "ep1-ba22-rank0.pt",
+        "latest-rank0.pt",
+    ]
+    # Resuming the run in its own directory continues it without --overwrite.
+    main(["train", DIGITS, *QUIET, "trainer.max_duration=2ep", "evaluation.interval=null",
+          f"trainer.load_path={run_dir / 'checkpoints' / 'latest-rank0.pt'}", "--run-dir", str(run_dir)])  # fmt: skip
+    assert json.loads((run_dir / "metrics.json").read_text())["epochs"] == 2
+
+
+def test_a_run_dir_under_a_file_is_one_line(tmp_path, capsys):
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(SystemExit):
+        main(["train", DIGITS, *QUIET, "--run-dir", str(tmp_path / "file" / "run")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        f"composer-dynsample train: error: --run-dir '{tmp_path / 'file' / 'run'}': '{tmp_path / 'file'}' is a file, not a directory."
+    ]
+
+
+class _Marker:
+    """A pickle that creates a file when it is loaded: what a malicious checkpoint does, harmlessly."""
+
+    def __init__(self, path):
+        self.path = path
+
+    def __reduce__(self):
+        return (Path.touch, (self.path,))
+
+
+def _broken_checkpoints(real: Path, folder: Path) -> dict[str, Path]:
+    data = real.read_bytes()
+    files = {"truncated": data[: len(data) // 2], "random": bytes(range(256)) * 20, "empty": b""}
+    paths = {}
+    for name, content in files.items():
+        paths[name] = folder / f"{name}.pt"
+        paths[name].write_bytes(content)
+    return paths
+
+
+@pytest.mark.parametrize("command", ["train", "eval"])
+def test_a_crafted_checkpoint_runs_no_code_and_broken_ones_are_named(first_run, tmp_path, capsys, command):
+    import torch
+
+    run_dir, _ = first_run
+    marker = tmp_path / "code-ran"
+    evil = tmp_path / "evil.pt"
+    torch.save({"state": {"model": _Marker(marker)}}, evil)
+    cases = {"evil": evil, **_broken_checkpoints(run_dir / "checkpoints" / "latest-rank0.pt", tmp_path)}
+    expected = {
+        "evil": "was refused: its pickle asks for ",
+        "truncated": "truncated or corrupt",
+        "random": "truncated or corrupt",
+        "empty": "is empty (0 bytes)",
+    }
+    for name, path in cases.items():
+        if command == "train":
+            argv = ["train", DIGITS, *QUIET, "trainer.max_duration=9ep", f"trainer.load_path={path}",
+                    "--run-dir", str(tmp_path / name)]  # fmt: skip
+        else:
+            argv = ["eval", DIGITS, "--checkpoint", str(path), "--out", str(tmp_path / f"{name}.json")]
+        with pytest.raises(SystemExit) as exit_info:
+            main(argv)
+        err = capsys.readouterr().err.strip().splitlines()
+        assert exit_info.value.code == 2 and len(err) == 1, (name, err)
+        assert str(path) in err[0] and expected[name] in err[0], (name, err[0])
+    assert not marker.exists()  # nothing ran
+
+
+def test_without_a_terminal_there_is_no_progress_bar(tmp_path, capfd):
+    main(["train", DIGITS, "trainer.max_duration=2ep", "evaluation.interval=1ep", "--run-dir", str(tmp_path)])
+    captured = capfd.readouterr()
+    lines = (captured.out + captured.err).splitlines()
+    assert len(lines) < 30, lines[:40]  # the table and the summary, no bar redrawn per batch
+    assert not any("train          Epoch" in line or "ba/s" in line for line in lines)

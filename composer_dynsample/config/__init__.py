@@ -67,7 +67,7 @@ _EXPORTS: dict[str, str] = {
     "Registered": "composer_dynsample.config.registry",
     "TrainingRun": "composer_dynsample.config.run",
     "build_run": "composer_dynsample.config.run",
-    "default_run_dir": "composer_dynsample.config.run",
+    "default_run_dir": "composer_dynsample.config.loading",
     "OneCycleScheduler": "composer_dynsample.schedulers",
 }
 
@@ -117,7 +117,7 @@ if TYPE_CHECKING:
         save_config,
     )
     from composer_dynsample.config.registry import ConfigError, Lazy, Registered
-    from composer_dynsample.config.run import TrainingRun, build_run, default_run_dir
+    from composer_dynsample.config.run import TrainingRun, build_run
     from composer_dynsample.schedulers import OneCycleScheduler
 
 

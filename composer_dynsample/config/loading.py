@@ -28,6 +28,7 @@ __all__ = [
     "DataloaderConfig",
     "EvaluationConfig",
     "RunOptions",
+    "default_run_dir",
     "load_config",
     "plain",
     "save_config",
@@ -280,6 +281,11 @@ def _read(config: str | os.PathLike[str] | Mapping[str, Any] | DictConfig) -> Di
     if not isinstance(base, DictConfig):
         raise ConfigError(f"{path}: a config must be a YAML mapping of sections, got a list.")
     return base
+
+
+def default_run_dir(config_path: str | os.PathLike[str] | None) -> Path:
+    """``runs/<config file stem>`` (``runs/default`` without a file)."""
+    return Path("runs") / (Path(config_path).stem if config_path is not None else "default")
 
 
 def save_config(cfg: DictConfig, path: str | os.PathLike[str]) -> None:

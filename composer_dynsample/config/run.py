@@ -25,7 +25,13 @@ from composer_dynsample.config.builders import (
     build_scheduler,
     build_train_dataloader,
 )
-from composer_dynsample.config.loading import evaluation_config, load_config, run_options, section
+from composer_dynsample.config.loading import (
+    default_run_dir,
+    evaluation_config,
+    load_config,
+    run_options,
+    section,
+)
 from composer_dynsample.config.registry import ConfigError, check_keys, parameters
 from composer_dynsample.data import DatasetSplits
 from composer_dynsample.models.embedding_model import EmbeddingModel
@@ -109,11 +115,6 @@ class TrainingRun:
     distance: str
     gallery: RetrievalGallery | None
     seed: int
-
-
-def default_run_dir(config_path: str | os.PathLike[str] | None) -> Path:
-    """``runs/<config file stem>`` (``runs/default`` without a file)."""
-    return Path("runs") / (Path(config_path).stem if config_path is not None else "default")
 
 
 def build_run(cfg: DictConfig, run_dir: str | os.PathLike[str] | None = None) -> TrainingRun:

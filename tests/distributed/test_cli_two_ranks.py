@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from composer.utils import dist, get_device
 
-from composer_dynsample.cli import train
+from composer_dynsample.commands import train
 
 pytestmark = [pytest.mark.world_size(2), pytest.mark.filterwarnings("ignore::UserWarning")]
 

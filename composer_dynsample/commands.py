@@ -1,0 +1,400 @@
+"""What the ``composer-dynsample`` commands do: train a config, evaluate or embed with a checkpoint.
+
+Each function takes a config (file or mapping) and dotted overrides, builds the run with
+:func:`composer_dynsample.config.build_run`, and writes its results into a run directory. The command
+line (:mod:`composer_dynsample.cli`) parses arguments and turns the errors raised here into one line.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "RUN_OUTPUTS",
+    "RunDirError",
+    "embed",
+    "evaluate",
+    "evaluate_run",
+    "prepare_run_dir",
+    "set_cpu_threads",
+    "train",
+]
+
+#: The files and folders a training run writes into its run directory.
+RUN_OUTPUTS = ("metrics.json", "config.yaml", "embeddings.png", "retrievals.png", "checkpoints", "eval.json")
+
+
+class RunDirError(ValueError):
+    """The run directory cannot be used: it is under a file, or holds a previous run."""
+
+
+def set_cpu_threads() -> int | None:
+    """Pick torch's intra-op thread count when ``OMP_NUM_THREADS`` does not say it; return what was set.
+
+    Each process gets ``cores // local ranks`` threads, at most 1 when that leaves fewer than 4: the
+    models of metric-learning recipes are small, and on a machine of a few cores that is also busy with
+    other work, threads that wait for a core spin in OpenMP barriers (the digits recipe trained 11-18x
+    slower with 2 threads than with 1 on a busy 2-core machine; ``benchmarks/threads.py`` measures it).
+    ``torchrun`` sets ``OMP_NUM_THREADS=1`` per rank itself; Composer's launcher does not, and N ranks
+    with all cores each oversubscribe the CPU. Set ``OMP_NUM_THREADS`` to choose yourself.
+    """
+    if os.environ.get("OMP_NUM_THREADS"):
+        return None
+    import torch
+
+    local_ranks = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1))
+    share = max(1, (os.cpu_count() or 1) // local_ranks)
+    threads = share if share >= 4 else 1
+    torch.set_num_threads(threads)
+    return threads
+
+
+def prepare_run_dir(run_dir: Path, *, overwrite: bool, load_path: Any = None) -> None:
+    """Refuse a run directory under a file, or one holding a previous run, unless told to replace it.
+
+    A run that resumes from a checkpoint inside ``run_dir`` continues that run and may write there.
+    With ``overwrite`` the previous run's outputs (:data:`RUN_OUTPUTS`, nothing else) are removed, so no
+    stale checkpoint or plot survives next to the new run's.
+    """
+    for parent in (run_dir, *run_dir.parents):
+        if parent.exists() and not parent.is_dir():
+            raise RunDirError(f"--run-dir {str(run_dir)!r}: {str(parent)!r} is a file, not a directory.")
+    previous = [name for name in RUN_OUTPUTS if (run_dir / name).exists()]
+    if not previous:
+        return
+    resuming = load_path is not None and _is_inside(Path(str(load_path)), run_dir)
+    if resuming:
+        return
+    if not overwrite:
+        raise RunDirError(
+            f"{str(run_dir)!r} holds a previous run ({', '.join(previous)}); pass --overwrite to replace it, "
+            "choose another --run-dir, or resume it with trainer.load_path=<its checkpoint>."
+        )
+    if _is_rank_zero():
+        for name in previous:
+            target = run_dir / name
+            shutil.rmtree(target) if target.is_dir() else target.unlink()
+
+
+def _is_inside(path: Path, folder: Path) -> bool:
+    try:
+        path.expanduser().resolve().relative_to(folder.expanduser().resolve())
+    except ValueError:
+        return False
+    return True
+
+
+def _is_rank_zero() -> bool:
+    return int(os.environ.get("RANK", "0") or 0) == 0
+
+
+def _checked_load_path(cfg: Any, trust_checkpoint: bool) -> Any:
+    """Check ``trainer.load_path`` (a local file) before Composer unpickles it."""
+    from composer_dynsample.checkpoints import check_checkpoint
+
+    load_path = cfg.trainer.get("load_path") if "trainer" in cfg else None
+    if load_path is not None and not trust_checkpoint and "://" not in str(load_path):
+        check_checkpoint(load_path)
+    return load_path
+
+
+def _quiet_defaults(cfg: Any, quiet: bool) -> None:
+    """No progress bar when asked, or when stdout is not a terminal (unless the config sets one)."""
+    if quiet:
+        cfg.trainer.progress_bar = False
+    elif "progress_bar" not in cfg.trainer:
+        cfg.trainer.progress_bar = sys.stdout.isatty()
+
+
+def _check_duration_left(run: Any) -> None:
+    """A resumed run whose checkpoint already reached ``max_duration``: say what to raise, in one line."""
+    from composer_dynsample.config import ConfigError
+
+    state = run.trainer.state
+    duration = state.max_duration
+    elapsed = int(state.timestamp.get(duration.unit))
+    if int(duration.value) <= elapsed:
+        raise ConfigError(
+            f"the checkpoint has already trained {elapsed}{duration.unit.value} and trainer.max_duration is "
+            f"{duration}: nothing is left to train. Raise trainer.max_duration (e.g. "
+            f"trainer.max_duration={elapsed + max(1, int(duration.value) // 2)}{duration.unit.value}) to continue."
+        )
+
+
+def evaluate_run(run: Any) -> tuple[dict[str, float], Any]:
+    """Embed the test queries and the train gallery with the run's current model and score them.
+
+    Every rank computes the same result: the queries and gallery are whole on each rank, and rank 0's
+    buffers are broadcast first.
+
+    Args:
+        run (TrainingRun): A run from :func:`composer_dynsample.config.build_run`.
+
+    Returns:
+        tuple[dict[str, float], torch.Tensor]: ``recall_at_{k}`` per ``k``, ``map_at_r`` and
+        ``r_precision`` of the test queries against the train gallery, and the test embeddings.
+    """
+    from composer_dynsample.callbacks.retrieval_gallery import embed_store
+    from composer_dynsample.distributed import broadcast_buffers
+    from composer_dynsample.metrics import retrieval_metrics
+
+    model = run.trainer.state.model
+    broadcast_buffers(model)  # every rank evaluates rank 0's model (BatchNorm statistics differ per rank)
+    gallery = embed_store(model, run.splits.train)
+    queries = embed_store(model, run.splits.test)
+    values = retrieval_metrics(
+        queries,
+        run.splits.test.labels.to(queries.device),
+        gallery,
+        run.splits.train.labels.to(gallery.device),
+        ks=run.ks,
+        distance=run.distance,
+    )
+    return {name: float(value) for name, value in values.items()}, queries.cpu()
+
+
+def _build(
+    config: str | os.PathLike[str] | Mapping[str, Any],
+    overrides: Sequence[str],
+    run_dir: str | os.PathLike[str] | None,
+    *,
+    quiet: bool,
+    trust_checkpoint: bool,
+    overwrite: bool | None,
+    extra: Sequence[str] = (),
+) -> tuple[Any, Path | None]:
+    """Load the config, check the run directory and any checkpoint, and build the run."""
+    from composer_dynsample.config.loading import default_run_dir, load_config
+
+    config_path = None if isinstance(config, Mapping) else Path(config)
+    cfg = load_config(config, [*overrides, *extra])
+    _quiet_defaults(cfg, quiet)
+    directory = Path(run_dir or cfg.get("run_dir") or default_run_dir(config_path))
+    load_path = _checked_load_path(cfg, trust_checkpoint)
+    if overwrite is not None:
+        prepare_run_dir(directory, overwrite=overwrite, load_path=load_path)
+    set_cpu_threads()
+    from composer_dynsample.config.run import build_run  # Composer and torch, once the config reads well
+
+    return build_run(cfg, directory), config_path
+
+
+def train(
+    config: str | os.PathLike[str] | Mapping[str, Any],
+    overrides: Sequence[str] = (),
+    run_dir: str | os.PathLike[str] | None = None,
+    *,
+    overwrite: bool = False,
+    trust_checkpoint: bool = False,
+    quiet: bool = False,
+) -> dict[str, Any]:
+    """Build a run from a config, train it, evaluate it and write its report.
+
+    Every rank builds and trains; rank 0 alone writes ``RUN_DIR/config.yaml`` (before training),
+    ``metrics.json`` and ``embeddings.png`` and prints the metrics table. Checkpoints go to
+    ``RUN_DIR/checkpoints`` (Composer's ``save_folder``); ``trainer.load_path`` resumes from one, after
+    :func:`~composer_dynsample.checkpoints.check_checkpoint` unless ``trust_checkpoint``.
+
+    Args:
+        config (str | os.PathLike | Mapping): A YAML file or the config itself.
+        overrides (Sequence[str]): Dotted ``key.path=value`` overrides. Default: none.
+        run_dir (str | os.PathLike, optional): The output directory. Default: the config's ``run_dir``,
+            else ``runs/<config file stem>``.
+        overwrite (bool): Replace a previous run in ``run_dir``. Default: ``False`` (refuse).
+        trust_checkpoint (bool): Load ``trainer.load_path`` without checking it first. Default: ``False``.
+        quiet (bool): No progress bar and no metrics table. Default: ``False``.
+
+    Returns:
+        dict[str, Any]: What ``metrics.json`` holds (the same on every rank).
+
+    Raises:
+        ConfigError: If the config is wrong, or a resumed run has nothing left to train.
+        CheckpointError: If ``trainer.load_path`` is unsafe or broken.
+        RunDirError: If the run directory cannot be used.
+    """
+    from composer_dynsample.config.loading import save_config
+
+    started = time.perf_counter()
+    run, config_path = _build(
+        config, overrides, run_dir, quiet=quiet, trust_checkpoint=trust_checkpoint, overwrite=overwrite
+    )
+    from composer.utils import dist
+
+    _check_duration_left(run)
+    if dist.get_global_rank() == 0:
+        save_config(run.config, run.run_dir / "config.yaml")
+    state = run.trainer.state
+    start_batch, start_epoch = int(state.timestamp.batch), int(state.timestamp.epoch)
+    fit_start = time.perf_counter()
+    run.trainer.fit()
+    fit_seconds = time.perf_counter() - fit_start
+    final, test_embeddings = evaluate_run(run)
+    run.trainer.logger.log_metrics({f"final/{name}": value for name, value in final.items()})
+    saved = [str(path) for path in getattr(run.trainer, "saved_checkpoints", [])]
+    metrics: dict[str, Any] = {
+        **final,
+        "wall_time_s": round(fit_seconds, 3),
+        "total_time_s": round(time.perf_counter() - started, 3),
+        "seed": run.seed,
+        "epochs": int(state.timestamp.epoch),
+        "batches": int(state.timestamp.batch),
+        "epochs_this_run": int(state.timestamp.epoch) - start_epoch,
+        "resumed_from_epoch": start_epoch,
+        "resumed_from_batch": start_batch,
+        "max_duration": str(run.config.trainer.max_duration),
+        "config": str(config_path) if config_path is not None else None,
+        "overrides": list(overrides),
+        "run_dir": str(run.run_dir),
+        "dataset": run.splits.name,
+        "num_queries": len(run.splits.test),
+        "gallery_size": len(run.splits.train),
+        "world_size": dist.get_world_size(),
+        "device": type(state.device).__name__,
+        "checkpoint": saved[-1] if saved else None,
+        "load_path": run.config.trainer.get("load_path"),
+        "eval_history": run.gallery.history if run.gallery is not None else [],
+    }
+    if dist.get_global_rank() == 0:
+        _report(run, metrics, final, test_embeddings, quiet=quiet)
+    run.trainer.close()
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.barrier()
+    return metrics
+
+
+def _report(
+    run: Any, metrics: dict[str, Any], final: dict[str, float], test_embeddings: Any, *, quiet: bool
+) -> None:
+    """Rank 0's outputs of a training run: metrics.json, embeddings.png, the table and one summary line."""
+    from composer_dynsample.reporting import format_metrics_table, plot_embeddings, write_json
+
+    write_json(run.run_dir / "metrics.json", metrics)
+    title = f"{run.splits.name} test embeddings (PCA), epoch {metrics['epochs']}"
+    if final.get("recall_at_1") is not None:
+        title += f"\nRecall@1 vs train gallery = {final['recall_at_1']:.4f}"
+    plot_embeddings(test_embeddings, run.splits.test.labels, run.run_dir / "embeddings.png", title=title)
+    if not quiet:
+        table_title = (
+            f"final retrieval metrics: {len(run.splits.test)} {run.splits.name} test queries "
+            f"vs {len(run.splits.train)} train items"
+        )
+        print("\n" + format_metrics_table(final, title=table_title))
+    resumed = f" (resumed at epoch {metrics['resumed_from_epoch']})" if metrics["resumed_from_batch"] else ""
+    print(
+        f"trained {metrics['epochs_this_run']} epochs{resumed} to epoch {metrics['epochs']} in "
+        f"{metrics['wall_time_s']:.1f} s; wrote {run.run_dir}"
+    )
+
+
+def _checkpoint_run(
+    config: str | os.PathLike[str] | Mapping[str, Any],
+    checkpoint: str | os.PathLike[str],
+    overrides: Sequence[str],
+    run_dir: str | os.PathLike[str] | None,
+    trust_checkpoint: bool,
+) -> Any:
+    """A run with the checkpoint's model weights loaded and nothing saved: for eval and embed."""
+    from composer_dynsample.checkpoints import check_checkpoint
+
+    if not trust_checkpoint:
+        check_checkpoint(checkpoint)
+    extra = [
+        f"trainer.load_path={Path(checkpoint)}",
+        "trainer.load_weights_only=true",
+        "trainer.save_folder=null",
+        "evaluation.interval=null",
+    ]
+    run, _ = _build(
+        config, overrides, run_dir, quiet=True, trust_checkpoint=True, overwrite=None, extra=extra
+    )
+    return run
+
+
+def evaluate(
+    config: str | os.PathLike[str] | Mapping[str, Any],
+    checkpoint: str | os.PathLike[str],
+    overrides: Sequence[str] = (),
+    *,
+    out: str | os.PathLike[str] | None = None,
+    trust_checkpoint: bool = False,
+) -> dict[str, Any]:
+    """Score a saved checkpoint: the test queries against the train gallery, as at the end of ``train``.
+
+    Args:
+        config (str | os.PathLike | Mapping): The config the checkpoint was trained with.
+        checkpoint (str | os.PathLike): The checkpoint file.
+        overrides (Sequence[str]): Dotted overrides (e.g. ``evaluation.ks=[1,10]``). Default: none.
+        out (str | os.PathLike, optional): Where to write the metrics as JSON. Default: ``eval.json``
+            beside the checkpoint's ``checkpoints`` folder (the run directory).
+        trust_checkpoint (bool): Skip the safety check of the file. Default: ``False``.
+
+    Returns:
+        dict[str, Any]: The metrics, the checkpoint and the timestamp it holds.
+    """
+    from composer_dynsample.reporting import format_metrics_table, write_json
+
+    run = _checkpoint_run(config, checkpoint, overrides, None, trust_checkpoint)
+    final, _ = evaluate_run(run)
+    path = Path(out) if out is not None else _run_dir_of(Path(checkpoint)) / "eval.json"
+    result = {**final, "checkpoint": str(checkpoint), "dataset": run.splits.name}
+    if _is_rank_zero():
+        write_json(path, result)
+        print(format_metrics_table(final, title=f"{run.splits.name}: {Path(checkpoint).name}"))
+        print(f"wrote {path}")
+    return result
+
+
+def embed(
+    config: str | os.PathLike[str] | Mapping[str, Any],
+    checkpoint: str | os.PathLike[str],
+    out: str | os.PathLike[str],
+    overrides: Sequence[str] = (),
+    *,
+    split: str = "test",
+    trust_checkpoint: bool = False,
+) -> Path:
+    """Write a split's embeddings, labels and dataset indices with a checkpoint's model to an ``.npz`` file.
+
+    Args:
+        config (str | os.PathLike | Mapping): The config the checkpoint was trained with.
+        checkpoint (str | os.PathLike): The checkpoint file.
+        out (str | os.PathLike): The ``.npz`` file: arrays ``embeddings`` (N, D) float32, ``labels`` (N,)
+            and ``indices`` (N,), the rows of the split.
+        overrides (Sequence[str]): Dotted overrides. Default: none.
+        split (str): ``"test"`` or ``"train"``. Default: ``"test"``.
+        trust_checkpoint (bool): Skip the safety check of the file. Default: ``False``.
+
+    Returns:
+        Path: The file written.
+    """
+    import numpy as np
+
+    from composer_dynsample.callbacks.retrieval_gallery import embed_store
+    from composer_dynsample.validation import check_choice
+
+    check_choice("split", split, ("test", "train"))
+    run = _checkpoint_run(config, checkpoint, overrides, None, trust_checkpoint)
+    store = run.splits.test if split == "test" else run.splits.train
+    embeddings = embed_store(run.trainer.state.model, store).cpu()
+    path = Path(out)
+    if _is_rank_zero():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        np.savez(
+            path,
+            embeddings=embeddings.numpy().astype(np.float32),
+            labels=store.labels.numpy(),
+            indices=np.arange(len(store), dtype=np.int64),
+        )
+        print(f"wrote {tuple(embeddings.shape)} {split} embeddings of {run.splits.name} to {path}")
+    return path
+
+
+def _run_dir_of(checkpoint: Path) -> Path:
+    folder = checkpoint.expanduser().resolve().parent
+    return folder.parent if folder.name == "checkpoints" else folder
