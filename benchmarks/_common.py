@@ -1,30 +1,92 @@
-"""Helpers shared by the miner benchmarks.
+"""The harness every benchmark shares: arguments, interleaved timing, peak memory, machine, writers, plots.
 
-``import_mining`` imports ``composer_dynsample.mining`` without running ``composer_dynsample/__init__.py``:
-the package's ``__init__`` imports Composer (seconds on a small CPU), which the miner benchmarks pay
-in every memory-measuring subprocess while the miners need nothing from it. A bare parent module with
-the package's ``__path__`` lets the submodules import normally; without the package installed this
-falls back to a plain import.
+A benchmark script states its question in its docstring, measures, and hands a result dict and a
+markdown table to :func:`write_results`, which writes ``results/NAME.json`` and ``results/NAME.md``
+(``NAME_quick.*`` for ``--quick`` smoke runs, which git ignores) and, given a plot function, the PNG.
+Timings are side by side in one process (:func:`time_interleaved`), never absolute goals.
 """
 
 from __future__ import annotations
 
-import importlib.util
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
 import sys
-import types
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+RESULTS = Path(__file__).parent / "results"
 
 
-def import_mining() -> types.ModuleType:
-    """Return ``composer_dynsample.mining``, skipping the package's ``__init__`` when it is not loaded yet."""
-    if "composer_dynsample" not in sys.modules:
-        spec = importlib.util.find_spec("composer_dynsample")
-        if spec is not None and spec.submodule_search_locations:
-            parent = types.ModuleType("composer_dynsample")
-            parent.__path__ = list(spec.submodule_search_locations)
-            sys.modules["composer_dynsample"] = parent
-    import composer_dynsample.mining as mining
+def parser(doc: str | None, *, quick_help: str, threads: int | None = None) -> argparse.ArgumentParser:
+    """The arguments every benchmark takes: ``--quick``, ``--out`` and (given a default) ``--threads``."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help=quick_help)
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    if threads is not None:
+        parser.add_argument(
+            "--threads", type=int, default=threads, help=f"torch.set_num_threads (default {threads})"
+        )
+    return parser
 
-    return mining
+
+def time_interleaved(fns: dict[str, Callable[[], object]], rounds: int, warmup: int = 1) -> dict[str, float]:
+    """Median seconds per call of each function, timing every function once per round, in turn.
+
+    Interleaving spreads the noise of a shared machine over all the functions alike, so their ratio
+    holds even when the absolute times drift.
+    """
+    for fn in fns.values():
+        for _ in range(warmup):
+            fn()
+    samples: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            fn()
+            samples[name].append(time.perf_counter() - start)
+    return {name: statistics.median(values) for name, values in samples.items()}
+
+
+def rounds_for_budget(fns: dict[str, Callable[[], object]], budget_s: float, max_rounds: int) -> int:
+    """Call each function once (the warm-up) and return how many interleaved rounds fit ``budget_s``."""
+    start = time.perf_counter()
+    for fn in fns.values():
+        fn()
+    per_round = time.perf_counter() - start
+    return max(3, min(max_rounds, int(budget_s / max(per_round, 1e-6))))
+
+
+def peak_growth_bytes(call: Callable[[], object]) -> int:
+    """How far one call raises the process's peak resident memory, in bytes.
+
+    Meant for a fresh worker process (see :func:`run_worker`) that has warmed the code path at a tiny
+    size: the peak (``VmHWM``) is reset to the current RSS first where Linux allows it, else the growth
+    of ``ru_maxrss`` is taken.
+    """
+    import resource
+
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")  # reset VmHWM to the current RSS
+        before = proc_status_kib("VmRSS")
+    except OSError:
+        before = None
+    if before is not None:
+        out = call()
+        growth_kib = (proc_status_kib("VmHWM") or 0) - before
+    else:
+        start = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        out = call()
+        growth_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - start
+        growth_kib //= 1024 if sys.platform == "darwin" else 1  # ru_maxrss is in bytes on macOS
+    del out
+    return growth_kib * 1024
 
 
 def proc_status_kib(key: str) -> int | None:
@@ -37,3 +99,81 @@ def proc_status_kib(key: str) -> int | None:
     except OSError:
         return None
     return None
+
+
+def run_worker(script: Path, flag: str, *values: object, timeout: float = 600) -> dict[str, Any]:
+    """Run ``script flag values...`` in a fresh process and return the JSON it prints last.
+
+    Peak memory (``VmHWM``) is only meaningful in a process that did nothing else: each measurement
+    gets its own.
+    """
+    command = [sys.executable, str(script), flag, *map(str, values)]
+    output = subprocess.run(command, capture_output=True, text=True, check=True, timeout=timeout).stdout
+    return json.loads(output.strip().splitlines()[-1])
+
+
+def machine_info(torch_threads: bool = True) -> str:
+    """One line naming the machine: CPU, cores, load, Python, torch and (if asked) its thread count."""
+    import torch
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
+    except OSError:
+        pass
+    parts = [
+        f"{cpu}, {os.cpu_count()} cores",
+        f"python {platform.python_version()}",
+        f"torch {torch.__version__}",
+    ]
+    if torch_threads:
+        parts.insert(1, f"{torch.get_num_threads()} torch threads")
+    return ", ".join(parts)
+
+
+def write_results(
+    out: Path,
+    name: str,
+    quick: bool,
+    result: dict[str, Any],
+    table: str,
+    *,
+    notes: Sequence[str] = (),
+    plot: Callable[[Path], None] | None = None,
+) -> dict[str, Any]:
+    """Write ``NAME.json`` (the result), ``NAME.md`` (the table, then the notes) and ``NAME.png``."""
+    out.mkdir(parents=True, exist_ok=True)
+    stem = f"{name}_quick" if quick else name
+    (out / f"{stem}.json").write_text(json.dumps(result, indent=2) + "\n")
+    (out / f"{stem}.md").write_text("\n\n".join([table, *notes]) + "\n")
+    if plot is not None:
+        plot(out / f"{stem}.png")
+    return result
+
+
+def markdown_table(header: Sequence[str], align: str, rows: Sequence[Sequence[object]]) -> str:
+    """A markdown table; ``align`` holds one character per column, ``l`` or ``r``."""
+    marks = ["---:" if a == "r" else "---" for a in align]
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(marks) + "|"]
+    lines += ["| " + " | ".join(str(cell) for cell in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def save_figure(figure: Any, path: Path, *, rect: tuple[float, float, float, float] | None = None) -> None:
+    """Lay out, save at the benchmarks' resolution, and close a matplotlib figure."""
+    import matplotlib.pyplot as plt
+
+    figure.tight_layout(rect=rect) if rect is not None else figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+
+
+def label_axes(ax: Any, xlabel: str, ylabel: str, title: str, *, log: bool = True) -> None:
+    """Axis labels, title and a light grid (log-scaled when asked) for a benchmark plot."""
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(True, which="both", alpha=0.3)
+    if log:
+        ax.set_yscale("log")

@@ -28,8 +28,6 @@ version it was mined with, and the step reports ``current version - mined versio
 
 from __future__ import annotations
 
-import argparse
-import json
 import platform
 import statistics
 import time
@@ -37,6 +35,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from _common import parser as make_parser
+from _common import save_figure, write_results
 
 from composer_dynsample import EmbeddingModel, PKBatchSampler, TripletMarginLoss, mine
 from composer_dynsample.data import GatherCollate, IndexDataset, TensorStore, load_mnist1d
@@ -277,20 +277,11 @@ def plot(path: Path, rows: list[dict], stale: dict) -> None:
     right.set_title(
         f"wrong way, {stale['workers']} forked workers: mean {stale['mean_staleness']}, max {stale['max_staleness']:.0f}"
     )
-    figure.tight_layout()
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
+    save_figure(figure, path)
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument(
-        "--quick", action="store_true", help="random data, small batch, 3 steps: a smoke test"
-    )
-    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
-    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1)")
+    parser = make_parser(__doc__, quick_help="random data, small batch, 3 steps: a smoke test", threads=1)
     parser.add_argument("--positives", type=int, default=8, help="positive candidates per anchor, wrong way")
     parser.add_argument("--negatives", type=int, default=24, help="negative candidates per anchor, wrong way")
     args = parser.parse_args(argv)
@@ -336,8 +327,6 @@ def main(argv: list[str] | None = None) -> dict:
         f"{stale['workers']} workers: mean {stale['mean_staleness']:.1f}, max {stale['max_staleness']:.0f} steps"
     )
 
-    args.out.mkdir(parents=True, exist_ok=True)
-    name = "antipattern_quick" if args.quick else "antipattern"
     result = {
         "ratio": round(ratio, 2),
         "ratio_meaning": "anchors/s of this design (semi_hard) / anchors/s of the wrong way at the same B; goal >= 8",
@@ -349,10 +338,9 @@ def main(argv: list[str] | None = None) -> dict:
         "machine": f"{platform.machine()} {platform.system()}, {torch.get_num_threads()} torch threads, "
         f"python {platform.python_version()}, torch {torch.__version__}, cuda {torch.cuda.is_available()}",
     }
-    (args.out / f"{name}.json").write_text(json.dumps(result, indent=2) + "\n")
-    (args.out / f"{name}.md").write_text(table + "\n")
-    plot(args.out / f"{name}.png", rows, stale)
-    return result
+    return write_results(
+        args.out, "antipattern", args.quick, result, table, plot=lambda path: plot(path, rows, stale)
+    )
 
 
 if __name__ == "__main__":

@@ -19,8 +19,6 @@ worker processes; that start-up cost is reported separately as ``first_batch_s``
 
 from __future__ import annotations
 
-import argparse
-import json
 import platform
 import time
 import warnings
@@ -28,6 +26,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from _common import parser as make_parser
+from _common import save_figure, write_results
 
 from composer_dynsample import PKBatchSampler
 from composer_dynsample.data import GatherCollate, IndexDataset, TensorStore
@@ -161,18 +161,11 @@ def plot(path: Path, results: dict[str, list[dict]]) -> None:
         ax.set_ylabel("samples / s (log)")
         ax.set_title(f"{data_name}, batch {BATCH}, steady state")
         ax.legend()
-    figure.tight_layout()
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
+    save_figure(figure, path)
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--quick", action="store_true", help="small stores, few batches: a smoke test")
-    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
-    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1)")
+    parser = make_parser(__doc__, quick_help="small stores, few batches: a smoke test", threads=1)
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
 
@@ -241,8 +234,6 @@ def main(argv: list[str] | None = None) -> dict:
         f"{slow['samples_per_s']:,.0f} samples/s)"
     )
 
-    args.out.mkdir(parents=True, exist_ok=True)
-    name = "dataloader_quick" if args.quick else "dataloader"
     result = {
         "ratio": round(ratio, 2),
         "ratio_meaning": f"index-only / per-sample samples/s at num_workers=0, pin_memory off, on {large}",
@@ -256,10 +247,9 @@ def main(argv: list[str] | None = None) -> dict:
         "machine": f"{platform.machine()} {platform.system()}, {torch.get_num_threads()} torch threads, "
         f"python {platform.python_version()}, torch {torch.__version__}",
     }
-    (args.out / f"{name}.json").write_text(json.dumps(result, indent=2) + "\n")
-    (args.out / f"{name}.md").write_text(table + "\n")
-    plot(args.out / f"{name}.png", results)
-    return result
+    return write_results(
+        args.out, "dataloader", args.quick, result, table, plot=lambda path: plot(path, results)
+    )
 
 
 if __name__ == "__main__":

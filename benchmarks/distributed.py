@@ -51,6 +51,9 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from _common import parser as make_parser
+from _common import save_figure, write_results
+
 ROOT = Path(__file__).resolve().parent.parent
 FULL_RECIPE, QUICK_RECIPE = "yamls/mnist1d_default.yaml", "yamls/digits_quick.yaml"
 FULL_BATCHES, QUICK_BATCHES = 60, 20
@@ -319,17 +322,11 @@ def plot(train_rows: list[dict], gather_rows: list[dict], path: Path, title: str
     right.grid(True, which="both", alpha=0.3)
     right.legend(fontsize=8)
     fig.suptitle(textwrap.fill(title, 170), fontsize=8)
-    fig.tight_layout(rect=(0, 0, 1, 0.9))
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path, rect=(0, 0, 1, 0.9))
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--quick", action="store_true", help="digits_quick, cross-rank off only, one B")
-    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
+    parser = make_parser(__doc__, quick_help="digits_quick, cross-rank off only, one B")
     parser.add_argument(
         "--gather-worker", nargs=3, metavar=("BATCHES", "ROUNDS", "OUT"), help=argparse.SUPPRESS
     )
@@ -436,12 +433,9 @@ def main(argv: list[str] | None = None) -> dict:
         "all_gather": gather_rows,
         "config": config,
     }
-    args.out.mkdir(parents=True, exist_ok=True)
-    name = "distributed_quick" if args.quick else "distributed"
-    (args.out / f"{name}.json").write_text(json.dumps(result, indent=2) + "\n")
-    (args.out / f"{name}.md").write_text(table + f"\n\ngoal: {goal}\n\nmeasured: {measured}\n")
-    plot(train_rows, gather_rows, args.out / f"{name}.png", caption)
-    return result
+    notes = [f"goal: {goal}", f"measured: {measured}"]
+    draw = lambda path: plot(train_rows, gather_rows, path, caption)  # noqa: E731
+    return write_results(args.out, "distributed", args.quick, result, table, notes=notes, plot=draw)
 
 
 if __name__ == "__main__":

@@ -31,24 +31,19 @@ import argparse
 import json
 import os
 import platform
-import resource
-import statistics
 import subprocess
 import sys
-import time
 from collections.abc import Callable
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from _common import import_mining, proc_status_kib
+from _common import parser as make_parser
+from _common import peak_growth_bytes, time_interleaved, write_results
 from pytorch_metric_learning import __version__ as pml_version
 from pytorch_metric_learning import distances as pml_distances
 from pytorch_metric_learning import miners as pml_miners
 
-_mining = import_mining()
-batch_hard, distance_weighted, hard_topk = _mining.batch_hard, _mining.distance_weighted, _mining.hard_topk
-multi_similarity, semi_hard = _mining.multi_similarity, _mining.semi_hard
+from composer_dynsample.mining import batch_hard, distance_weighted, hard_topk, multi_similarity, semi_hard
 
 DIM = 128
 PER_CLASS = 8
@@ -137,20 +132,6 @@ def identical(ours: tuple[torch.Tensor, ...], theirs: tuple[torch.Tensor, ...], 
     return same(ours[:2], theirs[:2]) and same(ours[2:], theirs[2:])
 
 
-def time_interleaved(fns: dict[str, Callable[[], object]], rounds: int, warmup: int) -> dict[str, float]:
-    """Median seconds per call, timing every function once per round, in turn."""
-    for fn in fns.values():
-        for _ in range(warmup):
-            fn()
-    samples: dict[str, list[float]] = {name: [] for name in fns}
-    for _ in range(rounds):
-        for name, fn in fns.items():
-            start = time.perf_counter()
-            fn()
-            samples[name].append(time.perf_counter() - start)
-    return {name: statistics.median(values) for name, values in samples.items()}
-
-
 def measure(batch: int, rounds: int, quick: bool) -> list[dict]:
     emb, labels = make_batch(batch)
     rows = cases(emb, labels)
@@ -206,22 +187,8 @@ def memory_worker(which: str, batch: int, threads: int) -> None:
 
     call(*make_batch(16, seed=1))  # load code paths and library buffers before the baseline
     emb, labels = make_batch(batch)
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")  # reset the peak RSS (VmHWM) to the current RSS
-        before = proc_status_kib("VmRSS")
-    except OSError:
-        before = None
-    if before is not None:
-        out = call(emb, labels)
-        growth_kib = (proc_status_kib("VmHWM") or 0) - before
-    else:
-        start = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        out = call(emb, labels)
-        growth_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - start
-        growth_kib //= 1024 if sys.platform == "darwin" else 1  # ru_maxrss is in bytes on macOS
-    del out
-    print(json.dumps({"peak_growth_bytes": growth_kib * 1024}))
+    growth = peak_growth_bytes(lambda: call(emb, labels))
+    print(json.dumps({"peak_growth_bytes": growth}))
 
 
 def peak_memory(jobs: list[tuple[str, int]], threads: int) -> dict[tuple[str, int], float]:
@@ -248,14 +215,9 @@ def fmt(x: float | None, spec: str = ".2f") -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    parser = make_parser(
+        __doc__, quick_help="3 rounds; no PML semihard / DistanceWeightedMiner at B = 1024", threads=2
     )
-    parser.add_argument(
-        "--quick", action="store_true", help="3 rounds; no PML semihard / DistanceWeightedMiner at B = 1024"
-    )
-    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
-    parser.add_argument("--threads", type=int, default=2, help="torch.set_num_threads (default 2)")
     parser.add_argument("--rounds", type=int, default=None, help="timed rounds (default 3 quick, 21 full)")
     parser.add_argument("--memory-worker", nargs=2, metavar=("WHICH", "B"), help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -382,10 +344,7 @@ def main() -> None:
         "load_average_1_5_15min_after": os.getloadavg() if hasattr(os, "getloadavg") else None,
     }
     print(f"\nconfig: {json.dumps(config)}")
-    args.out.mkdir(parents=True, exist_ok=True)
-    name = (
-        "miners" + ("_quick" if args.quick else "") + ("" if args.threads == 2 else f"_threads{args.threads}")
-    )
+    name = "miners" + ("" if args.threads == 2 else f"_threads{args.threads}")
     result = {
         "ratio": round(bh["pml_ms"] / bh["ours_ms"], 3),
         "ratio_meaning": "PML BatchHardMiner(CosineSimilarity()) time / our batch_hard (cosine) time at B=1024, same distance",
@@ -394,8 +353,7 @@ def main() -> None:
         "memory": memory,
         "config": config,
     }
-    (args.out / f"{name}.json").write_text(json.dumps(result, indent=2) + "\n")
-    (args.out / f"{name}.md").write_text(table + "\n")
+    write_results(args.out, name, args.quick, result, table)
 
 
 if __name__ == "__main__":

@@ -32,19 +32,17 @@ import argparse
 import json
 import os
 import platform
-import resource
-import statistics
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from _common import import_mining, proc_status_kib
+from _common import parser as make_parser
+from _common import peak_growth_bytes, rounds_for_budget, save_figure, time_interleaved, write_results
 
-_mining = import_mining()
+from composer_dynsample import mining as _mining
 
 DIM = 128
 PER_CLASS = 8
@@ -84,42 +82,11 @@ def call_of(name: str, inputs: dict[str, torch.Tensor | None]) -> Callable[[], o
     return lambda: fn(emb, labels, **kwargs)
 
 
-def time_interleaved(fns: dict[str, Callable[[], object]], budget_s: float, max_rounds: int) -> dict:
-    """Median seconds per call; one warm-up call each, then rounds of one call each, in turn."""
-    start = time.perf_counter()
-    for fn in fns.values():
-        fn()
-    per_round = time.perf_counter() - start
-    rounds = max(3, min(max_rounds, int(budget_s / max(per_round, 1e-6))))
-    samples: dict[str, list[float]] = {name: [] for name in fns}
-    for _ in range(rounds):
-        for name, fn in fns.items():
-            t0 = time.perf_counter()
-            fn()
-            samples[name].append(time.perf_counter() - t0)
-    return {"rounds": rounds, **{name: statistics.median(v) for name, v in samples.items()}}
-
-
 def _measure_one(name: str, batch: int, pool: int) -> int:
     """Peak-RSS growth (bytes) of one call, in a process that has done no large allocation yet."""
     call_of(name, make_inputs(16, 64 if pool else 0, seed=1))()  # warm-up at a tiny size
     fn = call_of(name, make_inputs(batch, pool))
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")  # reset VmHWM to the current RSS
-        before = proc_status_kib("VmRSS")
-    except OSError:
-        before = None
-    if before is not None:
-        out = fn()
-        growth_kib = (proc_status_kib("VmHWM") or 0) - before
-    else:
-        start = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        out = fn()
-        growth_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - start
-        growth_kib //= 1024 if sys.platform == "darwin" else 1
-    del out
-    return growth_kib * 1024
+    return peak_growth_bytes(fn)
 
 
 def memory_server(jobs: list[tuple[str, int, int]], threads: int) -> None:
@@ -206,18 +173,11 @@ def plot(rows: list[dict], path: Path, quick: bool) -> None:
         f"miner scaling, D = {DIM}, {PER_CLASS} per class, {torch.get_num_threads()} threads"
         + (" (quick)" if quick else "")
     )
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--quick", action="store_true", help=f"B up to {QUICK_BATCHES[-1]}, pool up to 4k")
-    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
-    parser.add_argument("--threads", type=int, default=2, help="torch.set_num_threads (default 2)")
+    parser = make_parser(__doc__, quick_help=f"B up to {QUICK_BATCHES[-1]}, pool up to 4k", threads=2)
     parser.add_argument("--memory-server", metavar="JOBS_JSON", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.memory_server:
@@ -235,9 +195,9 @@ def main(argv: list[str] | None = None) -> dict:
     timings = {}
     for sweep, batch, pool in settings:
         inputs = make_inputs(batch, pool)
-        timings[(sweep, batch, pool)] = time_interleaved(
-            {n: call_of(n, inputs) for n in names}, budget, max_rounds
-        )
+        fns = {n: call_of(n, inputs) for n in names}
+        rounds = rounds_for_budget(fns, budget, max_rounds)
+        timings[(sweep, batch, pool)] = {"rounds": rounds, **time_interleaved(fns, rounds, warmup=0)}
     # Memory: every setting, each (miner, size) in a freshly forked process.
     mem_batches = batches
     jobs = [(n, b, 0) for b in mem_batches for n in names] + [
@@ -337,12 +297,16 @@ def main(argv: list[str] | None = None) -> dict:
         "rows": rows,
         "config": config,
     }
-    args.out.mkdir(parents=True, exist_ok=True)
-    name = "miners_scaling_quick" if args.quick else "miners_scaling"
-    (args.out / f"{name}.json").write_text(json.dumps(result, indent=2) + "\n")
-    (args.out / f"{name}.md").write_text(text + f"\n\ngoal: {goal}\n\nmeasured: {measured}\n")
-    plot(rows, args.out / f"{name}.png", args.quick)
-    return result
+    notes = [f"goal: {goal}", f"measured: {measured}"]
+    return write_results(
+        args.out,
+        "miners_scaling",
+        args.quick,
+        result,
+        text,
+        notes=notes,
+        plot=lambda path: plot(rows, path, args.quick),
+    )
 
 
 if __name__ == "__main__":

@@ -9,14 +9,11 @@ step) at the same batch. Goal (mining issue): at most 5% of a step at B = 256.
 
 from __future__ import annotations
 
-import argparse
-import json
-import platform
 import statistics
 import time
-from pathlib import Path
 
 import torch
+from _common import machine_info, markdown_table, parser, write_results
 
 from composer_dynsample import ContrastiveLoss, TripletMarginLoss, mine
 from composer_dynsample.algorithms.hard_negative_mining.hard_negative_mining import STRATEGIES
@@ -107,45 +104,39 @@ def measure(strategy: str, batch: int, memory: int, repeats: int) -> dict:
     }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--quick", action="store_true", help="one small setting, for a smoke test")
-    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
-    args = parser.parse_args()
+def main(argv: list[str] | None = None) -> dict:
+    args = parser(__doc__, quick_help="one small setting, for a smoke test").parse_args(argv)
     torch.set_num_threads(2)
-
     batch, repeats = (64, 3) if args.quick else (256, 15)
     memories = (0,) if args.quick else (0, 4096)
     strategies = ("batch_hard", "semi_hard") if args.quick else tuple(STRATEGIES)
     rows = [measure(s, batch, m, repeats) for m in memories for s in strategies]
-
-    lines = [
-        "| strategy | batch | memory | mining (ms) | training step (ms) | mining / step |",
-        "|---|---:|---:|---:|---:|---:|",
-    ]
-    lines += [
-        f"| {r['strategy']} | {r['batch']} | {r['memory']} | {r['mine_ms']:.2f} | {r['step_ms']:.1f} | {100 * r['fraction']:.1f}% |"
-        for r in rows
-    ]
-    table = "\n".join(lines)
+    table = markdown_table(
+        ["strategy", "batch", "memory", "mining (ms)", "training step (ms)", "mining / step"],
+        "lrrrrr",
+        [
+            [
+                r["strategy"],
+                r["batch"],
+                r["memory"],
+                f"{r['mine_ms']:.2f}",
+                f"{r['step_ms']:.1f}",
+                f"{100 * r['fraction']:.1f}%",
+            ]
+            for r in rows
+        ],
+    )
     worst = max(r["fraction"] for r in rows if r["memory"] == 0)
     goal = "mining at most 5% of a training step of a small CNN at B = 256 (no memory)"
-    print(table)
-    print(f"\ngoal: {goal}\nmeasured: worst strategy {100 * worst:.1f}% of a step")
-
-    args.out.mkdir(parents=True, exist_ok=True)
-    name = "overhead_quick" if args.quick else "overhead"
+    print(f"{table}\n\ngoal: {goal}\nmeasured: worst strategy {100 * worst:.1f}% of a step")
     result = {
         "ratio": round(worst, 4),
         "ratio_meaning": "largest mining time / training step time over strategies without memory; goal <= 0.05",
         "goal": goal,
         "rows": rows,
-        "machine": f"{platform.machine()} {platform.system()}, {torch.get_num_threads()} torch threads, python {platform.python_version()}, torch {torch.__version__}",
+        "machine": machine_info(),
     }
-    (args.out / f"{name}.json").write_text(json.dumps(result, indent=2) + "\n")
-    (args.out / f"{name}.md").write_text(table + "\n")
+    return write_results(args.out, "overhead", args.quick, result, table)
 
 
 if __name__ == "__main__":

@@ -18,7 +18,6 @@ and ``quality.png`` to ``--out``. Run:
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import platform
@@ -28,6 +27,9 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from _common import parser as make_parser
+from _common import save_figure, write_results
 
 ROOT = Path(__file__).resolve().parents[1]
 GOAL = 0.97
@@ -171,18 +173,13 @@ def plot(results: dict, path: Path) -> None:
     axes.set_ylabel("Recall@1 (test vs train gallery)")
     axes.set_title(f"MNIST-1D, {len(results['seeds'])} seed(s): mean +- std, dots = seeds")
     axes.legend(loc="center right")
-    figure.tight_layout()
-    figure.savefig(path, dpi=110)
+    save_figure(figure, path)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--quick", action="store_true", help="one seed, 3 epochs: a smoke test")
+    parser = make_parser(__doc__, quick_help="one seed, 3 epochs: a smoke test")
     parser.add_argument("--seeds", type=int, nargs="+", default=None)
     parser.add_argument("--threads", type=int, default=1, help="OMP_NUM_THREADS of each run")
-    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
     parser.add_argument("--runs-dir", type=Path, default=None, help="where runs write (default: a temp dir)")
     args = parser.parse_args()
     seeds = args.seeds if args.seeds is not None else ([0] if args.quick else [0, 1, 2])
@@ -191,10 +188,7 @@ def main() -> None:
         if args.quick
         else []
     )
-    stem = "quality_quick" if args.quick else "quality"
     runs_root = args.runs_dir or Path(tempfile.mkdtemp(prefix="dynsample-quality-"))
-    args.out.mkdir(parents=True, exist_ok=True)
-
     started = time.time()
     load_before = os.getloadavg()
     recipes = {}
@@ -230,13 +224,11 @@ def main() -> None:
         "load_average_after": [round(v, 2) for v in os.getloadavg()],
         "total_s": round(time.time() - started, 1),
     }
-    (args.out / f"{stem}.json").write_text(json.dumps(results, indent=2) + "\n")
     table = markdown(results)
-    (args.out / f"{stem}.md").write_text(table)
-    plot(results, args.out / f"{stem}.png")
-    print()
-    print(table)
-    print(f"wrote {args.out / stem}.json, .md, .png")
+    write_results(
+        args.out, "quality", args.quick, results, table.rstrip("\n"), plot=lambda path: plot(results, path)
+    )
+    print(f"\n{table}")
 
 
 if __name__ == "__main__":

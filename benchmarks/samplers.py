@@ -8,15 +8,12 @@ which sees numpy's allocations (the sampler is numpy end to end). Run:
 
 from __future__ import annotations
 
-import argparse
-import json
-import platform
 import statistics
 import time
 import tracemalloc
-from pathlib import Path
 
 import numpy as np
+from _common import machine_info, markdown_table, parser, write_results
 
 from composer_dynsample import PKBatchSampler
 
@@ -60,14 +57,8 @@ def measure(num_samples: int, num_classes: int, p: int, k: int, world: int, repe
     }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--quick", action="store_true", help="small sizes only, for a smoke test")
-    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
-    args = parser.parse_args()
-
+def main(argv: list[str] | None = None) -> dict:
+    args = parser(__doc__, quick_help="small sizes only, for a smoke test").parse_args(argv)
     sizes = (
         [(10_000, 1_000), (100_000, 10_000)]
         if args.quick
@@ -75,35 +66,47 @@ def main() -> None:
     )
     rows = [measure(n, c, p=32, k=4, world=1, repeats=3 if args.quick else 5) for n, c in sizes]
     headline = rows[-1]
-
-    lines = [
-        "| samples | classes | P x K | batches | construct (s) | one epoch, array (s) | one epoch, as lists (s) | epoch peak (MiB) | bytes/sample |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
-    ]
-    for r in rows:
-        lines.append(
-            f"| {r['num_samples']:,} | {r['num_classes']:,} | {r['classes_per_batch']} x {r['samples_per_class']} | "
-            f"{r['batches_per_rank']:,} | {r['construct_s']:.3f} | {r['epoch_s_median']:.3f} | {r['epoch_as_lists_s_median']:.3f} | "
-            f"{r['epoch_peak_mib']:.1f} | {r['peak_bytes_per_sample']:.0f} |"
-        )
-    table = "\n".join(lines)
-    goal = "one epoch of PK batches for 1,000,000 samples / 100,000 classes in under 1 s, memory linear in N"
-    print(table)
-    print(
-        f"\ngoal: {goal}\nmeasured: {headline['epoch_s_median']:.3f} s as an array, {headline['epoch_as_lists_s_median']:.3f} s as lists, peak {headline['epoch_peak_mib']:.1f} MiB"
+    table = markdown_table(
+        [
+            "samples",
+            "classes",
+            "P x K",
+            "batches",
+            "construct (s)",
+            "one epoch, array (s)",
+            "one epoch, as lists (s)",
+            "epoch peak (MiB)",
+            "bytes/sample",
+        ],
+        "rrrrrrrrr",
+        [
+            [
+                f"{r['num_samples']:,}",
+                f"{r['num_classes']:,}",
+                f"{r['classes_per_batch']} x {r['samples_per_class']}",
+                f"{r['batches_per_rank']:,}",
+                f"{r['construct_s']:.3f}",
+                f"{r['epoch_s_median']:.3f}",
+                f"{r['epoch_as_lists_s_median']:.3f}",
+                f"{r['epoch_peak_mib']:.1f}",
+                f"{r['peak_bytes_per_sample']:.0f}",
+            ]
+            for r in rows
+        ],
     )
-
-    args.out.mkdir(parents=True, exist_ok=True)
-    name = "samplers_quick" if args.quick else "samplers"
+    goal = "one epoch of PK batches for 1,000,000 samples / 100,000 classes in under 1 s, memory linear in N"
+    print(
+        f"{table}\n\ngoal: {goal}\nmeasured: {headline['epoch_s_median']:.3f} s as an array, "
+        f"{headline['epoch_as_lists_s_median']:.3f} s as lists, peak {headline['epoch_peak_mib']:.1f} MiB"
+    )
     result = {
         "ratio": round(1.0 / headline["epoch_as_lists_s_median"], 3),
         "ratio_meaning": "goal time (1 s) / measured time of one epoch as lists at the largest size; >= 1 meets the goal",
         "goal": goal,
         "rows": rows,
-        "machine": f"{platform.machine()} {platform.processor() or ''} {platform.system()}, python {platform.python_version()}",
+        "machine": machine_info(torch_threads=False),
     }
-    (args.out / f"{name}.json").write_text(json.dumps(result, indent=2) + "\n")
-    (args.out / f"{name}.md").write_text(table + "\n")
+    return write_results(args.out, "samplers", args.quick, result, table)
 
 
 if __name__ == "__main__":
