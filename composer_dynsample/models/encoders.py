@@ -1,21 +1,26 @@
 """Small encoders that map a batch of features to ``(B, embedding_dim)`` embeddings.
 
 * :class:`Conv1dEncoder`: a 1-D CNN for sequences such as MNIST-1D, ``(B, L)`` or ``(B, C, L)``.
+* :class:`Conv2dEncoder`: a 2-D CNN for images such as the glyphs, ``(B, H, W)`` or ``(B, C, H, W)``.
 * :class:`MLPEncoder`: a multi-layer perceptron for flat vectors (scikit-learn's digits, tabular
   features); any ``(B, ...)`` input is flattened first.
 
-Both are plain :class:`torch.nn.Module` objects with keyword arguments only, so a YAML section maps to
+All are plain :class:`torch.nn.Module` objects with keyword arguments only, so a YAML section maps to
 them one to one (see :mod:`composer_dynsample.config`).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import torch
 from torch import nn
 
-__all__ = ["Conv1dEncoder", "MLPEncoder"]
+from composer_dynsample.validation import check_choice, check_float, check_int, is_int
+
+__all__ = ["Conv1dEncoder", "Conv2dEncoder", "MLPEncoder"]
 
 _ACTIVATIONS: dict[str, type[nn.Module]] = {"relu": nn.ReLU, "gelu": nn.GELU, "silu": nn.SiLU}
 _NORMS = ("batch", "none")
@@ -23,31 +28,103 @@ _POOLINGS = ("avg", "max", "avgmax", "flatten")
 
 
 def _check_positive_int(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be an integer >= 1, got {value!r}.")
-    return value
-
-
-def _check_choice(name: str, value: object, choices: Sequence[str]) -> str:
-    if value not in choices:
-        raise ValueError(f"{name} must be one of {list(choices)}, got {value!r}.")
-    return str(value)
+    return check_int(name, value, minimum=1)  # type: ignore[return-value]
 
 
 def _check_dropout(value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
-        raise ValueError(f"dropout must be a number in [0, 1), got {value!r}.")
-    return float(value)
+    return check_float("dropout", value, minimum=0, maximum=1, strict_maximum=True)
 
 
-def _per_layer(name: str, value: int | Sequence[int], num_layers: int) -> list[int]:
+def _per_layer(name: str, value: int | Sequence[int], num_layers: int, per: str = "layer") -> list[int]:
     """Expand an int to ``num_layers`` copies, or check a sequence of ``num_layers`` positive ints."""
-    values = [value] * num_layers if isinstance(value, int) and not isinstance(value, bool) else value
+    values = [value] * num_layers if is_int(value) else value
     if isinstance(values, (str, bytes)) or not isinstance(values, Sequence) or len(values) != num_layers:
         raise ValueError(
-            f"{name} must be an integer or a list of {num_layers} integers (one per layer), got {value!r}."
+            f"{name} must be an integer or a list of {num_layers} integers (one per {per}), got {value!r}."
         )
     return [_check_positive_int(f"{name}[{i}]", v) for i, v in enumerate(values)]
+
+
+def _check_kernel_size(kernel_size: object) -> int:
+    size = _check_positive_int("kernel_size", kernel_size)
+    if size % 2 == 0:
+        raise ValueError(f"kernel_size must be odd (the padding keeps lengths aligned), got {size}.")
+    return size
+
+
+def _pool(h: torch.Tensor, pooling: str, spatial_dims: tuple[int, ...]) -> torch.Tensor:
+    """Flatten the feature map, or pool it over ``spatial_dims`` (``avgmax`` concatenates both)."""
+    if pooling == "flatten":
+        return h.flatten(1)
+    if pooling == "avg":
+        return h.mean(spatial_dims)
+    if pooling == "max":
+        return h.amax(spatial_dims)
+    return torch.cat([h.mean(spatial_dims), h.amax(spatial_dims)], dim=1)
+
+
+class _ConvArguments(NamedTuple):
+    """The checked arguments shared by :class:`Conv1dEncoder` and :class:`Conv2dEncoder`."""
+
+    in_channels: int
+    widths: list[int]
+    strides: list[int]
+    kernel_size: int
+    norm: str
+    activation: type[nn.Module]
+    pooling: str
+    embedding_dim: int
+
+    @classmethod
+    def check(
+        cls,
+        num_layers: object,
+        in_channels: object,
+        channels: int | Sequence[int],
+        strides: int | Sequence[int],
+        kernel_size: object,
+        norm: object,
+        activation: object,
+        pooling: object,
+        embedding_dim: object,
+    ) -> _ConvArguments:
+        layers = _check_positive_int("num_layers", num_layers)
+        return cls(
+            in_channels=_check_positive_int("in_channels", in_channels),
+            widths=_per_layer("channels", channels, layers),
+            strides=_per_layer("strides", strides, layers),
+            kernel_size=_check_kernel_size(kernel_size),
+            norm=check_choice("norm", norm, _NORMS),
+            activation=_ACTIVATIONS[check_choice("activation", activation, _ACTIVATIONS)],
+            pooling=check_choice("pooling", pooling, _POOLINGS),
+            embedding_dim=_check_positive_int("embedding_dim", embedding_dim),
+        )
+
+    def blocks(self, conv: type[nn.Module], batch_norm: type[nn.Module]) -> nn.Sequential:
+        """``conv -> [batch norm] -> activation`` per layer; the padding keeps ``size / stride`` per axis."""
+        layers: list[nn.Module] = []
+        width_in = self.in_channels
+        for width, stride in zip(self.widths, self.strides):
+            padding = self.kernel_size // 2
+            bias = self.norm == "none"
+            layers.append(conv(width_in, width, self.kernel_size, stride=stride, padding=padding, bias=bias))
+            if self.norm == "batch":
+                layers.append(batch_norm(width))
+            layers.append(self.activation())
+            width_in = width
+        return nn.Sequential(*layers)
+
+    def output_size(self, size: int) -> int:
+        """The length of one spatial axis after the conv blocks."""
+        for stride in self.strides:
+            size = (size + 2 * (self.kernel_size // 2) - self.kernel_size) // stride + 1
+        return size
+
+    def head_features(self, flat_size: int) -> int:
+        """The number of features the linear head receives (``flat_size`` positions when flattened)."""
+        if self.pooling == "flatten":
+            return self.widths[-1] * flat_size
+        return self.widths[-1] * (2 if self.pooling == "avgmax" else 1)
 
 
 class Conv1dEncoder(nn.Module):
@@ -98,49 +175,19 @@ class Conv1dEncoder(nn.Module):
         dropout: float = 0.0,
     ) -> None:
         super().__init__()
-        num_layers = _check_positive_int("num_layers", num_layers)
-        self.in_channels = _check_positive_int("in_channels", in_channels)
-        widths = _per_layer("channels", channels, num_layers)
-        steps = _per_layer("strides", strides, num_layers)
-        kernel_size = _check_positive_int("kernel_size", kernel_size)
-        if kernel_size % 2 == 0:
-            raise ValueError(
-                f"kernel_size must be odd (the padding keeps lengths aligned), got {kernel_size}."
-            )
-        self.norm = _check_choice("norm", norm, _NORMS)
-        act = _ACTIVATIONS[_check_choice("activation", activation, list(_ACTIVATIONS))]
-        self.pooling = _check_choice("pooling", pooling, _POOLINGS)
-        self.embedding_dim = _check_positive_int("embedding_dim", embedding_dim)
+        conv = _ConvArguments.check(
+            num_layers, in_channels, channels, strides, kernel_size, norm, activation, pooling, embedding_dim
+        )
+        self.in_channels, self.norm, self.pooling = conv.in_channels, conv.norm, conv.pooling
+        self.embedding_dim = conv.embedding_dim
         self.input_length = (
             None if input_length is None else _check_positive_int("input_length", input_length)
         )
-
-        blocks: list[nn.Module] = []
-        width_in, length = self.in_channels, self.input_length
-        for width, stride in zip(widths, steps):
-            blocks.append(
-                nn.Conv1d(
-                    width_in,
-                    width,
-                    kernel_size,
-                    stride=stride,
-                    padding=kernel_size // 2,
-                    bias=self.norm == "none",
-                )
-            )
-            if self.norm == "batch":
-                blocks.append(nn.BatchNorm1d(width))
-            blocks.append(act())
-            width_in = width
-            if length is not None:
-                length = (length + 2 * (kernel_size // 2) - kernel_size) // stride + 1
-        self.features = nn.Sequential(*blocks)
-        if self.pooling == "flatten":
-            if length is None:
-                raise ValueError("pooling='flatten' needs input_length (the sequence length), got None.")
-            head_in = width_in * length
-        else:
-            head_in = width_in * (2 if self.pooling == "avgmax" else 1)
+        self.features = conv.blocks(nn.Conv1d, nn.BatchNorm1d)
+        if self.pooling == "flatten" and self.input_length is None:
+            raise ValueError("pooling='flatten' needs input_length (the sequence length), got None.")
+        length = 0 if self.input_length is None else conv.output_size(self.input_length)
+        head_in = conv.head_features(length)
         self.dropout = nn.Dropout(_check_dropout(dropout))
         self.head = nn.Linear(head_in, self.embedding_dim)
 
@@ -156,15 +203,94 @@ class Conv1dEncoder(nn.Module):
             raise ValueError(
                 f"Conv1dEncoder was built for input_length={self.input_length}, got length {x.shape[-1]}."
             )
-        h = self.features(x)
-        if self.pooling == "flatten":
-            h = h.flatten(1)
-        elif self.pooling == "avg":
-            h = h.mean(-1)
-        elif self.pooling == "max":
-            h = h.amax(-1)
-        else:
-            h = torch.cat([h.mean(-1), h.amax(-1)], dim=1)
+        h = _pool(self.features(x), self.pooling, (-1,))
+        return self.head(self.dropout(h))
+
+
+class Conv2dEncoder(nn.Module):
+    """A 2-D CNN: ``num_layers`` blocks of Conv2d, norm and activation, then pooling and a linear layer.
+
+    The image counterpart of :class:`Conv1dEncoder`, with the same arguments: block ``i`` is
+    ``Conv2d(kernel_size, stride=strides[i], padding=kernel_size // 2)``, then BatchNorm
+    (``norm="batch"``) and the activation. The last feature map is pooled over both spatial axes
+    (``"avg"``, ``"max"``, ``"avgmax"``: both concatenated) or flattened (``"flatten"``, which needs
+    ``input_size``), and projected to ``embedding_dim`` by a linear layer (after optional dropout).
+    The defaults suit 32 x 32 glyphs: four blocks take them to a 4 x 4 map of 64 channels.
+
+    Args:
+        input_size (int | Sequence[int], optional): Image size ``H`` (square) or ``(H, W)``; required
+            for ``pooling="flatten"``, else only checked. Default: ``None``.
+        in_channels (int): Input channels ``C``; a ``(B, H, W)`` input is read as one channel.
+            Default: ``1``.
+        channels (int | Sequence[int]): Output channels of every block, or one value per block.
+            Default: ``64``.
+        num_layers (int): Number of conv blocks. Default: ``4``.
+        kernel_size (int): Odd kernel size of every conv. Default: ``3``.
+        strides (int | Sequence[int]): Stride of every block, or one per block. Default: ``(1, 2, 2, 2)``.
+        norm (str): ``"batch"`` (BatchNorm2d, conv without bias) or ``"none"``. Default: ``"batch"``.
+        activation (str): ``"relu"``, ``"gelu"`` or ``"silu"``. Default: ``"relu"``.
+        pooling (str): ``"avg"``, ``"max"``, ``"avgmax"`` or ``"flatten"``. Default: ``"avg"``.
+        embedding_dim (int): Output dimension. Default: ``64``.
+        dropout (float): Dropout before the linear layer, in ``[0, 1)``. Default: ``0.0``.
+
+    Raises:
+        ValueError: If an argument is out of range, or ``pooling="flatten"`` lacks ``input_size``.
+
+    Example:
+        >>> encoder = Conv2dEncoder(input_size=32, channels=8, embedding_dim=4)
+        >>> encoder(torch.randn(3, 32, 32)).shape, encoder(torch.randn(3, 1, 32, 32)).shape
+        (torch.Size([3, 4]), torch.Size([3, 4]))
+    """
+
+    def __init__(
+        self,
+        *,
+        input_size: int | Sequence[int] | None = None,
+        in_channels: int = 1,
+        channels: int | Sequence[int] = 64,
+        num_layers: int = 4,
+        kernel_size: int = 3,
+        strides: int | Sequence[int] = (1, 2, 2, 2),
+        norm: str = "batch",
+        activation: str = "relu",
+        pooling: str = "avg",
+        embedding_dim: int = 64,
+        dropout: float = 0.0,
+    ) -> None:
+        super().__init__()
+        conv = _ConvArguments.check(
+            num_layers, in_channels, channels, strides, kernel_size, norm, activation, pooling, embedding_dim
+        )
+        self.in_channels, self.norm, self.pooling = conv.in_channels, conv.norm, conv.pooling
+        self.embedding_dim = conv.embedding_dim
+        self.input_size = (
+            None if input_size is None else tuple(_per_layer("input_size", input_size, 2, "axis"))
+        )
+        self.features = conv.blocks(nn.Conv2d, nn.BatchNorm2d)
+        if self.pooling == "flatten" and self.input_size is None:
+            raise ValueError("pooling='flatten' needs input_size (the image size H or (H, W)), got None.")
+        positions = 0
+        if self.input_size is not None:
+            positions = math.prod(conv.output_size(size) for size in self.input_size)
+        head_in = conv.head_features(positions)
+        self.dropout = nn.Dropout(_check_dropout(dropout))
+        self.head = nn.Linear(head_in, self.embedding_dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Embed ``(B, H, W)`` or ``(B, C, H, W)`` images to ``(B, embedding_dim)``."""
+        if x.ndim == 3 and self.in_channels == 1:
+            x = x.unsqueeze(1)
+        if x.ndim != 4 or x.shape[1] != self.in_channels:
+            raise ValueError(
+                f"Conv2dEncoder expects (B, H, W) or (B, {self.in_channels}, H, W) input, "
+                f"got shape {tuple(x.shape)}."
+            )
+        if self.input_size is not None and tuple(x.shape[-2:]) != self.input_size:
+            raise ValueError(
+                f"Conv2dEncoder was built for input_size={self.input_size}, got images of size "
+                f"{tuple(x.shape[-2:])}."
+            )
+        h = _pool(self.features(x), self.pooling, (-2, -1))
         return self.head(self.dropout(h))
 
 
@@ -207,8 +333,8 @@ class MLPEncoder(nn.Module):
             raise ValueError(f"hidden_dims must be a list of integers >= 1, got {hidden_dims!r}.")
         widths = [_check_positive_int(f"hidden_dims[{i}]", w) for i, w in enumerate(hidden_dims)]
         self.embedding_dim = _check_positive_int("embedding_dim", embedding_dim)
-        norm = _check_choice("norm", norm, _NORMS)
-        act = _ACTIVATIONS[_check_choice("activation", activation, list(_ACTIVATIONS))]
+        norm = check_choice("norm", norm, _NORMS)
+        act = _ACTIVATIONS[check_choice("activation", activation, _ACTIVATIONS)]
         rate = _check_dropout(dropout)
         layers: list[nn.Module] = []
         width_in = self.in_features
