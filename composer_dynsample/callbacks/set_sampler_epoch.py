@@ -11,7 +11,7 @@ from composer.core import Callback, DataSpec, State
 from composer.loggers import Logger
 
 from composer_dynsample.distributed import all_gather_rows, get_rank, get_world_size
-from composer_dynsample.samplers.base import SupportsSetEpoch
+from composer_dynsample.samplers.base import DistributedBatchSampler, SupportsSetEpoch, _ResumePlan
 from composer_dynsample.validation import check_bool
 
 __all__ = ["SetSamplerEpoch", "find_epoch_target"]
@@ -73,10 +73,18 @@ class SetSamplerEpoch(Callback):
     multi-rank run's train dataloader has nothing that takes an epoch, and logs the epoch it set as
     ``sampler/epoch``.
 
-    It saves the world size in the checkpoint. A resume in the middle of an epoch on another number of
-    ranks raises a ``ValueError`` naming both (Composer would skip the batches each rank trained before,
-    which are other batches on another world size, so samples would repeat or go missing); a resume at
-    an epoch boundary is exact on any number of ranks.
+    It saves the world size and how many of the epoch's global batches were trained in the checkpoint,
+    and resumes elastically: a run resumed mid-epoch on another number of ranks trains each remaining
+    global batch of the interrupted epoch exactly once (rank ``r`` of ``W`` takes remaining batches ``r,
+    r + W, ...``; a remainder smaller than ``W`` follows the sampler's ``drop_last``: dropped, or padded
+    from the epoch's start), and the following epochs are the normal ones. Composer discards the first
+    ``timestamp.batch_in_epoch`` batches of each rank on resume, counted in the old world's per-rank
+    batches, so the sampler yields that many one-index placeholders first and the trainer's
+    ``dataloader_len`` covers them for that epoch. This needs Composer's default
+    ``spin_dataloaders=True`` and a :class:`~composer_dynsample.samplers.DistributedBatchSampler`
+    without ``train_subset_num_batches``; any other sampler resumed mid-epoch on another number of ranks
+    gets a ``ValueError`` naming both world sizes. A resume at an epoch boundary is exact on any number
+    of ranks.
 
     With a ``DataLoader(batch_sampler=...)`` (``batch_size=None``) and no ``device_train_microbatch_size``,
     Composer would fail with a bare ``AssertionError`` at the first batch; at ``FIT_START`` this callback
@@ -96,39 +104,78 @@ class SetSamplerEpoch(Callback):
     def __init__(self, check_ranks: bool = True) -> None:
         self.check_ranks = check_bool("check_ranks", check_ranks)
         self._warned_missing = False
-        self._saved_world_size: int | None = None
+        self._saved: dict[str, Any] = {}
+        self._state: State | None = None
+        self._resumed: _ResumePlan | None = None
 
     def fit_start(self, state: State, logger: Logger) -> None:
+        self._state = state
         self._check_microbatch_size(state)
-        self._check_resumed_world(state)
+        self._resume_elastically(state)
         self._set_epoch(state, logger)
 
     def state_dict(self) -> dict[str, Any]:
-        """The world size the run trained on, so a resume can tell whether the epoch's shards still hold."""
-        return {"world_size": get_world_size()}
+        """The world size and how many of the current epoch's global batches are trained, for a resume."""
+        saved: dict[str, Any] = {"world_size": get_world_size()}
+        if self._state is not None:
+            epoch, batch = int(self._state.timestamp.epoch), int(self._state.timestamp.batch_in_epoch)
+            saved.update(epoch=epoch, global_batches_done=self._global_batches_done(epoch, batch))
+        return saved
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self._saved_world_size = state.get("world_size")
+        self._saved = dict(state)
 
-    def _check_resumed_world(self, state: State) -> None:
-        """Refuse a mid-epoch resume on another number of ranks, which would repeat or skip samples.
+    def _global_batches_done(self, epoch: int, batch_in_epoch: int) -> int:
+        """The number of the epoch's global batches trained when this rank is at ``batch_in_epoch``."""
+        plan = self._resumed
+        if plan is not None and plan.epoch == epoch:  # the first plan.skip batches were placeholders
+            return plan.done + (batch_in_epoch - plan.skip) * get_world_size()
+        return batch_in_epoch * get_world_size()
 
-        Composer skips the ``batch_in_epoch`` batches each rank already trained; with another world size
-        those are other batches than the ones trained. At an epoch boundary nothing is skipped, so a
-        resume there is exact on any number of ranks.
+    def _resume_elastically(self, state: State) -> None:
+        """Resume an epoch interrupted on another number of ranks without repeating or skipping a sample.
+
+        Composer discards the first ``batch_in_epoch`` batches each rank yields on resume; that is exact
+        only when the checkpoint's world size is this run's. Otherwise the sampler is told which of the
+        epoch's global batches are trained and yields ``batch_in_epoch`` placeholders for the trainer to
+        discard, then this rank's share of the rest.
         """
-        saved, now = self._saved_world_size, get_world_size()
-        if saved is None or saved == now or int(state.timestamp.batch_in_epoch) == 0:
+        epoch, skip = int(state.timestamp.epoch), int(state.timestamp.batch_in_epoch)
+        saved_world = self._saved.get("world_size")
+        if saved_world is None or skip == 0:
             return
-        raise ValueError(
-            f"SetSamplerEpoch: the checkpoint was written by {saved} rank(s) in the middle of epoch "
-            f"{int(state.timestamp.epoch)} (batch {int(state.timestamp.batch_in_epoch)} of the epoch), and this "
-            f"run has {now} rank(s): resuming would repeat or skip samples of that epoch. Resume on {saved} "
-            "rank(s), or from a checkpoint saved at an epoch boundary (save_interval in epochs)."
+        done = self._saved.get("global_batches_done") if self._saved.get("epoch") == epoch else None
+        done = skip * int(saved_world) if done is None else int(done)
+        if done == skip * get_world_size():  # Composer's own skip is exact
+            return
+        target = find_epoch_target(state.train_dataloader)
+        subset = state.dataloader_len is not None and isinstance(target, DistributedBatchSampler)
+        subset = subset and int(state.dataloader_len) != len(target)  # type: ignore[arg-type]
+        if not isinstance(target, DistributedBatchSampler) or subset:
+            raise ValueError(
+                f"SetSamplerEpoch: the checkpoint was written by {saved_world} rank(s) in the middle of epoch "
+                f"{epoch} (batch {skip} of the epoch), and this run has {get_world_size()} rank(s): only a "
+                "composer_dynsample DistributedBatchSampler without train_subset_num_batches can resume such an "
+                f"epoch elastically, and the train dataloader has {type(target).__name__}. Resume on "
+                f"{saved_world} rank(s), or from a checkpoint saved at an epoch boundary (save_interval in epochs)."
+            )
+        target.set_epoch(epoch)
+        target.resume_epoch(epoch, done, skip)
+        self._resumed = _ResumePlan(epoch, done, skip)
+        state.dataloader_len = -1  # -1: Composer reads len(dataloader) again, now with the placeholders
+        log.info(
+            "SetSamplerEpoch: epoch %d resumed on %d rank(s) after %d of its global batches on %d rank(s)",
+            epoch,
+            get_world_size(),
+            done,
+            saved_world,
         )
 
     def epoch_start(self, state: State, logger: Logger) -> None:
         self._set_epoch(state, logger)
+        if self._resumed is not None and self._resumed.epoch != int(state.timestamp.epoch):
+            self._resumed = None
+            state.dataloader_len = -1  # the epoch's full length again
 
     def _set_epoch(self, state: State, logger: Logger) -> None:
         epoch = int(state.timestamp.epoch)

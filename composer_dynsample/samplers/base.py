@@ -16,7 +16,7 @@ from __future__ import annotations
 import abc
 import warnings
 from collections.abc import Iterator, Sequence
-from typing import Protocol, runtime_checkable
+from typing import NamedTuple, Protocol, runtime_checkable
 
 import numpy as np
 import torch
@@ -93,6 +93,14 @@ class _Sized:
         return self.length
 
 
+class _ResumePlan(NamedTuple):
+    """An epoch resumed part-way: its first ``done`` global batches are trained, ``skip`` batches are discarded."""
+
+    epoch: int
+    done: int
+    skip: int
+
+
 class DistributedBatchSampler(DistributedSampler, abc.ABC):
     """A ``DistributedSampler`` that yields lists of indices: one rank's share of the epoch's batches.
 
@@ -138,6 +146,7 @@ class DistributedBatchSampler(DistributedSampler, abc.ABC):
         )
         self.batch_size = check_int("batch_size", batch_size, minimum=1)
         self.num_indices = num_indices
+        self._resume: _ResumePlan | None = None
 
     @property
     @abc.abstractmethod
@@ -162,9 +171,43 @@ class DistributedBatchSampler(DistributedSampler, abc.ABC):
             )
 
     def __len__(self) -> int:
-        """The number of batches this rank yields per epoch; identical on every rank."""
-        total, world = self.num_global_batches, self.num_replicas
-        return total // world if self.drop_last else -(-total // world)
+        """The number of batches this rank yields per epoch; identical on every rank.
+
+        In an epoch planned by :meth:`resume_epoch`: the batches to skip plus this rank's share of the rest.
+        """
+        plan = self._active_resume()
+        if plan is None:
+            return self._per_rank(self.num_global_batches)
+        return plan.skip + self._per_rank(max(self.num_global_batches - plan.done, 0))
+
+    def _per_rank(self, total: int) -> int:
+        """The number of batches each rank gets out of ``total`` global batches, by the ``drop_last`` rule."""
+        return total // self.num_replicas if self.drop_last else -(-total // self.num_replicas)
+
+    def resume_epoch(self, epoch: int, global_batches_done: int, batches_to_skip: int) -> None:
+        """Plan an epoch resumed part-way, possibly on another number of ranks than it started on.
+
+        The epoch's global batch sequence depends on ``(seed, epoch)`` only, so what was trained before
+        the interruption is its first ``global_batches_done`` batches, whatever the world size was. In
+        ``epoch`` this sampler then yields ``batches_to_skip`` one-index placeholder batches (the ones
+        the trainer discards on resume, Composer's ``timestamp.batch_in_epoch``), followed by this rank's
+        share of the remaining global batches: rank ``r`` of ``W`` takes remaining batches
+        ``r, r + W, ...``, and ``drop_last`` decides what happens to a remainder smaller than ``W``
+        (dropped, or padded with batches from the start of the epoch). Other epochs are unaffected.
+
+        Args:
+            epoch (int): The interrupted epoch.
+            global_batches_done (int): How many of the epoch's global batches were trained already.
+            batches_to_skip (int): How many batches the trainer discards before training on this rank.
+        """
+        epoch = check_int("epoch", epoch, minimum=0)
+        done = check_int("global_batches_done", global_batches_done, minimum=0)
+        skip = check_int("batches_to_skip", batches_to_skip, minimum=0)
+        self._resume = _ResumePlan(epoch, done, skip)
+
+    def _active_resume(self) -> _ResumePlan | None:
+        plan = self._resume
+        return plan if plan is not None and plan.epoch == self.epoch else None
 
     def set_epoch(self, epoch: int) -> None:
         """Set the epoch whose order the next iteration yields. Calling it twice with one epoch is harmless."""
@@ -179,15 +222,28 @@ class DistributedBatchSampler(DistributedSampler, abc.ABC):
                 f"{type(self).__name__}.global_batches returned {batches.shape[0]} batches, "
                 f"expected {self.num_global_batches}."
             )
-        needed = len(self) * self.num_replicas
-        if needed > batches.shape[0]:
+        return self._shard(batches, 0, self._per_rank(batches.shape[0]))
+
+    def _shard(self, batches: np.ndarray, start: int, per_rank: int) -> np.ndarray:
+        """This rank's ``per_rank`` batches of ``batches[start:]``, padded from the epoch's start if short."""
+        needed = per_rank * self.num_replicas
+        rest = batches[start:]
+        if needed > rest.shape[0]:
             # Pad by wrapping around, as DistributedSampler(drop_last=False) does.
-            repeats = -(-needed // batches.shape[0])
-            batches = np.concatenate([batches] * repeats, axis=0)
-        return batches[self.rank : needed : self.num_replicas]
+            repeats = -(-(needed - rest.shape[0]) // batches.shape[0])
+            rest = np.concatenate([rest] + [batches] * repeats, axis=0)
+        return rest[self.rank : needed : self.num_replicas]
 
     def __iter__(self) -> Iterator[list[int]]:  # type: ignore[override]
-        yield from self.rank_batches().tolist()
+        plan = self._active_resume()
+        if plan is None:
+            yield from self.rank_batches().tolist()
+            return
+        batches = self.global_batches(self.epoch)
+        placeholder = [int(batches[0, 0])]  # loaded and discarded by the trainer: one index is enough
+        for _ in range(plan.skip):
+            yield placeholder
+        yield from self._shard(batches, plan.done, len(self) - plan.skip).tolist()
 
     def _warn_overlap(self, message: str) -> None:
         warnings.warn(message, UserWarning, stacklevel=3)

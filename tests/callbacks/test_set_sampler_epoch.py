@@ -161,26 +161,85 @@ def test_build_dataloader_makes_the_same_batch_sampler_train():
     assert int(trainer.state.timestamp.batch) == len(sampler)
 
 
-def _as_written_by(checkpoint, world_size, out):
+def _as_written_by(checkpoint, world_size, out, **position):
     """A copy of a checkpoint whose SetSamplerEpoch state says it was written on ``world_size`` ranks."""
     state = torch.load(checkpoint, weights_only=False)
     (key,) = [key for key in state["state"]["callbacks"] if "SetSamplerEpoch" in key]
-    state["state"]["callbacks"][key]["world_size"] = world_size
+    state["state"]["callbacks"][key].update(world_size=world_size, **position)
     torch.save(state, out)
     return str(out)
 
 
-def test_a_mid_epoch_resume_on_another_world_size_is_refused(tmp_path):
-    trainer, _, _ = make_run(callbacks=[SetSamplerEpoch()], save_folder=str(tmp_path), save_interval="5ba")
+def test_a_mid_epoch_resume_on_another_world_size_is_refused_for_other_samplers(tmp_path):
+    def duck_run(**kwargs):
+        recorder = BatchRecorder()
+        trainer = Trainer(
+            model=IndexClassifier(LABELS.numel(), 8),
+            train_dataloader=DataLoader(index_dataset(LABELS), batch_sampler=DuckSampler(LABELS.numel(), 12)),
+            device_train_microbatch_size=12,
+            max_duration="3ep",
+            callbacks=[recorder, SetSamplerEpoch()],
+            progress_bar=False,
+            **kwargs,
+        )
+        return trainer, recorder
+
+    trainer, _ = duck_run(save_folder=str(tmp_path), save_interval="5ba")
     trainer.fit()
     trainer.close()
-    two_ranks = _as_written_by(tmp_path / "ep1-ba10-rank0.pt", 2, tmp_path / "from-two-ranks.pt")
-    resumed, _, recorder = make_run(callbacks=[SetSamplerEpoch()], load_path=two_ranks)
+    two_ranks = _as_written_by(
+        tmp_path / "ep1-ba10-rank0.pt", 2, tmp_path / "two.pt", epoch=1, global_batches_done=4
+    )
+    resumed, recorder = duck_run(load_path=two_ranks)
     with pytest.raises(
-        ValueError, match=r"written by 2 rank\(s\) in the middle of epoch 1 .* this run has 1 rank"
+        ValueError,
+        match=r"written by 2 rank\(s\) in the middle of epoch 1 .* this run has 1 rank.*DuckSampler",
     ):
         resumed.fit()
     assert recorder.batches == {}  # refused before a single batch
+
+
+def test_a_mid_epoch_resume_from_two_ranks_trains_the_rest_of_the_epoch_once(tmp_path):
+    trainer, _, full = make_run(callbacks=[SetSamplerEpoch()], save_folder=str(tmp_path), save_interval="5ba")
+    trainer.fit()
+    trainer.close()
+    # As if 2 ranks had trained 2 batches each of epoch 1: its global batches 0-3.
+    two_ranks = _as_written_by(
+        tmp_path / "ep1-ba10-rank0.pt", 2, tmp_path / "two.pt", epoch=1, global_batches_done=4
+    )
+    resumed, sampler, recorder = make_run(callbacks=[SetSamplerEpoch()], load_path=two_ranks)
+    resumed.fit()
+    assert recorder.epoch(1) == full.epoch(1)[4:]
+    assert [key for key in sorted(recorder.batches) if key[0] == 1] == [(1, 2), (1, 3), (1, 4), (1, 5)]
+    assert recorder.epoch(2) == full.epoch(2) and len(sampler) == 8
+
+
+def test_an_elastically_resumed_epoch_saves_its_global_position_for_the_next_resume(tmp_path):
+    trainer, _, full = make_run(callbacks=[SetSamplerEpoch()], save_folder=str(tmp_path), save_interval="5ba")
+    trainer.fit()
+    trainer.close()
+    two_ranks = _as_written_by(
+        tmp_path / "ep1-ba10-rank0.pt", 2, tmp_path / "two.pt", epoch=1, global_batches_done=4
+    )
+    folder = tmp_path / "second"
+    first, _, first_part = make_run(
+        callbacks=[SetSamplerEpoch()],
+        load_path=two_ranks,
+        save_folder=str(folder),
+        save_interval="1ba",
+        max_duration="12ba",
+    )
+    first.fit()
+    first.close()
+    state = torch.load(folder / "ep1-ba12-rank0.pt", weights_only=False)["state"]["callbacks"]
+    (saved,) = [value for key, value in state.items() if "SetSamplerEpoch" in key]
+    assert saved == {"world_size": 1, "epoch": 1, "global_batches_done": 6}
+    second, _, second_part = make_run(
+        callbacks=[SetSamplerEpoch()], load_path=str(folder / "ep1-ba12-rank0.pt")
+    )
+    second.fit()
+    assert first_part.epoch(1) + second_part.epoch(1) == full.epoch(1)[4:]
+    assert second_part.epoch(2) == full.epoch(2)
 
 
 def test_an_epoch_boundary_resume_on_another_world_size_is_exact(tmp_path):
