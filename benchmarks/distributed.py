@@ -189,18 +189,9 @@ def training(quick: bool, work: Path) -> list[dict]:
 # --------------------------------------------------------------------------------------------- all-gather
 def gather_worker(batches: list[int], rounds: int, out_file: str | None) -> None:
     """One rank of the all-gather micro-benchmark (RANK etc. in the environment)."""
-    import importlib.util
-    import types
-
     import torch
     import torch.distributed as torch_dist
 
-    # composer_dynsample.distributed without the package's __init__ (which imports Composer).
-    spec = importlib.util.find_spec("composer_dynsample")
-    if spec is not None and spec.submodule_search_locations and "composer_dynsample" not in sys.modules:
-        parent = types.ModuleType("composer_dynsample")
-        parent.__path__ = list(spec.submodule_search_locations)
-        sys.modules["composer_dynsample"] = parent
     from composer_dynsample.distributed import all_gather_embeddings
 
     torch.set_num_threads(1)
