@@ -61,7 +61,12 @@ def prepare_run_dir(run_dir: Path, *, overwrite: bool, load_path: Any = None) ->
     A run that resumes from a checkpoint inside ``run_dir`` continues that run and may write there.
     With ``overwrite`` the previous run's outputs (:data:`RUN_OUTPUTS`, nothing else) are removed, so no
     stale checkpoint or plot survives next to the new run's.
+
+    Rank 0 alone decides (the other ranks could already see what rank 0 writes for the new run); when it
+    refuses it exits, and the launcher (Composer's or ``torchrun``) stops the other ranks.
     """
+    if not _is_rank_zero():
+        return
     for parent in (run_dir, *run_dir.parents):
         if parent.exists() and not parent.is_dir():
             raise RunDirError(f"--run-dir {str(run_dir)!r}: {str(parent)!r} is a file, not a directory.")
@@ -76,10 +81,9 @@ def prepare_run_dir(run_dir: Path, *, overwrite: bool, load_path: Any = None) ->
             f"{str(run_dir)!r} holds a previous run ({', '.join(previous)}); pass --overwrite to replace it, "
             "choose another --run-dir, or resume it with trainer.load_path=<its checkpoint>."
         )
-    if _is_rank_zero():
-        for name in previous:
-            target = run_dir / name
-            shutil.rmtree(target) if target.is_dir() else target.unlink()
+    for name in previous:
+        target = run_dir / name
+        shutil.rmtree(target) if target.is_dir() else target.unlink()
 
 
 def _is_inside(path: Path, folder: Path) -> bool:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import struct
 from pathlib import Path
 
@@ -243,3 +244,24 @@ def test_without_a_terminal_there_is_no_progress_bar(tmp_path, capfd):
     lines = (captured.out + captured.err).splitlines()
     assert len(lines) < 30, lines[:40]  # the table and the summary, no bar redrawn per batch
     assert not any("train          Epoch" in line or "ba/s" in line for line in lines)
+
+
+def test_a_refused_run_dir_stops_every_rank_of_a_launch(tmp_path):
+    """Rank 0 refuses and exits; the launcher stops rank 1 rather than leaving it waiting for rank 0."""
+    import socket
+    import subprocess
+    import sys
+
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "metrics.json").write_text("{}")
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    command = [sys.executable, "-m", "composer.cli.launcher", "-n", "2", "--master_port", str(port),
+               "-m", "composer_dynsample", "train", DIGITS, *QUIET, "--run-dir", str(tmp_path / "run")]  # fmt: skip
+    result = subprocess.run(
+        command, capture_output=True, text=True, timeout=180, env={**os.environ, "OMP_NUM_THREADS": "1"}
+    )
+    assert result.returncode != 0
+    assert "holds a previous run (metrics.json)" in result.stdout + result.stderr
+    assert json.loads((tmp_path / "run" / "metrics.json").read_text()) == {}
