@@ -3,7 +3,9 @@
 Every headline in the README's benchmark summary comes from a results file that a script in this
 folder wrote; this script rewrites the text between the ``<!-- benchmarks:start -->`` and
 ``<!-- benchmarks:end -->`` markers, and every ``<!-- results:NAME -->`` ... ``<!-- /results:NAME -->``
-block with ``benchmarks/results/NAME.md``. ``make bench`` runs it last.
+block with ``benchmarks/results/NAME.md``, and the figures of the mining method card
+(``composer_dynsample/algorithms/hard_negative_mining/README.md``, between ``<!-- measured:start -->`` and
+``<!-- measured:end -->``). ``make bench`` runs it last; ``--check`` fails when either file is stale.
 
     python benchmarks/report.py [--results benchmarks/results] [--readme README.md] [--check]
 """
@@ -81,13 +83,53 @@ def fill_tables(text: str, results: Path) -> str:
     return text
 
 
+CARD = Path(__file__).parent.parent / "composer_dynsample/algorithms/hard_negative_mining/README.md"
+CARD_START, CARD_END = "<!-- measured:start -->", "<!-- measured:end -->"
+
+
+def _goal(miners: dict, prefix: str) -> dict:
+    return next(goal for goal in miners["goals"] if goal["goal"].startswith(prefix))
+
+
+def method_card(results: Path) -> str:
+    """The method card's "Measured" paragraph, from ``miners.json`` and ``overhead.json``."""
+    miners = json.loads((results / "miners.json").read_text())
+    overhead = json.loads((results / "overhead.json").read_text())
+    batch_hard = _goal(miners, "batch_hard <= 3x matmul")["measured"]
+    batch_hard_pml = _goal(miners, "batch_hard >= 3x faster than PML")["measured"]
+    semi = _goal(miners, "semi_hard <= ")
+    semi_goal = semi["goal"].split("<=", 1)[1].split("matmul")[0].strip()
+    multi = _goal(miners, "multi_similarity faster than PML")["measured"]
+    memory = next(row for row in miners["memory"] if row["batch"] == 1024)
+    threads = miners["config"].get("threads", "?")
+    return (
+        f"`benchmarks/miners.py` and `benchmarks/overhead.py`, {threads} threads ({_machine(miners)}): "
+        f"`batch_hard` {batch_hard} one `emb @ emb.T` matmul and {batch_hard_pml} faster than PML's "
+        f"`BatchHardMiner` at B = 1024 with identical triplets; `multi_similarity` {multi} faster than PML's "
+        f"with identical pairs; `semi_hard` {semi['measured']} the matmul (goal {semi_goal}, "
+        f"{'met' if semi['met'] else 'missed'}) with {memory['semi_hard_peak_mib']:g} MiB at B = 1024 (PML's "
+        f"all-triplet semihard miner: {memory['pml_semihard_peak_mib']:g} MiB); mining at most "
+        f"{100 * float(overhead['ratio']):.1f}% of a training step of a small 1-D CNN at B = 256."
+    )
+
+
+def fill_card(text: str, results: Path) -> str:
+    """Replace the method card's text between the ``measured`` markers with :func:`method_card`."""
+    head, rest = text.split(CARD_START, 1)
+    _, tail = rest.split(CARD_END, 1)
+    return f"{head}{CARD_START}\n{method_card(results)}\n{CARD_END}{tail}"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--results", type=Path, default=Path(__file__).parent / "results")
     parser.add_argument("--readme", type=Path, default=Path(__file__).parent.parent / "README.md")
-    parser.add_argument("--check", action="store_true", help="exit 1 if the README is not up to date")
+    parser.add_argument("--card", type=Path, default=CARD, help="the mining method card to refill")
+    parser.add_argument(
+        "--check", action="store_true", help="exit 1 if the README or the card is not up to date"
+    )
     args = parser.parse_args(argv)
     text = args.readme.read_text()
     if START not in text or END not in text:
@@ -95,9 +137,21 @@ def main(argv: list[str] | None = None) -> int:
     head, rest = text.split(START, 1)
     _, tail = rest.split(END, 1)
     updated = fill_tables(f"{head}{START}\n{summary(args.results)}\n{END}{tail}", args.results)
+    card = args.card.read_text()
+    card_updated = fill_card(card, args.results)
     if args.check:
-        return 0 if updated == text else 1
+        stale = [
+            str(path)
+            for path, old, new in ((args.readme, text, updated), (args.card, card, card_updated))
+            if old != new
+        ]
+        if stale:
+            print(
+                f"not up to date with benchmarks/results: {', '.join(stale)}; run python benchmarks/report.py"
+            )
+        return 1 if stale else 0
     args.readme.write_text(updated)
+    args.card.write_text(card_updated)
     print(summary(args.results))
     return 0
 
