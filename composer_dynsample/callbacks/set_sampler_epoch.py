@@ -149,15 +149,19 @@ class SetSamplerEpoch(Callback):
         if done == skip * get_world_size():  # Composer's own skip is exact
             return
         target = find_epoch_target(state.train_dataloader)
-        subset = state.dataloader_len is not None and isinstance(target, DistributedBatchSampler)
-        subset = subset and int(state.dataloader_len) != len(target)  # type: ignore[arg-type]
-        if not isinstance(target, DistributedBatchSampler) or subset:
+        if not isinstance(target, DistributedBatchSampler):
+            reason = f"the train dataloader's sampler is a {type(target).__name__}"
+        elif state.dataloader_len is not None and int(state.dataloader_len) != len(target):
+            reason = f"train_subset_num_batches={int(state.dataloader_len)} cuts the epoch"
+        else:
+            reason = None
+        if reason is not None:
             raise ValueError(
                 f"SetSamplerEpoch: the checkpoint was written by {saved_world} rank(s) in the middle of epoch "
                 f"{epoch} (batch {skip} of the epoch), and this run has {get_world_size()} rank(s): only a "
-                "composer_dynsample DistributedBatchSampler without train_subset_num_batches can resume such an "
-                f"epoch elastically, and the train dataloader has {type(target).__name__}. Resume on "
-                f"{saved_world} rank(s), or from a checkpoint saved at an epoch boundary (save_interval in epochs)."
+                "composer_dynsample DistributedBatchSampler over whole epochs can resume it without repeating "
+                f"or skipping samples, and {reason}. Resume on {saved_world} rank(s), or from a checkpoint "
+                "saved at an epoch boundary (save_interval in epochs)."
             )
         target.set_epoch(epoch)
         target.resume_epoch(epoch, done, skip)

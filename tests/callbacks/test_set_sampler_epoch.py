@@ -214,6 +214,21 @@ def test_a_mid_epoch_resume_from_two_ranks_trains_the_rest_of_the_epoch_once(tmp
     assert recorder.epoch(2) == full.epoch(2) and len(sampler) == 8
 
 
+def test_an_epoch_cut_by_train_subset_num_batches_is_not_resumed_elastically(tmp_path):
+    trainer, _, _ = make_run(callbacks=[SetSamplerEpoch()], save_folder=str(tmp_path), save_interval="5ba")
+    trainer.fit()
+    trainer.close()
+    two_ranks = _as_written_by(
+        tmp_path / "ep1-ba10-rank0.pt", 2, tmp_path / "two.pt", epoch=1, global_batches_done=4
+    )
+    resumed, _, recorder = make_run(
+        callbacks=[SetSamplerEpoch()], load_path=two_ranks, train_subset_num_batches=6
+    )
+    with pytest.raises(ValueError, match=r"this run has 1 rank.*train_subset_num_batches=6 cuts the epoch"):
+        resumed.fit()
+    assert recorder.batches == {}
+
+
 def test_an_elastically_resumed_epoch_saves_its_global_position_for_the_next_resume(tmp_path):
     trainer, _, full = make_run(callbacks=[SetSamplerEpoch()], save_folder=str(tmp_path), save_interval="5ba")
     trainer.fit()
