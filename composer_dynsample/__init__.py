@@ -24,36 +24,27 @@ Example:
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from composer_dynsample._lazy import lazy_exports
 
 __version__ = "0.1.0"
 
-# Public name -> the module that defines it.
-_EXPORTS: dict[str, str] = {
-    "BatchSamplerDataLoader": "composer_dynsample.samplers.dataloader",
-    "ContrastiveLoss": "composer_dynsample.losses",
-    "Conv1dEncoder": "composer_dynsample.models",
-    "CrossBatchMemory": "composer_dynsample.algorithms",
-    "DistributedBatchSampler": "composer_dynsample.samplers",
-    "EmbeddingModel": "composer_dynsample.models",
-    "EmbeddingTable": "composer_dynsample.algorithms",
-    "GatherCollate": "composer_dynsample.data",
-    "HardNegativeMining": "composer_dynsample.algorithms",
-    "IndexDataset": "composer_dynsample.data",
-    "MLPEncoder": "composer_dynsample.models",
-    "MinedBatch": "composer_dynsample.mined",
-    "MultiSimilarityLoss": "composer_dynsample.losses",
-    "PKBatchSampler": "composer_dynsample.samplers",
-    "RetrievalGallery": "composer_dynsample.callbacks",
-    "SetSamplerEpoch": "composer_dynsample.callbacks",
-    "SupportsSetEpoch": "composer_dynsample.samplers",
-    "TensorStore": "composer_dynsample.data",
-    "TripletMarginLoss": "composer_dynsample.losses",
-    "TwoStreamBatchSampler": "composer_dynsample.samplers",
-    "build_dataloader": "composer_dynsample.samplers.dataloader",
-    "find_epoch_target": "composer_dynsample.callbacks",
-    "mine": "composer_dynsample.algorithms",
+# Each defining module and the public names it provides.
+_MODULES: dict[str, list[str]] = {
+    "composer_dynsample.samplers.dataloader": ["BatchSamplerDataLoader", "build_dataloader"],
+    "composer_dynsample.losses": ["ContrastiveLoss", "MultiSimilarityLoss", "TripletMarginLoss"],
+    "composer_dynsample.models": ["Conv1dEncoder", "EmbeddingModel", "MLPEncoder"],
+    "composer_dynsample.algorithms": ["CrossBatchMemory", "EmbeddingTable", "HardNegativeMining", "mine"],
+    "composer_dynsample.samplers": [
+        "DistributedBatchSampler",
+        "PKBatchSampler",
+        "SupportsSetEpoch",
+        "TwoStreamBatchSampler",
+    ],
+    "composer_dynsample.data": ["GatherCollate", "IndexDataset", "TensorStore"],
+    "composer_dynsample.mined": ["MinedBatch"],
+    "composer_dynsample.callbacks": ["RetrievalGallery", "SetSamplerEpoch", "find_epoch_target"],
 }
 
 __all__ = [
@@ -98,14 +89,4 @@ if TYPE_CHECKING:
     from composer_dynsample.samplers.dataloader import BatchSamplerDataLoader, build_dataloader
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'composer_dynsample' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value  # later lookups skip __getattr__
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+__getattr__, __dir__ = lazy_exports(__name__, _MODULES, globals())

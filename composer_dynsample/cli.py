@@ -11,6 +11,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 __all__ = ["main"]
 
@@ -55,6 +56,13 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _checkpoint_command(commands: Any, name: str, summary: str, description: str) -> argparse.ArgumentParser:
+    command = commands.add_parser(name, help=summary, description=description)
+    _add_common(command)
+    command.add_argument("--checkpoint", type=Path, required=True, help="the checkpoint file")
+    return command
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``composer-dynsample``."""
     parser = argparse.ArgumentParser(
@@ -76,21 +84,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
     train.add_argument("--overwrite", action="store_true", help="replace a previous run in the run directory")
     train.add_argument("--quiet", action="store_true", help="no progress bar and no metrics table")
-    evaluate = commands.add_parser(
+    evaluate = _checkpoint_command(
+        commands,
         "eval",
-        help="retrieval metrics of a saved checkpoint (table and json)",
-        description="Score CHECKPOINT: the test queries against the train gallery, as at the end of train.",
+        "retrieval metrics of a saved checkpoint (table and json)",
+        "Score CHECKPOINT: the test queries against the train gallery, as at the end of train.",
     )
-    _add_common(evaluate)
-    evaluate.add_argument("--checkpoint", type=Path, required=True, help="the checkpoint file")
     evaluate.add_argument("--out", type=Path, default=None, help="metrics json (default: RUN_DIR/eval.json)")
-    embed = commands.add_parser(
+    embed = _checkpoint_command(
+        commands,
         "embed",
-        help="embeddings, labels and indices of a split, from a saved checkpoint, as .npz",
-        description="Write the embeddings, labels and indices of one split, embedded by CHECKPOINT's model.",
+        "embeddings, labels and indices of a split, from a saved checkpoint, as .npz",
+        "Write the embeddings, labels and indices of one split, embedded by CHECKPOINT's model.",
     )
-    _add_common(embed)
-    embed.add_argument("--checkpoint", type=Path, required=True, help="the checkpoint file")
     embed.add_argument(
         "--split", choices=("test", "train"), default="test", help="which split (default: test)"
     )

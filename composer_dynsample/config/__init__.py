@@ -41,34 +41,36 @@ into a ready :class:`TrainingRun`); ``composer-dynsample train`` runs it. Proble
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from composer_dynsample._lazy import lazy_exports
 
 # Imported on first use (PEP 562): reading and checking a config must not wait for Composer and torch,
 # which only the builders and the run need.
-_EXPORTS: dict[str, str] = {
-    "ALGORITHMS": "composer_dynsample.config.builders",
-    "CALLBACKS": "composer_dynsample.config.builders",
-    "DATASETS": "composer_dynsample.config.builders",
-    "ENCODERS": "composer_dynsample.config.builders",
-    "LOGGERS": "composer_dynsample.config.builders",
-    "LOSSES": "composer_dynsample.config.builders",
-    "OPTIMIZERS": "composer_dynsample.config.builders",
-    "SAMPLERS": "composer_dynsample.config.builders",
-    "SCHEDULERS": "composer_dynsample.config.builders",
-    "SECTIONS": "composer_dynsample.config.loading",
-    "DataloaderConfig": "composer_dynsample.config.loading",
-    "EvaluationConfig": "composer_dynsample.config.loading",
-    "RunOptions": "composer_dynsample.config.loading",
-    "load_config": "composer_dynsample.config.loading",
-    "save_config": "composer_dynsample.config.loading",
-    "ConfigError": "composer_dynsample.config.registry",
-    "Lazy": "composer_dynsample.config.registry",
-    "Registered": "composer_dynsample.config.registry",
-    "TrainingRun": "composer_dynsample.config.run",
-    "build_run": "composer_dynsample.config.run",
-    "default_run_dir": "composer_dynsample.config.loading",
-    "OneCycleScheduler": "composer_dynsample.schedulers",
+_MODULES: dict[str, list[str]] = {
+    "composer_dynsample.config.builders": [
+        "ALGORITHMS",
+        "CALLBACKS",
+        "DATASETS",
+        "ENCODERS",
+        "LOGGERS",
+        "LOSSES",
+        "OPTIMIZERS",
+        "SAMPLERS",
+        "SCHEDULERS",
+    ],
+    "composer_dynsample.config.loading": [
+        "SECTIONS",
+        "DataloaderConfig",
+        "EvaluationConfig",
+        "RunOptions",
+        "load_config",
+        "save_config",
+        "default_run_dir",
+    ],
+    "composer_dynsample.config.registry": ["ConfigError", "Lazy", "Registered"],
+    "composer_dynsample.config.run": ["TrainingRun", "build_run"],
+    "composer_dynsample.schedulers": ["OneCycleScheduler"],
 }
 
 __all__ = [
@@ -121,14 +123,4 @@ if TYPE_CHECKING:
     from composer_dynsample.schedulers import OneCycleScheduler
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'composer_dynsample.config' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value  # later lookups skip __getattr__
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+__getattr__, __dir__ = lazy_exports(__name__, _MODULES, globals())

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from composer_dynsample.samplers.base import epoch_rng
-from composer_dynsample.samplers.pk import PKBatchSampler, SmallClassPolicy
+from composer_dynsample.samplers.pk import PKBatchSampler
 from composer_dynsample.validation import check_choice, check_float
 
 __all__ = ["HardClassPKBatchSampler", "nearest_classes"]
@@ -73,7 +73,7 @@ class HardClassPKBatchSampler(PKBatchSampler):
         hard_fraction (float): The share of a batch's classes chosen as the seeds' nearest classes, in
             ``[0, 1)``. Default: ``0.5``.
         distance (str): Centroid distance, ``"euclidean"`` or ``"cosine"``. Default: ``"euclidean"``.
-        num_replicas, rank, seed, small_classes, drop_last: As for
+        **pk_options: ``num_replicas``, ``rank``, ``seed``, ``small_classes``, ``drop_last``, as for
             :class:`~composer_dynsample.PKBatchSampler`.
 
     Example:
@@ -94,22 +94,9 @@ class HardClassPKBatchSampler(PKBatchSampler):
         *,
         hard_fraction: float = 0.5,
         distance: str = "euclidean",
-        num_replicas: int | None = None,
-        rank: int | None = None,
-        seed: int = 0,
-        small_classes: SmallClassPolicy = "drop",
-        drop_last: bool = True,
+        **pk_options: Any,
     ) -> None:
-        super().__init__(
-            labels,
-            classes_per_batch,
-            samples_per_class,
-            num_replicas=num_replicas,
-            rank=rank,
-            seed=seed,
-            small_classes=small_classes,
-            drop_last=drop_last,
-        )
+        super().__init__(labels, classes_per_batch, samples_per_class, **pk_options)
         self.hard_fraction = check_float(
             "hard_fraction", hard_fraction, minimum=0, maximum=1, strict_maximum=True
         )

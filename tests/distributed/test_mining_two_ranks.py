@@ -105,6 +105,25 @@ def test_uneven_batches_are_gathered_without_padding_rows():
     assert torch.equal(local.grad[:, 0], 2 * torch.arange(offset, offset + rows, dtype=torch.float32))
 
 
+def two_epoch_trainer(
+    encoder, features, labels, algorithm, callback, **kwargs
+) -> tuple[Trainer, EmbeddingModel]:
+    """Two epochs of 4 x 4 P x K batches with one algorithm and one callback."""
+    model = EmbeddingModel(encoder)
+    loader = build_dataloader(TensorDataset(features, labels), PKBatchSampler(labels, 4, 4, seed=1))
+    trainer = Trainer(
+        model=model,
+        train_dataloader=loader,
+        optimizers=torch.optim.SGD(model.parameters(), lr=0.1),
+        algorithms=[algorithm],
+        callbacks=[callback],
+        max_duration="2ep",
+        progress_bar=False,
+        **kwargs,
+    )
+    return trainer, model
+
+
 class MemoryProbe(Callback):
     def __init__(self, algorithm: HardNegativeMining) -> None:
         self.algorithm = algorithm
@@ -123,18 +142,7 @@ def test_memory_is_identical_on_every_rank_through_the_trainer(cross_rank):
         "batch_hard", memory_size=40, cross_rank=cross_rank, gather="autograd" if cross_rank else None
     )
     probe = MemoryProbe(algorithm)
-    model = EmbeddingModel(torch.nn.Linear(6, 4))
-    trainer = Trainer(
-        model=model,
-        train_dataloader=build_dataloader(
-            TensorDataset(features, labels), PKBatchSampler(labels, 4, 4, seed=1)
-        ),
-        optimizers=torch.optim.SGD(model.parameters(), lr=0.1),
-        algorithms=[algorithm],
-        callbacks=[probe],
-        max_duration="2ep",
-        progress_bar=False,
-    )
+    trainer, _ = two_epoch_trainer(torch.nn.Linear(6, 4), features, labels, algorithm, probe)
     trainer.fit()
     assert len(probe.snapshots) == 8
     other = dist.all_gather_object(probe.snapshots)
@@ -177,19 +185,7 @@ def test_nonfinite_on_one_rank_skips_the_step_on_every_rank_without_hanging(opti
     features = torch.randn(128, 6, generator=torch.Generator().manual_seed(0))
     algorithm = HardNegativeMining("batch_hard", on_nonfinite="skip", **options)
     encoder, counter = NaNOnRankOne(), BatchCounter()
-    model = EmbeddingModel(encoder)
-    trainer = Trainer(
-        model=model,
-        train_dataloader=build_dataloader(
-            TensorDataset(features, labels), PKBatchSampler(labels, 4, 4, seed=1)
-        ),
-        optimizers=torch.optim.SGD(model.parameters(), lr=0.1),
-        algorithms=[algorithm],
-        callbacks=[counter],
-        max_duration="2ep",
-        progress_bar=False,
-        dist_timeout=20.0,
-    )
+    trainer, model = two_epoch_trainer(encoder, features, labels, algorithm, counter, dist_timeout=20.0)
     trainer.fit()
     assert encoder.calls >= 3
     assert all(torch.isfinite(p).all() for p in model.parameters())

@@ -20,6 +20,8 @@ import torch
 from composer.core import Algorithm, Event, State
 from composer.loggers import Logger
 
+from composer_dynsample.callbacks.retrieval_gallery import embed_store
+from composer_dynsample.data.store import TensorStore
 from composer_dynsample.distributed import all_gather_embeddings, get_rank, get_world_size, unwrap_model
 from composer_dynsample.mined import MinedBatch
 from composer_dynsample.validation import check_choice, check_int, parse_time
@@ -319,20 +321,9 @@ def _embed_rows(
     model: torch.nn.Module, collate: Any, indices: torch.Tensor, batch_size: int, dim: int
 ) -> torch.Tensor:
     """Embed the items at ``indices`` as the train collate builds them, under ``no_grad`` in eval mode."""
-    inner = unwrap_model(model)
-    parameter = next(inner.parameters(), None)
-    device = parameter.device if parameter is not None else torch.device("cpu")
-    was_training = inner.training
-    inner.eval()
-    chunks = []
-    try:
-        with torch.no_grad():
-            for start in range(0, indices.numel(), batch_size):
-                chunk = indices[start : start + batch_size]
-                features = collate.store.gather(chunk)
-                if collate.transform is not None:
-                    features = collate.transform(features)
-                chunks.append(inner.embed(features.to(device)).float())
-    finally:
-        inner.train(was_training)
-    return torch.cat(chunks) if chunks else torch.empty(0, dim, device=device)
+    if indices.numel() == 0:
+        parameter = next(unwrap_model(model).parameters(), None)
+        return torch.empty(0, dim, device=parameter.device if parameter is not None else "cpu")
+    store = collate.store
+    subset = TensorStore(store.gather(indices.cpu()), store.labels.index_select(0, indices.cpu()))
+    return embed_store(model, subset, batch_size=batch_size, transform=collate.transform)
