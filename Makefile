@@ -44,6 +44,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/dataloader.py
 	$(PY) benchmarks/miners_scaling.py
 	$(PY) benchmarks/distributed.py
+	$(PY) benchmarks/threads.py --epochs 1
 	$(PY) benchmarks/quality.py
 	$(PY) benchmarks/report.py
 

@@ -34,6 +34,7 @@ HEADLINES = [
     ("antipattern", "antipattern.py", "anchors/s of this design / model in __getitem__ at B = 256", ">= 8"),
     ("dataloader", "dataloader.py", "index-only / per-sample loader samples/s, 0 workers, 200k x 128", "> 1"),
     ("miners_scaling", "miners_scaling.py", "worst miner / matmul time at B = 4096", "small constant"),
+    ("threads", "threads.py", "slowest OMP_NUM_THREADS setting's fit time / 1 thread's (MNIST-1D)", "report"),
     (
         "distributed",
         "distributed.py",

@@ -1,0 +1,116 @@
+"""How many intra-op threads should one training process use on this machine?
+
+Trains the same short recipe (``composer-dynsample train``, a fresh process each time) with
+``OMP_NUM_THREADS`` at each count asked for (default: 1, 2 and every core) and once with it unset,
+which is what the command line chooses by itself (:func:`composer_dynsample.commands.set_cpu_threads`),
+in interleaved rounds, and reports each setting's median ``trainer.fit()`` time against one thread.
+
+    python benchmarks/threads.py [--quick] [--config yamls/mnist1d_default.yaml] [--epochs 3] [--rounds 3]
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from _common import machine_info, markdown_table, write_results
+from _common import parser as make_parser
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def train_once(config: str, epochs: int, threads: str | None, run_dir: Path) -> float:
+    """Seconds of ``trainer.fit()`` for one run with ``OMP_NUM_THREADS=threads`` (``None``: unset)."""
+    env = {key: value for key, value in os.environ.items() if key != "OMP_NUM_THREADS"}
+    if threads is not None:
+        env["OMP_NUM_THREADS"] = threads
+    command = [
+        sys.executable,
+        "-m",
+        "composer_dynsample",
+        "train",
+        config,
+        f"trainer.max_duration={epochs}ep",
+        "evaluation.interval=null",
+        "trainer.save_folder=null",
+        "--quiet",
+        "--overwrite",
+        "--run-dir",
+        str(run_dir),
+    ]
+    subprocess.run(command, cwd=ROOT, env=env, check=True, capture_output=True, text=True, timeout=1800)
+    return float(json.loads((run_dir / "metrics.json").read_text())["wall_time_s"])
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = make_parser(__doc__, quick_help="digits_quick, 1 epoch, 1 round: a smoke test")
+    parser.add_argument("--config", default=None, help="the recipe (default: yamls/mnist1d_default.yaml)")
+    parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--threads", nargs="+", default=None, help="OMP_NUM_THREADS values (default: 1 2 cores)"
+    )
+    args = parser.parse_args(argv)
+    config = args.config or ("yamls/digits_quick.yaml" if args.quick else "yamls/mnist1d_default.yaml")
+    epochs, rounds = (1, 1) if args.quick else (args.epochs, args.rounds)
+    cores = os.cpu_count() or 1
+    counts = args.threads or sorted({"1", "2", str(cores)}, key=int)
+    settings: list[str | None] = [*counts, None]
+    times: dict[str, list[float]] = {str(s): [] for s in settings}
+    load_before = os.getloadavg()
+    with tempfile.TemporaryDirectory(prefix="dynsample-threads-") as work:
+        for round_index in range(rounds):
+            for setting in settings:
+                seconds = train_once(config, epochs, setting, Path(work) / f"run-{setting}")
+                times[str(setting)].append(seconds)
+                print(
+                    f"round {round_index}: OMP_NUM_THREADS={setting or 'unset'}: {seconds:.1f} s", flush=True
+                )
+    medians = {name: statistics.median(values) for name, values in times.items()}
+    rows = [
+        {
+            "omp_num_threads": name if name != "None" else "unset (the CLI's choice)",
+            "fit_s": times[name],
+            "median_fit_s": round(medians[name], 2),
+            "over_one_thread": round(medians[name] / medians["1"], 3),
+        }
+        for name in times
+    ]
+    table = markdown_table(
+        ["OMP_NUM_THREADS", "median fit (s)", "runs (s)", "time / 1 thread"],
+        "lrrr",
+        [
+            [
+                r["omp_num_threads"],
+                f"{r['median_fit_s']:.1f}",
+                ", ".join(f"{t:.1f}" for t in r["fit_s"]),
+                f"{r['over_one_thread']:.2f}",
+            ]
+            for r in rows
+        ],
+    )
+    slowest = max(r["over_one_thread"] for r in rows)
+    measured = (
+        f"{config}, {epochs} epoch(s), {rounds} interleaved round(s), {cores} cores; load average "
+        f"{load_before[0]:.2f} before, {os.getloadavg()[0]:.2f} after"
+    )
+    print(f"{table}\n\nmeasured: {measured}")
+    result = {
+        "ratio": slowest,
+        "ratio_meaning": "slowest setting's median fit time / one thread's (same recipe, interleaved)",
+        "rows": rows,
+        "measured": measured,
+        "machine": machine_info(torch_threads=False),
+        "date": time.strftime("%Y-%m-%d"),
+    }
+    return write_results(args.out, "threads", args.quick, result, table, notes=[f"measured: {measured}"])
+
+
+if __name__ == "__main__":
+    main()
