@@ -142,9 +142,15 @@ class GlyphSplits(DatasetSplits):
 
     The train and test splits hold disjoint classes; evaluate the test split leave-one-out (each test
     sample queries all other test samples), not against the train split.
+
+    Attributes:
+        info (GlyphInfo): The classes' code points, faces, merged homoglyphs and hashes.
+        test_protocol (str): ``"leave_one_out"``: how an evaluation should score the test split
+            (a train gallery shares no class with it).
     """
 
     info: GlyphInfo
+    test_protocol: str = "leave_one_out"
 
 
 def _font_dir() -> Path:

@@ -63,6 +63,7 @@ def test_shapes_dtypes_and_range(splits: GlyphSplits):
         assert store.features.min() >= 0 and store.features.max() <= 1
         assert bool((store.features.flatten(1).amax(1) > 0).all())  # no empty rendering
     assert splits.name == "glyphs" and splits.num_classes == len(splits.info.code_points)
+    assert splits.test_protocol == "leave_one_out"
     counts = torch.bincount(torch.cat([splits.train.labels, splits.test.labels]))
     assert len(counts) == splits.num_classes and bool((counts == len(FACES)).all())  # >= 8 per class
 
