@@ -183,7 +183,9 @@ def _build(
     load_path = _checked_load_path(cfg, trust_checkpoint)
     if overwrite is not None:
         prepare_run_dir(directory, overwrite=overwrite, load_path=load_path)
-    set_cpu_threads()
+    threads = set_cpu_threads()
+    if threads is not None and _is_rank_zero():
+        print(f"torch: {threads} intra-op thread(s) per process (OMP_NUM_THREADS unset; set it to choose)")
     from composer_dynsample.config.run import build_run  # Composer and torch, once the config reads well
 
     return build_run(cfg, directory), config_path
@@ -240,11 +242,29 @@ def train(
     fit_seconds = time.perf_counter() - fit_start
     final, test_embeddings = evaluate_run(run)
     run.trainer.logger.log_metrics({f"final/{name}": value for name, value in final.items()})
-    saved = [str(path) for path in getattr(run.trainer, "saved_checkpoints", [])]
-    metrics: dict[str, Any] = {
+    metrics = {
         **final,
         "wall_time_s": round(fit_seconds, 3),
         "total_time_s": round(time.perf_counter() - started, 3),
+        **_run_record(run, config_path, overrides, start_epoch=start_epoch, start_batch=start_batch),
+    }
+    if dist.get_global_rank() == 0:
+        _report(run, metrics, final, test_embeddings, quiet=quiet)
+    run.trainer.close()
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.barrier()
+    return metrics
+
+
+def _run_record(
+    run: Any, config_path: Path | None, overrides: Sequence[str], *, start_epoch: int, start_batch: int
+) -> dict[str, Any]:
+    """What ``metrics.json`` says about the run besides its metrics and times."""
+    from composer.utils import dist
+
+    state = run.trainer.state
+    saved = [str(path) for path in getattr(run.trainer, "saved_checkpoints", [])]
+    return {
         "seed": run.seed,
         "epochs": int(state.timestamp.epoch),
         "batches": int(state.timestamp.batch),
@@ -264,12 +284,6 @@ def train(
         "load_path": run.config.trainer.get("load_path"),
         "eval_history": run.gallery.history if run.gallery is not None else [],
     }
-    if dist.get_global_rank() == 0:
-        _report(run, metrics, final, test_embeddings, quiet=quiet)
-    run.trainer.close()
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        dist.barrier()
-    return metrics
 
 
 def _report(

@@ -75,3 +75,33 @@ def test_demo_is_gone_in_favour_of_the_digits_recipe(capsys):
     with pytest.raises(SystemExit):
         main(["demo"])
     assert "invalid choice: 'demo'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("cores", "local_ranks", "omp", "expected"),
+    [
+        (2, None, None, 1),  # a small machine: one thread (2 threads trained the digits recipe 2-18x slower)
+        (3, None, None, 1),
+        (4, None, None, 4),
+        (16, "2", None, 8),  # Composer's launcher: the cores shared among the local ranks
+        (16, "8", None, 1),
+        (16, None, "3", None),  # the user's OMP_NUM_THREADS decides; nothing is set
+    ],
+)
+def test_the_thread_policy(monkeypatch, cores, local_ranks, omp, expected):
+    import torch
+
+    from composer_dynsample.commands import set_cpu_threads
+
+    before = torch.get_num_threads()
+    monkeypatch.setattr("os.cpu_count", lambda: cores)
+    for name, value in (("LOCAL_WORLD_SIZE", local_ranks), ("OMP_NUM_THREADS", omp)):
+        if value is None:
+            monkeypatch.delenv(name, raising=False)
+        else:
+            monkeypatch.setenv(name, value)
+    try:
+        assert set_cpu_threads() == expected
+        assert torch.get_num_threads() == (expected or before)
+    finally:
+        torch.set_num_threads(before)

@@ -238,12 +238,14 @@ def test_a_crafted_checkpoint_runs_no_code_and_broken_ones_are_named(first_run, 
     assert not marker.exists()  # nothing ran
 
 
-def test_without_a_terminal_there_is_no_progress_bar(tmp_path, capfd):
+def test_without_a_terminal_there_is_no_progress_bar(tmp_path, capfd, monkeypatch):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     main(["train", DIGITS, "trainer.max_duration=2ep", "evaluation.interval=1ep", "--run-dir", str(tmp_path)])
     captured = capfd.readouterr()
     lines = (captured.out + captured.err).splitlines()
     assert len(lines) < 30, lines[:40]  # the table and the summary, no bar redrawn per batch
     assert not any("train          Epoch" in line or "ba/s" in line for line in lines)
+    assert sum("intra-op thread" in line for line in lines) == 1  # the thread choice, said once
 
 
 def test_a_refused_run_dir_stops_every_rank_of_a_launch(tmp_path):
