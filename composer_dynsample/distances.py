@@ -24,6 +24,8 @@ from typing import Final
 import torch
 import torch.nn.functional as F
 
+from composer_dynsample.validation import check_choice, check_embeddings
+
 __all__ = [
     "DISTANCES",
     "RankMatrix",
@@ -56,9 +58,7 @@ def check_distance(distance: object) -> str:
         >>> check_distance("euclidean")
         'euclidean'
     """
-    if not isinstance(distance, str) or distance not in DISTANCES:
-        raise ValueError(f"distance must be one of {DISTANCES}; got {distance!r}")
-    return distance
+    return check_choice("distance", distance, DISTANCES)
 
 
 def working_dtype(x: torch.Tensor, y: torch.Tensor) -> torch.dtype:
@@ -193,18 +193,12 @@ def pairwise_distance(x: torch.Tensor, y: torch.Tensor, distance: str = "cosine"
                 [2.2361, 0.0000]])
     """
     check_distance(distance)
-    for name, t in (("x", x), ("y", y)):
-        if not isinstance(t, torch.Tensor) or t.ndim != 2 or not t.is_floating_point():
-            got = (
-                f"shape {tuple(t.shape)}, dtype {t.dtype}"
-                if isinstance(t, torch.Tensor)
-                else type(t).__name__
-            )
-            raise ValueError(f"{name} must be a 2-D floating-point tensor (rows x dim); got {got}")
+    check_embeddings("x", x, finite=False)
+    check_embeddings("y", y, finite=False)
     if x.shape[1] != y.shape[1]:
-        raise ValueError(f"x and y must have the same feature dimension; got {x.shape[1]} and {y.shape[1]}")
+        raise ValueError(f"x and y must have the same feature dimension, got {x.shape[1]} and {y.shape[1]}.")
     if x.device != y.device:
-        raise ValueError(f"x and y must be on the same device; got {x.device} and {y.device}")
+        raise ValueError(f"x and y must be on the same device, got {x.device} and {y.device}.")
     with torch.no_grad():
         return RankMatrix(x, y, distance, nonnegative=True).rows(0, x.shape[0])
 

@@ -64,12 +64,15 @@ def test_fp16_overflow_falls_back_to_float32() -> None:
 @pytest.mark.parametrize(
     ("args", "pattern"),
     [
-        ((torch.randn(3), torch.randn(2, 3)), r"x must be a 2-D floating-point tensor .*got shape \(3,\)"),
+        (
+            (torch.randn(3), torch.randn(2, 3)),
+            r"x must be a 2-D floating-point tensor .*got a tensor of shape \(3,\)",
+        ),
         (
             (torch.randn(3, 2), torch.ones(2, 2, dtype=torch.int64)),
             r"y must be a 2-D floating-point tensor .*torch.int64",
         ),
-        ((torch.randn(3, 2), torch.randn(2, 3)), r"same feature dimension; got 2 and 3"),
+        ((torch.randn(3, 2), torch.randn(2, 3)), r"same feature dimension, got 2 and 3"),
         ((torch.randn(3, 2), torch.randn(2, 2), "l1"), r"distance must be one of .*got 'l1'"),
     ],
 )

@@ -18,6 +18,7 @@ from torch import nn
 
 from composer_dynsample.distances import check_distance, distance_matrix
 from composer_dynsample.distributed import all_reduce_sum, get_world_size
+from composer_dynsample.validation import check_float
 
 __all__ = ["ContrastiveLoss", "MultiSimilarityLoss", "TripletMarginLoss", "all_pairs", "all_triplets"]
 
@@ -145,7 +146,7 @@ class TripletMarginLoss(_TupleLoss):
 
     def __init__(self, margin: float = 0.2, distance: str = "cosine") -> None:
         super().__init__(distance)
-        self.margin = float(margin)
+        self.margin = check_float("margin", margin)
 
     def compute(self, embeddings, pool, indices_tuple, global_mean):
         anchors, positives, negatives = indices_tuple
@@ -175,7 +176,8 @@ class ContrastiveLoss(_TupleLoss):
 
     def __init__(self, pos_margin: float = 0.0, neg_margin: float = 0.5, distance: str = "cosine") -> None:
         super().__init__(distance)
-        self.pos_margin, self.neg_margin = float(pos_margin), float(neg_margin)
+        self.pos_margin = check_float("pos_margin", pos_margin)
+        self.neg_margin = check_float("neg_margin", neg_margin)
 
     def compute(self, embeddings, pool, indices_tuple, global_mean):
         a1, p, a2, n = indices_tuple
@@ -209,7 +211,9 @@ class MultiSimilarityLoss(_TupleLoss):
 
     def __init__(self, alpha: float = 2.0, beta: float = 50.0, base: float = 0.5) -> None:
         super().__init__("cosine")
-        self.alpha, self.beta, self.base = float(alpha), float(beta), float(base)
+        self.alpha = check_float("alpha", alpha, minimum=0.0, strict_minimum=True)
+        self.beta = check_float("beta", beta, minimum=0.0, strict_minimum=True)
+        self.base = check_float("base", base)
 
     def compute(self, embeddings, pool, indices_tuple, global_mean):
         a1, p, a2, n = indices_tuple

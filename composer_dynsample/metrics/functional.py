@@ -28,14 +28,14 @@ distance in exact arithmetic may differ in the last bit and be ranked either way
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Literal, NamedTuple
 
 import torch
 import torch.nn.functional as F
 
 from composer_dynsample.distances import DISTANCES
-from composer_dynsample.validation import check_choice
+from composer_dynsample.validation import check_choice, check_embeddings, check_int, check_labels, is_int
 
 __all__ = [
     "mean_average_precision_at_r",
@@ -68,49 +68,26 @@ class _RetrievalSums(NamedTuple):
     num_valid: torch.Tensor  # int64 ()
 
 
-def _check_embeddings(name: str, embeddings: object) -> torch.Tensor:
-    if not isinstance(embeddings, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(embeddings).__name__}.")
-    if not embeddings.is_floating_point():
-        raise TypeError(f"{name} must be floating point, got dtype {embeddings.dtype}.")
-    if embeddings.ndim != 2:
-        raise ValueError(f"{name} must be 2-D (num_items, dim), got shape {tuple(embeddings.shape)}.")
-    if embeddings.shape[1] == 0:
-        raise ValueError(f"{name} must have dim >= 1, got shape {tuple(embeddings.shape)}.")
-    if not bool(torch.isfinite(embeddings).all()):
-        raise ValueError(f"{name} must be finite, but it holds NaN or inf.")
-    return embeddings.detach()
-
-
-def _check_labels(name: str, labels: object, num_items: int, embeddings_name: str) -> torch.Tensor:
-    if not isinstance(labels, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(labels).__name__}.")
-    if labels.dtype == torch.bool or labels.is_floating_point() or labels.is_complex():
-        raise TypeError(f"{name} must hold integers, got dtype {labels.dtype}.")
-    if labels.ndim != 1:
-        raise ValueError(f"{name} must be 1-D, got shape {tuple(labels.shape)}.")
-    if labels.shape[0] != num_items:
-        raise ValueError(
-            f"{name} has {labels.shape[0]} entries but {embeddings_name} has {num_items} rows; "
-            "they must match."
-        )
-    return labels.detach().to(torch.int64)
+def _check_batch(
+    emb_name: str, embeddings: object, labels_name: str, labels: object
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Checked embeddings (detached) and their int64 labels, with the shared validation's messages."""
+    emb = check_embeddings(emb_name, embeddings)
+    checked = check_labels(labels_name, labels, emb.shape[0], emb_name)
+    return emb.detach(), checked.detach().to(torch.int64)
 
 
 def _check_ks(ks: int | Sequence[int]) -> tuple[int, ...]:
-    values = (ks,) if isinstance(ks, int) else tuple(ks)
-    for k in values:
-        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-            raise ValueError(f"ks must hold integers >= 1, got {ks!r}.")
+    values = tuple(ks) if isinstance(ks, Iterable) else (ks,)
+    if not all(is_int(k) and k >= 1 for k in values):
+        raise ValueError(f"ks must hold integers >= 1, got {ks!r}.")
     if len(set(values)) != len(values):
         raise ValueError(f"ks must not repeat a value, got {ks!r}.")
-    return values
+    return tuple(int(k) for k in values)
 
 
 def _check_k(k: int) -> int:
-    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-        raise ValueError(f"k must be an integer >= 1, got {k!r}.")
-    return k
+    return check_int("k", k, minimum=1)  # type: ignore[return-value]
 
 
 def _check_distance(distance: object) -> str:
@@ -118,9 +95,7 @@ def _check_distance(distance: object) -> str:
 
 
 def _check_chunk_size(chunk_size: int) -> int:
-    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
-        raise ValueError(f"chunk_size must be an integer >= 1, got {chunk_size!r}.")
-    return chunk_size
+    return check_int("chunk_size", chunk_size, minimum=1)  # type: ignore[return-value]
 
 
 def _compute_dtype(*tensors: torch.Tensor) -> torch.dtype:
@@ -260,8 +235,7 @@ def _checked_sums(
     chunk_size: int,
     need_r: bool,
 ) -> _RetrievalSums:
-    query = _check_embeddings("query_embeddings", query_embeddings)
-    labels = _check_labels("query_labels", query_labels, query.shape[0], "query_embeddings")
+    query, labels = _check_batch("query_embeddings", query_embeddings, "query_labels", query_labels)
     _check_distance(distance)
     _check_chunk_size(chunk_size)
     if (gallery_embeddings is None) != (gallery_labels is None):
@@ -272,8 +246,9 @@ def _checked_sums(
         gallery = _prepare_gallery(query, labels, distance, _compute_dtype(query))
         leave_one_out = True
     else:
-        g_emb = _check_embeddings("gallery_embeddings", gallery_embeddings)
-        g_labels = _check_labels("gallery_labels", gallery_labels, g_emb.shape[0], "gallery_embeddings")
+        g_emb, g_labels = _check_batch(
+            "gallery_embeddings", gallery_embeddings, "gallery_labels", gallery_labels
+        )
         if g_emb.shape[0] == 0:
             raise ValueError("the gallery must hold at least one item, got 0.")
         if g_emb.shape[1] != query.shape[1]:

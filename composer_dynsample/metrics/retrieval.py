@@ -39,12 +39,11 @@ from torchmetrics.utilities.data import dim_zero_cat
 
 from composer_dynsample.metrics.functional import (
     Distance,
+    _check_batch,
     _check_chunk_size,
     _check_distance,
-    _check_embeddings,
     _check_k,
     _check_ks,
-    _check_labels,
     _compute_dtype,
     _Gallery,
     _gallery_to,
@@ -126,8 +125,7 @@ class _RetrievalMetricBase(Metric):
             >>> metric.has_gallery, round(metric.compute().item(), 4)
             (True, 0.6667)
         """
-        emb = _check_embeddings("gallery embeddings", embeddings)
-        labels = _check_labels("gallery labels", labels, emb.shape[0], "gallery embeddings")
+        emb, labels = _check_batch("gallery embeddings", embeddings, "gallery labels", labels)
         if emb.shape[0] == 0:
             raise ValueError("the gallery must hold at least one item, got 0.")
         self._gallery = _prepare_gallery(emb, labels.to(emb.device), self.distance, _compute_dtype(emb))
@@ -149,8 +147,7 @@ class _RetrievalMetricBase(Metric):
             TypeError: If an input is not a tensor, or has the wrong dtype.
             ValueError: If the shapes disagree with each other, the gallery or earlier batches.
         """
-        emb = _check_embeddings("embeddings", embeddings)
-        labels = _check_labels("labels", labels, emb.shape[0], "embeddings")
+        emb, labels = _check_batch("embeddings", embeddings, "labels", labels)
         if self._gallery is not None:
             if emb.shape[1] != self._gallery.embeddings.shape[1]:
                 raise ValueError(

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Final
@@ -10,13 +9,12 @@ from typing import Final
 import torch
 
 from composer_dynsample.distances import check_distance
+from composer_dynsample.validation import check_embeddings, check_labels
 
 __all__ = [
     "CHUNK_BYTES",
     "LabelIndex",
     "MiningInputs",
-    "check_float",
-    "check_int",
     "empty_indices",
     "row_chunks",
     "validate_mining_inputs",
@@ -58,41 +56,6 @@ class MiningInputs:
         return self.embeddings.shape[0] == 0 or self.ref_embeddings.shape[0] == 0
 
 
-def _describe(value: object) -> str:
-    if isinstance(value, torch.Tensor):
-        return f"tensor of shape {tuple(value.shape)} and dtype {value.dtype}"
-    return f"object of type {type(value).__name__}"
-
-
-def _check_embeddings(name: str, value: object) -> torch.Tensor:
-    if not isinstance(value, torch.Tensor) or value.ndim != 2 or not value.is_floating_point():
-        raise ValueError(
-            f"{name} must be a 2-D floating-point tensor of shape (num_samples, dim); got {_describe(value)}"
-        )
-    if value.shape[1] == 0:
-        raise ValueError(f"{name} must have at least one feature dimension; got shape {tuple(value.shape)}")
-    # min and max propagate NaN and expose +-inf: one fused reduction instead of an isfinite pass.
-    if value.numel() > 0 and not bool(torch.isfinite(torch.stack(torch.aminmax(value))).all()):
-        raise ValueError(f"{name} contain NaN or inf")
-    return value
-
-
-def _check_labels(name: str, value: object, num: int, emb_name: str) -> torch.Tensor:
-    if (
-        not isinstance(value, torch.Tensor)
-        or value.ndim != 1
-        or value.is_floating_point()
-        or value.is_complex()
-        or value.dtype == torch.bool
-    ):
-        raise ValueError(f"{name} must be a 1-D integer tensor; got {_describe(value)}")
-    if value.shape[0] != num:
-        raise ValueError(
-            f"{name} must have one entry per row of {emb_name}; got {value.shape[0]} labels for {num} rows"
-        )
-    return value
-
-
 def validate_mining_inputs(
     embeddings: torch.Tensor,
     labels: torch.Tensor,
@@ -130,32 +93,32 @@ def validate_mining_inputs(
         >>> validate_mining_inputs(emb, torch.tensor([0, 0, 1]))
         Traceback (most recent call last):
             ...
-        ValueError: labels must have one entry per row of embeddings; got 3 labels for 4 rows
+        ValueError: labels has 3 entries but embeddings has 4 rows; they must match.
     """
     check_distance(distance)
-    _check_embeddings("embeddings", embeddings)
-    _check_labels("labels", labels, embeddings.shape[0], "embeddings")
+    check_embeddings("embeddings", embeddings)
+    check_labels("labels", labels, embeddings.shape[0], "embeddings")
     if (ref_embeddings is None) != (ref_labels is None):
         given, missing = (
             ("ref_embeddings", "ref_labels") if ref_labels is None else ("ref_labels", "ref_embeddings")
         )
-        raise ValueError(f"{given} was given without {missing}; pass both or neither")
+        raise ValueError(f"{given} was given without {missing}; pass both or neither.")
     self_pool = ref_embeddings is None or (ref_embeddings is embeddings and ref_labels is labels)
     device = embeddings.device
     labels = labels.to(device=device, dtype=torch.int64)
     if self_pool:
         return MiningInputs(embeddings, labels, embeddings, labels, True, distance)
 
-    _check_embeddings("ref_embeddings", ref_embeddings)
-    _check_labels("ref_labels", ref_labels, ref_embeddings.shape[0], "ref_embeddings")
+    check_embeddings("ref_embeddings", ref_embeddings)
+    check_labels("ref_labels", ref_labels, ref_embeddings.shape[0], "ref_embeddings")
     if ref_embeddings.shape[1] != embeddings.shape[1]:
         raise ValueError(
-            "ref_embeddings must have the same dimension as embeddings; "
-            f"got {ref_embeddings.shape[1]} and {embeddings.shape[1]}"
+            "ref_embeddings must have the same dimension as embeddings, "
+            f"got {ref_embeddings.shape[1]} and {embeddings.shape[1]}."
         )
     if ref_embeddings.device != device:
         raise ValueError(
-            f"ref_embeddings must be on the embeddings' device {device}; got {ref_embeddings.device}"
+            f"ref_embeddings must be on the embeddings' device {device}, got {ref_embeddings.device}."
         )
     dtype = torch.promote_types(embeddings.dtype, ref_embeddings.dtype)
     return MiningInputs(
@@ -166,22 +129,6 @@ def validate_mining_inputs(
         False,
         distance,
     )
-
-
-def check_int(name: str, value: object, minimum: int) -> int:
-    """Return ``value`` if it is an ``int`` (not ``bool``) ``>= minimum``, else raise ``ValueError``."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}; got {value!r}")
-    return value
-
-
-def check_float(name: str, value: object, minimum: float = 0.0, *, strict: bool = False) -> float:
-    """Return ``float(value)`` if it is a finite real ``>= minimum`` (``>`` if ``strict``), else raise."""
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise ValueError(f"{name} must be a finite real number; got {value!r}")
-    if value < minimum or (strict and value == minimum):
-        raise ValueError(f"{name} must be {'>' if strict else '>='} {minimum}; got {value!r}")
-    return float(value)
 
 
 def empty_indices(n: int, device: torch.device) -> tuple[torch.Tensor, ...]:

@@ -16,8 +16,8 @@ set near :data:`~composer_dynsample.mining._common.CHUNK_BYTES`; ``chunk_size`` 
 only masked reductions on it. Positives are looked up from per-anchor same-label lists
 (:class:`~composer_dynsample.mining._common.LabelIndex`), so no ``B x M`` label mask is built. Masking
 uses ``torch.finfo(dtype).max`` / ``.min`` of the matrix dtype (or boolean masks), never a literal that
-overflows fp16; fp16 / bf16 inputs are mined in their own precision, except for distance_weighted's
-weights (float32) and a float32 recomputation when fp16 distances overflow.
+overflows fp16. Distances are computed in :func:`~composer_dynsample.distances.working_dtype`: float32
+for fp16 / bf16 inputs, float64 where float32 would overflow.
 """
 
 from __future__ import annotations
@@ -31,12 +31,11 @@ from composer_dynsample.distances import RankMatrix
 from composer_dynsample.mining._common import (
     LabelIndex,
     MiningInputs,
-    check_float,
-    check_int,
     empty_indices,
     row_chunks,
     validate_mining_inputs,
 )
+from composer_dynsample.validation import InputTypeError, check_choice, check_float, check_int, describe
 
 __all__ = [
     "SEMI_HARD_FALLBACKS",
@@ -78,7 +77,7 @@ def _prepare(
     """Validate, and return the label index, or ``None`` when nothing can be mined."""
     inputs = validate_mining_inputs(embeddings, labels, ref_embeddings, ref_labels, distance=distance)
     if chunk_size is not None:
-        check_int("chunk_size", chunk_size, 1)
+        check_int("chunk_size", chunk_size, minimum=1)
     if inputs.is_empty:
         return inputs, None
     index = LabelIndex(inputs.labels, inputs.ref_labels, inputs.self_pool)
@@ -203,7 +202,7 @@ def hard_topk(
         (tensor([0, 0, 1, 1, 2, 2, 3, 3]), tensor([1, 1, 0, 0, 3, 3, 2, 2]), tensor([2, 3, 2, 3, 1, 0, 1, 0]))
     """
     with torch.no_grad():
-        check_int("k", k, 1)
+        check_int("k", k, minimum=1)
         inputs, index = _prepare(embeddings, labels, ref_embeddings, ref_labels, distance, chunk_size)
         if index is None:
             return empty_indices(3, inputs.device)
@@ -272,7 +271,7 @@ def multi_similarity(
         (tensor([0, 1, 2, 3]), tensor([1, 0, 3, 2]), tensor([0, 1, 1, 2, 2, 3]), tensor([2, 2, 3, 0, 1, 1]))
     """
     with torch.no_grad():
-        epsilon = check_float("epsilon", epsilon, 0.0)
+        epsilon = check_float("epsilon", epsilon, minimum=0.0)
         inputs, index = _prepare(embeddings, labels, ref_embeddings, ref_labels, distance, chunk_size)
         if index is None:
             return empty_indices(4, inputs.device)
@@ -454,9 +453,8 @@ def semi_hard(
         (tensor([0, 1, 2, 3]), tensor([1, 0, 3, 2]), tensor([2, 4, 0, 1]))
     """
     with torch.no_grad():
-        margin = check_float("margin", margin, 0.0)
-        if not isinstance(fallback, str) or fallback not in SEMI_HARD_FALLBACKS:
-            raise ValueError(f"fallback must be one of {SEMI_HARD_FALLBACKS}; got {fallback!r}")
+        margin = check_float("margin", margin, minimum=0.0)
+        check_choice("fallback", fallback, SEMI_HARD_FALLBACKS)
         inputs, index = _prepare(embeddings, labels, ref_embeddings, ref_labels, distance, chunk_size)
         if index is None:
             return empty_indices(3, inputs.device)
@@ -548,10 +546,12 @@ def distance_weighted(
         (tensor([0, 1, 2, 3]), tensor([1, 0, 3, 2]), tensor([2, 3, 0, 1]))
     """
     with torch.no_grad():
-        cutoff = check_float("cutoff", cutoff, 0.0)
-        nonzero_loss_cutoff = check_float("nonzero_loss_cutoff", nonzero_loss_cutoff, 0.0, strict=True)
+        cutoff = check_float("cutoff", cutoff, minimum=0.0)
+        nonzero_loss_cutoff = check_float(
+            "nonzero_loss_cutoff", nonzero_loss_cutoff, minimum=0.0, strict_minimum=True
+        )
         if generator is not None and not isinstance(generator, torch.Generator):
-            raise ValueError(f"generator must be a torch.Generator or None; got {type(generator).__name__}")
+            raise InputTypeError(f"generator must be a torch.Generator or None, got {describe(generator)}.")
         inputs, index = _prepare(embeddings, labels, ref_embeddings, ref_labels, distance, chunk_size)
         if index is None:
             return empty_indices(3, inputs.device)

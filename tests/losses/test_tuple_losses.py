@@ -86,3 +86,18 @@ def test_wrong_tuple_kind_is_a_clear_error():
         TripletMarginLoss()(embeddings, labels, multi_similarity(embeddings, labels))
     with pytest.raises(ValueError, match="distance must be one of"):
         TripletMarginLoss(distance="chebyshev")
+
+
+@pytest.mark.parametrize(
+    ("make", "pattern"),
+    [
+        (lambda: TripletMarginLoss(margin="0.2"), r"margin must be a number, got '0.2'"),
+        (lambda: TripletMarginLoss(margin=float("nan")), r"margin must be a finite number, got nan"),
+        (lambda: ContrastiveLoss(neg_margin=None), r"neg_margin must be a number, got None"),
+        (lambda: MultiSimilarityLoss(alpha=0.0), r"alpha must be a number > 0.0, got 0.0"),
+        (lambda: MultiSimilarityLoss(beta=-1), r"beta must be a number > 0.0, got -1"),
+    ],
+)
+def test_loss_arguments_are_checked_by_name(make, pattern):
+    with pytest.raises(ValueError, match=pattern):
+        make()

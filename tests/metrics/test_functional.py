@@ -243,15 +243,20 @@ def test_bad_options_raise(kwargs, error, match):
 
 def test_bad_inputs_raise():
     emb, labels = torch.randn(4, 2), torch.tensor([0, 0, 1, 1])
-    with pytest.raises(TypeError, match=r"query_embeddings must be a torch\.Tensor"):
+    with pytest.raises(
+        TypeError,
+        match=r"query_embeddings must be a 2-D floating-point tensor .*got an object of type ndarray",
+    ):
         retrieval_metrics(np.zeros((4, 2)), labels)
-    with pytest.raises(TypeError, match="query_embeddings must be floating point"):
+    with pytest.raises(
+        TypeError, match=r"query_embeddings must be a 2-D floating-point tensor .*dtype torch\.int64"
+    ):
         retrieval_metrics(torch.zeros(4, 2, dtype=torch.int64), labels)
-    with pytest.raises(ValueError, match=r"query_embeddings must be 2-D .* got shape \(4,\)"):
+    with pytest.raises(ValueError, match=r"query_embeddings must be a 2-D .* got a tensor of shape \(4,\)"):
         retrieval_metrics(torch.zeros(4), labels)
-    with pytest.raises(ValueError, match="query_embeddings must be finite"):
+    with pytest.raises(ValueError, match="query_embeddings contain NaN or inf"):
         retrieval_metrics(torch.tensor([[0.0, float("nan")]] * 4), labels)
-    with pytest.raises(TypeError, match="query_labels must hold integers"):
+    with pytest.raises(TypeError, match=r"query_labels must be a 1-D integer tensor, .*dtype torch\.float32"):
         retrieval_metrics(emb, labels.float())
     with pytest.raises(ValueError, match="query_labels has 3 entries but query_embeddings has 4 rows"):
         retrieval_metrics(emb, labels[:3])

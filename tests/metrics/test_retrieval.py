@@ -240,7 +240,7 @@ def test_bad_arguments_raise():
     metric = RetrievalMetrics()
     with pytest.raises(ValueError, match="the gallery must hold at least one item"):
         metric.set_gallery(torch.empty(0, 2), torch.empty(0, dtype=torch.int64))
-    with pytest.raises(TypeError, match="gallery labels must hold integers"):
+    with pytest.raises(TypeError, match="gallery labels must be a 1-D integer tensor"):
         metric.set_gallery(torch.randn(3, 2), torch.zeros(3))
     metric.update(torch.randn(3, 2), torch.tensor([0, 1, 1]))
     with pytest.raises(ValueError, match="embeddings have dim 4 but earlier batches had dim 2"):

@@ -28,12 +28,16 @@ EMB, LABELS = torch.randn(4, 3), torch.tensor([0, 0, 1, 1])
             {},
             r"embeddings must be .*floating-point.*torch.int64",
         ),
-        (([[1.0, 2.0]], LABELS[:1]), {}, r"embeddings must be .*got object of type list"),
-        ((torch.randn(4, 0), LABELS), {}, r"embeddings must have at least one feature dimension"),
+        (([[1.0, 2.0]], LABELS[:1]), {}, r"embeddings must be .*got an object of type list"),
+        (
+            (torch.randn(4, 0), LABELS),
+            {},
+            r"embeddings must be a 2-D floating-point tensor \(num_items, dim\), got .*shape \(4, 0\)",
+        ),
         ((EMB, LABELS.float()), {}, r"labels must be a 1-D integer tensor.*torch.float32"),
         ((EMB, LABELS.bool()), {}, r"labels must be a 1-D integer tensor.*torch.bool"),
         ((EMB, LABELS[:, None]), {}, r"labels must be a 1-D integer tensor.*shape \(4, 1\)"),
-        ((EMB, LABELS[:3]), {}, r"labels must have one entry per row of embeddings; got 3 labels for 4 rows"),
+        ((EMB, LABELS[:3]), {}, r"labels has 3 entries but embeddings has 4 rows; they must match"),
         ((EMB, LABELS, torch.randn(5, 3)), {}, r"ref_embeddings was given without ref_labels"),
         (
             (EMB, LABELS, None, torch.zeros(5, dtype=torch.int64)),
@@ -43,20 +47,20 @@ EMB, LABELS = torch.randn(4, 3), torch.tensor([0, 0, 1, 1])
         (
             (EMB, LABELS, torch.randn(5, 2), torch.zeros(5, dtype=torch.int64)),
             {},
-            r"ref_embeddings must have the same dimension as embeddings; got 2 and 3",
+            r"ref_embeddings must have the same dimension as embeddings, got 2 and 3",
         ),
         (
             (EMB, LABELS, torch.randn(5, 3), torch.zeros(4, dtype=torch.int64)),
             {},
-            r"ref_labels must have one entry per row of ref_embeddings; got 4 labels for 5 rows",
+            r"ref_labels has 4 entries but ref_embeddings has 5 rows; they must match",
         ),
         (
             (EMB, LABELS),
             {"distance": "manhattan"},
-            r"distance must be one of \('cosine', 'euclidean', 'squared_euclidean'\); got 'manhattan'",
+            r"distance must be one of \('cosine', 'euclidean', 'squared_euclidean'\), got 'manhattan'",
         ),
-        ((EMB, LABELS), {"chunk_size": 0}, r"chunk_size must be an integer >= 1; got 0"),
-        ((EMB, LABELS), {"chunk_size": 2.5}, r"chunk_size must be an integer >= 1; got 2.5"),
+        ((EMB, LABELS), {"chunk_size": 0}, r"chunk_size must be an integer >= 1, got 0"),
+        ((EMB, LABELS), {"chunk_size": 2.5}, r"chunk_size must be an integer >= 1, got 2.5"),
     ],
 )
 def test_invalid_inputs(miner, args, kwargs, pattern) -> None:
@@ -70,7 +74,7 @@ def test_invalid_inputs(miner, args, kwargs, pattern) -> None:
 def test_non_finite_embeddings(miner, bad: float, where: str) -> None:
     emb, ref = EMB.clone(), torch.randn(5, 3)
     (emb if where == "embeddings" else ref)[1, 2] = bad
-    with pytest.raises(ValueError, match=rf"^{where} contain NaN or inf$"):
+    with pytest.raises(ValueError, match=rf"^{where} contain NaN or inf\.$"):
         miner(emb, LABELS, ref, torch.zeros(5, dtype=torch.int64))
 
 
@@ -79,28 +83,28 @@ def test_non_finite_embeddings(miner, bad: float, where: str) -> None:
     [
         (
             lambda: semi_hard(EMB, LABELS, fallback="easiest"),
-            r"fallback must be one of \('hardest', 'hardest_negative', 'none'\); got 'easiest'",
+            r"fallback must be one of \('hardest', 'hardest_negative', 'none'\), got 'easiest'",
         ),
-        (lambda: semi_hard(EMB, LABELS, margin=-0.1), r"margin must be >= 0.0; got -0.1"),
+        (lambda: semi_hard(EMB, LABELS, margin=-0.1), r"margin must be a number >= 0.0, got -0.1"),
         (
             lambda: semi_hard(EMB, LABELS, margin=float("nan")),
-            r"margin must be a finite real number; got nan",
+            r"margin must be a finite number >= 0.0, got nan",
         ),
-        (lambda: hard_topk(EMB, LABELS, k=0), r"k must be an integer >= 1; got 0"),
-        (lambda: hard_topk(EMB, LABELS, k=True), r"k must be an integer >= 1; got True"),
-        (lambda: multi_similarity(EMB, LABELS, epsilon=-1), r"epsilon must be >= 0.0; got -1"),
+        (lambda: hard_topk(EMB, LABELS, k=0), r"k must be an integer >= 1, got 0"),
+        (lambda: hard_topk(EMB, LABELS, k=True), r"k must be an integer >= 1, got True"),
+        (lambda: multi_similarity(EMB, LABELS, epsilon=-1), r"epsilon must be a number >= 0.0, got -1"),
         (
             lambda: multi_similarity(EMB, LABELS, epsilon="0.1"),
-            r"epsilon must be a finite real number; got '0.1'",
+            r"epsilon must be a number >= 0.0, got '0.1'",
         ),
-        (lambda: distance_weighted(EMB, LABELS, cutoff=-0.5), r"cutoff must be >= 0.0; got -0.5"),
+        (lambda: distance_weighted(EMB, LABELS, cutoff=-0.5), r"cutoff must be a number >= 0.0, got -0.5"),
         (
             lambda: distance_weighted(EMB, LABELS, nonzero_loss_cutoff=0),
-            r"nonzero_loss_cutoff must be > 0.0; got 0",
+            r"nonzero_loss_cutoff must be a number > 0.0, got 0",
         ),
         (
             lambda: distance_weighted(EMB, LABELS, generator=0),
-            r"generator must be a torch.Generator or None; got int",
+            r"generator must be a torch.Generator or None, got an object of type int",
         ),
         (lambda: distance_weighted(EMB, LABELS, distance="l1"), r"distance must be one of .*got 'l1'"),
     ],
@@ -133,3 +137,14 @@ def test_mixed_precision_pool_gives_same_result_as_fp32() -> None:
     mixed = batch_hard(emb.double(), labels, ref, ref_labels)
     same = batch_hard(emb.double(), labels, ref.double(), ref_labels)
     assert [t.tolist() for t in mixed] == [t.tolist() for t in same]
+
+
+def test_numpy_numbers_are_accepted_as_options() -> None:
+    import numpy as np
+
+    assert [t.tolist() for t in hard_topk(EMB, LABELS, k=np.int64(2), chunk_size=np.int32(3))] == [
+        t.tolist() for t in hard_topk(EMB, LABELS, k=2, chunk_size=3)
+    ]
+    assert [t.tolist() for t in semi_hard(EMB, LABELS, margin=np.float32(0.25))] == [
+        t.tolist() for t in semi_hard(EMB, LABELS, margin=0.25)
+    ]
