@@ -13,6 +13,7 @@ from torch import nn
 
 from composer_dynsample.data.store import TensorStore
 from composer_dynsample.distributed import broadcast_buffers, unwrap_model
+from composer_dynsample.validation import check_int
 
 __all__ = ["RetrievalGallery", "embed_store"]
 
@@ -51,8 +52,7 @@ def embed_store(
         >>> embed_store(EmbeddingModel(torch.nn.Linear(4, 3)), store, batch_size=4).shape
         torch.Size([10, 3])
     """
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}.")
+    batch_size = check_int("batch_size", batch_size, minimum=1)
     inner = unwrap_model(model)
     if device is None:
         parameter = next(inner.parameters(), None)

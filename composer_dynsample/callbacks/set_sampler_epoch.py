@@ -12,7 +12,7 @@ from composer.loggers import Logger
 
 from composer_dynsample.distributed import all_gather_rows, get_rank, get_world_size
 from composer_dynsample.samplers.base import DistributedBatchSampler, SupportsSetEpoch, _ResumePlan
-from composer_dynsample.validation import check_bool
+from composer_dynsample.validation import check_bool, is_int
 
 __all__ = ["SetSamplerEpoch", "find_epoch_target"]
 
@@ -211,7 +211,7 @@ class SetSamplerEpoch(Callback):
             "The train dataloader reports batch_size=None (a DataLoader built with batch_sampler=...) and the "
             "Trainer has no device_train_microbatch_size, so Composer cannot size its microbatches. Build the "
             "loader with composer_dynsample.build_dataloader(dataset, batch_sampler), or pass "
-            f"device_train_microbatch_size={batch_size if isinstance(batch_size, int) else '<per-rank batch size>'} "
+            f"device_train_microbatch_size={batch_size if is_int(batch_size) else '<per-rank batch size>'} "
             "to the Trainer."
         )
 
@@ -236,7 +236,7 @@ def _check_ranks_agree(state: State, epoch: int, target: SupportsSetEpoch | None
         length = len(target)  # type: ignore[arg-type]
     except TypeError:
         length = -1
-    mine = torch.tensor([epoch, int(seed) if isinstance(seed, int) else -1, length], dtype=torch.int64)
+    mine = torch.tensor([epoch, int(seed) if is_int(seed) else -1, length], dtype=torch.int64)
     rows = all_gather_rows(state.device.tensor_to_device(mine)).cpu()
     if bool((rows == rows[0]).all()):
         return

@@ -44,6 +44,7 @@ import numpy as np
 import torch
 
 from composer_dynsample.data.store import TensorStore
+from composer_dynsample.validation import check_float, check_int
 
 __all__ = [
     "DatasetSplits",
@@ -124,12 +125,9 @@ def stratified_split(
         >>> len(train), len(test)
         (6, 2)
     """
-    if (
-        isinstance(test_fraction, bool)
-        or not isinstance(test_fraction, (int, float))
-        or not 0 < test_fraction < 1
-    ):
-        raise ValueError(f"test_fraction must be a number in (0, 1), got {test_fraction!r}.")
+    check_float(
+        "test_fraction", test_fraction, minimum=0, maximum=1, strict_minimum=True, strict_maximum=True
+    )
     label_array = labels.cpu().numpy() if isinstance(labels, torch.Tensor) else np.asarray(labels)
     rng = np.random.default_rng(seed)
     test_parts = []
@@ -219,8 +217,7 @@ def load_mnist1d(
         >>> splits.train.features.shape, splits.test.features.shape, splits.num_classes  # doctest: +SKIP
         (torch.Size([4000, 40]), torch.Size([1000, 40]), 10)
     """
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
-        raise ValueError(f"seed must be a non-negative integer, got {seed!r}.")
+    seed = check_int("seed", seed, minimum=0)
     directory = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
     path = directory / f"mnist1d_seed{int(seed)}.npz"
     arrays: dict[str, np.ndarray] | None = None

@@ -28,6 +28,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from composer_dynsample.validation import is_int
+
 __all__ = ["GatherCollate", "IndexDataset", "TensorStore", "Unsqueeze"]
 
 
@@ -230,9 +232,9 @@ class Unsqueeze:
     """
 
     def __init__(self, dim: int = 1) -> None:
-        if not isinstance(dim, int) or isinstance(dim, bool):
+        if not is_int(dim):
             raise TypeError(f"dim must be an int, got {dim!r}.")
-        self.dim = dim
+        self.dim = int(dim)
 
     def __call__(self, features: torch.Tensor) -> torch.Tensor:
         return features.unsqueeze(self.dim)

@@ -23,7 +23,7 @@ import torch
 from torch.utils.data import DistributedSampler
 
 from composer_dynsample.distributed import get_rank, get_world_size
-from composer_dynsample.validation import check_int, is_int
+from composer_dynsample.validation import check_bool, check_int
 
 __all__ = ["DistributedBatchSampler", "SupportsSetEpoch", "epoch_rng"]
 
@@ -58,12 +58,8 @@ def epoch_rng(seed: int, epoch: int, stream: int = 0) -> np.random.Generator:
 def _resolve_world(num_replicas: int | None, rank: int | None) -> tuple[int, int]:
     """Fill ``num_replicas``/``rank`` from the process group or the launcher's environment, else ``(1, 0)``."""
     world = check_int("num_replicas", get_world_size() if num_replicas is None else num_replicas, minimum=1)
-    rank = get_rank() if rank is None else rank
-    if not is_int(rank) or not 0 <= int(rank) < world:  # type: ignore[arg-type]
-        raise ValueError(
-            f"rank must be an integer in [0, {world - 1}] for num_replicas={world}, got {rank!r}."
-        )
-    return world, int(rank)  # type: ignore[arg-type]
+    rank = check_int("rank", get_rank() if rank is None else rank, minimum=0, maximum=world - 1)
+    return world, rank  # type: ignore[return-value]
 
 
 def _as_index_array(name: str, values: Sequence[int] | np.ndarray | torch.Tensor) -> np.ndarray:
@@ -142,7 +138,7 @@ class DistributedBatchSampler(DistributedSampler, abc.ABC):
             rank=rank,
             shuffle=True,
             seed=int(seed),
-            drop_last=drop_last,
+            drop_last=check_bool("drop_last", drop_last),
         )
         self.batch_size = check_int("batch_size", batch_size, minimum=1)
         self.num_indices = num_indices

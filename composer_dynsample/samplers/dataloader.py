@@ -6,6 +6,8 @@ from typing import Any
 
 from torch.utils.data import DataLoader, Dataset
 
+from composer_dynsample.validation import is_int
+
 __all__ = ["BatchSamplerDataLoader", "build_dataloader"]
 
 
@@ -32,14 +34,14 @@ class BatchSamplerDataLoader(DataLoader):
                 f"(batch_size={getattr(batch_sampler, 'batch_size', None)!r})."
             )
         batch_size = getattr(batch_sampler, "batch_size", None)
-        if not isinstance(batch_size, int) or batch_size < 1:
+        if not is_int(batch_size) or batch_size < 1:
             raise TypeError(
                 f"batch_sampler must have an integer batch_size >= 1, got {type(batch_sampler).__name__} "
                 f"with batch_size={batch_size!r}."
             )
         super().__init__(dataset, batch_sampler=batch_sampler, **kwargs)
         # DataLoader forbids assigning batch_size after __init__; it only reads it for iterable datasets.
-        self.__dict__["batch_size"] = batch_size
+        self.__dict__["batch_size"] = int(batch_size)
 
 
 def build_dataloader(dataset: Dataset, batch_sampler: Any, **kwargs: Any) -> BatchSamplerDataLoader:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import warnings
 
+import numpy as np
 import pytest
 import torch
 from composer import Trainer
@@ -270,6 +271,9 @@ def test_an_epoch_boundary_resume_on_another_world_size_is_exact(tmp_path):
 def test_build_dataloader_rejects_arguments_the_batch_sampler_owns():
     with pytest.raises(ValueError, match=r"\['shuffle'\] cannot be combined with a batch_sampler"):
         build_dataloader(index_dataset(LABELS), PKBatchSampler(LABELS, 2, 2), shuffle=True)
+    numpy_sized = PKBatchSampler(LABELS, 2, 2)
+    numpy_sized.batch_size = np.int64(4)
+    assert build_dataloader(index_dataset(LABELS), numpy_sized).batch_size == 4
     with pytest.raises(TypeError, match="must have an integer batch_size"):
         build_dataloader(index_dataset(LABELS), [[0, 1]])
 

@@ -68,7 +68,7 @@ def test_mnist1d_bad_cache_is_regenerated(tmp_path, monkeypatch):
     assert len(splits.train) == 4000
     with np.load(tmp_path / "mnist1d_seed7.npz") as cached:
         assert cached["features"].shape == (4000, 40)
-    with pytest.raises(ValueError, match="seed must be a non-negative integer"):
+    with pytest.raises(ValueError, match=r"seed must be an integer >= 0, got -1"):
         load_mnist1d(seed=-1, cache_dir=tmp_path)
 
 
@@ -99,6 +99,7 @@ def test_stratified_split():
     assert sorted(np.concatenate([train, test]).tolist()) == list(range(16))
     assert np.all(np.diff(train) > 0) and np.all(np.diff(test) > 0)
     assert np.array_equal(stratified_split(labels, 0.2, seed=3)[1], test)
+    assert np.array_equal(stratified_split(labels, np.float32(0.2), seed=3)[1], test)  # numpy reals too
     for bad in (0, 1, 1.5, True, "0.2"):
         with pytest.raises(ValueError, match="test_fraction must be a number in"):
             stratified_split(labels, bad)

@@ -136,6 +136,7 @@ def test_collate_errors():
         GatherCollate(store)([(5, 0)])
     with pytest.raises(TypeError, match="dim must be an int"):
         Unsqueeze(1.0)
+    assert Unsqueeze(np.int64(1))(torch.zeros(2, 3)).shape == (2, 1, 3)  # numpy integers are integers
 
 
 # --- DataLoaders ---

@@ -224,6 +224,10 @@ def test_accepts_tensor_and_list_labels():
             r"num_replicas must be an integer >= 1",
         ),
         (
+            {"classes_per_batch": 2, "samples_per_class": 2, "drop_last": "no"},
+            r"drop_last must be true or false, got 'no'",
+        ),
+        (
             {"classes_per_batch": 4, "samples_per_class": 8, "num_replicas": 2, "rank": 0},
             r"fewer than num_replicas=2",
         ),

@@ -72,5 +72,5 @@ def test_two_stream_batches_resume_too():
 def test_resume_epoch_checks_its_arguments():
     with pytest.raises(ValueError, match="global_batches_done"):
         _pk(1)[0].resume_epoch(1, -1, 0)
-    with pytest.raises(ValueError, match="batches_to_skip must be an integer >= 0, got 1.5"):
+    with pytest.raises(ValueError, match=r"batches_to_skip must be an integer >= 0, got 1\.5"):
         _pk(1)[0].resume_epoch(1, 0, 1.5)

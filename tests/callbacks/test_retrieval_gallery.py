@@ -1,0 +1,22 @@
+"""embed_store: the gallery embeddings of a whole TensorStore, in batches."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from composer_dynsample import EmbeddingModel
+from composer_dynsample.callbacks.retrieval_gallery import embed_store
+from composer_dynsample.data import TensorStore
+
+
+def test_embed_store_checks_batch_size_and_takes_numpy_integers():
+    store = TensorStore(torch.randn(10, 4), torch.arange(10) % 2)
+    model = EmbeddingModel(torch.nn.Linear(4, 3))
+    assert torch.allclose(
+        embed_store(model, store, batch_size=np.int64(4)), embed_store(model, store, batch_size=10)
+    )
+    for bad in (0, True, 2.0):
+        with pytest.raises(ValueError, match=f"batch_size must be an integer >= 1, got {bad!r}"):
+            embed_store(model, store, batch_size=bad)
