@@ -136,27 +136,49 @@ def _bump(model: EmbeddingModel) -> None:
         model.version += 1
 
 
-def run_wrong_way(store: TensorStore, batch: int, steps: int, num_positives: int, num_negatives: int) -> dict:
+def _wrong_way_setup(
+    store: TensorStore, num_positives: int, num_negatives: int
+) -> tuple[EmbeddingModel, torch.optim.Optimizer, TripletMarginLoss, ModelInDataset]:
+    """Seeded model, optimizer, loss and the dataset that mines with the model in ``__getitem__``."""
     torch.manual_seed(0)
     model = build_model()
-    optimizer = _optimizer(model)
-    loss_fn = TripletMarginLoss(margin=MARGIN)
-    dataset = ModelInDataset(store, model, num_positives, num_negatives)
+    return (
+        model,
+        _optimizer(model),
+        TripletMarginLoss(margin=MARGIN),
+        ModelInDataset(store, model, num_positives, num_negatives),
+    )
+
+
+def _triplet_step(
+    model: EmbeddingModel,
+    optimizer: torch.optim.Optimizer,
+    loss_fn: TripletMarginLoss,
+    triplet: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+    labels: torch.Tensor,
+) -> None:
+    """One optimizer step on (anchor, positive, negative) rows mined by the dataset, then a version bump."""
+    batch = len(labels)
+    index = torch.arange(batch)
+    optimizer.zero_grad(set_to_none=True)
+    embeddings = model.embed(torch.cat(triplet))
+    loss = loss_fn(embeddings, labels.repeat(3), (index, index + batch, index + 2 * batch))
+    loss.backward()
+    optimizer.step()
+    _bump(model)
+
+
+def run_wrong_way(store: TensorStore, batch: int, steps: int, num_positives: int, num_negatives: int) -> dict:
+    model, optimizer, loss_fn, dataset = _wrong_way_setup(store, num_positives, num_negatives)
     loader = torch.utils.data.DataLoader(
         dataset, batch_sampler=RandomBatches(len(dataset), batch, steps + 1), num_workers=0
     )
     iterator = iter(loader)
-    index = torch.arange(batch)
     times = []
     for step in range(steps + 1):
         start = time.perf_counter()
         anchor, positive, negative, labels, _ = next(iterator)
-        optimizer.zero_grad(set_to_none=True)
-        embeddings = model.embed(torch.cat([anchor, positive, negative]))
-        loss = loss_fn(embeddings, labels.repeat(3), (index, index + batch, index + 2 * batch))
-        loss.backward()
-        optimizer.step()
-        _bump(model)
+        _triplet_step(model, optimizer, loss_fn, (anchor, positive, negative), labels)
         if step:  # step 0 is the warm-up
             times.append(time.perf_counter() - start)
     return _summary("wrong way (model in __getitem__, batch-1 mining)", batch, times)
@@ -219,11 +241,7 @@ def run_staleness(
     store: TensorStore, batch: int, steps: int, num_positives: int, num_negatives: int, workers: int
 ) -> dict:
     """The wrong way with forked workers: how many optimizer steps old the mining weights are per step."""
-    torch.manual_seed(0)
-    model = build_model()
-    optimizer = _optimizer(model)
-    loss_fn = TripletMarginLoss(margin=MARGIN)
-    dataset = ModelInDataset(store, model, num_positives, num_negatives)
+    model, optimizer, loss_fn, dataset = _wrong_way_setup(store, num_positives, num_negatives)
     loader = torch.utils.data.DataLoader(
         dataset,
         batch_sampler=RandomBatches(len(dataset), batch, steps),
@@ -231,17 +249,11 @@ def run_staleness(
         prefetch_factor=2,
         multiprocessing_context="fork",
     )
-    index = torch.arange(batch)
     staleness = []
     for anchor, positive, negative, labels, versions in loader:
         current = int(model.version)
         staleness.append(current - float(versions.float().mean()))
-        optimizer.zero_grad(set_to_none=True)
-        embeddings = model.embed(torch.cat([anchor, positive, negative]))
-        loss = loss_fn(embeddings, labels.repeat(3), (index, index + batch, index + 2 * batch))
-        loss.backward()
-        optimizer.step()
-        _bump(model)
+        _triplet_step(model, optimizer, loss_fn, (anchor, positive, negative), labels)
     return {
         "workers": workers,
         "prefetch_factor": 2,
