@@ -134,8 +134,9 @@ def _check_duration_left(run: Any) -> None:
 def evaluate_run(run: Any) -> tuple[dict[str, float], Any]:
     """Embed the test queries and the train gallery with the run's current model and score them.
 
-    Every rank computes the same result: the queries and gallery are whole on each rank, and rank 0's
-    buffers are broadcast first.
+    When the run's test split is scored leave-one-out (``run.leave_one_out``: its classes are not in the
+    train split) every test item queries the other test items instead. Every rank computes the same
+    result: the queries and gallery are whole on each rank, and rank 0's buffers are broadcast first.
 
     Args:
         run (TrainingRun): A run from :func:`composer_dynsample.config.build_run`.
@@ -150,16 +151,13 @@ def evaluate_run(run: Any) -> tuple[dict[str, float], Any]:
 
     model = run.trainer.state.model
     broadcast_buffers(model)  # every rank evaluates rank 0's model (BatchNorm statistics differ per rank)
-    gallery = embed_store(model, run.splits.train)
     queries = embed_store(model, run.splits.test)
-    values = retrieval_metrics(
-        queries,
-        run.splits.test.labels.to(queries.device),
-        gallery,
-        run.splits.train.labels.to(gallery.device),
-        ks=run.ks,
-        distance=run.distance,
-    )
+    gallery, gallery_labels = None, None
+    if not getattr(run, "leave_one_out", False):
+        gallery = embed_store(model, run.splits.train)
+        gallery_labels = run.splits.train.labels.to(gallery.device)
+    labels = run.splits.test.labels.to(queries.device)
+    values = retrieval_metrics(queries, labels, gallery, gallery_labels, ks=run.ks, distance=run.distance)
     return {name: float(value) for name, value in values.items()}, queries.cpu()
 
 
@@ -277,7 +275,10 @@ def _run_record(
         "run_dir": str(run.run_dir),
         "dataset": run.splits.name,
         "num_queries": len(run.splits.test),
-        "gallery_size": len(run.splits.train),
+        "gallery_size": len(run.splits.test) - 1 if run.leave_one_out else len(run.splits.train),
+        "protocol": "leave-one-out among the test items"
+        if run.leave_one_out
+        else "test queries vs train gallery",
         "world_size": dist.get_world_size(),
         "device": type(state.device).__name__,
         "checkpoint": saved[-1] if saved else None,
@@ -295,12 +296,14 @@ def _report(
     write_json(run.run_dir / "metrics.json", metrics)
     title = f"{run.splits.name} test embeddings (PCA), epoch {metrics['epochs']}"
     if final.get("recall_at_1") is not None:
-        title += f"\nRecall@1 vs train gallery = {final['recall_at_1']:.4f}"
+        against = "leave-one-out among the test items" if run.leave_one_out else "vs train gallery"
+        title += f"\nRecall@1 {against} = {final['recall_at_1']:.4f}"
     plot_embeddings(test_embeddings, run.splits.test.labels, run.run_dir / "embeddings.png", title=title)
     if not quiet:
-        table_title = (
-            f"final retrieval metrics: {len(run.splits.test)} {run.splits.name} test queries "
-            f"vs {len(run.splits.train)} train items"
+        table_title = f"final retrieval metrics: {len(run.splits.test)} {run.splits.name} test queries " + (
+            "leave-one-out among themselves (unseen classes)"
+            if run.leave_one_out
+            else f"vs {len(run.splits.train)} train items"
         )
         print("\n" + format_metrics_table(final, title=table_title))
     resumed = f" (resumed at epoch {metrics['resumed_from_epoch']})" if metrics["resumed_from_batch"] else ""

@@ -11,7 +11,7 @@ from omegaconf import OmegaConf
 
 from composer_dynsample import HardNegativeMining, PKBatchSampler, SetSamplerEpoch
 from composer_dynsample.config import ConfigError, OneCycleScheduler, build_run, load_config, save_config
-from composer_dynsample.models.encoders import Conv1dEncoder, MLPEncoder
+from composer_dynsample.models.encoders import Conv1dEncoder, Conv2dEncoder, MLPEncoder
 
 YAMLS = sorted((Path(__file__).resolve().parents[1] / "yamls").glob("*.yaml"))
 DIGITS = next(path for path in YAMLS if path.name == "digits_quick.yaml")
@@ -38,7 +38,7 @@ def test_the_expected_recipes_exist():
 @pytest.mark.parametrize("config", YAMLS, ids=[path.stem for path in YAMLS])
 def test_every_recipe_builds_and_trains_one_batch(config, tmp_path):
     run = build(tmp_path, "trainer.max_duration=1ba", "evaluation.interval=null", config=config)
-    assert isinstance(run.model.encoder, (Conv1dEncoder, MLPEncoder))
+    assert isinstance(run.model.encoder, (Conv1dEncoder, Conv2dEncoder, MLPEncoder))
     assert isinstance(run.train_dataloader.batch_sampler, PKBatchSampler)
     assert any(isinstance(cb, SetSamplerEpoch) for cb in run.trainer.state.callbacks)
     run.trainer.fit()

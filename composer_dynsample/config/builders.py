@@ -7,8 +7,9 @@ itself (a sampler's labels, the optimizer's parameters, an encoder's input sizes
 the same for a registered name and for a ``_component_``:
 
 - ``data``: ``target(**keys)`` returns a :class:`~composer_dynsample.data.DatasetSplits`.
-- ``model.encoder``: ``target(**keys)``; ``in_features``, ``in_channels``, ``input_length`` are
-  filled from the data's item shape when the target takes them and the config leaves them out.
+- ``model.encoder``: ``target(**keys)``; ``in_features``, ``in_channels``, ``input_length`` and
+  ``input_size`` are filled from the data's item shape when the target takes them and the config
+  leaves them out.
 - ``model.loss``: ``target(**keys)``, e.g. ``pytorch_metric_learning.losses.ArcFaceLoss``; a loss
   with parameters trains them (the model holds it as ``loss_fn``).
 - ``sampler``: ``target(train_labels, **keys)``, with ``seed`` from the top level when it takes one.
@@ -30,7 +31,8 @@ from composer.utils import dist
 from omegaconf import DictConfig
 from torch.utils.data import DataLoader
 
-from composer_dynsample.algorithms import HardNegativeMining
+from composer_dynsample.algorithms import EmbeddingTable, HardNegativeMining
+from composer_dynsample.algorithms.augmentation import BatchAugmentation
 from composer_dynsample.callbacks.set_sampler_epoch import SetSamplerEpoch
 from composer_dynsample.config.loading import dataloader_config, evaluation_config, section
 from composer_dynsample.config.registry import (
@@ -54,12 +56,14 @@ from composer_dynsample.data import (
     load_mnist1d,
     stratified_split,
 )
+from composer_dynsample.data.glyphs import load_glyphs
 from composer_dynsample.losses import ContrastiveLoss, MultiSimilarityLoss, TripletMarginLoss
 from composer_dynsample.metrics import MeanAveragePrecisionAtR, RetrievalRecallAtK, RPrecision
 from composer_dynsample.models.embedding_model import EmbeddingModel
-from composer_dynsample.models.encoders import Conv1dEncoder, MLPEncoder
+from composer_dynsample.models.encoders import Conv1dEncoder, Conv2dEncoder, MLPEncoder
 from composer_dynsample.samplers import PKBatchSampler, TwoStreamBatchSampler
 from composer_dynsample.samplers.dataloader import BatchSamplerDataLoader
+from composer_dynsample.samplers.hard_class import HardClassPKBatchSampler
 from composer_dynsample.schedulers import OneCycleScheduler
 
 __all__ = [
@@ -90,10 +94,12 @@ DATASETS: dict[str, Registered] = {
     "mnist1d": Registered(load_mnist1d),
     "digits": Registered(load_digits),
     "file": Registered(load_file),
+    "glyphs": Registered(load_glyphs),
 }
 ENCODERS: dict[str, Registered] = {
     "conv1d": Registered(Conv1dEncoder, inferred=("input_length", "in_channels")),
     "mlp": Registered(MLPEncoder, inferred=("in_features",)),
+    "conv2d": Registered(Conv2dEncoder, inferred=("input_size", "in_channels")),
 }
 LOSSES: dict[str, Registered] = {
     "triplet_margin": Registered(TripletMarginLoss),
@@ -109,8 +115,15 @@ SAMPLERS: dict[str, Registered] = {
         # The primary stream is a stratified `primary_fraction` of the train split, the secondary the rest.
         extra={"primary_fraction": 0.5},
     ),
+    "hard_class_pk": Registered(
+        HardClassPKBatchSampler, reserved=("labels", "num_replicas", "rank"), inferred=("seed",)
+    ),
 }
-ALGORITHMS: dict[str, Registered | Lazy] = {"hard_negative_mining": Registered(HardNegativeMining)}
+ALGORITHMS: dict[str, Registered | Lazy] = {
+    "hard_negative_mining": Registered(HardNegativeMining),
+    "batch_augmentation": Registered(BatchAugmentation),
+    "embedding_table": Registered(EmbeddingTable),
+}
 CALLBACKS: dict[str, Registered | Lazy] = {
     "set_sampler_epoch": Registered(SetSamplerEpoch),
     "lr_monitor": Lazy("composer.callbacks", "LRMonitor"),
@@ -193,6 +206,7 @@ def build_encoder(cfg: DictConfig, feature_shape: tuple[int, ...]) -> torch.nn.M
         "in_features": int(math.prod(feature_shape)),
         "in_channels": feature_shape[0] if len(feature_shape) >= 2 else 1,
         "input_length": feature_shape[-1],
+        "input_size": list(feature_shape[1:]) if len(feature_shape) >= 3 else feature_shape[-1],
     }
     entry, name, kwargs, _ = _entry(path, values, ENCODERS, supplied=inferred)
     if name == "conv1d" and len(feature_shape) not in (1, 2):

@@ -101,7 +101,8 @@ class TrainingRun:
         train_dataloader (DataLoader): The P x K train loader.
         ks (tuple[int, ...]): The ``K`` of Recall@K.
         distance (str): The evaluation distance.
-        gallery (RetrievalGallery | None): The callback that attaches the train gallery at ``EVAL_START``.
+        gallery (RetrievalGallery | None): The callback that attaches the train gallery at ``EVAL_START``
+            (``None`` when the test split is scored leave-one-out, or without evaluation).
         seed (int): The run's seed.
     """
 
@@ -115,6 +116,7 @@ class TrainingRun:
     distance: str
     gallery: RetrievalGallery | None
     seed: int
+    leave_one_out: bool = False
 
 
 def build_run(cfg: DictConfig, run_dir: str | os.PathLike[str] | None = None) -> TrainingRun:
@@ -150,11 +152,15 @@ def build_run(cfg: DictConfig, run_dir: str | os.PathLike[str] | None = None) ->
 
     gallery = None
     eval_kwargs: dict[str, Any] = {}
+    # Data whose test classes are not in the train split (glyphs) scores each test item against the
+    # other test items; the eval metrics do that when no gallery is attached.
+    leave_one_out = getattr(splits, "test_protocol", None) == "leave_one_out"
     if evaluation.interval is not None:
-        gallery = RetrievalGallery(
-            splits.train, evaluator_label="test", batch_size=evaluation.gallery_batch_size
-        )
-        callbacks.append(gallery)
+        if not leave_one_out:
+            gallery = RetrievalGallery(
+                splits.train, evaluator_label="test", batch_size=evaluation.gallery_batch_size
+            )
+            callbacks.append(gallery)
         eval_kwargs = {
             "eval_dataloader": Evaluator(
                 label="test", dataloader=build_eval_dataloader(splits.test, evaluation.batch_size)
@@ -188,5 +194,6 @@ def build_run(cfg: DictConfig, run_dir: str | os.PathLike[str] | None = None) ->
         ks=tuple(evaluation.ks),
         distance=evaluation.distance,
         gallery=gallery,
+        leave_one_out=leave_one_out,
         seed=options.seed,
     )
