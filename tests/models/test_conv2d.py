@@ -23,6 +23,12 @@ def test_flatten_head_size_follows_the_strides_on_each_axis():
     assert encoder(torch.randn(2, 1, 32, 20)).shape == (2, 64)
 
 
+def test_defaults_take_a_glyph_to_a_4_by_4_map_of_64_channels():
+    encoder = Conv2dEncoder(input_size=32, pooling="flatten")
+    convs = [m for m in encoder.modules() if isinstance(m, torch.nn.Conv2d)]
+    assert [c.out_channels for c in convs] == [32, 64, 64, 64] and encoder.head.in_features == 64 * 4 * 4
+
+
 def test_per_layer_channels_strides_and_multichannel_input():
     encoder = Conv2dEncoder(
         input_size=(17, 15), in_channels=3, channels=[4, 6, 8], num_layers=3, strides=[2, 1, 2], kernel_size=5
