@@ -26,6 +26,7 @@ from tests.common import (
     index_dataset,
     reverted_batch_sampler_fix,
 )
+from tests.distributed.elastic_run import make_trainer
 
 LABELS = torch.arange(96) % 8  # 8 classes of 12 samples: 8 PK batches of 4 classes x 3 samples per epoch
 
@@ -171,19 +172,22 @@ def _as_written_by(checkpoint, world_size, out, **position):
     return str(out)
 
 
+@pytest.fixture(scope="module")
+def two_rank_checkpoint(tmp_path_factory):
+    """An uninterrupted 1-rank run and its epoch-1 batch-2 checkpoint, rewritten as if 2 ranks had trained
+    2 batches each of epoch 1 (its global batches 0-3)."""
+    folder = tmp_path_factory.mktemp("full")
+    trainer, _, full = make_run(callbacks=[SetSamplerEpoch()], save_folder=str(folder), save_interval="5ba")
+    trainer.fit()
+    trainer.close()
+    two = _as_written_by(folder / "ep1-ba10-rank0.pt", 2, folder / "two.pt", epoch=1, global_batches_done=4)
+    return full, two
+
+
 def test_a_mid_epoch_resume_on_another_world_size_is_refused_for_other_samplers(tmp_path):
     def duck_run(**kwargs):
-        recorder = BatchRecorder()
-        trainer = Trainer(
-            model=IndexClassifier(LABELS.numel(), 8),
-            train_dataloader=DataLoader(index_dataset(LABELS), batch_sampler=DuckSampler(LABELS.numel(), 12)),
-            device_train_microbatch_size=12,
-            max_duration="3ep",
-            callbacks=[recorder, SetSamplerEpoch()],
-            progress_bar=False,
-            **kwargs,
-        )
-        return trainer, recorder
+        loader = DataLoader(index_dataset(LABELS), batch_sampler=DuckSampler(LABELS.numel(), 12))
+        return make_trainer(loader, device_train_microbatch_size=12, **kwargs)
 
     trainer, _ = duck_run(save_folder=str(tmp_path), save_interval="5ba")
     trainer.fit()
@@ -200,14 +204,8 @@ def test_a_mid_epoch_resume_on_another_world_size_is_refused_for_other_samplers(
     assert recorder.batches == {}  # refused before a single batch
 
 
-def test_a_mid_epoch_resume_from_two_ranks_trains_the_rest_of_the_epoch_once(tmp_path):
-    trainer, _, full = make_run(callbacks=[SetSamplerEpoch()], save_folder=str(tmp_path), save_interval="5ba")
-    trainer.fit()
-    trainer.close()
-    # As if 2 ranks had trained 2 batches each of epoch 1: its global batches 0-3.
-    two_ranks = _as_written_by(
-        tmp_path / "ep1-ba10-rank0.pt", 2, tmp_path / "two.pt", epoch=1, global_batches_done=4
-    )
+def test_a_mid_epoch_resume_from_two_ranks_trains_the_rest_of_the_epoch_once(two_rank_checkpoint):
+    full, two_ranks = two_rank_checkpoint
     resumed, sampler, recorder = make_run(callbacks=[SetSamplerEpoch()], load_path=two_ranks)
     resumed.fit()
     assert recorder.epoch(1) == full.epoch(1)[4:]
@@ -215,13 +213,8 @@ def test_a_mid_epoch_resume_from_two_ranks_trains_the_rest_of_the_epoch_once(tmp
     assert recorder.epoch(2) == full.epoch(2) and len(sampler) == 8
 
 
-def test_an_epoch_cut_by_train_subset_num_batches_is_not_resumed_elastically(tmp_path):
-    trainer, _, _ = make_run(callbacks=[SetSamplerEpoch()], save_folder=str(tmp_path), save_interval="5ba")
-    trainer.fit()
-    trainer.close()
-    two_ranks = _as_written_by(
-        tmp_path / "ep1-ba10-rank0.pt", 2, tmp_path / "two.pt", epoch=1, global_batches_done=4
-    )
+def test_an_epoch_cut_by_train_subset_num_batches_is_not_resumed_elastically(two_rank_checkpoint):
+    _, two_ranks = two_rank_checkpoint
     resumed, _, recorder = make_run(
         callbacks=[SetSamplerEpoch()], load_path=two_ranks, train_subset_num_batches=6
     )
@@ -230,28 +223,24 @@ def test_an_epoch_cut_by_train_subset_num_batches_is_not_resumed_elastically(tmp
     assert recorder.batches == {}
 
 
-def test_an_elastically_resumed_epoch_saves_its_global_position_for_the_next_resume(tmp_path):
-    trainer, _, full = make_run(callbacks=[SetSamplerEpoch()], save_folder=str(tmp_path), save_interval="5ba")
-    trainer.fit()
-    trainer.close()
-    two_ranks = _as_written_by(
-        tmp_path / "ep1-ba10-rank0.pt", 2, tmp_path / "two.pt", epoch=1, global_batches_done=4
-    )
-    folder = tmp_path / "second"
+def test_an_elastically_resumed_epoch_saves_its_global_position_for_the_next_resume(
+    tmp_path, two_rank_checkpoint
+):
+    full, two_ranks = two_rank_checkpoint
     first, _, first_part = make_run(
         callbacks=[SetSamplerEpoch()],
         load_path=two_ranks,
-        save_folder=str(folder),
+        save_folder=str(tmp_path),
         save_interval="1ba",
         max_duration="12ba",
     )
     first.fit()
     first.close()
-    state = torch.load(folder / "ep1-ba12-rank0.pt", weights_only=False)["state"]["callbacks"]
+    state = torch.load(tmp_path / "ep1-ba12-rank0.pt", weights_only=False)["state"]["callbacks"]
     (saved,) = [value for key, value in state.items() if "SetSamplerEpoch" in key]
     assert saved == {"world_size": 1, "epoch": 1, "global_batches_done": 6}
     second, _, second_part = make_run(
-        callbacks=[SetSamplerEpoch()], load_path=str(folder / "ep1-ba12-rank0.pt")
+        callbacks=[SetSamplerEpoch()], load_path=str(tmp_path / "ep1-ba12-rank0.pt")
     )
     second.fit()
     assert first_part.epoch(1) + second_part.epoch(1) == full.epoch(1)[4:]

@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 from composer import Trainer
+from torch.utils.data import DataLoader
 
 from composer_dynsample import PKBatchSampler, SetSamplerEpoch, build_dataloader
 from tests.common import BatchRecorder, IndexClassifier, index_dataset
@@ -31,17 +32,26 @@ def make_sampler(drop_last: bool = True) -> PKBatchSampler:
     return PKBatchSampler(LABELS, classes_per_batch=4, samples_per_class=3, seed=5, drop_last=drop_last)
 
 
-def train(max_duration: str, drop_last: bool = True, **trainer_kwargs: Any) -> Batches:
-    """Train the tiny model and return the dataset indices of every batch, keyed by (epoch, batch in epoch)."""
+def make_trainer(
+    loader: DataLoader, max_duration: str = "3ep", **trainer_kwargs: Any
+) -> tuple[Trainer, BatchRecorder]:
+    """A Trainer of the tiny model on an index loader, with SetSamplerEpoch and a recorder of its batches."""
     recorder = BatchRecorder()
     trainer = Trainer(
-        model=IndexClassifier(LABELS.numel(), 8),
-        train_dataloader=build_dataloader(index_dataset(LABELS), make_sampler(drop_last)),
+        model=IndexClassifier(len(loader.dataset), 8),  # type: ignore[arg-type]
+        train_dataloader=loader,
         max_duration=max_duration,
         callbacks=[recorder, SetSamplerEpoch()],
         progress_bar=False,
         **trainer_kwargs,
     )
+    return trainer, recorder
+
+
+def train(max_duration: str, drop_last: bool = True, **trainer_kwargs: Any) -> Batches:
+    """Train the tiny model and return the dataset indices of every batch, keyed by (epoch, batch in epoch)."""
+    loader = build_dataloader(index_dataset(LABELS), make_sampler(drop_last))
+    trainer, recorder = make_trainer(loader, max_duration, **trainer_kwargs)
     trainer.fit()
     trainer.close()
     return recorder.batches

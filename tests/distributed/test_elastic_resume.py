@@ -11,13 +11,18 @@ from collections import Counter
 
 import pytest
 import torch
-from composer import Trainer
 from composer.utils import dist
 from torch.utils.data import DataLoader, DistributedSampler
 
-from composer_dynsample import SetSamplerEpoch
-from tests.common import BatchRecorder, IndexClassifier, index_dataset
-from tests.distributed.elastic_run import LABELS, epoch_batches, make_sampler, run_on_one_rank, train
+from tests.common import index_dataset
+from tests.distributed.elastic_run import (
+    LABELS,
+    epoch_batches,
+    make_sampler,
+    make_trainer,
+    run_on_one_rank,
+    train,
+)
 from tests.distributed.test_samplers_two_ranks import shared_tmp_dir
 
 pytestmark = [pytest.mark.world_size(2), pytest.mark.filterwarnings("ignore::UserWarning")]
@@ -94,17 +99,10 @@ def test_a_mid_epoch_checkpoint_of_another_world_size_is_refused_for_other_sampl
     folder = shared_tmp_dir()
 
     def plain_run(**kwargs):
-        recorder = BatchRecorder()
         data = index_dataset(LABELS)
-        trainer = Trainer(
-            model=IndexClassifier(LABELS.numel(), 8),
-            train_dataloader=DataLoader(data, batch_size=12, sampler=DistributedSampler(data, seed=5)),
-            max_duration="3ep",
-            callbacks=[recorder, SetSamplerEpoch()],
-            progress_bar=False,
-            **kwargs,
+        return make_trainer(
+            DataLoader(data, batch_size=12, sampler=DistributedSampler(data, seed=5)), **kwargs
         )
-        return trainer, recorder
 
     trainer, _ = plain_run(save_folder=str(folder), save_interval="10ba")
     trainer.fit()

@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from composer_dynsample import PKBatchSampler
-from tests.samplers.helpers import all_ranks, assert_disjoint_across_ranks
+from tests.samplers.helpers import all_ranks_or_none, assert_disjoint_across_ranks, assert_same_batches
 
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -31,24 +31,8 @@ def pk_setups(draw):
 
 
 def make_all_ranks(labels, p, k, world, small, seed, drop_last=True):
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", UserWarning)  # small classes left out: covered by its own test
-            return all_ranks(
-                lambda rank: PKBatchSampler(
-                    labels,
-                    p,
-                    k,
-                    num_replicas=world,
-                    rank=rank,
-                    seed=seed,
-                    small_classes=small,
-                    drop_last=drop_last,
-                ),
-                world,
-            )
-    except ValueError:
-        return None
+    options = {"num_replicas": world, "seed": seed, "small_classes": small, "drop_last": drop_last}
+    return all_ranks_or_none(lambda rank: PKBatchSampler(labels, p, k, rank=rank, **options), world)
 
 
 @SETTINGS
@@ -128,11 +112,7 @@ def test_deterministic_and_reshuffled_every_epoch(setup):
     second = make_all_ranks(labels, p, k, world, small, seed)
     if first is None:
         return
-    for a, b in zip(first, second):
-        for epoch in (0, 3):
-            a.set_epoch(epoch)
-            b.set_epoch(epoch)
-            assert list(a) == list(b)
+    assert_same_batches(first, second, epochs=(0, 3))
     # Reshuffle: the global order of epoch 0 and epoch 1 differ whenever more than one order is possible.
     # With 6+ indices a repeat has probability <= 1/72 per epoch, so four repeats in a row mean a bug.
     sampler = first[0]

@@ -8,7 +8,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from composer_dynsample import TwoStreamBatchSampler
-from tests.samplers.helpers import all_ranks
+from tests.samplers.helpers import all_ranks_or_none, assert_same_batches
 
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -33,15 +33,10 @@ def two_stream_setups(draw):
 
 def build(setup, drop_last=True):
     primary, secondary, pb, sb, world, seed = setup
-    try:
-        return all_ranks(
-            lambda r: TwoStreamBatchSampler(
-                primary, secondary, pb, sb, num_replicas=world, rank=r, seed=seed, drop_last=drop_last
-            ),
-            world,
-        )
-    except ValueError:
-        return None
+    options = {"num_replicas": world, "seed": seed, "drop_last": drop_last}
+    return all_ranks_or_none(
+        lambda r: TwoStreamBatchSampler(primary, secondary, pb, sb, rank=r, **options), world
+    )
 
 
 @SETTINGS
@@ -89,11 +84,7 @@ def test_deterministic_equal_length_and_disjoint_primary(setup, drop_last):
     a, b = build(setup, drop_last), build(setup, drop_last)
     if a is None:
         return
-    for x, y in zip(a, b):
-        for epoch in (0, 2):
-            x.set_epoch(epoch)
-            y.set_epoch(epoch)
-            assert list(x) == list(y)
+    assert_same_batches(a, b, epochs=(0, 2))
     assert len({len(s) for s in a}) == 1
     assert all(len(list(s)) == len(s) for s in a)
 
