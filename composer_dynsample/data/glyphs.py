@@ -44,6 +44,7 @@ import unicodedata
 import zipfile
 from collections.abc import Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -51,6 +52,9 @@ import torch
 from composer_dynsample.data.datasets import DatasetSplits, _atomic_savez, default_cache_dir
 from composer_dynsample.data.store import TensorStore
 from composer_dynsample.validation import check_bool, check_float, check_int
+
+if TYPE_CHECKING:
+    from matplotlib.ft2font import FT2Font
 
 __all__ = [
     "FACES",
@@ -179,13 +183,13 @@ def _freetype_version() -> str:
     return str(ft2font.__freetype_version__)
 
 
-def _common_code_points(fonts: list) -> list[int]:
+def _common_code_points(fonts: list[FT2Font]) -> list[int]:
     """The printable code points (categories L, N, P, S) every font maps."""
     common = set.intersection(*(set(font.get_charmap()) for font in fonts))
     return sorted(c for c in common if unicodedata.category(chr(c))[0] in _CATEGORIES)
 
 
-def _rasterise(font, code_point: int) -> np.ndarray:
+def _rasterise(font: FT2Font, code_point: int) -> np.ndarray:
     """The uint8 ink of one glyph at a 64 px em, cropped to its bounding box (empty when no ink)."""
     from matplotlib import ft2font
 
@@ -319,8 +323,9 @@ def _read_cache(path: Path) -> dict[str, np.ndarray]:
     expected = (*_ARRAY_KEYS, "font_sha256", "freetype_version", "images_sha256", "version")
     missing = [key for key in expected if key not in arrays]
     if missing or int(arrays["version"]) != _VERSION:
+        found = "missing " + ", ".join(missing) if missing else f"version {int(arrays['version'])}"
         raise GlyphCacheError(
-            f"{path}: not a version-{_VERSION} glyphs cache (missing {missing}). {_regenerate_hint(path)}"
+            f"{path}: not a version-{_VERSION} glyphs cache ({found}). {_regenerate_hint(path)}"
         )
     stored, current = tuple(str(h) for h in arrays["font_sha256"]), _font_hashes()
     if stored != current:

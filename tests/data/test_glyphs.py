@@ -137,6 +137,12 @@ def test_a_corrupted_cache_is_an_error(cache_copy: Path):
         load_glyphs(cache_dir=cache_copy)
 
 
+def test_a_cache_of_another_recipe_version_is_an_error(cache_copy: Path):
+    _rewrite(cache_copy, version=np.asarray(0))
+    with pytest.raises(GlyphCacheError, match=r"not a version-1 glyphs cache \(version 0\)"):
+        load_glyphs(cache_dir=cache_copy)
+
+
 def test_an_unreadable_cache_is_an_error(cache_copy: Path):
     path = cache_copy / _CACHE_NAME
     path.write_bytes(path.read_bytes()[:1000])
