@@ -145,8 +145,10 @@ def test_plain_batch_sampler_loader_without_microbatch_size_gets_a_clear_error()
         callbacks=[SetSamplerEpoch()],
         progress_bar=False,
     )
-    with pytest.raises(ValueError, match="device_train_microbatch_size=12"):
+    with pytest.raises(ValueError, match="device_train_microbatch_size=12") as raised:
         trainer.fit()
+    assert "composer_dynsample.build_dataloader(dataset, batch_sampler)" in str(raised.value)
+    assert "infer_microbatch_size" not in str(raised.value)  # the one other way is gone
 
 
 def test_build_dataloader_makes_the_same_batch_sampler_train():
