@@ -80,7 +80,10 @@ def _trainer_kwargs(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
         raise ConfigError(f"trainer.load_path {values['load_path']!r} does not exist.")
     defaults = {
         "save_folder": str(run_dir / "checkpoints"),
-        "save_overwrite": True,  # the run directory is an output folder: a re-run replaces it
+        # Whether a run directory may be reused is decided before this (the CLI refuses a previous run
+        # unless --overwrite, which first removes its outputs, or a resume from a checkpoint inside it);
+        # a run resumed in its own directory must then be free to replace latest-rank0.pt.
+        "save_overwrite": True,
         "run_name": run_dir.name or "run",
         "progress_bar": True,
         "log_to_console": False,
