@@ -287,6 +287,17 @@ def _run_record(
     }
 
 
+def _plot_retrievals(run: Any, test_embeddings: Any, path: Path, when: str) -> None:
+    """For image data, a grid of test queries and their 5 nearest test items, marked right or wrong."""
+    from composer_dynsample.reporting import plot_retrievals
+
+    store = run.splits.test
+    if len(store.feature_shape) != 3:  # (C, H, W) images only
+        return
+    title = f"{run.splits.name}: test queries and their nearest other test items ({when}); green = same class"
+    plot_retrievals(store.features, store.labels, test_embeddings, path, distance=run.distance, title=title)
+
+
 def _report(
     run: Any, metrics: dict[str, Any], final: dict[str, float], test_embeddings: Any, *, quiet: bool
 ) -> None:
@@ -299,6 +310,7 @@ def _report(
         against = "leave-one-out among the test items" if run.leave_one_out else "vs train gallery"
         title += f"\nRecall@1 {against} = {final['recall_at_1']:.4f}"
     plot_embeddings(test_embeddings, run.splits.test.labels, run.run_dir / "embeddings.png", title=title)
+    _plot_retrievals(run, test_embeddings, run.run_dir / "retrievals.png", f"epoch {metrics['epochs']}")
     if not quiet:
         table_title = f"final retrieval metrics: {len(run.splits.test)} {run.splits.name} test queries " + (
             "leave-one-out among themselves (unseen classes)"
@@ -361,11 +373,12 @@ def evaluate(
     from composer_dynsample.reporting import format_metrics_table, write_json
 
     run = _checkpoint_run(config, checkpoint, overrides, None, trust_checkpoint)
-    final, _ = evaluate_run(run)
+    final, test_embeddings = evaluate_run(run)
     path = Path(out) if out is not None else _run_dir_of(Path(checkpoint)) / "eval.json"
     result = {**final, "checkpoint": str(checkpoint), "dataset": run.splits.name}
     if _is_rank_zero():
         write_json(path, result)
+        _plot_retrievals(run, test_embeddings, path.parent / "retrievals.png", Path(checkpoint).name)
         print(format_metrics_table(final, title=f"{run.splits.name}: {Path(checkpoint).name}"))
         print(f"wrote {path}")
     return result

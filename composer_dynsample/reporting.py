@@ -1,4 +1,5 @@
-"""What a training run reports: a metrics table, ``metrics.json`` and a PNG of the test embeddings.
+"""What a training run reports: a metrics table, ``metrics.json``, a PNG of the test embeddings and, for
+images, a PNG of test queries with their nearest neighbours.
 
 Plots use matplotlib's Agg canvas directly (``matplotlib.figure.Figure``), so they work without a
 display and never change the process's global backend.
@@ -16,7 +17,14 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["format_metrics_table", "pca_2d", "plot_embeddings", "write_json"]
+__all__ = [
+    "format_metrics_table",
+    "nearest_neighbours",
+    "pca_2d",
+    "plot_embeddings",
+    "plot_retrievals",
+    "write_json",
+]
 
 _NAMES = {
     "map_at_r": "MAP@R",
@@ -193,3 +201,105 @@ def _colour_map(count: int) -> Any:
     if name == "viridis":
         return lambda i: cmap(i / max(count - 1, 1))
     return cmap
+
+
+def nearest_neighbours(
+    queries: torch.Tensor, gallery: torch.Tensor, k: int, *, leave_one_out: bool, distance: str = "cosine"
+) -> torch.Tensor:
+    """The ``k`` nearest gallery rows of each query, ``(Q, k)`` int64, by cosine or euclidean distance.
+
+    With ``leave_one_out`` the queries are the first ``Q`` gallery rows and each skips itself.
+    """
+    if distance == "cosine":
+        a = torch.nn.functional.normalize(queries.float(), dim=1)
+        b = torch.nn.functional.normalize(gallery.float(), dim=1)
+        distances = 1.0 - a @ b.T
+    else:
+        distances = torch.cdist(queries.float(), gallery.float())
+    if leave_one_out:
+        distances[torch.arange(queries.shape[0]), torch.arange(queries.shape[0])] = float("inf")
+    return distances.topk(min(k, gallery.shape[0] - int(leave_one_out)), dim=1, largest=False).indices
+
+
+def plot_retrievals(
+    images: torch.Tensor,
+    labels: torch.Tensor,
+    embeddings: torch.Tensor,
+    path: str | os.PathLike[str],
+    *,
+    num_queries: int = 8,
+    k: int = 5,
+    distance: str = "cosine",
+    title: str = "test queries and their nearest test items",
+    seed: int = 0,
+    dpi: int = 110,
+) -> Path:
+    """A grid a person can look at: random test queries (left) and their ``k`` nearest other test items.
+
+    Each neighbour is framed green when its class is the query's, red otherwise; the gallery is the
+    test items themselves (leave-one-out), as the evaluation of unseen classes scores them.
+
+    Args:
+        images (torch.Tensor): ``(N, C, H, W)`` or ``(N, H, W)`` images of the test items.
+        labels (torch.Tensor): ``(N,)`` their classes.
+        embeddings (torch.Tensor): ``(N, D)`` their embeddings.
+        path (str | os.PathLike): The PNG to write.
+        num_queries (int): Rows of the grid. Default: ``8``.
+        k (int): Neighbours per query. Default: ``5``.
+        distance (str): ``"cosine"`` or ``"euclidean"``. Default: ``"cosine"``.
+        title (str): The figure title. Default: as above.
+        seed (int): Which queries are drawn. Default: ``0``.
+        dpi (int): Resolution. Default: ``110``.
+
+    Returns:
+        Path: ``path``.
+
+    Example:
+        >>> import tempfile
+        >>> images, labels = torch.rand(20, 1, 8, 8), torch.arange(20) % 4
+        >>> file = plot_retrievals(images, labels, torch.randn(20, 3), Path(tempfile.mkdtemp()) / "r.png", num_queries=3)
+        >>> file.read_bytes()[:8] == b"\\x89PNG\\r\\n\\x1a\\n"
+        True
+    """
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    if not (len(images) == len(labels) == len(embeddings)):
+        raise ValueError(
+            f"images, labels and embeddings must have one row per item, got {len(images)}, {len(labels)} and "
+            f"{len(embeddings)}."
+        )
+    pictures = images.detach().cpu().float()
+    pictures = pictures if pictures.ndim == 3 else pictures.mean(dim=1)  # grayscale for display
+    generator = torch.Generator().manual_seed(seed)
+    chosen = torch.randperm(len(labels), generator=generator)[: min(num_queries, len(labels))]
+    order = torch.cat(
+        [chosen, torch.tensor([i for i in range(len(labels)) if i not in set(chosen.tolist())])]
+    )
+    neighbours = nearest_neighbours(embeddings[order][: len(chosen)].cpu(), embeddings[order].cpu(), k,
+                                    leave_one_out=True, distance=distance)  # fmt: skip
+    neighbours = order[neighbours]
+    figure = Figure(figsize=(1.2 * (k + 1), 1.25 * len(chosen) + 0.6))
+    FigureCanvasAgg(figure)
+    grid = figure.subplots(len(chosen), k + 1, squeeze=False)
+    for row, query in enumerate(chosen.tolist()):
+        cells = [(query, None), *((int(j), bool(labels[j] == labels[query])) for j in neighbours[row])]
+        for column, (item, right) in enumerate(cells):
+            axes = grid[row][column]
+            axes.imshow(pictures[item].numpy(), cmap="gray_r", vmin=0.0, vmax=1.0)
+            axes.set_xticks([])
+            axes.set_yticks([])
+            colour = "black" if right is None else ("tab:green" if right else "tab:red")
+            for spine in axes.spines.values():
+                spine.set_edgecolor(colour)
+                spine.set_linewidth(1.0 if right is None else 3.0)
+        grid[row][0].set_ylabel(f"class {int(labels[query])}", fontsize=7)
+    grid[0][0].set_title("query", fontsize=8)
+    for column in range(1, k + 1):
+        grid[0][column].set_title(f"#{column}", fontsize=8)
+    figure.suptitle(title, fontsize=9)
+    figure.tight_layout()
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(target, dpi=dpi)
+    return target

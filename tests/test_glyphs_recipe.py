@@ -32,7 +32,15 @@ def test_the_test_classes_are_scored_leave_one_out_not_against_the_train_gallery
     assert metrics["protocol"] == "leave-one-out among the test items"
     assert metrics["gallery_size"] == metrics["num_queries"] - 1
     assert "leave-one-out among themselves" in capsys.readouterr().out
+    png = (tmp_path / "run" / "retrievals.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 20_000  # 8 x 6 glyph images, not a blank canvas
     # The same numbers from the saved test embeddings, leave-one-out by hand (the self-match removed).
+    main(["eval", GLYPHS, "--checkpoint", str(tmp_path / "run" / "checkpoints" / "latest-rank0.pt"),
+          "--out", str(tmp_path / "eval" / "eval.json")])  # fmt: skip
+    assert json.loads((tmp_path / "eval" / "eval.json").read_text())["recall_at_1"] == pytest.approx(
+        metrics["recall_at_1"], abs=1e-6
+    )
+    assert (tmp_path / "eval" / "retrievals.png").is_file()
     main(["embed", GLYPHS, "--checkpoint", str(tmp_path / "run" / "checkpoints" / "latest-rank0.pt"),
           "--out", str(tmp_path / "test.npz")])  # fmt: skip
     import numpy as np
