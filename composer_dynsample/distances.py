@@ -144,11 +144,13 @@ class RankMatrix:
         """The dtype of the rows returned: see :func:`working_dtype`."""
         return self._a.dtype
 
+    @property
+    def shape(self) -> tuple[int, int]:
+        """``(B, M)``: the number of rows and columns of the whole matrix."""
+        return self._a.shape[0], self._b.shape[1]
+
     def rows(self, start: int, stop: int) -> torch.Tensor:
         """Return rows ``start:stop`` of the (shifted) distance matrix as a new tensor."""
-        return self._compute(start, stop)
-
-    def _compute(self, start: int, stop: int) -> torch.Tensor:
         a = self._a[start:stop]
         if self.distance == "cosine":
             if not self.nonnegative:

@@ -11,6 +11,10 @@ pytorch-metric-learning's format, so its output can be passed to any PML loss:
 * :func:`multi_similarity`: multi-similarity positive and negative pairs (``(a1, p, a2, n)``).
 * :func:`random_triplets`: the baseline, a random positive and negative per anchor (triplets).
 
+Beside them, the two pure steps around a miner in training: :func:`assemble_pool` builds the
+:class:`Pool` a batch is mined against (the batch, other ranks' rows, a memory), and
+:func:`mining_statistics` summarises the mined tuples for logging.
+
 The miners run under ``torch.no_grad()``, are vectorised over anchors, and compute the distance matrix
 in chunks of anchors so that memory stays ``O(chunk x M)``. No Composer import is needed here.
 
@@ -33,15 +37,20 @@ from composer_dynsample.mining.miners import (
     multi_similarity,
     semi_hard,
 )
+from composer_dynsample.mining.pool import Pool, assemble_pool
 from composer_dynsample.mining.random_triplets import random_triplets
+from composer_dynsample.mining.statistics import mining_statistics
 
 __all__ = [
     "DISTANCES",
     "SEMI_HARD_FALLBACKS",
     "MiningInputs",
+    "Pool",
+    "assemble_pool",
     "batch_hard",
     "distance_weighted",
     "hard_topk",
+    "mining_statistics",
     "multi_similarity",
     "pairwise_distance",
     "random_triplets",

@@ -23,7 +23,8 @@ for fp16 / bf16 inputs, float64 where float32 would overflow.
 from __future__ import annotations
 
 import math
-from typing import Final
+from collections.abc import Iterator
+from typing import Final, NamedTuple
 
 import torch
 
@@ -51,6 +52,8 @@ SEMI_HARD_FALLBACKS: Final[tuple[str, ...]] = ("hardest", "hardest_negative", "n
 
 Triplets = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 Pairs = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
+# _successors: (values, cols, found, min_value, min_col).
+_Successors = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
 
 # Above this many positives per anchor, semi_hard buckets with searchsorted (O(log W) per entry, but a
 # slow kernel) instead of one elementwise pass per threshold (O(W) per entry, fast for small W).
@@ -105,6 +108,37 @@ def _shift(rows: torch.Tensor, start: int) -> torch.Tensor:
     return rows + start if start else rows
 
 
+class _Chunk(NamedTuple):
+    """Anchors ``start:stop``: their rows of the distance matrix and their positives (``LabelIndex.chunk``)."""
+
+    start: int
+    stop: int
+    mat: torch.Tensor
+    pos_idx: torch.Tensor
+    pos_valid: torch.Tensor
+
+
+def _chunks(
+    ranks: RankMatrix, index: LabelIndex, bytes_per_entry: int, chunk_size: int | None
+) -> Iterator[_Chunk]:
+    """The anchors in chunks whose working set, ``bytes_per_entry`` per matrix entry, fits the budget."""
+    n_rows, n_cols = ranks.shape
+    for start, stop in row_chunks(n_rows, n_cols, bytes_per_entry, chunk_size):
+        pos_idx, pos_valid = index.chunk(start, stop)
+        yield _Chunk(start, stop, ranks.rows(start, stop), pos_idx, pos_valid)
+
+
+def _hardest_positive(chunk: _Chunk, index: LabelIndex) -> torch.Tensor:
+    """Each anchor's farthest positive; the chunk's same-label entries are then set to ``finfo.max``."""
+    mat, pos_idx, pos_valid = chunk.mat, chunk.pos_idx, chunk.pos_valid
+    finfo = torch.finfo(mat.dtype)
+    # The hardest positive comes from the small (rows, K) positives table, not the full row.
+    pos_vals = mat.gather(1, pos_idx).masked_fill_(~pos_valid, finfo.min)
+    positive = pos_idx.gather(1, pos_vals.argmax(dim=1, keepdim=True)).squeeze(1)
+    index.mask_same_label(mat, chunk.start, pos_idx, pos_valid, finfo.max)
+    return positive
+
+
 def batch_hard(
     embeddings: torch.Tensor,
     labels: torch.Tensor,
@@ -139,29 +173,9 @@ def batch_hard(
         >>> batch_hard(emb, torch.tensor([0, 0, 1, 1]))
         (tensor([0, 1, 2, 3]), tensor([1, 0, 3, 2]), tensor([2, 2, 1, 1]))
     """
-    with torch.no_grad():
-        inputs, index = _prepare(embeddings, labels, ref_embeddings, ref_labels, distance, chunk_size)
-        if index is None:
-            return empty_indices(3, inputs.device)
-        ranks = RankMatrix(inputs.embeddings, inputs.ref_embeddings, _order_equivalent(distance))
-        n_rows, n_cols = inputs.embeddings.shape[0], inputs.ref_embeddings.shape[0]
-        parts = []
-        for start, stop in row_chunks(n_rows, n_cols, inputs.embeddings.element_size(), chunk_size):
-            mat = ranks.rows(start, stop)
-            finfo = torch.finfo(mat.dtype)
-            pos_idx, pos_valid = index.chunk(start, stop)
-            # The hardest positive comes from the small (rows, K) positives table, not the full row.
-            pos_vals = mat.gather(1, pos_idx).masked_fill_(~pos_valid, finfo.min)
-            positive = pos_idx.gather(1, pos_vals.argmax(dim=1, keepdim=True)).squeeze(1)
-            index.mask_same_label(mat, start, pos_idx, pos_valid, finfo.max)
-            # min() with indices is about twice as fast as argmin() on CPU.
-            negative = mat.min(dim=1).indices
-            anchors = torch.arange(start, stop, device=mat.device)
-            keep = (index.n_pos[start:stop] > 0) & (index.n_neg[start:stop] > 0)
-            if not bool(keep.all()):
-                anchors, positive, negative = anchors[keep], positive[keep], negative[keep]
-            parts.append((anchors, positive, negative))
-        return _cat(parts, 3, inputs.device)
+    return hard_topk(
+        embeddings, labels, ref_embeddings, ref_labels, k=1, distance=distance, chunk_size=chunk_size
+    )
 
 
 def hard_topk(
@@ -202,22 +216,18 @@ def hard_topk(
         (tensor([0, 0, 1, 1, 2, 2, 3, 3]), tensor([1, 1, 0, 0, 3, 3, 2, 2]), tensor([2, 3, 2, 3, 1, 0, 1, 0]))
     """
     with torch.no_grad():
-        check_int("k", k, minimum=1)
+        k = check_int("k", k, minimum=1)
         inputs, index = _prepare(embeddings, labels, ref_embeddings, ref_labels, distance, chunk_size)
         if index is None:
             return empty_indices(3, inputs.device)
         ranks = RankMatrix(inputs.embeddings, inputs.ref_embeddings, _order_equivalent(distance))
-        n_rows, n_cols = inputs.embeddings.shape[0], inputs.ref_embeddings.shape[0]
-        k_eff = min(k, n_cols)
+        k_eff = min(k, ranks.shape[1])
         parts = []
-        for start, stop in row_chunks(n_rows, n_cols, inputs.embeddings.element_size(), chunk_size):
-            mat = ranks.rows(start, stop)
-            finfo = torch.finfo(mat.dtype)
-            pos_idx, pos_valid = index.chunk(start, stop)
-            pos_vals = mat.gather(1, pos_idx).masked_fill_(~pos_valid, finfo.min)
-            positive = pos_idx.gather(1, pos_vals.argmax(dim=1, keepdim=True)).squeeze(1)
-            index.mask_same_label(mat, start, pos_idx, pos_valid, finfo.max)
+        for chunk in _chunks(ranks, index, ranks.dtype.itemsize, chunk_size):
+            start, stop, mat = chunk.start, chunk.stop, chunk.mat
+            positive = _hardest_positive(chunk, index)
             if k_eff == 1:
+                # min() with indices is about twice as fast as argmin() on CPU.
                 negatives = mat.min(dim=1, keepdim=True).indices
             else:
                 negatives = mat.topk(k_eff, dim=1, largest=False, sorted=True).indices
@@ -276,14 +286,12 @@ def multi_similarity(
         if index is None:
             return empty_indices(4, inputs.device)
         ranks = RankMatrix(inputs.embeddings, inputs.ref_embeddings, distance)
-        n_rows, n_cols = inputs.embeddings.shape[0], inputs.ref_embeddings.shape[0]
         pos_parts, neg_parts = [], []
         # The matrix plus a bool mask per entry.
-        bytes_per_entry = inputs.embeddings.element_size() + 1
-        for start, stop in row_chunks(n_rows, n_cols, bytes_per_entry, chunk_size):
-            mat = ranks.rows(start, stop)
+        for start, stop, mat, pos_idx, pos_valid in _chunks(
+            ranks, index, ranks.dtype.itemsize + 1, chunk_size
+        ):
             finfo = torch.finfo(mat.dtype)
-            pos_idx, pos_valid = index.chunk(start, stop)
             pos_vals = mat.gather(1, pos_idx)
             hardest_pos = pos_vals.masked_fill(~pos_valid, finfo.min).amax(dim=1)
             index.mask_same_label(mat, start, pos_idx, pos_valid, finfo.max)
@@ -304,9 +312,7 @@ def multi_similarity(
         return a1, p, a2, n
 
 
-def _successors(
-    mat: torch.Tensor, thresholds: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+def _successors(mat: torch.Tensor, thresholds: torch.Tensor) -> _Successors:
     """For each row and threshold, the smallest entry of the row strictly greater than the threshold.
 
     Buckets every entry by the number of the row's thresholds below it, takes the minimum of each bucket
@@ -323,77 +329,86 @@ def _successors(
         ``(values, cols, found, min_value, min_col)``: ``(R, W)`` successor values and pool indices
         (meaningless where ``found`` is false) and the ``(R,)`` minimum of each row with its index.
     """
-    n_rows, n_cols = mat.shape
-    width = thresholds.shape[1]
     sorted_thr, order = thresholds.sort(dim=1)
-    packable = mat.dtype != torch.float64 and n_cols < 2**_INDEX_BITS
-    loop = width <= _LOOP_MAX_WIDTH
+    packable = mat.dtype != torch.float64 and mat.shape[1] < 2**_INDEX_BITS
+    loop = thresholds.shape[1] <= _LOOP_MAX_WIDTH
     # One scratch buffer serves first the bucket counting (two matrices of mat's dtype) and then the
     # packed keys (8 bytes per entry): freshly allocated memory costs a page fault per 4 KiB on first
     # touch, which on CPU is a sizeable share of this function's time.
-    entries = n_rows * n_cols
     scratch_bytes = max(2 * mat.element_size() if loop else 0, 8 if packable else 0)
-    scratch = torch.empty(entries * scratch_bytes, dtype=torch.uint8, device=mat.device)
-    if loop:
-        # bucket = #{t < v}: one comparison per threshold (a loop over positive slots, not anchors),
-        # written straight into a float buffer, which on CPU is faster than going through bool.
-        span = entries * mat.element_size()
-        count = scratch[:span].view(mat.dtype).view(n_rows, n_cols)
-        step = scratch[span : 2 * span].view(mat.dtype).view(n_rows, n_cols)
-        torch.gt(mat, sorted_thr[:, :1], out=count)
-        for j in range(1, width):
-            count.add_(torch.gt(mat, sorted_thr[:, j : j + 1], out=step))
-        bucket = count.long()
-    else:
-        bucket = torch.searchsorted(sorted_thr, mat)
+    scratch = torch.empty(mat.numel() * scratch_bytes, dtype=torch.uint8, device=mat.device)
+    bucket = _count_below(mat, sorted_thr, scratch) if loop else torch.searchsorted(sorted_thr, mat)
     # #{thresholds <= t}: where the suffix minimum for threshold t starts (ties between thresholds included).
     start_bucket = torch.searchsorted(sorted_thr, sorted_thr, right=True)
-    col_ids = torch.arange(n_cols, device=mat.device)
-
-    if packable:
-        # A float32 (or half) value widened to float64 has 29 zero low mantissa bits: put the column there.
-        # For non-negative floats the int64 bit pattern orders like the value (-0.0 maps to the smallest
-        # key, which is right since it equals 0), so one integer amin yields the minimum with its index.
-        keys = scratch[: entries * 8].view(torch.float64).view(n_rows, n_cols)
-        keys.copy_(mat)
-        keys = keys.view(torch.int64).bitwise_or_(col_ids)
-        table = torch.full((n_rows, width + 1), _INT64_MAX, dtype=torch.int64, device=mat.device)
-        table.scatter_reduce_(1, bucket, keys, reduce="amin")
-        suffix = table.flip(1).cummin(dim=1).values.flip(1)
-        succ = suffix.gather(1, start_bucket)
-        found = succ != _INT64_MAX
-        low = (1 << _INDEX_BITS) - 1
-
-        def unpack(key: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-            value = (key & ~low).view(torch.float64).to(mat.dtype)
-            return value, (key & low).clamp_(max=max(n_cols - 1, 0))
-
-        values, cols = unpack(succ)
-        min_value, min_col = unpack(suffix[:, 0])
-    else:
-        # float64 distances use all mantissa bits: find bucket minima by value, then their index with an
-        # equality pass (slower, same result).
-        big = torch.finfo(mat.dtype).max
-        vtable = torch.full((n_rows, width + 1), big, dtype=mat.dtype, device=mat.device)
-        vtable.scatter_reduce_(1, bucket, mat, reduce="amin")
-        is_min = mat == vtable.gather(1, bucket)
-        cand = torch.where(is_min, col_ids, n_cols)
-        ctable = torch.full((n_rows, width + 1), n_cols, dtype=torch.int64, device=mat.device)
-        ctable.scatter_reduce_(1, bucket, cand, reduce="amin")
-        suffix_val, suffix_arg = vtable.flip(1).cummin(dim=1)
-        suffix_val = suffix_val.flip(1)
-        suffix_bucket = (width - suffix_arg).flip(1)
-        suffix_col = ctable.gather(1, suffix_bucket).clamp_(max=max(n_cols - 1, 0))
-        values = suffix_val.gather(1, start_bucket)
-        cols = suffix_col.gather(1, start_bucket)
-        found = values < big
-        min_value, min_col = suffix_val[:, 0], suffix_col[:, 0]
+    minima = _packed_bucket_minima if packable else _bucket_minima
+    values, cols, found, min_value, min_col = minima(mat, bucket, start_bucket, scratch)
 
     # Back from threshold-sorted order to the caller's slot order.
     def unsort(x: torch.Tensor) -> torch.Tensor:
         return torch.empty_like(x).scatter_(1, order, x)
 
     return unsort(values), unsort(cols), unsort(found), min_value, min_col
+
+
+def _count_below(mat: torch.Tensor, sorted_thr: torch.Tensor, scratch: torch.Tensor) -> torch.Tensor:
+    """``bucket = #{t < v}`` per entry: one comparison per threshold (a loop over positive slots, not
+    anchors), written straight into a float buffer of ``scratch``, on CPU faster than going through bool."""
+    span = mat.numel() * mat.element_size()
+    count = scratch[:span].view(mat.dtype).view(mat.shape)
+    step = scratch[span : 2 * span].view(mat.dtype).view(mat.shape)
+    torch.gt(mat, sorted_thr[:, :1], out=count)
+    for j in range(1, sorted_thr.shape[1]):
+        count.add_(torch.gt(mat, sorted_thr[:, j : j + 1], out=step))
+    return count.long()
+
+
+def _packed_bucket_minima(
+    mat: torch.Tensor, bucket: torch.Tensor, start_bucket: torch.Tensor, scratch: torch.Tensor
+) -> _Successors:
+    """:func:`_successors`' results for a matrix of at most 32-bit floats, with packed keys in ``scratch``.
+
+    A float32 (or half) value widened to float64 has 29 zero low mantissa bits: put the column there.
+    For non-negative floats the int64 bit pattern orders like the value (-0.0 maps to the smallest
+    key, which is right since it equals 0), so one integer amin yields the minimum with its index.
+    """
+    n_rows, n_cols = mat.shape
+    keys = scratch[: mat.numel() * 8].view(torch.float64).view(n_rows, n_cols)
+    keys.copy_(mat)
+    keys = keys.view(torch.int64).bitwise_or_(torch.arange(n_cols, device=mat.device))
+    table = torch.full((n_rows, start_bucket.shape[1] + 1), _INT64_MAX, dtype=torch.int64, device=mat.device)
+    table.scatter_reduce_(1, bucket, keys, reduce="amin")
+    suffix = table.flip(1).cummin(dim=1).values.flip(1)
+    succ = suffix.gather(1, start_bucket)
+    low = (1 << _INDEX_BITS) - 1
+
+    def unpack(key: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        value = (key & ~low).view(torch.float64).to(mat.dtype)
+        return value, (key & low).clamp_(max=max(n_cols - 1, 0))
+
+    return *unpack(succ), succ != _INT64_MAX, *unpack(suffix[:, 0])
+
+
+def _bucket_minima(
+    mat: torch.Tensor, bucket: torch.Tensor, start_bucket: torch.Tensor, scratch: torch.Tensor
+) -> _Successors:
+    """:func:`_successors`' results for float64 distances, which use all mantissa bits: bucket minima by
+    value, then their index with an equality pass (slower than packing, same result; ``scratch`` unused)."""
+    n_rows, n_cols = mat.shape
+    width = start_bucket.shape[1]
+    big = torch.finfo(mat.dtype).max
+    vtable = torch.full((n_rows, width + 1), big, dtype=mat.dtype, device=mat.device)
+    vtable.scatter_reduce_(1, bucket, mat, reduce="amin")
+    is_min = mat == vtable.gather(1, bucket)
+    cand = torch.where(is_min, torch.arange(n_cols, device=mat.device), n_cols)
+    ctable = torch.full((n_rows, width + 1), n_cols, dtype=torch.int64, device=mat.device)
+    ctable.scatter_reduce_(1, bucket, cand, reduce="amin")
+    suffix_val, suffix_arg = vtable.flip(1).cummin(dim=1)
+    suffix_val = suffix_val.flip(1)
+    suffix_bucket = (width - suffix_arg).flip(1)
+    suffix_col = ctable.gather(1, suffix_bucket).clamp_(max=max(n_cols - 1, 0))
+    values = suffix_val.gather(1, start_bucket)
+    cols = suffix_col.gather(1, start_bucket)
+    return values, cols, values < big, suffix_val[:, 0], suffix_col[:, 0]
 
 
 def semi_hard(
@@ -459,33 +474,34 @@ def semi_hard(
         if index is None:
             return empty_indices(3, inputs.device)
         ranks = RankMatrix(inputs.embeddings, inputs.ref_embeddings, distance, nonnegative=True)
-        n_rows, n_cols = inputs.embeddings.shape[0], inputs.ref_embeddings.shape[0]
         # Matrix and two same-size float buffers, int64 bucket, int64 key and its float64 source.
-        bytes_per_entry = 3 * inputs.embeddings.element_size() + 24
-        labels_, ref_labels_ = inputs.labels, inputs.ref_labels
+        bytes_per_entry = 3 * ranks.dtype.itemsize + 24
         parts = []
-        for start, stop in row_chunks(n_rows, n_cols, bytes_per_entry, chunk_size):
-            mat = ranks.rows(start, stop)
-            big = torch.finfo(mat.dtype).max
-            pos_idx, pos_valid = index.chunk(start, stop)
-            pos_dist = mat.gather(1, pos_idx).masked_fill_(~pos_valid, big)
-            index.mask_same_label(mat, start, pos_idx, pos_valid, big)
-            succ_dist, succ_col, found, _, min_col = _successors(mat, pos_dist)
-            anchor_labels = labels_[start:stop, None]
-            # A masked (same-label) entry comes back only when no negative lies above the threshold.
-            found &= ref_labels_[succ_col] != anchor_labels
-            semi = found & (succ_dist < pos_dist + margin)
-            if fallback == "none":
-                keep, negative = pos_valid & semi, succ_col
-            elif fallback == "hardest":
-                keep, negative = pos_valid & found, succ_col
-            else:
-                has_neg = index.n_neg[start:stop, None] > 0
-                keep = pos_valid & (semi | has_neg)
-                negative = torch.where(semi, succ_col, min_col[:, None])
+        for chunk in _chunks(ranks, index, bytes_per_entry, chunk_size):
+            keep, negative = _semi_hard_negatives(chunk, index, inputs, margin, fallback)
             rows, slots = keep.nonzero(as_tuple=True)
-            parts.append((_shift(rows, start), pos_idx[rows, slots], negative[rows, slots]))
+            parts.append((_shift(rows, chunk.start), chunk.pos_idx[rows, slots], negative[rows, slots]))
         return _cat(parts, 3, inputs.device)
+
+
+def _semi_hard_negatives(
+    chunk: _Chunk, index: LabelIndex, inputs: MiningInputs, margin: float, fallback: str
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(keep, negative)``, ``(rows, W)`` like the positives table: which pairs get which negative."""
+    start, stop, mat, pos_idx, pos_valid = chunk
+    big = torch.finfo(mat.dtype).max
+    pos_dist = mat.gather(1, pos_idx).masked_fill_(~pos_valid, big)
+    index.mask_same_label(mat, start, pos_idx, pos_valid, big)
+    succ_dist, succ_col, found, _, min_col = _successors(mat, pos_dist)
+    # A masked (same-label) entry comes back only when no negative lies above the threshold.
+    found &= inputs.ref_labels[succ_col] != inputs.labels[start:stop, None]
+    semi = found & (succ_dist < pos_dist + margin)
+    if fallback == "none":
+        return pos_valid & semi, succ_col
+    if fallback == "hardest":
+        return pos_valid & found, succ_col
+    has_neg = index.n_neg[start:stop, None] > 0
+    return pos_valid & (semi | has_neg), torch.where(semi, succ_col, min_col[:, None])
 
 
 def distance_weighted(
@@ -555,65 +571,88 @@ def distance_weighted(
         inputs, index = _prepare(embeddings, labels, ref_embeddings, ref_labels, distance, chunk_size)
         if index is None:
             return empty_indices(3, inputs.device)
-        device = inputs.device
-        emb, ref = inputs.embeddings, inputs.ref_embeddings
-        if emb.element_size() < 4:
-            # (D - 2) * log(d) amplifies rounding by D: half precision would distort the weights.
-            emb = emb.float()
-            ref = emb if inputs.self_pool else ref.float()
-        ranks = RankMatrix(emb, ref, "cosine", nonnegative=True)
-        dim = emb.shape[1]
-        n_rows, n_cols = emb.shape[0], ref.shape[0]
+        # In float32 at least (see working_dtype): (D - 2) * log(d) amplifies rounding by D.
+        ranks = RankMatrix(inputs.embeddings, inputs.ref_embeddings, "cosine", nonnegative=True)
+        uniforms = _pair_uniforms(index, generator, inputs.device)
+        cutoffs, parts, offset = (cutoff, nonzero_loss_cutoff), [], 0
+        # The matrix and two temporaries of its dtype.
+        for chunk in _chunks(ranks, index, 3 * ranks.dtype.itemsize, chunk_size):
+            part, offset = _sample_negatives(
+                chunk, index, uniforms, offset, inputs.embeddings.shape[1], cutoffs
+            )
+            parts.append(part)
+        return _cat(parts, 3, inputs.device)
 
-        # One uniform per anchor-positive pair, in (anchor, positive index) order, drawn before chunking.
-        total_pairs = int(index.n_pos.sum())
-        gen_device = generator.device if generator is not None else device
-        uniforms = torch.rand(total_pairs, generator=generator, dtype=torch.float64, device=gen_device).to(
-            device
-        )
 
-        parts = []
-        offset = 0
-        # In terms of the cosine distance c = 1 - cos = d^2 / 2 (fewer passes than going through d):
-        # -log q(d) = -(D-2)/2 log(2c) - (D-3)/2 log(1 - c/2), clipping d >= cutoff is c >= cutoff^2 / 2.
-        c_min = max(cutoff**2 / 2.0, torch.finfo(torch.float32).tiny)
-        c_max = nonzero_loss_cutoff**2 / 2.0
-        # float32 matrix and two float32 temporaries.
-        for start, stop in row_chunks(n_rows, n_cols, 3 * emb.element_size(), chunk_size):
-            cos_dist = ranks.rows(start, stop)
-            pos_idx, pos_valid = index.chunk(start, stop)
-            # 1.0 where the entry may not be sampled (beyond the cutoff, positives, self). Arithmetic on this
-            # float mask is several times faster on CPU than masked_fill with a bool one.
-            excluded = torch.ge(cos_dist, c_max, out=torch.empty_like(cos_dist))
-            index.mask_same_label(excluded, start, pos_idx, pos_valid, 1.0)
-            # c <= 2 up to rounding; clamping keeps log1p(-c/2) off NaN, and its -inf at c = 2 is clamped.
-            clipped = cos_dist.clamp_(min=c_min, max=2.0)
-            log_w = clipped.mul(-0.5).log1p_().clamp_(min=_LOG_TINY).mul_(-(dim - 3) / 2.0)
-            log_w.sub_(clipped.mul_(2.0).log_(), alpha=(dim - 2) / 2.0)
-            # Excluded entries drop to about -1e30, far below any real log-weight, so the row maximum is
-            # over the sampleable entries; it normalises the weights so that exp() cannot overflow.
-            log_w.sub_(excluded, alpha=_EXCLUDED)
-            row_max = log_w.amax(dim=1, keepdim=True)
-            has_weight = row_max > -_EXCLUDED / 2
-            row_max.masked_fill_(~has_weight, 0.0)
-            # Relative weights below e^-80 are raised to e^-80 (still negligible): exp() of very negative
-            # or subnormal-producing arguments takes a far slower path on CPU. Excluded entries are then
-            # zeroed exactly by the mask.
-            weights = log_w.sub_(row_max).clamp_(min=_LOG_WEIGHT_FLOOR).exp_()
-            cdf = weights.mul_(excluded.neg_().add_(1.0)).cumsum_(dim=1)
-            total = cdf[:, -1:]
+def _sample_negatives(
+    chunk: _Chunk,
+    index: LabelIndex,
+    uniforms: torch.Tensor,
+    offset: int,
+    dim: int,
+    cutoffs: tuple[float, float],
+) -> tuple[Triplets, int]:
+    """The chunk's triplets, drawn with ``uniforms[offset:]``, and the offset of the next chunk's uniforms."""
+    cdf, has_weight = _weight_cdf(chunk, index, dim, *cutoffs)
+    rows, slots = chunk.pos_valid.nonzero(as_tuple=True)
+    end = offset + rows.shape[0]
+    negative = _draw(cdf, uniforms[offset:end], rows, slots, chunk.pos_idx.shape[1])
+    keep = has_weight[rows, 0]
+    rows, slots = rows[keep], slots[keep]
+    return (_shift(rows, chunk.start), chunk.pos_idx[rows, slots], negative[rows, slots]), end
 
-            rows, slots = pos_valid.nonzero(as_tuple=True)
-            u = uniforms[offset : offset + rows.shape[0]]
-            offset += rows.shape[0]
-            # Inverse CDF: the first j with cdf[j] > u * total has weight > 0 (cumsum of non-negative
-            # numbers is monotone, and equal neighbours mean a zero weight). Keep the target below total
-            # so rounding of u * total cannot step past the last positive weight.
-            target = torch.zeros(stop - start, pos_idx.shape[1], dtype=cdf.dtype, device=device)
-            target[rows, slots] = (u * total[rows, 0]).to(cdf.dtype)
-            target = torch.minimum(target, torch.nextafter(total, torch.zeros_like(total)))
-            negative = torch.searchsorted(cdf, target, right=True).clamp_(max=n_cols - 1)
-            keep = has_weight[rows, 0]
-            rows, slots = rows[keep], slots[keep]
-            parts.append((_shift(rows, start), pos_idx[rows, slots], negative[rows, slots]))
-        return _cat(parts, 3, device)
+
+def _pair_uniforms(
+    index: LabelIndex, generator: torch.Generator | None, device: torch.device
+) -> torch.Tensor:
+    """One uniform per anchor-positive pair, in (anchor, positive index) order, drawn before chunking."""
+    total_pairs = int(index.n_pos.sum())
+    gen_device = generator.device if generator is not None else device
+    return torch.rand(total_pairs, generator=generator, dtype=torch.float64, device=gen_device).to(device)
+
+
+def _weight_cdf(
+    chunk: _Chunk, index: LabelIndex, dim: int, cutoff: float, nonzero_loss_cutoff: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per anchor, the cumulative sums of its sampling weights over the pool, and whether any is non-zero.
+
+    The chunk's matrix holds cosine distances and is overwritten.
+    """
+    # In terms of the cosine distance c = 1 - cos = d^2 / 2 (fewer passes than going through d):
+    # -log q(d) = -(D-2)/2 log(2c) - (D-3)/2 log(1 - c/2), clipping d >= cutoff is c >= cutoff^2 / 2.
+    c_min = max(cutoff**2 / 2.0, torch.finfo(torch.float32).tiny)
+    c_max = nonzero_loss_cutoff**2 / 2.0
+    cos_dist = chunk.mat
+    # 1.0 where the entry may not be sampled (beyond the cutoff, positives, self). Arithmetic on this
+    # float mask is several times faster on CPU than masked_fill with a bool one.
+    excluded = torch.ge(cos_dist, c_max, out=torch.empty_like(cos_dist))
+    index.mask_same_label(excluded, chunk.start, chunk.pos_idx, chunk.pos_valid, 1.0)
+    # c <= 2 up to rounding; clamping keeps log1p(-c/2) off NaN, and its -inf at c = 2 is clamped.
+    clipped = cos_dist.clamp_(min=c_min, max=2.0)
+    log_w = clipped.mul(-0.5).log1p_().clamp_(min=_LOG_TINY).mul_(-(dim - 3) / 2.0)
+    log_w.sub_(clipped.mul_(2.0).log_(), alpha=(dim - 2) / 2.0)
+    # Excluded entries drop to about -1e30, far below any real log-weight, so the row maximum is
+    # over the sampleable entries; it normalises the weights so that exp() cannot overflow.
+    log_w.sub_(excluded, alpha=_EXCLUDED)
+    row_max = log_w.amax(dim=1, keepdim=True)
+    has_weight = row_max > -_EXCLUDED / 2
+    row_max.masked_fill_(~has_weight, 0.0)
+    # Relative weights below e^-80 are raised to e^-80 (still negligible): exp() of very negative
+    # or subnormal-producing arguments takes a far slower path on CPU. Excluded entries are then
+    # zeroed exactly by the mask.
+    weights = log_w.sub_(row_max).clamp_(min=_LOG_WEIGHT_FLOOR).exp_()
+    return weights.mul_(excluded.neg_().add_(1.0)).cumsum_(dim=1), has_weight
+
+
+def _draw(
+    cdf: torch.Tensor, uniforms: torch.Tensor, rows: torch.Tensor, slots: torch.Tensor, width: int
+) -> torch.Tensor:
+    """The pool index drawn for pair ``(rows[i], slots[i])`` with ``uniforms[i]``, as a ``(rows, width)`` table."""
+    # Inverse CDF: the first j with cdf[j] > u * total has weight > 0 (cumsum of non-negative
+    # numbers is monotone, and equal neighbours mean a zero weight). Keep the target below total
+    # so rounding of u * total cannot step past the last positive weight.
+    total = cdf[:, -1:]
+    target = torch.zeros(cdf.shape[0], width, dtype=cdf.dtype, device=cdf.device)
+    target[rows, slots] = (uniforms * total[rows, 0]).to(cdf.dtype)
+    target = torch.minimum(target, torch.nextafter(total, torch.zeros_like(total)))
+    return torch.searchsorted(cdf, target, right=True).clamp_(max=cdf.shape[1] - 1)

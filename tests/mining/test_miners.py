@@ -336,3 +336,11 @@ def test_automatic_chunks_respect_the_working_set_budget() -> None:
     assert all((stop - start) * 65536 * 36 <= CHUNK_BYTES for start, stop in chunks)
     assert list(row_chunks(5, 3, 4, 2)) == [(0, 2), (2, 4), (4, 5)]
     assert list(row_chunks(4, 10**9, 10**9, None)) == [(0, 1), (1, 2), (2, 3), (3, 4)]  # at least one row
+
+
+def test_pool_and_statistics_are_exported_beside_the_miners():
+    from composer_dynsample import mining
+    from composer_dynsample.mining import pool, statistics
+
+    assert (mining.assemble_pool, mining.Pool) == (pool.assemble_pool, pool.Pool)
+    assert mining.mining_statistics is statistics.mining_statistics
