@@ -184,6 +184,11 @@ def _entry(
     return entry, name, {key: value for key, value in values.items() if key not in entry.extra}, extras
 
 
+def _peek(values: dict[str, Any], registry: Mapping[str, Any]) -> Any:
+    """The target a section names, without consuming its keys (for choices that depend on the target)."""
+    return resolve("section", dict(values), registry)[0].target
+
+
 def build_data(cfg: DictConfig) -> DatasetSplits:
     """Load the dataset the ``data`` section names, with its other keys."""
     entry, name, kwargs, _ = _entry("data", section(cfg, "data", "data"), DATASETS)
@@ -208,6 +213,8 @@ def build_encoder(cfg: DictConfig, feature_shape: tuple[int, ...]) -> torch.nn.M
         "input_length": feature_shape[-1],
         "input_size": list(feature_shape[1:]) if len(feature_shape) >= 3 else feature_shape[-1],
     }
+    if len(feature_shape) == 2 and "input_size" in parameters(_peek(values, ENCODERS)):
+        inferred["in_channels"], inferred["input_size"] = 1, list(feature_shape)  # (H, W) images
     entry, name, kwargs, _ = _entry(path, values, ENCODERS, supplied=inferred)
     if name == "conv1d" and len(feature_shape) not in (1, 2):
         raise ConfigError(
