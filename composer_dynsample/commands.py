@@ -172,10 +172,11 @@ def _build(
     extra: Sequence[str] = (),
 ) -> tuple[Any, Path | None]:
     """Load the config, check the run directory and any checkpoint, and build the run."""
-    from composer_dynsample.config.loading import default_run_dir, load_config
+    from composer_dynsample.config.loading import default_run_dir, load_config, run_options
 
     config_path = None if isinstance(config, Mapping) else Path(config)
     cfg = load_config(config, [*overrides, *extra])
+    run_options(cfg)  # seed and run_dir are checked before torch and Composer are imported
     _quiet_defaults(cfg, quiet)
     directory = Path(run_dir or cfg.get("run_dir") or default_run_dir(config_path))
     load_path = _checked_load_path(cfg, trust_checkpoint)

@@ -36,6 +36,8 @@ def probe(*argv: str) -> subprocess.CompletedProcess:
         ("eval", "--help"),
         ("--version",),
         ("train", "yamls/digits_quick.yaml", "sede=1"),
+        ("train", "yamls/digits_quick.yaml", "seed=x"),
+        ("train", "yamls/digits_quick.yaml", "optimizer=[1]"),
         ("train", "missing.yaml"),
     ],
 )
