@@ -3,12 +3,13 @@
 The public names are re-exported here and imported on first use (PEP 562), so ``import
 composer_dynsample`` (and ``composer-dynsample --help``) does not pay for importing Composer and torch:
 
-- samplers: :class:`PKBatchSampler`, :class:`TwoStreamBatchSampler`, :class:`DistributedBatchSampler`,
-  :func:`build_dataloader`;
+- samplers: :class:`PKBatchSampler`, :class:`HardClassPKBatchSampler`, :class:`TwoStreamBatchSampler`,
+  :class:`DistributedBatchSampler`, :func:`build_dataloader`;
 - callbacks: :class:`SetSamplerEpoch`;
-- mining: :class:`HardNegativeMining` (the Composer algorithm), :class:`CrossBatchMemory`,
+- algorithms: :class:`HardNegativeMining` (mining at ``AFTER_FORWARD``), :class:`CrossBatchMemory`,
+  :class:`EmbeddingTable` (an embedding per training sample), :class:`BatchAugmentation`,
   :class:`MinedBatch` (what the loss receives), the miners in :mod:`composer_dynsample.mining`;
-- models and losses: :class:`EmbeddingModel`, :class:`Conv1dEncoder`, :class:`MLPEncoder`,
+- models and losses: :class:`EmbeddingModel`, :class:`Conv1dEncoder`, :class:`Conv2dEncoder`, :class:`MLPEncoder`,
   :class:`TripletMarginLoss`, :class:`ContrastiveLoss`, :class:`MultiSimilarityLoss`;
 - data: :class:`IndexDataset`, :class:`GatherCollate`, :class:`TensorStore` (index-only datasets and the
   batched collate), loaders in :mod:`composer_dynsample.data`;
@@ -34,8 +35,16 @@ __version__ = "0.1.0"
 _MODULES: dict[str, list[str]] = {
     "composer_dynsample.samplers.dataloader": ["BatchSamplerDataLoader", "build_dataloader"],
     "composer_dynsample.losses": ["ContrastiveLoss", "MultiSimilarityLoss", "TripletMarginLoss"],
-    "composer_dynsample.models": ["Conv1dEncoder", "EmbeddingModel", "MLPEncoder"],
-    "composer_dynsample.algorithms": ["CrossBatchMemory", "EmbeddingTable", "HardNegativeMining", "mine"],
+    "composer_dynsample.models": ["Conv1dEncoder", "Conv2dEncoder", "EmbeddingModel", "MLPEncoder"],
+    "composer_dynsample.algorithms": [
+        "BatchAugmentation",
+        "CrossBatchMemory",
+        "EmbeddingTable",
+        "HardClassPKBatchSampler",
+        "HardNegativeMining",
+        "mine",
+    ],
+    "composer_dynsample.samplers.hard_class": ["HardClassPKBatchSampler"],
     "composer_dynsample.samplers": [
         "DistributedBatchSampler",
         "PKBatchSampler",
@@ -48,14 +57,17 @@ _MODULES: dict[str, list[str]] = {
 }
 
 __all__ = [
+    "BatchAugmentation",
     "BatchSamplerDataLoader",
     "ContrastiveLoss",
     "Conv1dEncoder",
+    "Conv2dEncoder",
     "CrossBatchMemory",
     "DistributedBatchSampler",
     "EmbeddingModel",
     "EmbeddingTable",
     "GatherCollate",
+    "HardClassPKBatchSampler",
     "HardNegativeMining",
     "IndexDataset",
     "MLPEncoder",
@@ -74,12 +86,18 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from composer_dynsample.algorithms import CrossBatchMemory, EmbeddingTable, HardNegativeMining, mine
+    from composer_dynsample.algorithms import (
+        BatchAugmentation,
+        CrossBatchMemory,
+        EmbeddingTable,
+        HardNegativeMining,
+        mine,
+    )
     from composer_dynsample.callbacks import RetrievalGallery, SetSamplerEpoch, find_epoch_target
     from composer_dynsample.data import GatherCollate, IndexDataset, TensorStore
     from composer_dynsample.losses import ContrastiveLoss, MultiSimilarityLoss, TripletMarginLoss
     from composer_dynsample.mined import MinedBatch
-    from composer_dynsample.models import Conv1dEncoder, EmbeddingModel, MLPEncoder
+    from composer_dynsample.models import Conv1dEncoder, Conv2dEncoder, EmbeddingModel, MLPEncoder
     from composer_dynsample.samplers import (
         DistributedBatchSampler,
         PKBatchSampler,
@@ -87,6 +105,7 @@ if TYPE_CHECKING:
         TwoStreamBatchSampler,
     )
     from composer_dynsample.samplers.dataloader import BatchSamplerDataLoader, build_dataloader
+    from composer_dynsample.samplers.hard_class import HardClassPKBatchSampler
 
 
 __getattr__, __dir__ = lazy_exports(__name__, _MODULES, globals())

@@ -14,8 +14,8 @@ whole batch from a preloaded :class:`TensorStore` in one indexing operation::
     )
     # each batch: {"index": int64 (B,), "features": float32 (B, 40), "labels": int64 (B,)}
 
-Loaders (:func:`load_mnist1d`, :func:`load_digits`, :func:`load_file`, :func:`load_image_folder`)
-return a :class:`DatasetSplits`; the file formats are described in
+Loaders (:func:`load_mnist1d`, :func:`load_digits`, :func:`load_glyphs`, :func:`load_file`,
+:func:`load_image_folder`) return a :class:`DatasetSplits`; the file formats are described in
 :mod:`composer_dynsample.data.datasets`.
 """
 
@@ -28,17 +28,22 @@ from composer_dynsample.data.datasets import (
     load_mnist1d,
     stratified_split,
 )
+from composer_dynsample.data.glyphs import GlyphCacheError, GlyphInfo, GlyphSplits, load_glyphs
 from composer_dynsample.data.store import GatherCollate, IndexDataset, TensorStore, Unsqueeze
 
 __all__ = [
     "DatasetSplits",
     "GatherCollate",
+    "GlyphCacheError",
+    "GlyphInfo",
+    "GlyphSplits",
     "IndexDataset",
     "TensorStore",
     "Unsqueeze",
     "default_cache_dir",
     "load_digits",
     "load_file",
+    "load_glyphs",
     "load_image_folder",
     "load_mnist1d",
     "stratified_split",
