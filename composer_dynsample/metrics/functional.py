@@ -382,17 +382,8 @@ def mean_average_precision_at_r(
         >>> mean_average_precision_at_r(emb, torch.tensor([0, 0, 1, 1]), distance="euclidean")
         tensor(1.)
     """
-    sums = _checked_sums(
-        query_embeddings,
-        query_labels,
-        gallery_embeddings,
-        gallery_labels,
-        ks=(),
-        distance=distance,
-        chunk_size=chunk_size,
-        need_r=True,
-    )
-    return _retrieval_compute(sums, ())["map_at_r"]
+    batch = (query_embeddings, query_labels, gallery_embeddings, gallery_labels)
+    return _metric_at_r("map_at_r", batch, distance, chunk_size)
 
 
 def r_precision(
@@ -414,14 +405,16 @@ def r_precision(
         >>> r_precision(emb, torch.tensor([0, 0, 1, 1]), distance="euclidean")
         tensor(0.5000)
     """
-    sums = _checked_sums(
-        query_embeddings,
-        query_labels,
-        gallery_embeddings,
-        gallery_labels,
-        ks=(),
-        distance=distance,
-        chunk_size=chunk_size,
-        need_r=True,
-    )
-    return _retrieval_compute(sums, ())["r_precision"]
+    batch = (query_embeddings, query_labels, gallery_embeddings, gallery_labels)
+    return _metric_at_r("r_precision", batch, distance, chunk_size)
+
+
+def _metric_at_r(
+    name: str,
+    batch: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None],
+    distance: str,
+    chunk_size: int,
+) -> torch.Tensor:
+    """The result ``name`` of :func:`retrieval_metrics` without ranking for any Recall@K."""
+    sums = _checked_sums(*batch, ks=(), distance=distance, chunk_size=chunk_size, need_r=True)
+    return _retrieval_compute(sums, ())[name]

@@ -325,7 +325,28 @@ class RetrievalRecallAtK(_RetrievalMetricBase):
         return self._compute_dict()[f"recall_at_{self.k}"]
 
 
-class MeanAveragePrecisionAtR(_RetrievalMetricBase):
+class _MetricAtR(_RetrievalMetricBase):
+    """A metric over each query's ``R`` nearest items; :meth:`compute` returns the one named ``_result``."""
+
+    _result: str
+
+    def __init__(
+        self,
+        distance: Distance = "cosine",
+        *,
+        gallery_embeddings: torch.Tensor | None = None,
+        gallery_labels: torch.Tensor | None = None,
+        chunk_size: int = 1024,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__((), True, distance, gallery_embeddings, gallery_labels, chunk_size, **kwargs)
+
+    def compute(self) -> torch.Tensor:
+        """Return the metric as a float32 scalar (NaN without data)."""
+        return self._compute_dict()[self._result]
+
+
+class MeanAveragePrecisionAtR(_MetricAtR):
     """MAP@R (Musgrave et al. 2020). Modes and arguments as in :class:`RetrievalMetrics`, without ``ks``.
 
     Example:
@@ -335,23 +356,10 @@ class MeanAveragePrecisionAtR(_RetrievalMetricBase):
         tensor(1.)
     """
 
-    def __init__(
-        self,
-        distance: Distance = "cosine",
-        *,
-        gallery_embeddings: torch.Tensor | None = None,
-        gallery_labels: torch.Tensor | None = None,
-        chunk_size: int = 1024,
-        **kwargs: Any,
-    ) -> None:
-        super().__init__((), True, distance, gallery_embeddings, gallery_labels, chunk_size, **kwargs)
-
-    def compute(self) -> torch.Tensor:
-        """Return MAP@R as a float32 scalar (NaN without data)."""
-        return self._compute_dict()["map_at_r"]
+    _result = "map_at_r"
 
 
-class RPrecision(_RetrievalMetricBase):
+class RPrecision(_MetricAtR):
     """R-precision (Musgrave et al. 2020). Modes and arguments as in :class:`RetrievalMetrics`, but no ``ks``.
 
     Example:
@@ -361,17 +369,4 @@ class RPrecision(_RetrievalMetricBase):
         tensor(0.5000)
     """
 
-    def __init__(
-        self,
-        distance: Distance = "cosine",
-        *,
-        gallery_embeddings: torch.Tensor | None = None,
-        gallery_labels: torch.Tensor | None = None,
-        chunk_size: int = 1024,
-        **kwargs: Any,
-    ) -> None:
-        super().__init__((), True, distance, gallery_embeddings, gallery_labels, chunk_size, **kwargs)
-
-    def compute(self) -> torch.Tensor:
-        """Return R-precision as a float32 scalar (NaN without data)."""
-        return self._compute_dict()["r_precision"]
+    _result = "r_precision"
