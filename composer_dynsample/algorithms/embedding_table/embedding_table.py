@@ -24,7 +24,7 @@ from composer_dynsample.callbacks.retrieval_gallery import embed_store
 from composer_dynsample.data.store import TensorStore
 from composer_dynsample.distributed import all_gather_embeddings, get_rank, get_world_size, unwrap_model
 from composer_dynsample.mined import MinedBatch
-from composer_dynsample.validation import check_choice, check_int, parse_time
+from composer_dynsample.validation import check_bool, check_choice, check_int, parse_time
 
 __all__ = ["EmbeddingTable", "class_centroids", "write_rows"]
 
@@ -120,6 +120,10 @@ class EmbeddingTable(Algorithm):
         refresh_max_age (int): Rows written more than this many batches ago are refreshed. Default: ``0``
             (all rows).
         refresh_batch_size (int): Samples per forward pass of the refresh. Default: ``1024``.
+        feed_sampler (bool): At every epoch start, hand the class centroids to the train batch sampler
+            when it takes them (``update_class_embeddings``, as
+            :class:`~composer_dynsample.samplers.HardClassPKBatchSampler` does), and keep the sampler's
+            snapshot in the checkpoint so a resumed epoch is built from the same centroids. Default: ``True``.
 
     Example:
         >>> from composer import Trainer
@@ -139,6 +143,7 @@ class EmbeddingTable(Algorithm):
         refresh_interval: str | None = None,
         refresh_max_age: int = 0,
         refresh_batch_size: int = 1024,
+        feed_sampler: bool = True,
     ) -> None:
         self.num_items = check_int("num_items", num_items, minimum=1, allow_none=True)
         self.dtype = _DTYPES[check_choice("dtype", dtype, tuple(_DTYPES))]
@@ -157,8 +162,11 @@ class EmbeddingTable(Algorithm):
                 raise ValueError(f"refresh_interval must be at least 1ep, got {refresh_interval!r}.")
         self.refresh_max_age = check_int("refresh_max_age", refresh_max_age, minimum=0)
         self.refresh_batch_size = check_int("refresh_batch_size", refresh_batch_size, minimum=1)
+        self.feed_sampler = check_bool("feed_sampler", feed_sampler)
         self.rows: torch.Tensor | None = None
         self.written_at: torch.Tensor | None = None
+        self._sampler: Any = None  # the train batch sampler that takes class centroids, if any
+        self._saved_sampler_state: dict[str, Any] | None = None
 
     # ----------------------------------------------------------------------------------- the table itself
     def _allocate(self, dim: int) -> None:
@@ -210,17 +218,17 @@ class EmbeddingTable(Algorithm):
 
     # ------------------------------------------------------------------------------------------- Composer
     def match(self, event: Event, state: State) -> bool:
-        if event == Event.AFTER_FORWARD:
+        if event in (Event.AFTER_FORWARD, Event.FIT_START):
             return True
-        if event == Event.FIT_START:
-            return self.num_items is None
-        return event == Event.EPOCH_START and self._refresh_due(state)
+        return event == Event.EPOCH_START and (self._refresh_due(state) or self._sampler is not None)
 
     def apply(self, event: Event, state: State, logger: Logger) -> None:
         if event == Event.FIT_START:
-            self.num_items = _dataset_length(state)
+            self._fit_start(state)
         elif event == Event.EPOCH_START:
-            self._refresh(state, logger)
+            if self._refresh_due(state):
+                self._refresh(state, logger)
+            self._feed_sampler(state)
         else:
             outputs = state.outputs
             embeddings = outputs.embeddings if isinstance(outputs, MinedBatch) else outputs
@@ -234,6 +242,29 @@ class EmbeddingTable(Algorithm):
                 embeddings.detach(), indices, with_grad=False
             )
             self.write(gathered_indices, gathered, int(state.timestamp.batch))
+
+    def _fit_start(self, state: State) -> None:
+        """Size the table, find the sampler to feed, and give it back its snapshot when resuming."""
+        if self.num_items is None:
+            self.num_items = _dataset_length(state)
+        if not self.feed_sampler:
+            return
+        from composer_dynsample.callbacks.set_sampler_epoch import find_epoch_target
+
+        target = find_epoch_target(state.train_dataloader)
+        self._sampler = target if callable(getattr(target, "update_class_embeddings", None)) else None
+        if self._sampler is not None and self._saved_sampler_state is not None:
+            self._sampler.load_state_dict(self._saved_sampler_state)  # the interrupted epoch's centroids
+            self._saved_sampler_state = None
+
+    def _feed_sampler(self, state: State) -> None:
+        """Hand the class centroids of the table to the sampler; they apply from its next ``set_epoch``."""
+        if self._sampler is None or self.rows is None:
+            return
+        labels = _train_labels(state)
+        classes = torch.as_tensor(self._sampler.classes, dtype=torch.int64)
+        centroids, counts = self.centroids(labels, int(labels.max()) + 1)
+        self._sampler.update_class_embeddings(centroids[classes], counts[classes])
 
     def _refresh_due(self, state: State) -> bool:
         epoch = int(state.timestamp.epoch)
@@ -266,6 +297,8 @@ class EmbeddingTable(Algorithm):
         state["rows"] = None if self.rows is None else self.rows.cpu()
         state["written_at"] = None if self.written_at is None else self.written_at.cpu()
         state["num_items"] = self.num_items
+        sampler_state = getattr(self._sampler, "state_dict", None)
+        state["sampler"] = sampler_state() if callable(sampler_state) else None
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -279,6 +312,7 @@ class EmbeddingTable(Algorithm):
         self.rows = None if rows is None else rows.to(device=self.device, dtype=self.dtype)
         written = state.get("written_at")
         self.written_at = None if written is None else written.to(self.device)
+        self._saved_sampler_state = state.get("sampler")
 
 
 def _batch_indices(state: State, key: str) -> torch.Tensor:
@@ -293,6 +327,20 @@ def _batch_indices(state: State, key: str) -> torch.Tensor:
             "composer_dynsample.data.GatherCollate, which adds it, or set index_key."
         )
     return value.view(-1).to(torch.int64)
+
+
+def _train_labels(state: State) -> torch.Tensor:
+    """The training set's labels, from the index dataset or the collate's store."""
+    loader = getattr(state.train_dataloader, "dataloader", state.train_dataloader)
+    labels = getattr(getattr(loader, "dataset", None), "labels", None)
+    if not isinstance(labels, torch.Tensor):
+        labels = getattr(getattr(getattr(loader, "collate_fn", None), "store", None), "labels", None)
+    if not isinstance(labels, torch.Tensor):
+        raise ValueError(
+            "EmbeddingTable: class centroids need the training labels, and neither the train dataset nor its "
+            "collate has a labels tensor; use composer_dynsample.data.IndexDataset and GatherCollate."
+        )
+    return labels
 
 
 def _dataset_length(state: State) -> int:

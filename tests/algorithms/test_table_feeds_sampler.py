@@ -1,0 +1,100 @@
+"""The embedding table feeds HardClassPKBatchSampler through the Trainer, and a resumed epoch is the same epoch."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from composer import Trainer
+
+from composer_dynsample import (
+    EmbeddingModel,
+    HardNegativeMining,
+    PKBatchSampler,
+    SetSamplerEpoch,
+    build_dataloader,
+)
+from composer_dynsample.algorithms.embedding_table import EmbeddingTable
+from composer_dynsample.data import GatherCollate, IndexDataset, TensorStore
+from composer_dynsample.samplers.hard_class import HardClassPKBatchSampler
+from tests.common import BatchRecorder
+
+
+class IndexRecorder(BatchRecorder):
+    """BatchRecorder for GatherCollate's dict batches: the sample indices are under "index"."""
+
+    def after_dataloader(self, state, logger) -> None:
+        key = (int(state.timestamp.epoch), int(state.timestamp.batch_in_epoch))
+        self.batches[key] = state.batch["index"].tolist()
+
+
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
+
+
+def store() -> TensorStore:
+    gen = torch.Generator().manual_seed(0)
+    labels = torch.arange(240) % 20  # 20 classes of 12: 240 / (4 x 3) = 20 batches an epoch
+    centres = torch.randn(20, 6, generator=gen) * 2
+    return TensorStore(centres[labels] + torch.randn(240, 6, generator=gen), labels)
+
+
+def make_run(tmp_path, sampler_class=HardClassPKBatchSampler, *, table=True, **kwargs):
+    data = store()
+    torch.manual_seed(0)
+    model = EmbeddingModel(torch.nn.Linear(6, 4))
+    sampler = sampler_class(data.labels, 4, 3, seed=3)
+    recorder = IndexRecorder()
+    algorithms = [HardNegativeMining("semi_hard")] + ([EmbeddingTable()] if table else [])
+    trainer = Trainer(
+        model=model,
+        train_dataloader=build_dataloader(IndexDataset(data.labels), sampler, collate_fn=GatherCollate(data)),
+        optimizers=torch.optim.SGD(model.parameters(), lr=0.05),
+        algorithms=algorithms,
+        callbacks=[recorder, SetSamplerEpoch()],
+        max_duration=kwargs.pop("max_duration", "3ep"),
+        progress_bar=False,
+        seed=0,
+        **kwargs,
+    )
+    return trainer, sampler, recorder
+
+
+def test_from_the_second_epoch_the_batches_follow_the_tables_centroids(tmp_path):
+    trainer, sampler, recorder = make_run(tmp_path)
+    plain_trainer, _, plain = make_run(tmp_path, PKBatchSampler, table=False)
+    trainer.fit()
+    plain_trainer.fit()
+    assert recorder.epoch(0) == plain.epoch(0)  # before any centroids: P x K's batches
+    assert recorder.epoch(1) != plain.epoch(1)
+    assert sampler.snapshot_fingerprint() != ""
+    # Every batch of a hard epoch is still P = 4 classes x K = 3 samples.
+    labels = store().labels
+    for batch in recorder.epoch(2):
+        classes = labels[batch].view(4, 3)
+        assert bool((classes == classes[:, :1]).all()) and len(set(classes[:, 0].tolist())) == 4
+
+
+def test_a_mid_epoch_resume_trains_the_uninterrupted_batches(tmp_path):
+    trainer, _, full = make_run(tmp_path, save_folder=str(tmp_path / "ck"), save_interval="7ba")
+    trainer.fit()
+    trainer.close()
+    # Batch 28 is epoch 1, batch 8: the epoch's centroids come back from the checkpoint.
+    resumed_trainer, sampler, resumed = make_run(
+        tmp_path, load_path=str(tmp_path / "ck" / "ep1-ba28-rank0.pt")
+    )
+    resumed_trainer.fit()
+    assert resumed.in_order() == full.in_order()[28:]
+    assert sampler.snapshot_fingerprint() != ""
+
+
+def test_without_the_snapshot_the_resumed_epoch_would_differ(tmp_path):
+    """The check above can fail: a sampler resumed without its centroids builds another epoch."""
+    trainer, _, full = make_run(tmp_path, save_folder=str(tmp_path / "ck"), save_interval="7ba")
+    trainer.fit()
+    trainer.close()
+    checkpoint = torch.load(tmp_path / "ck" / "ep1-ba28-rank0.pt", weights_only=False)
+    (table_state,) = [state for name, state in checkpoint["state"]["algorithms"] if "EmbeddingTable" in name]
+    table_state["sampler"] = None
+    torch.save(checkpoint, tmp_path / "no-snapshot.pt")
+    resumed_trainer, _, resumed = make_run(tmp_path, load_path=str(tmp_path / "no-snapshot.pt"))
+    resumed_trainer.fit()
+    assert resumed.in_order()[:12] != full.in_order()[28:40]
