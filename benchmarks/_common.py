@@ -112,6 +112,11 @@ def run_worker(script: Path, flag: str, *values: object, timeout: float = 600) -
     return json.loads(output.strip().splitlines()[-1])
 
 
+def load_average() -> tuple[float, float, float] | None:
+    """The 1, 5 and 15 minute load averages, recorded beside timings (``None`` where unavailable)."""
+    return os.getloadavg() if hasattr(os, "getloadavg") else None
+
+
 def machine_info(torch_threads: bool = True) -> str:
     """One line naming the machine: CPU, cores, load, Python, torch and (if asked) its thread count."""
     import torch

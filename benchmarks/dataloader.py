@@ -26,8 +26,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from _common import markdown_table, save_figure, write_results
 from _common import parser as make_parser
-from _common import save_figure, write_results
 
 from composer_dynsample import PKBatchSampler
 from composer_dynsample.data import GatherCollate, IndexDataset, TensorStore
@@ -164,20 +164,14 @@ def plot(path: Path, results: dict[str, list[dict]]) -> None:
     save_figure(figure, path)
 
 
-def main(argv: list[str] | None = None) -> dict:
-    parser = make_parser(__doc__, quick_help="small stores, few batches: a smoke test", threads=1)
-    args = parser.parse_args(argv)
-    torch.set_num_threads(args.threads)
-
-    cuda = torch.cuda.is_available()
-    if args.quick:
-        datasets = {"MNIST-1D-sized 4000 x 40": (4000, 40, 10), "synthetic 20k x 128": (20_000, 128, 1000)}
-        warmup, batches, worker_counts = 2, 5, (0, 1)
-    else:
-        datasets = {"MNIST-1D-sized 4000 x 40": (4000, 40, 10), "synthetic 200k x 128": (200_000, 128, 1000)}
-        warmup, batches, worker_counts = 5, 300, (0, 1, 2)
-    pins = (False, True) if cuda else (False,)
-
+def measure_all(
+    datasets: dict[str, tuple[int, int, int]],
+    worker_counts: tuple[int, ...],
+    pins: tuple[bool, ...],
+    warmup: int,
+    batches: int,
+) -> dict[str, list[dict]]:
+    """Per data set: both pipelines for every (workers, pin_memory), steady-state samples/s."""
     results: dict[str, list[dict]] = {}
     for data_name, (n, dim, classes) in datasets.items():
         features, labels = make_data(n, dim, classes)
@@ -190,42 +184,69 @@ def main(argv: list[str] | None = None) -> dict:
                         warnings.simplefilter("ignore", UserWarning)
                         rows.append(measure(pipeline, features, labels, store, workers, pin, warmup, batches))
         results[data_name] = rows
+    return results
 
-    lines = [
-        "| data | workers | pin_memory | index-only (samples/s) | per-sample (samples/s) | ratio | "
-        "first batch index-only / per-sample (s) |",
-        "|---|---:|---|---:|---:|---:|---:|",
-    ]
+
+def pair(rows: list[dict], workers: int, pin: bool) -> tuple[dict, dict]:
+    """The index-only and the per-sample row of one (workers, pin_memory) setting."""
+    fast, slow = (
+        next(r for r in rows if r["pipeline"] == p and r["workers"] == workers and r["pin_memory"] == pin)
+        for p in ("index-only", "per-sample")
+    )
+    return fast, slow
+
+
+def ratio_table(results: dict[str, list[dict]]) -> str:
+    """One line per (data, workers, pin_memory): both pipelines' samples/s, their ratio, first batch."""
+    body = []
     for data_name, rows in results.items():
-        for workers in worker_counts:
-            for pin in pins:
-                fast, slow = (
-                    next(
-                        r
-                        for r in rows
-                        if r["pipeline"] == p and r["workers"] == workers and r["pin_memory"] == pin
-                    )
-                    for p in ("index-only", "per-sample")
-                )
-                lines.append(
-                    f"| {data_name} | {workers} | {'on' if pin else 'off'} | {fast['samples_per_s']:,.0f} | "
-                    f"{slow['samples_per_s']:,.0f} | {fast['samples_per_s'] / slow['samples_per_s']:.1f}x | "
-                    f"{fast['first_batch_s']:.3f} / {slow['first_batch_s']:.3f} |"
-                )
+        for workers, pin in dict.fromkeys((r["workers"], r["pin_memory"]) for r in rows):
+            fast, slow = pair(rows, workers, pin)
+            body.append(
+                [
+                    data_name,
+                    workers,
+                    "on" if pin else "off",
+                    f"{fast['samples_per_s']:,.0f}",
+                    f"{slow['samples_per_s']:,.0f}",
+                    f"{fast['samples_per_s'] / slow['samples_per_s']:.1f}x",
+                    f"{fast['first_batch_s']:.3f} / {slow['first_batch_s']:.3f}",
+                ]
+            )
+    header = [
+        "data",
+        "workers",
+        "pin_memory",
+        "index-only (samples/s)",
+        "per-sample (samples/s)",
+        "ratio",
+        "first batch index-only / per-sample (s)",
+    ]
+    return markdown_table(header, "lrlrrrr", body)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = make_parser(__doc__, quick_help="small stores, few batches: a smoke test", threads=1)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+
+    cuda = torch.cuda.is_available()
+    large = "synthetic 20k x 128" if args.quick else "synthetic 200k x 128"
+    datasets = {
+        "MNIST-1D-sized 4000 x 40": (4000, 40, 10),
+        large: (20_000 if args.quick else 200_000, 128, 1000),
+    }
+    warmup, batches, worker_counts = (2, 5, (0, 1)) if args.quick else (5, 300, (0, 1, 2))
+    results = measure_all(datasets, worker_counts, (False, True) if cuda else (False,), warmup, batches)
     notes = [
-        "",
         f"Steady state: {batches} batches of {BATCH} timed after {warmup} warm-up batches (worker start-up "
-        "excluded; it is in the first-batch column). Workers: fork, persistent, prefetch_factor 2.",
+        "excluded; it is in the first-batch column). Workers: fork, persistent, prefetch_factor 2."
     ]
     if not cuda:
         notes.append("CUDA is not available: pin_memory=True would be a no-op here, so it was not measured.")
-    table = "\n".join(lines + notes)
+    table = ratio_table(results) + "\n\n" + "\n".join(notes)
 
-    large = list(results)[-1]
-    fast, slow = (
-        next(r for r in results[large] if r["pipeline"] == p and r["workers"] == 0 and not r["pin_memory"])
-        for p in ("index-only", "per-sample")
-    )
+    fast, slow = pair(results[large], 0, False)
     ratio = fast["samples_per_s"] / slow["samples_per_s"]
     goal = "the index-only loader faster than a per-sample __getitem__ (ratio > 1) at num_workers=0, larger store"
     print(table)
@@ -233,7 +254,6 @@ def main(argv: list[str] | None = None) -> dict:
         f"\ngoal: {goal}\nmeasured: {ratio:.1f}x on {large} ({fast['samples_per_s']:,.0f} vs "
         f"{slow['samples_per_s']:,.0f} samples/s)"
     )
-
     result = {
         "ratio": round(ratio, 2),
         "ratio_meaning": f"index-only / per-sample samples/s at num_workers=0, pin_memory off, on {large}",

@@ -51,8 +51,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from _common import load_average, markdown_table, save_figure, write_results
 from _common import parser as make_parser
-from _common import save_figure, write_results
 
 ROOT = Path(__file__).resolve().parent.parent
 FULL_RECIPE, QUICK_RECIPE = "yamls/mnist1d_default.yaml", "yamls/digits_quick.yaml"
@@ -73,10 +73,16 @@ FULL_GATHER_BATCHES, QUICK_GATHER_BATCHES = (128, 256, 512, 1024), (128,)
 GATHER_DIM = 64
 CAPTION = (
     "CPU, gloo. Composer's launcher does not set OMP_NUM_THREADS; with it unset the CLI gives each of the "
-    "N local ranks cpu_count // N torch threads ({threads}). On this {cpus}-core machine (shared with "
+    "N local ranks cpu_count // N torch threads, or 1 where that is under 4 ({threads}). On this {cpus}-core machine (shared with "
     "other work) the 2 ranks compete for the same cores the single rank had to itself, so the 2-rank "
     "figures measure contention, not scaling across machines."
 )
+
+
+def cli_threads(cpus: int, local_ranks: int) -> int:
+    """The torch threads per rank that ``composer_dynsample.commands.set_cpu_threads`` picks."""
+    share = max(1, cpus // local_ranks)
+    return share if share >= 4 else 1
 
 
 def free_port() -> int:
@@ -316,75 +322,79 @@ def plot(train_rows: list[dict], gather_rows: list[dict], path: Path, title: str
     save_figure(fig, path, rect=(0, 0, 1, 0.9))
 
 
-def main(argv: list[str] | None = None) -> dict:
-    parser = make_parser(__doc__, quick_help="digits_quick, cross-rank off only, one B")
-    parser.add_argument(
-        "--gather-worker", nargs=3, metavar=("BATCHES", "ROUNDS", "OUT"), help=argparse.SUPPRESS
+def tables(train_rows: list[dict], gather: dict, caption: str, quick: bool) -> str:
+    """Table 1 (training throughput per launch) and Table 2 (all-gather against a local matmul)."""
+    training_table = markdown_table(
+        [
+            "ranks",
+            "cross-rank mining",
+            "global batch",
+            "ms / step",
+            "steps / s",
+            "samples / s",
+            "start-up (s)",
+        ],
+        "rlrrrrr",
+        [
+            [
+                r["world_size"],
+                f"on, gather={r['gather']}" if r["cross_rank"] else "off",
+                r["global_batch"],
+                f"{r['step_ms']:.1f}",
+                f"{r['steps_per_s']:.2f}",
+                f"{r['samples_per_s']:.0f}",
+                f"{r['startup_s']:.1f}",
+            ]
+            for r in train_rows
+        ],
     )
-    args = parser.parse_args(argv)
-    if args.gather_worker:
-        batches, rounds, out_file = args.gather_worker
-        gather_worker(json.loads(batches), int(rounds), out_file)
-        return {}
-
-    load_before = os.getloadavg() if hasattr(os, "getloadavg") else None
-    cpus = os.cpu_count() or 1
-    with tempfile.TemporaryDirectory(prefix="dynsample-dist-bench-") as tmp:
-        work = Path(tmp)
-        train_rows = training(args.quick, work)
-        gather = gather_benchmark(args.quick, work)
-    gather_rows = gather["rows"]
-
-    omp = os.environ.get("OMP_NUM_THREADS")
-    threads = (
-        f"OMP_NUM_THREADS={omp} is set here, so it applies instead"
-        if omp
-        else f"1 rank: {cpus} threads, 2 ranks: {max(1, cpus // 2)} each"
-    )
-    caption = CAPTION.format(threads=threads, cpus=cpus)
-    lines = [
-        "| ranks | cross-rank mining | global batch | ms / step | steps / s | samples / s | start-up (s) |",
-        "|---:|---|---:|---:|---:|---:|---:|",
-    ]
-    for r in train_rows:
-        mode = f"on, gather={r['gather']}" if r["cross_rank"] else "off"
-        lines.append(
-            f"| {r['world_size']} | {mode} | {r['global_batch']} | {r['step_ms']:.1f} | {r['steps_per_s']:.2f} | "
-            f"{r['samples_per_s']:.0f} | {r['startup_s']:.1f} |"
-        )
     method = (
         f"median per-step time over batches {WARMUP_STEPS + 1}..{train_rows[0]['batches']} on rank 0 "
         "(SpeedMonitor, window 1)"
     )
-    if args.quick:
+    if quick:
         method += "; quick: the launches ran concurrently, not a measurement"
-    lines += ["", f"Table 1: {train_rows[0]['recipe']}, {method}. {caption}", ""]
-    lines += [
-        "| B per rank | pool rows | gather=constant (ms) | gather=autograd (ms) | local matmul (ms) "
-        "| constant / matmul | autograd / matmul |",
-        "|---:|---:|---:|---:|---:|---:|---:|",
-    ]
-    for g in gather_rows:
-        lines.append(
-            f"| {g['batch']} | {g['pool_rows']} | {g['gather_constant_ms']:.3f} | {g['gather_autograd_ms']:.3f} | "
-            f"{g['matmul_ms']:.3f} | {g['constant_over_matmul']:.2f} | {g['autograd_over_matmul']:.2f} |"
-        )
-    lines += [
-        "",
-        f"Table 2: all_gather_embeddings forward + backward on 2 gloo ranks (127.0.0.1, 1 thread each, D = "
-        f"{GATHER_DIM}, median of {gather['rounds']} rounds on rank 0) vs forward + backward of emb @ pool.T.",
-    ]
-    table = "\n".join(lines)
+    gather_table = markdown_table(
+        [
+            "B per rank",
+            "pool rows",
+            "gather=constant (ms)",
+            "gather=autograd (ms)",
+            "local matmul (ms)",
+            "constant / matmul",
+            "autograd / matmul",
+        ],
+        "rrrrrrr",
+        [
+            [
+                g["batch"],
+                g["pool_rows"],
+                f"{g['gather_constant_ms']:.3f}",
+                f"{g['gather_autograd_ms']:.3f}",
+                f"{g['matmul_ms']:.3f}",
+                f"{g['constant_over_matmul']:.2f}",
+                f"{g['autograd_over_matmul']:.2f}",
+            ]
+            for g in gather["rows"]
+        ],
+    )
+    return "\n\n".join(
+        [
+            training_table,
+            f"Table 1: {train_rows[0]['recipe']}, {method}. {caption}",
+            gather_table,
+            f"Table 2: all_gather_embeddings forward + backward on 2 gloo ranks (127.0.0.1, 1 thread each, D = "
+            f"{GATHER_DIM}, median of {gather['rounds']} rounds on rank 0) vs forward + backward of emb @ pool.T.",
+        ]
+    )
+
+
+def summary(train_rows: list[dict], gather_rows: list[dict]) -> tuple[str, str, float]:
+    """The goal, the measured sentence and 2 ranks' / 1 rank's samples/s with cross-rank mining off."""
 
     def pick(world: int, cross_rank: bool, gather_mode: str | None = None) -> dict | None:
-        return next(
-            (
-                r
-                for r in train_rows
-                if (r["world_size"], r["cross_rank"], r["gather"]) == (world, cross_rank, gather_mode)
-            ),
-            None,
-        )
+        key = (world, cross_rank, gather_mode)
+        return next((r for r in train_rows if (r["world_size"], r["cross_rank"], r["gather"]) == key), None)
 
     one, two = pick(1, False), pick(2, False)
     ratio = two["samples_per_s"] / one["samples_per_s"]
@@ -399,9 +409,36 @@ def main(argv: list[str] | None = None) -> dict:
         f"; all-gather at B={big['batch']}: constant {big['gather_constant_ms']:.2f} ms, "
         f"autograd {big['gather_autograd_ms']:.2f} ms, local matmul {big['matmul_ms']:.2f} ms"
     )
-    print(table)
-    print(f"\ngoal: {goal}\nmeasured: {measured}")
+    return goal, measured, ratio
 
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = make_parser(__doc__, quick_help="digits_quick, cross-rank off only, one B")
+    parser.add_argument(
+        "--gather-worker", nargs=3, metavar=("BATCHES", "ROUNDS", "OUT"), help=argparse.SUPPRESS
+    )
+    args = parser.parse_args(argv)
+    if args.gather_worker:
+        batches, rounds, out_file = args.gather_worker
+        gather_worker(json.loads(batches), int(rounds), out_file)
+        return {}
+
+    load_before = load_average()
+    cpus = os.cpu_count() or 1
+    with tempfile.TemporaryDirectory(prefix="dynsample-dist-bench-") as tmp:
+        train_rows = training(args.quick, Path(tmp))
+        gather = gather_benchmark(args.quick, Path(tmp))
+    gather_rows = gather["rows"]
+    omp = os.environ.get("OMP_NUM_THREADS")
+    threads = (
+        f"OMP_NUM_THREADS={omp} is set here, so it applies instead"
+        if omp
+        else f"1 rank: {cli_threads(cpus, 1)} threads, 2 ranks: {cli_threads(cpus, 2)} each"
+    )
+    caption = CAPTION.format(threads=threads, cpus=cpus)
+    table = tables(train_rows, gather, caption, args.quick)
+    goal, measured, ratio = summary(train_rows, gather_rows)
+    print(f"{table}\n\ngoal: {goal}\nmeasured: {measured}")
     config = {
         "quick": args.quick,
         "recipe": train_rows[0]["recipe"],
@@ -411,7 +448,7 @@ def main(argv: list[str] | None = None) -> dict:
         "omp_num_threads": omp,
         "machine": f"{platform.machine()} {platform.system()}, python {platform.python_version()}",
         "load_average_1_5_15min_before": load_before,
-        "load_average_1_5_15min_after": os.getloadavg() if hasattr(os, "getloadavg") else None,
+        "load_average_1_5_15min_after": load_average(),
     }
     result = {
         "ratio": round(ratio, 3),

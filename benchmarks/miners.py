@@ -37,8 +37,8 @@ from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
+from _common import load_average, markdown_table, peak_growth_bytes, time_interleaved, write_results
 from _common import parser as make_parser
-from _common import peak_growth_bytes, time_interleaved, write_results
 from pytorch_metric_learning import __version__ as pml_version
 from pytorch_metric_learning import distances as pml_distances
 from pytorch_metric_learning import miners as pml_miners
@@ -214,6 +214,150 @@ def fmt(x: float | None, spec: str = ".2f") -> str:
     return "n/a" if x is None else format(x, spec)
 
 
+def memory_rows(peaks: dict[tuple[str, int], float]) -> list[dict]:
+    """The peak-RSS growth of semi_hard and PML's semihard per batch size, beside the B^2 float32 size."""
+    return [
+        {
+            "batch": batch,
+            "semi_hard_peak_mib": round(peaks[("ours", batch)], 1),
+            "pml_semihard_peak_mib": round(peaks[("pml", batch)], 1) if ("pml", batch) in peaks else None,
+            "b2_float32_mib": round(batch * batch * 4 / 2**20, 1),
+        }
+        for batch in (256, 1024)
+    ]
+
+
+def _identical_goal(rows: list[dict], miner: str, what: str) -> dict:
+    same = [r["identical"] for r in rows if r["miner"] == miner]
+    return {
+        "goal": f"{miner} {what} identical to PML's (B=256, 1024)",
+        "measured": ", ".join("yes" if s else "no" for s in same),
+        "met": all(same),
+    }
+
+
+def goal_rows(rows: list[dict], memory: list[dict]) -> list[dict]:
+    """The goals of the module docstring, each with its measured figure and whether it is met."""
+
+    def row(miner: str) -> dict:
+        return next(
+            r for r in rows if r["miner"] == miner and r["batch"] == 1024 and r["distance"] == "cosine"
+        )
+
+    bh, sh, ms = row("batch_hard"), row("semi_hard"), row("multi_similarity")
+    mem_256, mem_1024 = memory
+    # O(B^2): the peak per (anchor, pool entry) must not grow with B; PML's semihard grows like B.
+    per_entry = {m["batch"]: m["semi_hard_peak_mib"] * 2**20 / m["batch"] ** 2 for m in memory}
+    pml_peak = (
+        f"; PML semihard {mem_1024['pml_semihard_peak_mib']:.0f} MiB"
+        if mem_1024["pml_semihard_peak_mib"] is not None
+        else f"; PML semihard {mem_256['pml_semihard_peak_mib']:.0f} MiB at B=256"
+    )
+    return [
+        {
+            "goal": "batch_hard <= 3x matmul (B=1024)",
+            "measured": f"{bh['ours_over_matmul']:.2f}x",
+            "met": bh["ours_over_matmul"] <= 3.0,
+        },
+        {
+            "goal": "batch_hard >= 3x faster than PML BatchHardMiner (B=1024)",
+            "measured": f"{bh['pml_over_ours']:.2f}x",
+            "met": bh["pml_over_ours"] >= 3.0,
+        },
+        _identical_goal(rows, "batch_hard", "triplets"),
+        {
+            "goal": "semi_hard <= 5x matmul (B=1024)",
+            "measured": f"{sh['ours_over_matmul']:.2f}x",
+            "met": sh["ours_over_matmul"] <= 5.0,
+        },
+        {
+            "goal": "semi_hard memory O(B^2)",
+            "measured": f"peak {mem_1024['semi_hard_peak_mib']:.1f} MiB at B=1024 = {per_entry[1024]:.0f} bytes per"
+            f" anchor-pool entry ({per_entry[256]:.0f} at B=256)" + pml_peak,
+            # Flat bytes per entry from B=256 to 1024 (quadratic total), with a working set of a few
+            # distance-matrix copies (under 64 bytes per entry).
+            "met": per_entry[1024] <= 64 and per_entry[1024] <= 1.5 * max(per_entry[256], 1.0),
+        },
+        {
+            "goal": "multi_similarity faster than PML MultiSimilarityMiner (B=1024)",
+            "measured": f"{ms['pml_over_ours']:.2f}x",
+            "met": ms["pml_over_ours"] > 1.0,
+        },
+        _identical_goal(rows, "multi_similarity", "pairs"),
+    ]
+
+
+def tables(rows: list[dict], memory: list[dict], goals: list[dict]) -> str:
+    """The timing, memory and goal tables of ``miners.md``."""
+    timing = markdown_table(
+        [
+            "B",
+            "miner",
+            "distance",
+            "PML counterpart",
+            "ours (ms)",
+            "PML (ms)",
+            "matmul (ms)",
+            "ours / matmul",
+            "PML / ours",
+            "identical",
+        ],
+        "rlllrrrrrl",
+        [
+            [
+                r["batch"],
+                r["miner"],
+                r["distance"],
+                r["pml"] or "-",
+                fmt(r["ours_ms"]),
+                fmt(r["pml_ms"]),
+                fmt(r["matmul_ms"], ".3f"),
+                fmt(r["ours_over_matmul"]),
+                fmt(r["pml_over_ours"]),
+                "n/a" if r["identical"] is None else ("yes" if r["identical"] else "no"),
+            ]
+            for r in rows
+        ],
+    )
+    peaks = markdown_table(
+        ["B", "semi_hard peak RSS growth (MiB)", "PML semihard peak RSS growth (MiB)", "B^2 float32 (MiB)"],
+        "rrrr",
+        [
+            [
+                m["batch"],
+                f"{m['semi_hard_peak_mib']:.1f}",
+                fmt(m["pml_semihard_peak_mib"], ".1f"),
+                f"{m['b2_float32_mib']:.1f}",
+            ]
+            for m in memory
+        ],
+    )
+    met = markdown_table(
+        ["goal", "measured", "met"],
+        "lll",
+        [[g["goal"], g["measured"], "yes" if g["met"] else "NO"] for g in goals],
+    )
+    return "\n\n".join([timing, peaks, met])
+
+
+def run_config(args: argparse.Namespace, rounds: int, load_before: tuple[float, ...] | None) -> dict:
+    """What the run was: threads, sizes, rounds, versions, machine and the load around it."""
+    machine = f"{platform.machine()} {platform.processor() or ''} {platform.system()}, python {platform.python_version()}"
+    return {
+        "threads": args.threads,
+        "dim": DIM,
+        "samples_per_class": PER_CLASS,
+        "rounds": rounds,
+        "quick": args.quick,
+        "torch": torch.__version__,
+        "pytorch_metric_learning": pml_version,
+        "machine": machine,
+        "cpus": os.cpu_count(),
+        "load_average_1_5_15min_before": load_before,
+        "load_average_1_5_15min_after": load_average(),
+    }
+
+
 def main() -> None:
     parser = make_parser(
         __doc__, quick_help="3 rounds; no PML semihard / DistanceWeightedMiner at B = 1024", threads=2
@@ -228,123 +372,19 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     # Other processes on the machine distort timings (with several threads, every parallel region waits
     # for a descheduled thread): the load average is recorded with the results.
-    load_before = os.getloadavg() if hasattr(os, "getloadavg") else None
+    load_before = load_average()
     rounds = args.rounds or (3 if args.quick else 21)
-    rows = []
-    for batch in (256, 1024):
-        rows.extend(measure(batch, rounds, quick=args.quick))
-
+    rows = [row for batch in (256, 1024) for row in measure(batch, rounds, quick=args.quick)]
     jobs = [("ours", 256), ("pml", 256), ("ours", 1024)] + ([] if args.quick else [("pml", 1024)])
-    peaks = peak_memory(jobs, args.threads)
-    memory = [
-        {
-            "batch": batch,
-            "semi_hard_peak_mib": round(peaks[("ours", batch)], 1),
-            "pml_semihard_peak_mib": round(peaks[("pml", batch)], 1) if ("pml", batch) in peaks else None,
-            "b2_float32_mib": round(batch * batch * 4 / 2**20, 1),
-        }
-        for batch in (256, 1024)
-    ]
-
-    def row(miner: str, batch: int, distance: str = "cosine") -> dict:
-        return next(
-            r for r in rows if r["miner"] == miner and r["batch"] == batch and r["distance"] == distance
-        )
-
-    bh, sh, ms = row("batch_hard", 1024), row("semi_hard", 1024), row("multi_similarity", 1024)
-    mem_256, mem_1024 = memory
-    # O(B^2): the peak per (anchor, pool entry) must not grow with B; PML's semihard grows like B.
-    per_entry = {m["batch"]: m["semi_hard_peak_mib"] * 2**20 / m["batch"] ** 2 for m in memory}
-    goals = [
-        {
-            "goal": "batch_hard <= 3x matmul (B=1024)",
-            "measured": f"{bh['ours_over_matmul']:.2f}x",
-            "met": bh["ours_over_matmul"] <= 3.0,
-        },
-        {
-            "goal": "batch_hard >= 3x faster than PML BatchHardMiner (B=1024)",
-            "measured": f"{bh['pml_over_ours']:.2f}x",
-            "met": bh["pml_over_ours"] >= 3.0,
-        },
-        {
-            "goal": "batch_hard triplets identical to PML's (B=256, 1024)",
-            "measured": ", ".join(
-                "yes" if r["identical"] else "no" for r in rows if r["miner"] == "batch_hard"
-            ),
-            "met": all(r["identical"] for r in rows if r["miner"] == "batch_hard"),
-        },
-        {
-            "goal": "semi_hard <= 5x matmul (B=1024)",
-            "measured": f"{sh['ours_over_matmul']:.2f}x",
-            "met": sh["ours_over_matmul"] <= 5.0,
-        },
-        {
-            "goal": "semi_hard memory O(B^2)",
-            "measured": f"peak {mem_1024['semi_hard_peak_mib']:.1f} MiB at B=1024 = {per_entry[1024]:.0f} bytes per"
-            f" anchor-pool entry ({per_entry[256]:.0f} at B=256)"
-            + (
-                f"; PML semihard {mem_1024['pml_semihard_peak_mib']:.0f} MiB"
-                if mem_1024["pml_semihard_peak_mib"] is not None
-                else f"; PML semihard {mem_256['pml_semihard_peak_mib']:.0f} MiB at B=256"
-            ),
-            # Flat bytes per entry from B=256 to 1024 (quadratic total), with a working set of a few
-            # distance-matrix copies (under 64 bytes per entry).
-            "met": per_entry[1024] <= 64 and per_entry[1024] <= 1.5 * max(per_entry[256], 1.0),
-        },
-        {
-            "goal": "multi_similarity faster than PML MultiSimilarityMiner (B=1024)",
-            "measured": f"{ms['pml_over_ours']:.2f}x",
-            "met": ms["pml_over_ours"] > 1.0,
-        },
-        {
-            "goal": "multi_similarity pairs identical to PML's (B=256, 1024)",
-            "measured": ", ".join(
-                "yes" if r["identical"] else "no" for r in rows if r["miner"] == "multi_similarity"
-            ),
-            "met": all(r["identical"] for r in rows if r["miner"] == "multi_similarity"),
-        },
-    ]
-
-    lines = [
-        "| B | miner | distance | PML counterpart | ours (ms) | PML (ms) | matmul (ms) | ours / matmul | PML / ours | identical |",
-        "|---:|---|---|---|---:|---:|---:|---:|---:|---|",
-    ]
-    for r in rows:
-        same = "n/a" if r["identical"] is None else ("yes" if r["identical"] else "no")
-        lines.append(
-            f"| {r['batch']} | {r['miner']} | {r['distance']} | {r['pml'] or '-'} | {fmt(r['ours_ms'])} | "
-            f"{fmt(r['pml_ms'])} | {fmt(r['matmul_ms'], '.3f')} | {fmt(r['ours_over_matmul'])} | {fmt(r['pml_over_ours'])} | {same} |"
-        )
-    lines += [
-        "",
-        "| B | semi_hard peak RSS growth (MiB) | PML semihard peak RSS growth (MiB) | B^2 float32 (MiB) |",
-        "|---:|---:|---:|---:|",
-    ]
-    for m in memory:
-        lines.append(
-            f"| {m['batch']} | {m['semi_hard_peak_mib']:.1f} | {fmt(m['pml_semihard_peak_mib'], '.1f')} | {m['b2_float32_mib']:.1f} |"
-        )
-    lines += ["", "| goal | measured | met |", "|---|---|---|"]
-    lines += [f"| {g['goal']} | {g['measured']} | {'yes' if g['met'] else 'NO'} |" for g in goals]
-    table = "\n".join(lines)
+    memory = memory_rows(peak_memory(jobs, args.threads))
+    goals = goal_rows(rows, memory)
+    table = tables(rows, memory, goals)
     print(table)
-
-    machine = f"{platform.machine()} {platform.processor() or ''} {platform.system()}, python {platform.python_version()}"
-    config = {
-        "threads": args.threads,
-        "dim": DIM,
-        "samples_per_class": PER_CLASS,
-        "rounds": rounds,
-        "quick": args.quick,
-        "torch": torch.__version__,
-        "pytorch_metric_learning": pml_version,
-        "machine": machine,
-        "cpus": os.cpu_count(),
-        "load_average_1_5_15min_before": load_before,
-        "load_average_1_5_15min_after": os.getloadavg() if hasattr(os, "getloadavg") else None,
-    }
+    config = run_config(args, rounds, load_before)
     print(f"\nconfig: {json.dumps(config)}")
-    name = "miners" + ("" if args.threads == 2 else f"_threads{args.threads}")
+    bh = next(
+        r for r in rows if r["miner"] == "batch_hard" and r["batch"] == 1024 and r["distance"] == "cosine"
+    )
     result = {
         "ratio": round(bh["pml_ms"] / bh["ours_ms"], 3),
         "ratio_meaning": "PML BatchHardMiner(CosineSimilarity()) time / our batch_hard (cosine) time at B=1024, same distance",
@@ -353,6 +393,7 @@ def main() -> None:
         "memory": memory,
         "config": config,
     }
+    name = "miners" + ("" if args.threads == 2 else f"_threads{args.threads}")
     write_results(args.out, name, args.quick, result, table)
 
 

@@ -39,8 +39,17 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from _common import (
+    label_axes,
+    load_average,
+    markdown_table,
+    peak_growth_bytes,
+    rounds_for_budget,
+    save_figure,
+    time_interleaved,
+    write_results,
+)
 from _common import parser as make_parser
-from _common import peak_growth_bytes, rounds_for_budget, save_figure, time_interleaved, write_results
 
 from composer_dynsample import mining as _mining
 
@@ -52,6 +61,7 @@ QUICK_BATCHES = (64, 128, 256)
 FULL_POOLS = (1024, 4096, 16384, 65536)
 QUICK_POOLS = (1024, 4096)
 POOL_BATCH = 256
+NAMES = ("matmul", *MINERS)
 
 
 def make_inputs(batch: int, pool: int = 0, seed: int = 0) -> dict[str, torch.Tensor | None]:
@@ -163,17 +173,106 @@ def plot(rows: list[dict], path: Path, quick: bool) -> None:
             label = "emb @ ref.T (floor)" if name == "matmul" else name
             ax.plot(xs, ys, marker="o", label=label, **style)
         ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
-        ax.set_xlabel(xlabel)
-        ax.set_ylabel(ylabel)
-        ax.set_title(title)
-        ax.grid(True, which="both", alpha=0.3)
+        label_axes(ax, xlabel, ylabel, title)
     axes[0].legend(fontsize=8)
     fig.suptitle(
         f"miner scaling, D = {DIM}, {PER_CLASS} per class, {torch.get_num_threads()} threads"
         + (" (quick)" if quick else "")
     )
     save_figure(fig, path)
+
+
+Setting = tuple[str, int, int]  # (sweep, batch, pool)
+
+
+def time_settings(settings: list[Setting], budget: float, max_rounds: int) -> dict[Setting, dict]:
+    """Per setting: the rounds that fit the budget and each call's median seconds, interleaved."""
+    timings = {}
+    for sweep, batch, pool in settings:
+        inputs = make_inputs(batch, pool)
+        fns = {n: call_of(n, inputs) for n in NAMES}
+        rounds = rounds_for_budget(fns, budget, max_rounds)
+        timings[(sweep, batch, pool)] = {"rounds": rounds, **time_interleaved(fns, rounds, warmup=0)}
+    return timings
+
+
+def scaling_rows(settings: list[Setting], timings: dict[Setting, dict], peaks: dict) -> list[dict]:
+    """One row per (setting, miner): time, ratio to the matmul, peak memory and the B x pool size."""
+    rows = []
+    for sweep, batch, pool in settings:
+        t = timings[(sweep, batch, pool)]
+        for name in NAMES:
+            peak = peaks.get((name, batch, pool))
+            rows.append(
+                {
+                    "sweep": sweep,
+                    "miner": name,
+                    "batch": batch,
+                    "pool": pool,
+                    "rounds": t["rounds"],
+                    "time_ms": round(t[name] * 1e3, 3),
+                    "over_matmul": round(t[name] / t["matmul"], 2),
+                    "peak_mib": None if peak is None else round(peak, 2),
+                    "float32_matrix_mib": round(batch * (pool or batch) * 4 / 2**20, 2),
+                }
+            )
+    return rows
+
+
+def _cell(r: dict) -> str:
+    cell = f"{r['time_ms']:.2f} ms"
+    if r["miner"] != "matmul":
+        cell += f" ({r['over_matmul']:.1f}x)"
+    if r["peak_mib"] is not None:
+        cell += f", {r['peak_mib']:.1f} MiB"
+    return cell
+
+
+def sweep_table(rows: list[dict], sweep: str) -> str:
+    """Miners down, sizes across: time (x matmul) and peak MiB per cell."""
+    keys = list(dict.fromkeys((r["sweep"], r["batch"], r["pool"]) for r in rows if r["sweep"] == sweep))
+    col = "B" if sweep == "batch" else f"pool rows (B = {POOL_BATCH})"
+    header = ["miner", *(f"{col} {s[1] if sweep == 'batch' else s[2]}" for s in keys)]
+    by_key = {(r["sweep"], r["batch"], r["pool"], r["miner"]): r for r in rows}
+    body = [
+        [
+            "matmul emb @ ref.T (floor)" if name == "matmul" else name,
+            *(_cell(by_key[(*s, name)]) for s in keys),
+        ]
+        for name in NAMES
+    ]
+    return markdown_table(header, "l" + "r" * len(keys), body)
+
+
+def summary(rows: list[dict], top: int, largest_pool: int) -> tuple[str, str, dict]:
+    """The goal, the measured sentence and the worst miner / matmul row at the largest batch."""
+    at_top = [r for r in rows if r["sweep"] == "batch" and r["batch"] == top and r["miner"] != "matmul"]
+    worst = max(at_top, key=lambda r: r["over_matmul"])
+    big_pool = [
+        r for r in rows if r["sweep"] == "pool" and r["pool"] == largest_pool and r["miner"] != "matmul"
+    ]
+    worst_pool = max(big_pool, key=lambda r: r["over_matmul"])
+    mem_pool = max(big_pool, key=lambda r: r["peak_mib"] or 0.0)
+    goal = f"miner time within a small constant of one emb @ ref.T matmul as B grows (B = {top})"
+    measured = (
+        f"worst at B = {top}: {worst['miner']} {worst['time_ms']:.1f} ms = {worst['over_matmul']:.1f}x matmul; "
+        f"pool {largest_pool}: worst {worst_pool['miner']} {worst_pool['over_matmul']:.1f}x matmul, "
+        f"largest peak {mem_pool['miner']} {mem_pool['peak_mib']:.1f} MiB "
+        f"(B x pool float32 = {mem_pool['float32_matrix_mib']:.1f} MiB)"
+    )
+    return goal, measured, worst
+
+
+def tables(rows: list[dict]) -> str:
+    """The two sweeps' tables of ``miners_scaling.md``."""
+    return "\n\n".join(
+        [
+            "Median time per call (miner / matmul) and peak RSS growth of one call, by batch size (no pool):",
+            sweep_table(rows, "batch"),
+            f"By reference-pool size at B = {POOL_BATCH}:",
+            sweep_table(rows, "pool"),
+        ]
+    )
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -185,94 +284,17 @@ def main(argv: list[str] | None = None) -> dict:
         return {}
 
     torch.set_num_threads(args.threads)
-    load_before = os.getloadavg() if hasattr(os, "getloadavg") else None
+    load_before = load_average()
     batches = QUICK_BATCHES if args.quick else FULL_BATCHES
     pools = QUICK_POOLS if args.quick else FULL_POOLS
-    budget, max_rounds = (0.5, 5) if args.quick else (4.0, 21)
-    names = ("matmul", *MINERS)
     settings = [("batch", b, 0) for b in batches] + [("pool", POOL_BATCH, p) for p in pools]
-
-    timings = {}
-    for sweep, batch, pool in settings:
-        inputs = make_inputs(batch, pool)
-        fns = {n: call_of(n, inputs) for n in names}
-        rounds = rounds_for_budget(fns, budget, max_rounds)
-        timings[(sweep, batch, pool)] = {"rounds": rounds, **time_interleaved(fns, rounds, warmup=0)}
+    timings = time_settings(settings, *((0.5, 5) if args.quick else (4.0, 21)))
     # Memory: every setting, each (miner, size) in a freshly forked process.
-    mem_batches = batches
-    jobs = [(n, b, 0) for b in mem_batches for n in names] + [
-        (n, POOL_BATCH, p) for p in pools for n in names
-    ]
-    peaks = peak_memory(jobs, args.threads)
-
-    rows = []
-    for sweep, batch, pool in settings:
-        t = timings[(sweep, batch, pool)]
-        for name in names:
-            rows.append(
-                {
-                    "sweep": sweep,
-                    "miner": name,
-                    "batch": batch,
-                    "pool": pool,
-                    "rounds": t["rounds"],
-                    "time_ms": round(t[name] * 1e3, 3),
-                    "over_matmul": round(t[name] / t["matmul"], 2),
-                    "peak_mib": None
-                    if (name, batch, pool) not in peaks
-                    else round(peaks[(name, batch, pool)], 2),
-                    "float32_matrix_mib": round(batch * (pool or batch) * 4 / 2**20, 2),
-                }
-            )
-
-    def table(sweep: str) -> list[str]:
-        keys = [s for s in settings if s[0] == sweep]
-        col = "B" if sweep == "batch" else f"pool rows (B = {POOL_BATCH})"
-        size = (lambda s: s[1]) if sweep == "batch" else (lambda s: s[2])
-        lines = [
-            f"| miner | {' | '.join(f'{col} {size(s)}' for s in keys)} |",
-            "|---|" + "---:|" * len(keys),
-        ]
-        for name in names:
-            cells = []
-            for s in keys:
-                r = next(r for r in rows if (r["sweep"], r["batch"], r["pool"]) == s and r["miner"] == name)
-                cell = f"{r['time_ms']:.2f} ms"
-                if name != "matmul":
-                    cell += f" ({r['over_matmul']:.1f}x)"
-                if r["peak_mib"] is not None:
-                    cell += f", {r['peak_mib']:.1f} MiB"
-                cells.append(cell)
-            label = "matmul emb @ ref.T (floor)" if name == "matmul" else name
-            lines.append(f"| {label} | {' | '.join(cells)} |")
-        return lines
-
-    top = batches[-1]
-    at_top = [r for r in rows if r["sweep"] == "batch" and r["batch"] == top and r["miner"] != "matmul"]
-    worst = max(at_top, key=lambda r: r["over_matmul"])
-    big_pool = [r for r in rows if r["sweep"] == "pool" and r["pool"] == pools[-1] and r["miner"] != "matmul"]
-    worst_pool = max(big_pool, key=lambda r: r["over_matmul"])
-    mem_pool = max(big_pool, key=lambda r: r["peak_mib"] or 0.0)
-    lines = [
-        "Median time per call (miner / matmul) and peak RSS growth of one call, by batch size (no pool):",
-        "",
-        *table("batch"),
-        "",
-        f"By reference-pool size at B = {POOL_BATCH}:",
-        "",
-        *table("pool"),
-    ]
-    text = "\n".join(lines)
-    goal = f"miner time within a small constant of one emb @ ref.T matmul as B grows (B = {top})"
-    measured = (
-        f"worst at B = {top}: {worst['miner']} {worst['time_ms']:.1f} ms = {worst['over_matmul']:.1f}x matmul; "
-        f"pool {pools[-1]}: worst {worst_pool['miner']} {worst_pool['over_matmul']:.1f}x matmul, "
-        f"largest peak {mem_pool['miner']} {mem_pool['peak_mib']:.1f} MiB "
-        f"(B x pool float32 = {mem_pool['float32_matrix_mib']:.1f} MiB)"
-    )
-    print(text)
-    print(f"\ngoal: {goal}\nmeasured: {measured}")
-
+    peaks = peak_memory([(n, b, p) for _, b, p in settings for n in NAMES], args.threads)
+    rows = scaling_rows(settings, timings, peaks)
+    text = tables(rows)
+    goal, measured, worst = summary(rows, batches[-1], pools[-1])
+    print(f"{text}\n\ngoal: {goal}\nmeasured: {measured}")
     config = {
         "threads": args.threads,
         "dim": DIM,
@@ -285,12 +307,12 @@ def main(argv: list[str] | None = None) -> dict:
         "machine": f"{platform.machine()} {platform.system()}, python {platform.python_version()}",
         "cpus": os.cpu_count(),
         "load_average_1_5_15min_before": load_before,
-        "load_average_1_5_15min_after": os.getloadavg() if hasattr(os, "getloadavg") else None,
+        "load_average_1_5_15min_after": load_average(),
         "memory_method": "VmHWM - VmRSS of a fresh subprocess around one call (VmHWM reset via clear_refs)",
     }
     result = {
         "ratio": worst["over_matmul"],
-        "ratio_meaning": f"worst miner time / emb @ emb.T matmul time at the largest batch, B = {top} "
+        "ratio_meaning": f"worst miner time / emb @ emb.T matmul time at the largest batch, B = {batches[-1]} "
         "(median per call, same process, interleaved)",
         "goal": goal,
         "measured": measured,
@@ -298,15 +320,8 @@ def main(argv: list[str] | None = None) -> dict:
         "config": config,
     }
     notes = [f"goal: {goal}", f"measured: {measured}"]
-    return write_results(
-        args.out,
-        "miners_scaling",
-        args.quick,
-        result,
-        text,
-        notes=notes,
-        plot=lambda path: plot(rows, path, args.quick),
-    )
+    plot_to = lambda path: plot(rows, path, args.quick)  # noqa: E731
+    return write_results(args.out, "miners_scaling", args.quick, result, text, notes=notes, plot=plot_to)
 
 
 if __name__ == "__main__":

@@ -48,6 +48,12 @@ def train_once(config: str, epochs: int, threads: str | None, run_dir: Path) -> 
     return float(json.loads((run_dir / "metrics.json").read_text())["wall_time_s"])
 
 
+def _cells(row: dict) -> list[str]:
+    """One table line: the setting, its median, every run and its ratio to one thread."""
+    runs = ", ".join(f"{t:.1f}" for t in row["fit_s"])
+    return [row["omp_num_threads"], f"{row['median_fit_s']:.1f}", runs, f"{row['over_one_thread']:.2f}"]
+
+
 def main(argv: list[str] | None = None) -> dict:
     parser = make_parser(__doc__, quick_help="digits_quick, 1 epoch, 1 round: a smoke test")
     parser.add_argument("--config", default=None, help="the recipe (default: yamls/mnist1d_default.yaml)")
@@ -85,15 +91,7 @@ def main(argv: list[str] | None = None) -> dict:
     table = markdown_table(
         ["OMP_NUM_THREADS", "median fit (s)", "runs (s)", "time / 1 thread"],
         "lrrr",
-        [
-            [
-                r["omp_num_threads"],
-                f"{r['median_fit_s']:.1f}",
-                ", ".join(f"{t:.1f}" for t in r["fit_s"]),
-                f"{r['over_one_thread']:.2f}",
-            ]
-            for r in rows
-        ],
+        [_cells(r) for r in rows],
     )
     slowest = max(r["over_one_thread"] for r in rows)
     measured = (
