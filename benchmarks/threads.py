@@ -54,6 +54,15 @@ def _cells(row: dict) -> list[str]:
     return [row["omp_num_threads"], f"{row['median_fit_s']:.1f}", runs, f"{row['over_one_thread']:.2f}"]
 
 
+def threads_table(rows: list[dict]) -> str:
+    """The table of ``threads.md``: one line per setting."""
+    return markdown_table(
+        ["OMP_NUM_THREADS", "median fit (s)", "runs (s)", "time / 1 thread"],
+        "lrrr",
+        [_cells(r) for r in rows],
+    )
+
+
 def main(argv: list[str] | None = None) -> dict:
     parser = make_parser(__doc__, quick_help="digits_quick, 1 epoch, 1 round: a smoke test")
     parser.add_argument("--config", default=None, help="the recipe (default: yamls/mnist1d_default.yaml)")
@@ -88,11 +97,7 @@ def main(argv: list[str] | None = None) -> dict:
         }
         for name in times
     ]
-    table = markdown_table(
-        ["OMP_NUM_THREADS", "median fit (s)", "runs (s)", "time / 1 thread"],
-        "lrrr",
-        [_cells(r) for r in rows],
-    )
+    table = threads_table(rows)
     slowest = max(r["over_one_thread"] for r in rows)
     measured = (
         f"{config}, {epochs} epoch(s), {rounds} interleaved round(s), {cores} cores; load average "
