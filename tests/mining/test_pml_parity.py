@@ -33,10 +33,29 @@ PML_DISTANCES = {
 }
 
 
-def _normalised(case: Case) -> Case:
-    """L2-normalised copy (PML's Lp distances normalise internally, ours do not)."""
-    ref = None if case.ref_emb is None else F.normalize(case.ref_emb, dim=1)
-    return Case(F.normalize(case.emb, dim=1), case.labels, ref, case.ref_labels)
+# Half-precision inputs are mined as float32 (see distances.working_dtype): PML's miners on the same
+# rounded numbers in float32 must give the same tuples.
+DTYPES = st.sampled_from([torch.float32, torch.float16, torch.bfloat16])
+
+
+def _normalised(case: Case, dtype: torch.dtype = torch.float32) -> tuple[Case, Case]:
+    """L2-normalised copies (PML's Lp distances normalise internally, ours do not): ``(ours, PML's)``.
+
+    Ours is rounded to ``dtype``; PML's holds the same (rounded) numbers in float32.
+    """
+    ref = None if case.ref_emb is None else F.normalize(case.ref_emb, dim=1).to(dtype)
+    ours = Case(F.normalize(case.emb, dim=1).to(dtype), case.labels, ref, case.ref_labels)
+    return ours, Case(ours.emb.float(), ours.labels, None if ref is None else ref.float(), ours.ref_labels)
+
+
+def _pml_distance(distance: str, dtype: torch.dtype = torch.float32):
+    """PML's distance for ours; on half-precision inputs (rounded, so no longer exactly unit norm) the Lp
+    distances must not normalise again, or they would measure other numbers than ours."""
+    if distance == "cosine" or dtype == torch.float32:
+        return PML_DISTANCES[distance]()
+    return pml_distances.LpDistance(
+        normalize_embeddings=False, power=2 if distance == "squared_euclidean" else 1
+    )
 
 
 def _pml(miner, case: Case) -> tuple[torch.Tensor, ...]:
@@ -60,11 +79,12 @@ def _same_up_to_ties(ours, theirs, dist, columns) -> None:
 @given(
     case=cases(max_dim=6).filter(lambda c: c.emb.shape[1] >= 2),
     distance=st.sampled_from(sorted(PML_DISTANCES)),
+    dtype=DTYPES,
 )
-def test_batch_hard_equals_pml_batch_hard_miner(case: Case, distance: str) -> None:
-    case = _normalised(case)
-    ours = batch_hard(*case.args(), distance=distance)
-    theirs = _pml(pml_miners.BatchHardMiner(distance=PML_DISTANCES[distance]()), case)
+def test_batch_hard_equals_pml_batch_hard_miner(case: Case, distance: str, dtype: torch.dtype) -> None:
+    half, case = _normalised(case, dtype)
+    ours = batch_hard(*half.args(), distance=distance)
+    theirs = _pml(pml_miners.BatchHardMiner(distance=_pml_distance(distance, dtype)), case)
     check_index_tuple(ours, 3)
     if distance == "cosine":
         assert sorted(as_rows(ours)) == sorted(as_rows(theirs))
@@ -76,7 +96,7 @@ def test_batch_hard_equals_pml_batch_hard_miner(case: Case, distance: str) -> No
 @given(case=cases(max_dim=6).filter(lambda c: c.emb.shape[1] >= 2))
 def test_batch_hard_default_equals_pml_default(case: Case) -> None:
     """Our default (cosine) and PML's default (Euclidean on normalised embeddings) order pairs alike."""
-    case = _normalised(case)
+    _, case = _normalised(case)
     ours = batch_hard(*case.args())
     theirs = _pml(pml_miners.BatchHardMiner(), case)
     _same_up_to_ties(ours, theirs, distances(case, "euclidean"), columns=(1, 2))
@@ -87,11 +107,14 @@ def test_batch_hard_default_equals_pml_default(case: Case) -> None:
     case=cases(max_dim=6).filter(lambda c: c.emb.shape[1] >= 2),
     distance=st.sampled_from(sorted(PML_DISTANCES)),
     epsilon=st.floats(0.0, 0.5),
+    dtype=DTYPES,
 )
-def test_multi_similarity_equals_pml(case: Case, distance: str, epsilon: float) -> None:
-    case = _normalised(case)
-    ours = multi_similarity(*case.args(), epsilon=epsilon, distance=distance)
-    theirs = _pml(pml_miners.MultiSimilarityMiner(epsilon=epsilon, distance=PML_DISTANCES[distance]()), case)
+def test_multi_similarity_equals_pml(case: Case, distance: str, epsilon: float, dtype: torch.dtype) -> None:
+    half, case = _normalised(case, dtype)
+    ours = multi_similarity(*half.args(), epsilon=epsilon, distance=distance)
+    theirs = _pml(
+        pml_miners.MultiSimilarityMiner(epsilon=epsilon, distance=_pml_distance(distance, dtype)), case
+    )
     check_index_tuple(ours, 4)
     ours_pos, ours_neg = set(as_rows(ours[:2])), set(as_rows(ours[2:]))
     theirs_pos, theirs_neg = set(as_rows(theirs[:2])), set(as_rows(theirs[2:]))
@@ -117,14 +140,17 @@ def test_multi_similarity_equals_pml(case: Case, distance: str, epsilon: float) 
     case=cases(max_dim=6).filter(lambda c: c.emb.shape[1] >= 2),
     distance=st.sampled_from(["cosine", "euclidean"]),
     margin=st.floats(0.01, 1.0),
+    dtype=DTYPES,
 )
-def test_semi_hard_is_the_nearest_of_pml_semihard_triplets(case: Case, distance: str, margin: float) -> None:
+def test_semi_hard_is_the_nearest_of_pml_semihard_triplets(
+    case: Case, distance: str, margin: float, dtype: torch.dtype
+) -> None:
     """PML returns every semi-hard triplet; ours (fallback="none") keeps the nearest one per pair."""
-    case = _normalised(case)
-    ours = semi_hard(*case.args(), margin=margin, distance=distance, fallback="none")
+    half, case = _normalised(case, dtype)
+    ours = semi_hard(*half.args(), margin=margin, distance=distance, fallback="none")
     theirs = _pml(
         pml_miners.TripletMarginMiner(
-            margin=margin, type_of_triplets="semihard", distance=PML_DISTANCES[distance]()
+            margin=margin, type_of_triplets="semihard", distance=_pml_distance(distance, dtype)
         ),
         case,
     )
