@@ -1,0 +1,157 @@
+"""Which mining strategy wins on classes never seen in training? The glyphs benchmark.
+
+Each recipe of ``yamls/glyphs_*.yaml`` (the same data, encoder, augmentation, loss and schedule; only
+the mining differs) trains with 3 seeds; every run is a fresh ``composer-dynsample train`` process.
+The test classes are disjoint from the train classes and scored leave-one-out among themselves
+(Musgrave et al. 2020): MAP@R, R-precision and Recall@1, mean and standard error over seeds. A
+difference counts only beyond two standard errors of the difference.
+
+    python benchmarks/quality_glyphs.py [--quick] [--seeds 0 1 2] [--threads 1]
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+from _common import machine_info, markdown_table, save_figure, write_results
+from _common import parser as make_parser
+from quality import run_one
+
+RECIPES = {
+    "random triplets": ("yamls/glyphs_random_triplets.yaml", []),
+    "semi-hard": ("yamls/glyphs_semi_hard.yaml", []),
+    "batch-hard": ("yamls/glyphs_batch_hard.yaml", []),
+    "semi-hard -> batch-hard @10ep (default)": ("yamls/glyphs_default.yaml", []),
+    "multi-similarity (miner + loss)": ("yamls/glyphs_multi_similarity.yaml", []),
+    "default + cross-batch memory 1024": (
+        "yamls/glyphs_default.yaml",
+        [
+            "algorithms.hard_negative_mining.memory_size=1024",
+            "algorithms.hard_negative_mining.memory_start=2ep",
+        ],
+    ),
+}
+METRICS = ("map_at_r", "r_precision", "recall_at_1")
+
+
+def summarise(runs: list[dict]) -> dict:
+    """Mean and standard error over seeds of every metric, and the runs' times."""
+    out: dict = {"runs": runs}
+    for metric in METRICS:
+        values = [run[metric] for run in runs]
+        out[metric] = statistics.fmean(values)
+        out[f"{metric}_se"] = statistics.stdev(values) / math.sqrt(len(values)) if len(values) > 1 else 0.0
+    out["fit_s_max"] = max(run["fit_s"] for run in runs)
+    out["process_s_max"] = max(run["process_s"] for run in runs)
+    return out
+
+
+def verdict(recipes: dict, metric: str = "map_at_r") -> dict:
+    """The best recipe by ``metric`` and, for each other, whether it is behind by more than 2 standard errors."""
+    best = max(recipes, key=lambda name: recipes[name][metric])
+    gaps = {}
+    for name, result in recipes.items():
+        if name == best:
+            continue
+        gap = recipes[best][metric] - result[metric]
+        se = math.hypot(recipes[best][f"{metric}_se"], result[f"{metric}_se"])
+        one_seed = len(result["runs"]) < 2
+        gaps[name] = {"gap": gap, "se_of_gap": se, "beyond_2se": None if one_seed else gap > 2 * se}
+    return {"best": best, "metric": metric, "behind": gaps}
+
+
+def plot(recipes: dict, path: Path) -> None:
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=(9.5, 4.2))
+    axes = figure.subplots(1, len(METRICS))
+    names = list(recipes)
+    for ax, metric in zip(axes, METRICS):
+        means = [recipes[n][metric] for n in names]
+        errors = [2 * recipes[n][f"{metric}_se"] for n in names]
+        ax.barh(range(len(names)), means, xerr=errors, color="tab:blue", alpha=0.7, capsize=3)
+        for row, name in enumerate(names):
+            ax.plot(
+                [r[metric] for r in recipes[name]["runs"]], [row] * len(recipes[name]["runs"]), "k.", ms=4
+            )
+        ax.set_yticks(range(len(names)), names if metric == METRICS[0] else [""] * len(names), fontsize=8)
+        low = min(min(r[metric] for r in recipes[n]["runs"]) for n in names)
+        ax.set_xlim(max(0.0, low - 0.05), min(1.0, max(means) + 0.05))
+        ax.set_title(metric.replace("_", " "), fontsize=9)
+    figure.suptitle(
+        "glyphs, unseen test classes, leave-one-out: mean +- 2 SE over seeds, dots = seeds", fontsize=9
+    )
+    save_figure(figure, path)
+
+
+def table(recipes: dict, seeds: list[int], decision: dict) -> str:
+    rows = [
+        [name, *(f"{r[m]:.4f} +- {r[m + '_se']:.4f}" for m in METRICS), f"{r['fit_s_max']:.0f}"]
+        for name, r in recipes.items()
+    ]
+    text = markdown_table(["recipe", "MAP@R", "R-precision", "Recall@1", "max train s"], "lrrrr", rows)
+    words = {True: "beyond 2 SE", False: "within 2 SE", None: "one seed: no error estimate"}
+    behind = ", ".join(
+        f"{name} by {gap['gap']:.4f} ({words[gap['beyond_2se']]})" for name, gap in decision["behind"].items()
+    )
+    return (
+        f"Glyphs (unseen test classes, leave-one-out), {len(seeds)} seed(s), mean +- standard error.\n\n{text}\n\n"
+        f"Best by MAP@R: **{decision['best']}**; the others are behind: {behind}."
+    )
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = make_parser(__doc__, quick_help="one seed, 1 epoch, 4 faces per train class: a smoke test")
+    parser.add_argument("--seeds", type=int, nargs="+", default=None)
+    parser.add_argument("--threads", type=int, default=1, help="OMP_NUM_THREADS of each run")
+    parser.add_argument("--recipes", nargs="+", default=None, help="run only these recipe names")
+    args = parser.parse_args(argv)
+    seeds = args.seeds if args.seeds is not None else ([0] if args.quick else [0, 1, 2])
+    quick = (
+        ["trainer.max_duration=1ep", "evaluation.interval=null", "data.faces_per_class=4"]
+        if args.quick
+        else []
+    )
+    chosen = {name: RECIPES[name] for name in (args.recipes or RECIPES)}
+    started, load_before = time.time(), os.getloadavg()
+    recipes = {}
+    with tempfile.TemporaryDirectory(prefix="dynsample-glyphs-") as work:
+        for name, (config, overrides) in chosen.items():
+            runs = []
+            for seed in seeds:
+                run_dir = Path(work) / f"{Path(config).stem}-{len(recipes)}" / f"seed{seed}"
+                run = run_one(
+                    config, seed, run_dir, [*overrides, *quick, "evaluation.interval=null"], args.threads
+                )
+                print(f"{name:<42} seed {seed}: MAP@R {run['map_at_r']:.4f}  Recall@1 {run['recall_at_1']:.4f}  "
+                      f"train {run['fit_s']:.1f} s", flush=True)  # fmt: skip
+                runs.append(run)
+            recipes[name] = summarise(runs)
+    decision = verdict(recipes)
+    text = table(recipes, seeds, decision)
+    print(f"\n{text}")
+    result = {
+        "ratio": recipes[decision["best"]]["map_at_r"] / min(r["map_at_r"] for r in recipes.values()),
+        "ratio_meaning": "best recipe's mean MAP@R / worst recipe's, glyphs (unseen classes, leave-one-out)",
+        "verdict": decision,
+        "seeds": seeds,
+        "recipes": recipes,
+        "threads": args.threads,
+        "machine": machine_info(torch_threads=False),
+        "load_average_before": [round(v, 2) for v in load_before],
+        "load_average_after": [round(v, 2) for v in os.getloadavg()],
+        "total_s": round(time.time() - started, 1),
+    }
+    return write_results(
+        args.out, "quality_glyphs", args.quick, result, text,
+        plot=lambda path: plot(recipes, path),
+    )  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
