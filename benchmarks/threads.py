@@ -6,6 +6,7 @@ which is what the command line chooses by itself (:func:`composer_dynsample.comm
 in interleaved rounds, and reports each setting's median ``trainer.fit()`` time against one thread.
 
     python benchmarks/threads.py [--quick] [--config yamls/mnist1d_default.yaml] [--epochs 3] [--rounds 3]
+        [--threads 2 4]
 """
 
 from __future__ import annotations
@@ -48,6 +49,23 @@ def train_once(config: str, epochs: int, threads: str | None, run_dir: Path) -> 
     return float(json.loads((run_dir / "metrics.json").read_text())["wall_time_s"])
 
 
+def thread_settings(counts: list[int] | None, cores: int) -> list[str | None]:
+    """The ``OMP_NUM_THREADS`` values to compare, 1 (the baseline) first and ``None`` (unset) last.
+
+    Without ``counts``: 1, 2 and ``cores``. ``OMP_NUM_THREADS=N`` is how a thread count reaches the
+    command line's process: with it set the CLI leaves torch's count alone, and torch starts with N
+    intra-op threads (what ``torch.set_num_threads(N)`` would set), so N = ``cores`` is torch's own
+    default of every core.
+
+    Raises:
+        ValueError: a count below 1.
+    """
+    if counts is not None and any(count < 1 for count in counts):
+        raise ValueError(f"--threads must be integers >= 1, got {counts}")
+    chosen = {1, *(counts if counts is not None else (2, cores))}
+    return [*(str(count) for count in sorted(chosen)), None]
+
+
 def _cells(row: dict) -> list[str]:
     """One table line: the setting, its median, every run and its ratio to one thread."""
     runs = ", ".join(f"{t:.1f}" for t in row["fit_s"])
@@ -69,14 +87,20 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument(
-        "--threads", nargs="+", default=None, help="OMP_NUM_THREADS values (default: 1 2 cores)"
+        "--threads",
+        nargs="+",
+        type=int,
+        default=None,
+        help="OMP_NUM_THREADS values beside 1 (default: 2 and the number of cores)",
     )
     args = parser.parse_args(argv)
     config = args.config or ("yamls/digits_quick.yaml" if args.quick else "yamls/mnist1d_default.yaml")
     epochs, rounds = (1, 1) if args.quick else (args.epochs, args.rounds)
     cores = os.cpu_count() or 1
-    counts = args.threads or sorted({"1", "2", str(cores)}, key=int)
-    settings: list[str | None] = [*counts, None]
+    try:
+        settings = thread_settings(args.threads, cores)
+    except ValueError as error:
+        parser.error(str(error))
     times: dict[str, list[float]] = {str(s): [] for s in settings}
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="dynsample-threads-") as work:
