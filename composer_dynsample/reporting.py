@@ -284,15 +284,7 @@ def plot_retrievals(
     grid = figure.subplots(len(chosen), k + 1, squeeze=False)
     for row, query in enumerate(chosen.tolist()):
         cells = [(query, None), *((int(j), bool(labels[j] == labels[query])) for j in neighbours[row])]
-        for column, (item, right) in enumerate(cells):
-            axes = grid[row][column]
-            axes.imshow(pictures[item].numpy(), cmap="gray_r", vmin=0.0, vmax=1.0)
-            axes.set_xticks([])
-            axes.set_yticks([])
-            colour = "black" if right is None else ("tab:green" if right else "tab:red")
-            for spine in axes.spines.values():
-                spine.set_edgecolor(colour)
-                spine.set_linewidth(1.0 if right is None else 3.0)
+        _draw_retrieval_row(grid[row], pictures, cells)
         grid[row][0].set_ylabel(f"class {int(labels[query])}", fontsize=7)
     grid[0][0].set_title("query", fontsize=8)
     for column in range(1, k + 1):
@@ -303,3 +295,15 @@ def plot_retrievals(
     target.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(target, dpi=dpi)
     return target
+
+
+def _draw_retrieval_row(axes_row: Any, pictures: torch.Tensor, cells: list[tuple[int, bool | None]]) -> None:
+    """One query (black frame) and its neighbours, framed green when of the query's class, else red."""
+    for axes, (item, right) in zip(axes_row, cells):
+        axes.imshow(pictures[item].numpy(), cmap="gray_r", vmin=0.0, vmax=1.0)
+        axes.set_xticks([])
+        axes.set_yticks([])
+        colour = "black" if right is None else ("tab:green" if right else "tab:red")
+        for spine in axes.spines.values():
+            spine.set_edgecolor(colour)
+            spine.set_linewidth(1.0 if right is None else 3.0)
