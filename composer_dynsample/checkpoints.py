@@ -74,14 +74,14 @@ def check_checkpoint(path: str | os.PathLike[str]) -> None:
             ...
         composer_dynsample.checkpoints.CheckpointError: checkpoint ... is empty (0 bytes).
     """
-    import torch
-
     file = Path(path).expanduser()
     if not file.is_file():
         raise CheckpointError(f"checkpoint {str(file)!r} does not exist or is not a file.")
     size = file.stat().st_size
     if size == 0:
         raise CheckpointError(f"checkpoint {str(file)!r} is empty (0 bytes).")
+    import torch  # after the checks that need no torch, so a wrong path is said at once
+
     try:
         with torch.serialization.safe_globals(_safe_globals()):
             torch.load(file, map_location="cpu", weights_only=True)

@@ -371,9 +371,9 @@ def evaluate(
     Returns:
         dict[str, Any]: The metrics, the checkpoint and the timestamp it holds.
     """
+    run = _checkpoint_run(config, checkpoint, overrides, None, trust_checkpoint)
     from composer_dynsample.reporting import format_metrics_table, write_json
 
-    run = _checkpoint_run(config, checkpoint, overrides, None, trust_checkpoint)
     final, test_embeddings = evaluate_run(run)
     path = Path(out) if out is not None else _run_dir_of(Path(checkpoint)) / "eval.json"
     result = {**final, "checkpoint": str(checkpoint), "dataset": run.splits.name}

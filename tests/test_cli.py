@@ -39,6 +39,7 @@ def probe(*argv: str) -> subprocess.CompletedProcess:
         ("train", "yamls/digits_quick.yaml", "seed=x"),
         ("train", "yamls/digits_quick.yaml", "optimizer=[1]"),
         ("train", "missing.yaml"),
+        ("eval", "yamls/digits_quick.yaml", "--checkpoint", "missing.pt"),
     ],
 )
 def test_help_version_and_config_errors_import_nothing_heavy(argv):
