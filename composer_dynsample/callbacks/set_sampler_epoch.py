@@ -229,18 +229,31 @@ def _check_sampler_world(target: SupportsSetEpoch | None) -> None:
         )
 
 
+def _snapshot_code(target: SupportsSetEpoch | None) -> int:
+    """The first 63 bits of a model-aware sampler's snapshot hash (``snapshot_fingerprint``), else ``-1``."""
+    fingerprint = getattr(target, "snapshot_fingerprint", None)
+    text = fingerprint() if callable(fingerprint) else ""
+    return int(text[:15], 16) if text else -1
+
+
 def _check_ranks_agree(state: State, epoch: int, target: SupportsSetEpoch | None) -> None:
-    """Raise on every rank when the ranks disagree on (epoch, sampler seed, number of batches)."""
+    """Raise on every rank when the ranks disagree on (epoch, sampler seed, number of batches, snapshot).
+
+    The snapshot is what a model-aware sampler builds the epoch from (the class centroids of
+    :class:`~composer_dynsample.samplers.HardClassPKBatchSampler`): ranks that hold different ones build
+    different global batch sequences, so their shards overlap.
+    """
     seed = getattr(target, "seed", -1)
     try:
         length = len(target)  # type: ignore[arg-type]
     except TypeError:
         length = -1
-    mine = torch.tensor([epoch, int(seed) if is_int(seed) else -1, length], dtype=torch.int64)
+    values = [epoch, int(seed) if is_int(seed) else -1, length, _snapshot_code(target)]
+    mine = torch.tensor(values, dtype=torch.int64)
     rows = all_gather_rows(state.device.tensor_to_device(mine)).cpu()
     if bool((rows == rows[0]).all()):
         return
-    names = ("epoch", "seed", "batches")
+    names = ("epoch", "seed", "batches", "snapshot")
     table = "; ".join(
         f"rank {rank}: " + ", ".join(f"{name}={int(value)}" for name, value in zip(names, row))
         for rank, row in enumerate(rows.tolist())
@@ -248,6 +261,6 @@ def _check_ranks_agree(state: State, epoch: int, target: SupportsSetEpoch | None
     disagreeing = [rank for rank, row in enumerate(rows) if not bool((row == rows[0]).all())]
     raise RuntimeError(
         f"SetSamplerEpoch: ranks {disagreeing} disagree with rank 0 on the train sampler's (epoch, seed, "
-        f"number of batches): {table}. Every rank must build its sampler with the same seed and data, "
-        "or ranks train on overlapping data and hang when their batch counts differ."
+        f"number of batches, snapshot): {table}. Every rank must build its sampler with the same seed, data "
+        "and snapshot, or ranks train on overlapping data and hang when their batch counts differ."
     )
