@@ -62,7 +62,7 @@ def check_distance(distance: object) -> str:
 
 
 def working_dtype(x: torch.Tensor, y: torch.Tensor) -> torch.dtype:
-    """The dtype the miners compute distances in: never half precision, never one that overflows.
+    """The dtype miners and retrieval metrics compute distances in: never half precision, never overflowing.
 
     fp16 and bf16 inputs are computed in float32: ``||x||^2 + ||y||^2 - 2 x.y`` cancels catastrophically
     in half precision (two unit vectors one degree apart, true distance 0.0175, come out 0.0 in fp16).
@@ -79,10 +79,7 @@ def working_dtype(x: torch.Tensor, y: torch.Tensor) -> torch.dtype:
     dtype = torch.promote_types(torch.promote_types(x.dtype, y.dtype), torch.float32)
     if x.numel() == 0 and y.numel() == 0:
         return dtype
-    largest = max(
-        float(x.detach().abs().max()) if x.numel() else 0.0,
-        float(y.detach().abs().max()) if y.numel() else 0.0,
-    )
+    largest = max(float(t.detach().abs().max()) if t.numel() else 0.0 for t in ((x,) if y is x else (x, y)))
     needed = largest * largest * max(x.shape[-1], 1) * 4.0  # a bound on |x.y| + ||x||^2 + ||y||^2
     if dtype == torch.float32 and needed > torch.finfo(torch.float32).max:
         dtype = torch.float64

@@ -22,8 +22,9 @@ with :func:`torch.topk`.
 
 Ties: gallery items at exactly equal distance are ranked by gallery index, lower first, including at
 the cut-off of the ``K`` (or ``R``) nearest, so results never depend on ``topk``'s arbitrary order
-among ties. Distances are computed in the inputs' floating dtype (at least float32), so items at equal
-distance in exact arithmetic may differ in the last bit and be ranked either way.
+among ties. Distances are computed in the inputs' floating dtype, at least float32 and float64 where
+float32 would overflow (norms near 1e18 and above; see :func:`~composer_dynsample.distances.working_dtype`),
+so items at equal distance in exact arithmetic may differ in the last bit and be ranked either way.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from typing import Literal, NamedTuple
 import torch
 import torch.nn.functional as F
 
-from composer_dynsample.distances import DISTANCES
+from composer_dynsample.distances import DISTANCES, working_dtype
 from composer_dynsample.validation import check_choice, check_embeddings, check_int, check_labels, is_int
 
 __all__ = [
@@ -99,9 +100,10 @@ def _check_chunk_size(chunk_size: int) -> int:
 
 
 def _compute_dtype(*tensors: torch.Tensor) -> torch.dtype:
+    """The ranking dtype: at least float32, float64 where float32 would overflow (see ``working_dtype``)."""
     dtype = torch.float32
     for tensor in tensors:
-        dtype = torch.promote_types(dtype, tensor.dtype)
+        dtype = torch.promote_types(dtype, working_dtype(tensor, tensor))
     return dtype
 
 
@@ -180,7 +182,10 @@ def _retrieval_update(
     if leave_one_out:
         query = gallery.embeddings  # already cast and normalised
     else:
-        query = query.to(device=device, dtype=gallery.embeddings.dtype)
+        dtype = torch.promote_types(gallery.embeddings.dtype, _compute_dtype(query))
+        if dtype != gallery.embeddings.dtype:  # queries too large for the gallery's float32
+            gallery = _prepare_gallery(gallery.embeddings, gallery.labels, distance, dtype)
+        query = query.to(device=device, dtype=dtype)
         if distance == "cosine":
             query = F.normalize(query, dim=1)
     query_labels = query_labels.to(device)

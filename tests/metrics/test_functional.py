@@ -319,3 +319,27 @@ def test_empty_gallery_raises_like_set_gallery():
     labels = torch.tensor([0, 1, 0, 1])
     with pytest.raises(ValueError, match="gallery must hold at least one item, got 0"):
         retrieval_metrics(query, labels, torch.empty(0, 3), torch.empty(0, dtype=torch.int64))
+
+
+@pytest.mark.parametrize("distance", ["cosine", "euclidean"])
+def test_embeddings_near_1e20_rank_as_in_float64(distance):
+    """float32 embeddings whose squared norms overflow float32 are ranked in float64, not on inf/NaN keys."""
+    gen = torch.Generator().manual_seed(0)
+    emb = torch.randn(40, 8, generator=gen, dtype=torch.float64) * 1e20
+    labels = torch.randint(0, 4, (40,), generator=gen)
+    gallery = torch.randn(30, 8, generator=gen, dtype=torch.float64) * 3e19
+    gallery_labels = torch.randint(0, 4, (30,), generator=gen)
+    for args in (
+        (emb, labels),
+        (emb, labels, gallery, gallery_labels),
+        (gallery, gallery_labels, emb, labels),
+    ):
+        ours = retrieval_metrics(
+            *(t.float() if t.is_floating_point() else t for t in args), distance=distance
+        )
+        reference = retrieval_metrics(
+            *(t.float().double() if t.is_floating_point() else t for t in args), distance=distance
+        )
+        assert {k: v.item() for k, v in ours.items()} == pytest.approx(
+            {k: v.item() for k, v in reference.items()}
+        )

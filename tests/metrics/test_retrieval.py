@@ -250,3 +250,19 @@ def test_bad_arguments_raise():
     metric.set_gallery(torch.randn(5, 2), torch.arange(5))
     with pytest.raises(ValueError, match="embeddings have dim 3 but the gallery has dim 2"):
         metric.update(torch.randn(3, 3), torch.tensor([0, 1, 1]))
+
+
+def test_queries_near_1e20_against_a_float32_gallery_rank_as_in_float64():
+    """The gallery (1e18) fits float32, the queries (1e20) do not: the gallery is widened for them."""
+    gen = torch.Generator().manual_seed(0)
+    gallery = torch.randn(30, 8, generator=gen, dtype=torch.float64) * 1e18
+    gallery_labels = torch.randint(0, 4, (30,), generator=gen)
+    queries = torch.randn(40, 8, generator=gen, dtype=torch.float64) * 1e20
+    labels = torch.randint(0, 4, (40,), generator=gen)
+    results = []
+    for dtype in (torch.float32, torch.float64):
+        metric = RetrievalMetrics(distance="euclidean")
+        metric.set_gallery(gallery.float().to(dtype), gallery_labels)  # the same numbers in both
+        metric.update(queries.float().to(dtype), labels)
+        results.append({k: v.item() for k, v in metric.compute().items()})
+    assert results[0] == pytest.approx(results[1])
