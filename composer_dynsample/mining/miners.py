@@ -351,8 +351,11 @@ def _successors(mat: torch.Tensor, thresholds: torch.Tensor) -> _Successors:
 
 
 def _count_below(mat: torch.Tensor, sorted_thr: torch.Tensor, scratch: torch.Tensor) -> torch.Tensor:
-    """``bucket = #{t < v}`` per entry: one comparison per threshold (a loop over positive slots, not
-    anchors), written straight into a float buffer of ``scratch``, on CPU faster than going through bool."""
+    """``#{t < v}`` for every entry ``v``: the number of its row's thresholds below it.
+
+    One comparison per threshold (a loop over positive slots, not anchors), written straight into a float
+    buffer in ``scratch``, which on CPU is faster than going through bool.
+    """
     span = mat.numel() * mat.element_size()
     count = scratch[:span].view(mat.dtype).view(mat.shape)
     step = scratch[span : 2 * span].view(mat.dtype).view(mat.shape)
@@ -391,8 +394,11 @@ def _packed_bucket_minima(
 def _bucket_minima(
     mat: torch.Tensor, bucket: torch.Tensor, start_bucket: torch.Tensor, scratch: torch.Tensor
 ) -> _Successors:
-    """:func:`_successors`' results for float64 distances, which use all mantissa bits: bucket minima by
-    value, then their index with an equality pass (slower than packing, same result; ``scratch`` unused)."""
+    """:func:`_successors`' results for float64 distances, which leave no mantissa bits to pack into.
+
+    Bucket minima by value, then their index with an equality pass: slower than packing, same result
+    (``scratch`` is unused).
+    """
     n_rows, n_cols = mat.shape
     width = start_bucket.shape[1]
     big = torch.finfo(mat.dtype).max
