@@ -44,9 +44,10 @@ _MODULES: dict[str, list[str]] = {
         "HardNegativeMining",
         "mine",
     ],
-    "composer_dynsample.samplers.hard_class": ["HardClassPKBatchSampler"],
     "composer_dynsample.samplers": [
         "DistributedBatchSampler",
+        "HardClassPKBatchSampler",
+        "NeighbourBatchSampler",
         "PKBatchSampler",
         "SupportsSetEpoch",
         "TwoStreamBatchSampler",
@@ -73,6 +74,7 @@ __all__ = [
     "MLPEncoder",
     "MinedBatch",
     "MultiSimilarityLoss",
+    "NeighbourBatchSampler",
     "PKBatchSampler",
     "RetrievalGallery",
     "SetSamplerEpoch",
@@ -100,12 +102,13 @@ if TYPE_CHECKING:
     from composer_dynsample.models import Conv1dEncoder, Conv2dEncoder, EmbeddingModel, MLPEncoder
     from composer_dynsample.samplers import (
         DistributedBatchSampler,
+        HardClassPKBatchSampler,
+        NeighbourBatchSampler,
         PKBatchSampler,
         SupportsSetEpoch,
         TwoStreamBatchSampler,
     )
     from composer_dynsample.samplers.dataloader import BatchSamplerDataLoader, build_dataloader
-    from composer_dynsample.samplers.hard_class import HardClassPKBatchSampler
 
 
 __getattr__, __dir__ = lazy_exports(__name__, _MODULES, globals())

@@ -9,7 +9,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from composer_dynsample import HardNegativeMining, PKBatchSampler, SetSamplerEpoch
+from composer_dynsample import DistributedBatchSampler, HardNegativeMining, SetSamplerEpoch
 from composer_dynsample.config import ConfigError, OneCycleScheduler, build_run, load_config, save_config
 from composer_dynsample.models.encoders import Conv1dEncoder, Conv2dEncoder, MLPEncoder
 
@@ -39,7 +39,7 @@ def test_the_expected_recipes_exist():
 def test_every_recipe_builds_and_trains_one_batch(config, tmp_path):
     run = build(tmp_path, "trainer.max_duration=1ba", "evaluation.interval=null", config=config)
     assert isinstance(run.model.encoder, (Conv1dEncoder, Conv2dEncoder, MLPEncoder))
-    assert isinstance(run.train_dataloader.batch_sampler, PKBatchSampler)
+    assert isinstance(run.train_dataloader.batch_sampler, DistributedBatchSampler)
     assert any(isinstance(cb, SetSamplerEpoch) for cb in run.trainer.state.callbacks)
     run.trainer.fit()
     assert int(run.trainer.state.timestamp.batch) == 1

@@ -64,6 +64,7 @@ from composer_dynsample.models.encoders import Conv1dEncoder, Conv2dEncoder, MLP
 from composer_dynsample.samplers import PKBatchSampler, TwoStreamBatchSampler
 from composer_dynsample.samplers.dataloader import BatchSamplerDataLoader
 from composer_dynsample.samplers.hard_class import HardClassPKBatchSampler
+from composer_dynsample.samplers.neighbours import NeighbourBatchSampler
 from composer_dynsample.schedulers import OneCycleScheduler
 
 __all__ = [
@@ -117,6 +118,9 @@ SAMPLERS: dict[str, Registered] = {
     ),
     "hard_class_pk": Registered(
         HardClassPKBatchSampler, reserved=("labels", "num_replicas", "rank"), inferred=("seed",)
+    ),
+    "neighbours": Registered(
+        NeighbourBatchSampler, reserved=("labels", "num_replicas", "rank"), inferred=("seed",)
     ),
 }
 ALGORITHMS: dict[str, Registered | Lazy] = {

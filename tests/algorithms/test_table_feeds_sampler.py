@@ -16,6 +16,7 @@ from composer_dynsample import (
 from composer_dynsample.algorithms.embedding_table import EmbeddingTable
 from composer_dynsample.data import GatherCollate, IndexDataset, TensorStore
 from composer_dynsample.samplers.hard_class import HardClassPKBatchSampler
+from composer_dynsample.samplers.neighbours import NeighbourBatchSampler
 from tests.common import BatchRecorder
 
 
@@ -41,7 +42,7 @@ def make_run(tmp_path, sampler_class=HardClassPKBatchSampler, *, table=True, **k
     data = store()
     torch.manual_seed(0)
     model = EmbeddingModel(torch.nn.Linear(6, 4))
-    sampler = sampler_class(data.labels, 4, 3, seed=3)
+    sampler = sampler_class(data.labels, 4, 3 if sampler_class is not NeighbourBatchSampler else 1, seed=3)
     recorder = IndexRecorder()
     algorithms = [HardNegativeMining("semi_hard")] + ([EmbeddingTable()] if table else [])
     trainer = Trainer(

@@ -120,10 +120,12 @@ class EmbeddingTable(Algorithm):
         refresh_max_age (int): Rows written more than this many batches ago are refreshed. Default: ``0``
             (all rows).
         refresh_batch_size (int): Samples per forward pass of the refresh. Default: ``1024``.
-        feed_sampler (bool): At every epoch start, hand the class centroids to the train batch sampler
-            when it takes them (``update_class_embeddings``, as
-            :class:`~composer_dynsample.samplers.HardClassPKBatchSampler` does), and keep the sampler's
-            snapshot in the checkpoint so a resumed epoch is built from the same centroids. Default: ``True``.
+        feed_sampler (bool): At every epoch start, hand the train batch sampler its snapshot when it takes
+            one: class centroids (``update_class_embeddings``, as
+            :class:`~composer_dynsample.samplers.HardClassPKBatchSampler` does) or the rows for nearest
+            neighbours (``update_neighbours``, :class:`~composer_dynsample.samplers.NeighbourBatchSampler`,
+            whose skipped false-negative candidates are logged as ``embedding_table/skipped_*``); keep the
+            sampler's snapshot in the checkpoint so a resumed epoch is built from the same one. Default: ``True``.
 
     Example:
         >>> from composer import Trainer
@@ -228,7 +230,7 @@ class EmbeddingTable(Algorithm):
         elif event == Event.EPOCH_START:
             if self._refresh_due(state):
                 self._refresh(state, logger)
-            self._feed_sampler(state)
+            self._feed_sampler(state, logger)
         else:
             outputs = state.outputs
             embeddings = outputs.embeddings if isinstance(outputs, MinedBatch) else outputs
@@ -252,14 +254,23 @@ class EmbeddingTable(Algorithm):
         from composer_dynsample.callbacks.set_sampler_epoch import find_epoch_target
 
         target = find_epoch_target(state.train_dataloader)
-        self._sampler = target if callable(getattr(target, "update_class_embeddings", None)) else None
+        takes = any(
+            callable(getattr(target, name, None)) for name in ("update_class_embeddings", "update_neighbours")
+        )
+        self._sampler = target if takes else None
         if self._sampler is not None and self._saved_sampler_state is not None:
             self._sampler.load_state_dict(self._saved_sampler_state)  # the interrupted epoch's centroids
             self._saved_sampler_state = None
 
-    def _feed_sampler(self, state: State) -> None:
-        """Hand the class centroids of the table to the sampler; they apply from its next ``set_epoch``."""
-        if self._sampler is None or self.rows is None:
+    def _feed_sampler(self, state: State, logger: Logger) -> None:
+        """Hand the table's snapshot to the sampler (class centroids, or the rows for nearest neighbours);
+        it applies from the sampler's next ``set_epoch``."""
+        if self._sampler is None or self.rows is None or self.written_at is None:
+            return
+        if callable(getattr(self._sampler, "update_neighbours", None)):
+            self._sampler.update_neighbours(self.rows.float(), self.written_at >= 0)
+            skipped = getattr(self._sampler, "last_skipped", {})
+            logger.log_metrics({f"embedding_table/skipped_{name}": float(n) for name, n in skipped.items()})
             return
         labels = _train_labels(state)
         classes = torch.as_tensor(self._sampler.classes, dtype=torch.int64)

@@ -1,0 +1,240 @@
+"""Neighbour batches: each seed sample with a positive and its nearest other-class samples in the dataset.
+
+Dataset-level hard negatives (ANCE, sentence-transformers' ``mine_hard_negatives``, NV-Retriever) are
+usually mined offline, between trainings or by a second job refreshing an index. Here the nearest
+neighbours come from :class:`~composer_dynsample.EmbeddingTable`, which the forward pass keeps up to
+date, and are handed to :class:`NeighbourBatchSampler` between epochs: identical on every rank, part of
+the checkpoint, with the false-negative guards of the offline tools.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from composer_dynsample.samplers.base import DistributedBatchSampler, _as_index_array, epoch_rng
+from composer_dynsample.validation import check_float, check_int
+
+__all__ = ["NeighbourBatchSampler", "nearest_other_class"]
+
+
+def nearest_other_class(
+    embeddings: torch.Tensor,
+    labels: torch.Tensor,
+    k: int,
+    *,
+    skip_top: int = 0,
+    max_relative_similarity: float | None = None,
+    valid: torch.Tensor | None = None,
+    chunk_size: int = 4096,
+) -> tuple[np.ndarray, dict[str, int]]:
+    """Each sample's ``k`` nearest samples of other classes by cosine similarity, with false-negative guards.
+
+    Exact: one chunk of rows at a time against all rows, so memory is ``chunk_size x N``. Guards, as in
+    sentence-transformers' ``mine_hard_negatives`` and NV-Retriever: the ``skip_top`` nearest other-class
+    samples are skipped (a rank window: the very nearest are the likeliest unlabelled positives), and with
+    ``max_relative_similarity`` a candidate more similar to the anchor than that fraction of the anchor's
+    similarity to its own class centroid is skipped. Rows without a valid embedding are nobody's
+    neighbour; an anchor left with fewer than ``k`` candidates is padded with ``-1``.
+
+    Args:
+        embeddings (torch.Tensor): ``(N, D)`` embeddings.
+        labels (torch.Tensor): ``(N,)`` integer labels.
+        k (int): Neighbours kept per sample.
+        skip_top (int): Nearest other-class samples skipped first. Default: ``0``.
+        max_relative_similarity (float, optional): Skip candidates with similarity above this fraction of
+            the anchor's similarity to its class centroid (NV-Retriever uses 0.95). Default: ``None`` (off).
+        valid (torch.Tensor, optional): ``(N,)`` bool, which rows hold an embedding. Default: all.
+        chunk_size (int): Anchors per matrix product. Default: ``4096``.
+
+    Returns:
+        tuple[numpy.ndarray, dict[str, int]]: ``(N, k)`` int64 neighbour indices, nearest first, and how many
+        candidates each guard skipped (``"rank_window"``, ``"margin"``).
+
+    Example:
+        >>> x = torch.tensor([[1.0, 0.0], [0.9, 0.1], [0.0, 1.0], [0.1, 0.9]])
+        >>> neighbours, skipped = nearest_other_class(x, torch.tensor([0, 1, 0, 1]), 1)
+        >>> neighbours.ravel().tolist()
+        [1, 0, 3, 2]
+    """
+    check_int("k", k, minimum=1)
+    check_int("skip_top", skip_top, minimum=0)
+    n = embeddings.shape[0]
+    unit = torch.nn.functional.normalize(embeddings.detach().float().cpu(), dim=1)
+    labels = torch.as_tensor(labels).cpu().long()
+    valid = torch.ones(n, dtype=torch.bool) if valid is None else torch.as_tensor(valid).cpu().bool()
+    classes = int(labels.max()) + 1
+    centroids = torch.zeros(classes, unit.shape[1]).index_add_(0, labels[valid], unit[valid])
+    centroids = torch.nn.functional.normalize(centroids, dim=1)
+    positive = (unit * centroids[labels]).sum(dim=1)  # each anchor's similarity to its class centroid
+    wanted = min(skip_top + k, n)
+    out = np.full((n, k), -1, dtype=np.int64)
+    skipped = {"rank_window": 0, "margin": 0}
+    for start in range(0, n, chunk_size):
+        stop = min(start + chunk_size, n)
+        similarity = unit[start:stop] @ unit.T
+        blocked = (labels[start:stop, None] == labels[None, :]) | ~valid[None, :]
+        similarity.masked_fill_(blocked, float("-inf"))
+        values, indices = similarity.topk(wanted, dim=1)
+        candidates = indices[:, skip_top:]
+        keep = torch.isfinite(values[:, skip_top:])
+        skipped["rank_window"] += int(torch.isfinite(values[:, :skip_top]).sum())
+        if max_relative_similarity is not None:
+            limit = max_relative_similarity * positive[start:stop, None]
+            too_close = keep & (values[:, skip_top:] > limit)
+            skipped["margin"] += int(too_close.sum())
+            keep &= ~too_close
+        # Kept candidates first, in similarity order; the rest become -1.
+        order = torch.argsort((~keep).to(torch.int8), dim=1, stable=True)
+        ranked = torch.where(keep, candidates, -1).gather(1, order)
+        out[start:stop, : ranked.shape[1]] = ranked[:, :k].numpy()
+    return out, skipped
+
+
+class NeighbourBatchSampler(DistributedBatchSampler):
+    """Batches of seed samples, each with a same-class positive and its nearest other-class samples.
+
+    Every batch holds ``seeds_per_batch`` groups of ``2 + negatives_per_seed`` indices: a seed, a random
+    other sample of the seed's class, and the seed's nearest samples of other classes in the snapshot
+    handed over with :meth:`update_neighbours` (from the next :meth:`set_epoch` on; see
+    :func:`nearest_other_class` for the false-negative guards). Before any snapshot, and where a seed has
+    fewer neighbours than asked for, the negatives are random samples of other classes. Seeds are drawn
+    from a permutation of the dataset, so an epoch has ``len(labels) // batch_size`` global batches and
+    every sample is a seed at most once per epoch; the order is a pure function of
+    ``(seed, epoch, snapshot)``. A sample may appear twice in a batch (a seed may be another seed's
+    negative); the miner and loss see a pool with hard negatives either way.
+
+    Args:
+        labels (Sequence[int] | numpy.ndarray | torch.Tensor): The class of every dataset index.
+        seeds_per_batch (int): Seeds per batch, at least 1.
+        negatives_per_seed (int): Nearest other-class samples per seed, at least 1.
+        skip_top (int): The rank window: nearest other-class samples skipped. Default: ``0``.
+        max_relative_similarity (float, optional): The margin guard of :func:`nearest_other_class`.
+            Default: ``None``.
+        num_replicas, rank, seed, drop_last: As for :class:`~composer_dynsample.PKBatchSampler`.
+
+    Example:
+        >>> labels = torch.arange(24) % 4
+        >>> sampler = NeighbourBatchSampler(labels, seeds_per_batch=2, negatives_per_seed=2)
+        >>> sampler.batch_size, len(sampler)
+        (8, 3)
+        >>> batch = next(iter(sampler))
+        >>> labels[batch[0]] == labels[batch[1]], labels[batch[0]] != labels[batch[2]]
+        (tensor(True), tensor(True))
+    """
+
+    def __init__(
+        self,
+        labels: Sequence[int] | np.ndarray | torch.Tensor,
+        seeds_per_batch: int,
+        negatives_per_seed: int,
+        *,
+        skip_top: int = 0,
+        max_relative_similarity: float | None = None,
+        **options: Any,
+    ) -> None:
+        label_array = _as_index_array("labels", labels)
+        self.seeds_per_batch = check_int("seeds_per_batch", seeds_per_batch, minimum=1)
+        self.negatives_per_seed = check_int("negatives_per_seed", negatives_per_seed, minimum=1)
+        self.skip_top = check_int("skip_top", skip_top, minimum=0)
+        self.max_relative_similarity = (
+            None
+            if max_relative_similarity is None
+            else check_float(
+                "max_relative_similarity", max_relative_similarity, minimum=0, strict_minimum=True
+            )
+        )
+        group = 2 + self.negatives_per_seed
+        super().__init__(label_array.size, self.seeds_per_batch * group, **options)
+        self.labels = label_array
+        classes, inverse, counts = np.unique(label_array, return_inverse=True, return_counts=True)
+        if classes.size < 2:
+            raise ValueError(f"labels must hold at least 2 classes for negatives, got {classes.size}.")
+        self._by_class = np.argsort(inverse, kind="stable")
+        self._class_of = inverse
+        self._class_start = np.concatenate([[0], np.cumsum(counts)[:-1]])
+        self._counts = counts
+        self._pending: np.ndarray | None = None
+        self._neighbours: np.ndarray | None = None
+        self.last_skipped: dict[str, int] = {"rank_window": 0, "margin": 0}
+        self._check_enough_batches()
+
+    @property
+    def num_global_batches(self) -> int:
+        """``len(labels) // batch_size``: an epoch covers about the dataset once."""
+        return self.num_indices // self.batch_size
+
+    # ------------------------------------------------------------------------------------------ snapshot
+    def update_neighbours(self, embeddings: torch.Tensor, valid: torch.Tensor | None = None) -> None:
+        """Compute every sample's nearest other-class samples from ``(N, D)`` embeddings (e.g. the table's
+        rows); they apply from the next :meth:`set_epoch`. ``valid`` marks rows that hold an embedding."""
+        if not isinstance(embeddings, torch.Tensor) or embeddings.shape[:1] != (self.num_indices,):
+            shape = (
+                tuple(embeddings.shape) if isinstance(embeddings, torch.Tensor) else type(embeddings).__name__
+            )
+            raise ValueError(f"embeddings must have one row per sample ({self.num_indices}), got {shape}.")
+        self._pending, self.last_skipped = nearest_other_class(
+            embeddings,
+            torch.from_numpy(self.labels),
+            self.negatives_per_seed,
+            skip_top=self.skip_top,
+            max_relative_similarity=self.max_relative_similarity,
+            valid=valid,
+        )
+
+    def set_epoch(self, epoch: int) -> None:
+        """Set the epoch; a snapshot handed over since the last call applies from this epoch on."""
+        super().set_epoch(epoch)
+        if self._pending is not None:
+            self._neighbours, self._pending = self._pending, None
+
+    def snapshot_fingerprint(self) -> str:
+        """A SHA-256 of the neighbour lists the current epoch uses (``""`` before any)."""
+        return "" if self._neighbours is None else hashlib.sha256(self._neighbours.tobytes()).hexdigest()
+
+    def state_dict(self) -> dict[str, Any]:
+        """The epoch and the neighbour lists its batches are built from, for an exact resume."""
+        return {"epoch": self.epoch, "neighbours": self._neighbours, "pending": self._pending}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict`."""
+        self.epoch = int(state["epoch"])
+        self._neighbours, self._pending = state.get("neighbours"), state.get("pending")
+
+    # ----------------------------------------------------------------------------------------- batches
+    def global_batches(self, epoch: int) -> np.ndarray:
+        """The epoch's batches over all ranks: ``(num_global_batches, seeds_per_batch * (2 + negatives))``."""
+        rng = epoch_rng(self.seed, epoch, stream=2)
+        count = self.num_global_batches * self.seeds_per_batch
+        seeds = rng.permutation(self.num_indices)[:count]
+        positives = self._positives(seeds, rng)
+        negatives = self._random_negatives(seeds, rng)
+        if self._neighbours is not None:
+            mined = self._neighbours[seeds]
+            negatives = np.where(mined >= 0, mined, negatives)
+        groups = np.concatenate([seeds[:, None], positives[:, None], negatives], axis=1)
+        return groups.reshape(self.num_global_batches, self.batch_size)
+
+    def _positives(self, seeds: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        """A random other sample of each seed's class (the seed itself in a class of one)."""
+        cls = self._class_of[seeds]
+        counts = self._counts[cls]
+        offset = np.floor(rng.random(seeds.size) * np.maximum(counts - 1, 1)).astype(np.int64)
+        candidates = self._by_class[self._class_start[cls] + offset]
+        # Skip the seed itself: take the next slot in the class when the draw hit it.
+        hit = (candidates == seeds) & (counts > 1)
+        candidates[hit] = self._by_class[self._class_start[cls[hit]] + counts[hit] - 1]
+        return candidates
+
+    def _random_negatives(self, seeds: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        """``negatives_per_seed`` random samples of other classes per seed (redrawn until they differ)."""
+        draws = rng.integers(0, self.num_indices, size=(seeds.size, self.negatives_per_seed))
+        same = self._class_of[draws] == self._class_of[seeds][:, None]
+        while same.any():
+            draws[same] = rng.integers(0, self.num_indices, size=int(same.sum()))
+            same = self._class_of[draws] == self._class_of[seeds][:, None]
+        return draws
