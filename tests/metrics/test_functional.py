@@ -343,3 +343,16 @@ def test_embeddings_near_1e20_rank_as_in_float64(distance):
         assert {k: v.item() for k, v in ours.items()} == pytest.approx(
             {k: v.item() for k, v in reference.items()}
         )
+
+
+def test_numpy_integers_are_accepted_for_ks_k_and_chunk_size():
+    emb, labels = (
+        torch.randn(6, 2, generator=torch.Generator().manual_seed(0)),
+        torch.tensor([0, 0, 1, 1, 2, 2]),
+    )
+    ours = retrieval_metrics(emb, labels, ks=(np.int64(1), np.int32(2)), chunk_size=np.int64(4))
+    assert ours == retrieval_metrics(emb, labels, ks=(1, 2), chunk_size=4)
+    assert (
+        retrieval_recall_at_k(emb, labels, k=np.int64(2))
+        == retrieval_metrics(emb, labels, ks=(2,))["recall_at_2"]
+    )
