@@ -1,12 +1,15 @@
 """Which mining strategy wins on classes never seen in training? The glyphs benchmark.
 
 Each recipe of ``yamls/glyphs_*.yaml`` (the same data, encoder, augmentation, loss and schedule; only
-the mining differs) trains with 3 seeds; every run is a fresh ``composer-dynsample train`` process.
+the mining, or the batch sampler, differs) trains with 3 seeds; every run is a fresh ``composer-dynsample train`` process.
 The test classes are disjoint from the train classes and scored leave-one-out among themselves
 (Musgrave et al. 2020): MAP@R, R-precision and Recall@1, mean and standard error over seeds. A
 difference counts only beyond two standard errors of the difference.
 
-    python benchmarks/quality_glyphs.py [--quick] [--seeds 0 1 2] [--threads 1]
+    python benchmarks/quality_glyphs.py [--quick] [--seeds 0 1 2] [--threads 1] [--group quality_glyphs|sampling_glyphs]
+
+``make bench`` runs the mining strategies into ``results/quality_glyphs.*`` and the samplers (hard-class
+and neighbour batches against plain P x K, same miner and loss) into ``results/sampling_glyphs.*``.
 """
 
 from __future__ import annotations
@@ -22,12 +25,15 @@ from _common import machine_info, markdown_table, save_figure, write_results
 from _common import parser as make_parser
 from quality import run_one
 
+DEFAULT = "semi-hard -> batch-hard @10ep (default)"
 RECIPES = {
     "random triplets": ("yamls/glyphs_random_triplets.yaml", []),
     "semi-hard": ("yamls/glyphs_semi_hard.yaml", []),
     "batch-hard": ("yamls/glyphs_batch_hard.yaml", []),
-    "semi-hard -> batch-hard @10ep (default)": ("yamls/glyphs_default.yaml", []),
+    DEFAULT: ("yamls/glyphs_default.yaml", []),
     "multi-similarity (miner + loss)": ("yamls/glyphs_multi_similarity.yaml", []),
+    "hard-class P x K (table centroids)": ("yamls/glyphs_hard_class.yaml", []),
+    "neighbour batches (table top-k)": ("yamls/glyphs_neighbours.yaml", []),
     "default + cross-batch memory 1024": (
         "yamls/glyphs_default.yaml",
         [
@@ -36,6 +42,15 @@ RECIPES = {
         ],
     ),
 }
+# Which recipes each results file compares: the mining strategies, and the
+# model-aware samplers against plain P x K with the default miner and loss.
+GROUPS = {
+    "quality_glyphs": [
+        "random triplets", "semi-hard", "batch-hard", DEFAULT, "multi-similarity (miner + loss)",
+        "default + cross-batch memory 1024",
+    ],
+    "sampling_glyphs": [DEFAULT, "hard-class P x K (table centroids)", "neighbour batches (table top-k)"],
+}  # fmt: skip
 METRICS = ("map_at_r", "r_precision", "recall_at_1")
 
 
@@ -110,6 +125,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--seeds", type=int, nargs="+", default=None)
     parser.add_argument("--threads", type=int, default=1, help="OMP_NUM_THREADS of each run")
     parser.add_argument("--recipes", nargs="+", default=None, help="run only these recipe names")
+    parser.add_argument("--group", choices=sorted(GROUPS), default="quality_glyphs", help="which comparison")
     args = parser.parse_args(argv)
     seeds = args.seeds if args.seeds is not None else ([0] if args.quick else [0, 1, 2])
     quick = (
@@ -117,7 +133,7 @@ def main(argv: list[str] | None = None) -> dict:
         if args.quick
         else []
     )
-    chosen = {name: RECIPES[name] for name in (args.recipes or RECIPES)}
+    chosen = {name: RECIPES[name] for name in (args.recipes or GROUPS[args.group])}
     started, load_before = time.time(), os.getloadavg()
     recipes = {}
     with tempfile.TemporaryDirectory(prefix="dynsample-glyphs-") as work:
@@ -148,7 +164,7 @@ def main(argv: list[str] | None = None) -> dict:
         "total_s": round(time.time() - started, 1),
     }
     return write_results(
-        args.out, "quality_glyphs", args.quick, result, text,
+        args.out, args.group, args.quick, result, text,
         plot=lambda path: plot(recipes, path),
     )  # fmt: skip
 
