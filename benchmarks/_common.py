@@ -9,6 +9,8 @@ Timings are side by side in one process (:func:`time_interleaved`), never absolu
 from __future__ import annotations
 
 import argparse
+import contextlib
+import importlib.metadata
 import json
 import os
 import platform
@@ -118,7 +120,7 @@ def load_average() -> tuple[float, float, float] | None:
 
 
 def machine_info(torch_threads: bool = True) -> str:
-    """One line naming the machine: CPU, cores, load, Python, torch and (if asked) its thread count."""
+    """One line naming the machine: CPU, cores, (if asked) torch's thread count, Python, torch, Composer."""
     import torch
 
     cpu = platform.processor() or platform.machine()
@@ -132,6 +134,8 @@ def machine_info(torch_threads: bool = True) -> str:
         f"python {platform.python_version()}",
         f"torch {torch.__version__}",
     ]
+    with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+        parts.append(f"composer {importlib.metadata.version('mosaicml')}")
     if torch_threads:
         parts.insert(1, f"{torch.get_num_threads()} torch threads")
     return ", ".join(parts)

@@ -28,15 +28,14 @@ version it was mined with, and the step reports ``current version - mined versio
 
 from __future__ import annotations
 
-import platform
 import statistics
 import time
 from pathlib import Path
 
 import numpy as np
 import torch
+from _common import machine_info, save_figure, write_results
 from _common import parser as make_parser
-from _common import save_figure, write_results
 
 from composer_dynsample import EmbeddingModel, PKBatchSampler, TripletMarginLoss, mine
 from composer_dynsample.data import GatherCollate, IndexDataset, TensorStore, load_mnist1d
@@ -347,8 +346,7 @@ def main(argv: list[str] | None = None) -> dict:
         "candidates_per_anchor": {"positives": args.positives, "negatives": args.negatives},
         "rows": rows,
         "staleness": stale,
-        "machine": f"{platform.machine()} {platform.system()}, {torch.get_num_threads()} torch threads, "
-        f"python {platform.python_version()}, torch {torch.__version__}, cuda {torch.cuda.is_available()}",
+        "machine": f"{machine_info()}, cuda {torch.cuda.is_available()}",
     }
     return write_results(
         args.out, "antipattern", args.quick, result, table, plot=lambda path: plot(path, rows, stale)

@@ -19,14 +19,13 @@ worker processes; that start-up cost is reported separately as ``first_batch_s``
 
 from __future__ import annotations
 
-import platform
 import time
 import warnings
 from pathlib import Path
 
 import numpy as np
 import torch
-from _common import markdown_table, save_figure, write_results
+from _common import machine_info, markdown_table, save_figure, write_results
 from _common import parser as make_parser
 
 from composer_dynsample import PKBatchSampler
@@ -264,8 +263,7 @@ def main(argv: list[str] | None = None) -> dict:
         "cuda": cuda,
         "pin_memory_note": None if cuda else "no CUDA: pin_memory=True not measured (a no-op without CUDA)",
         "results": results,
-        "machine": f"{platform.machine()} {platform.system()}, {torch.get_num_threads()} torch threads, "
-        f"python {platform.python_version()}, torch {torch.__version__}",
+        "machine": machine_info(),
     }
     return write_results(
         args.out, "dataloader", args.quick, result, table, plot=lambda path: plot(path, results)

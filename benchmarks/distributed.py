@@ -39,7 +39,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import re
 import socket
 import statistics
@@ -51,7 +50,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from _common import load_average, markdown_table, save_figure, write_results
+from _common import load_average, machine_info, markdown_table, save_figure, write_results
 from _common import parser as make_parser
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -257,6 +256,7 @@ def gather_benchmark(quick: bool, work: Path) -> dict:
     out_file = work / "gather.json"
     env = {**os.environ, "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    logs = [work / f"gather-rank{rank}.log" for rank in range(2)]
     procs = [
         subprocess.Popen(
             [
@@ -269,24 +269,37 @@ def gather_benchmark(quick: bool, work: Path) -> dict:
             ],
             env={**env, "RANK": str(rank), "LOCAL_RANK": str(rank)},
             cwd=ROOT,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
+            stdout=subprocess.DEVNULL,
+            stderr=log.open("w"),
         )
-        for rank in range(2)
+        for rank, log in enumerate(logs)
     ]
-    errors = []
-    for rank, proc in enumerate(procs):
-        try:
-            _, err = proc.communicate(timeout=300)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            _, err = proc.communicate()
-        if proc.returncode != 0:
-            errors.append(f"rank {rank} exited {proc.returncode}: {err[-2000:]}")
+    errors = wait_for_ranks(procs, logs, timeout=300)
     if errors:
         raise RuntimeError("all-gather benchmark failed:\n" + "\n".join(errors))
     return json.loads(out_file.read_text())
+
+
+def wait_for_ranks(procs: list[subprocess.Popen], logs: list[Path], timeout: float) -> list[str]:
+    """Wait for every rank; when one fails or time runs out, end the others (they would wait forever).
+
+    Returns:
+        One line per rank that did not exit 0, with the end of its stderr (its log file).
+    """
+    deadline = time.monotonic() + timeout
+    while any(proc.poll() is None for proc in procs):
+        failed = any(proc.returncode not in (None, 0) for proc in procs)
+        if failed or time.monotonic() > deadline:
+            for proc in procs:
+                if proc.poll() is None:
+                    proc.kill()
+            break
+        time.sleep(0.2)
+    errors = []
+    for rank, (proc, log) in enumerate(zip(procs, logs)):
+        if proc.wait() != 0:
+            errors.append(f"rank {rank} exited {proc.returncode}: {log.read_text()[-2000:]}")
+    return errors
 
 
 # ------------------------------------------------------------------------------------------------- report
@@ -446,7 +459,7 @@ def main(argv: list[str] | None = None) -> dict:
         "warmup_steps_dropped": WARMUP_STEPS,
         "cpus": cpus,
         "omp_num_threads": omp,
-        "machine": f"{platform.machine()} {platform.system()}, python {platform.python_version()}",
+        "machine": machine_info(torch_threads=False),
         "load_average_1_5_15min_before": load_before,
         "load_average_1_5_15min_after": load_average(),
     }

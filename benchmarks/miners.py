@@ -30,14 +30,20 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import subprocess
 import sys
 from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
-from _common import load_average, markdown_table, peak_growth_bytes, time_interleaved, write_results
+from _common import (
+    load_average,
+    machine_info,
+    markdown_table,
+    peak_growth_bytes,
+    time_interleaved,
+    write_results,
+)
 from _common import parser as make_parser
 from pytorch_metric_learning import __version__ as pml_version
 from pytorch_metric_learning import distances as pml_distances
@@ -342,7 +348,6 @@ def tables(rows: list[dict], memory: list[dict], goals: list[dict]) -> str:
 
 def run_config(args: argparse.Namespace, rounds: int, load_before: tuple[float, ...] | None) -> dict:
     """What the run was: threads, sizes, rounds, versions, machine and the load around it."""
-    machine = f"{platform.machine()} {platform.processor() or ''} {platform.system()}, python {platform.python_version()}"
     return {
         "threads": args.threads,
         "dim": DIM,
@@ -351,7 +356,7 @@ def run_config(args: argparse.Namespace, rounds: int, load_before: tuple[float, 
         "quick": args.quick,
         "torch": torch.__version__,
         "pytorch_metric_learning": pml_version,
-        "machine": machine,
+        "machine": machine_info(),
         "cpus": os.cpu_count(),
         "load_average_1_5_15min_before": load_before,
         "load_average_1_5_15min_after": load_average(),

@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import subprocess
 import sys
 from collections.abc import Callable
@@ -42,6 +41,7 @@ import torch.nn.functional as F
 from _common import (
     label_axes,
     load_average,
+    machine_info,
     markdown_table,
     peak_growth_bytes,
     rounds_for_budget,
@@ -304,7 +304,7 @@ def main(argv: list[str] | None = None) -> dict:
         "pool_batch": POOL_BATCH,
         "quick": args.quick,
         "torch": torch.__version__,
-        "machine": f"{platform.machine()} {platform.system()}, python {platform.python_version()}",
+        "machine": machine_info(),
         "cpus": os.cpu_count(),
         "load_average_1_5_15min_before": load_before,
         "load_average_1_5_15min_after": load_average(),

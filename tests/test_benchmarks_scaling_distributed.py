@@ -1,9 +1,9 @@
 """Smoke tests of benchmarks/miners_scaling.py and benchmarks/distributed.py in --quick mode.
 
-Each script runs in a subprocess (miners_scaling imports ``composer_dynsample.mining`` under a bare
-parent package, which must not leak into this test session; distributed launches its own ranks). No
-timing is asserted: only that the run succeeds and writes its .json (with a positive ``ratio``), .md
-and .png.
+Each script runs in a subprocess (miners_scaling forks its memory workers from a server process,
+distributed launches its own ranks). No timing is asserted: only that the run succeeds and writes its
+.json (with a positive ``ratio``), .md and .png. The all-gather ranks' wait is tested on its own: one
+rank that fails ends the other instead of leaving it waiting for its peer.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -52,3 +53,22 @@ def test_quick_run_writes_json_md_png(name: str, tmp_path: Path) -> None:
         assert {row["world_size"] for row in data["training"]} == {1, 2}
         assert all(row["steps_per_s"] > 0 for row in data["training"])
         assert data["all_gather"] and all(row["gather_autograd_ms"] > 0 for row in data["all_gather"])
+
+
+def test_a_failed_rank_ends_the_others_at_once(tmp_path: Path) -> None:
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import distributed
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    logs = [tmp_path / "rank0.log", tmp_path / "rank1.log"]
+    scripts = ["import sys; sys.stderr.write('rank 0 broke'); sys.exit(3)", "import time; time.sleep(120)"]
+    procs = [
+        subprocess.Popen([sys.executable, "-c", script], stderr=log.open("w"))
+        for script, log in zip(scripts, logs)
+    ]
+    start = time.monotonic()
+    errors = distributed.wait_for_ranks(procs, logs, timeout=100)
+    assert time.monotonic() - start < 30
+    assert errors[0] == "rank 0 exited 3: rank 0 broke"
+    assert errors[1].startswith("rank 1 exited -9")
