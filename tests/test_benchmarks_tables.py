@@ -6,7 +6,7 @@ each table function, given the stored result, reproduces the stored markdown byt
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import json
 import sys
 from pathlib import Path
@@ -17,13 +17,10 @@ RESULTS = BENCHMARKS / "results"
 
 
 def _load(name: str) -> ModuleType:
+    """The benchmark script ``name`` as a module (the scripts import their harness, ``_common``)."""
     if str(BENCHMARKS) not in sys.path:
-        sys.path.insert(0, str(BENCHMARKS))  # the scripts import their shared harness, benchmarks/_common.py
-    spec = importlib.util.spec_from_file_location(f"_bench_tables_{name}", BENCHMARKS / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+        sys.path.insert(0, str(BENCHMARKS))
+    return importlib.import_module(name)
 
 
 def _stored(name: str) -> tuple[dict, str]:
