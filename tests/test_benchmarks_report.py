@@ -1,0 +1,34 @@
+"""benchmarks/report.py: the mining method card's figures come from benchmarks/results and --check sees drift."""
+
+from __future__ import annotations
+
+import importlib
+import shutil
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+CARD = ROOT / "composer_dynsample/algorithms/hard_negative_mining/README.md"
+
+
+def _report():
+    if str(ROOT / "benchmarks") not in sys.path:
+        sys.path.insert(0, str(ROOT / "benchmarks"))
+    return importlib.import_module("report")
+
+
+def test_check_fails_on_a_hand_edited_card_figure_and_a_refill_restores_it(tmp_path: Path) -> None:
+    report = _report()
+    readme, card = tmp_path / "README.md", tmp_path / "card.md"
+    shutil.copy(ROOT / "README.md", readme)
+    shutil.copy(CARD, card)
+    paths = ["--readme", str(readme), "--card", str(card)]
+    assert report.main([*paths, "--check"]) == 0
+    measured = card.read_text().split("<!-- measured:start -->")[1]
+    figure = next(
+        word for word in measured.split() if word.endswith("x") and word[:-1].replace(".", "").isdigit()
+    )
+    card.write_text(card.read_text().replace(figure, "99.99x", 1))
+    assert report.main([*paths, "--check"]) == 1
+    assert report.main(paths) == 0
+    assert card.read_text() == CARD.read_text()
