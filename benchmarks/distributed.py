@@ -28,8 +28,9 @@
    rank 0's median is reported.
 
 Composer's launcher does not set ``OMP_NUM_THREADS``; when it is unset the CLI gives each of the N
-local ranks ``cpu_count // N`` torch threads. On a 2-core machine the 2 ranks compete for the same two
-cores (one thread each) that the single rank used alone (two threads).
+local ranks ``cpu_count // N`` torch threads, or 1 where that is under 4 (see ``benchmarks/threads.py``).
+On a 2-core machine each rank has one thread, and the 2 ranks share the two cores the single rank's one
+thread had to itself. The stored results predate that rule: their caption says which counts ran.
 
     python benchmarks/distributed.py [--quick] [--out benchmarks/results]
 """
