@@ -246,9 +246,13 @@ def gather_worker(batches: list[int], rounds: int, out_file: str | None) -> None
                 "autograd_over_matmul": round(medians["gather_autograd"] / medians["matmul"], 2),
             }
         )
+    torch_dist.barrier()  # every collective of both ranks is done
     if rank == 0 and out_file:
         Path(out_file).write_text(json.dumps({"rows": rows, "rounds": rounds}))
-    torch_dist.destroy_process_group()
+    # No destroy_process_group(): under load rank 0 sometimes waited in gloo's teardown for a peer that had
+    # already exited, and the benchmark hung until its timeout. Past the barrier there is nothing to tear down.
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def gather_benchmark(quick: bool, work: Path) -> dict:
