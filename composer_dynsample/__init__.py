@@ -32,29 +32,16 @@ from composer_dynsample._lazy import lazy_exports
 __version__ = "0.1.0"
 
 # Each defining module and the public names it provides.
-_MODULES: dict[str, list[str]] = {
-    "composer_dynsample.samplers.dataloader": ["BatchSamplerDataLoader", "build_dataloader"],
-    "composer_dynsample.losses": ["ContrastiveLoss", "MultiSimilarityLoss", "TripletMarginLoss"],
-    "composer_dynsample.models": ["Conv1dEncoder", "Conv2dEncoder", "EmbeddingModel", "MLPEncoder"],
-    "composer_dynsample.algorithms": [
-        "BatchAugmentation",
-        "CrossBatchMemory",
-        "EmbeddingTable",
-        "HardClassPKBatchSampler",
-        "HardNegativeMining",
-        "mine",
-    ],
-    "composer_dynsample.samplers": [
-        "DistributedBatchSampler",
-        "HardClassPKBatchSampler",
-        "NeighbourBatchSampler",
-        "PKBatchSampler",
-        "SupportsSetEpoch",
-        "TwoStreamBatchSampler",
-    ],
-    "composer_dynsample.data": ["GatherCollate", "IndexDataset", "TensorStore"],
-    "composer_dynsample.mined": ["MinedBatch"],
-    "composer_dynsample.callbacks": ["RetrievalGallery", "SetSamplerEpoch", "find_epoch_target"],
+_MODULES: dict[str, str] = {
+    "composer_dynsample.samplers.dataloader": "BatchSamplerDataLoader build_dataloader",
+    "composer_dynsample.losses": "ContrastiveLoss MultiSimilarityLoss TripletMarginLoss",
+    "composer_dynsample.models": "Conv1dEncoder Conv2dEncoder EmbeddingModel MLPEncoder",
+    "composer_dynsample.algorithms": "BatchAugmentation CrossBatchMemory EmbeddingTable HardNegativeMining mine",
+    "composer_dynsample.samplers": "DistributedBatchSampler HardClassPKBatchSampler NeighbourBatchSampler "
+    "PKBatchSampler SupportsSetEpoch TwoStreamBatchSampler",
+    "composer_dynsample.data": "GatherCollate IndexDataset TensorStore",
+    "composer_dynsample.mined": "MinedBatch",
+    "composer_dynsample.callbacks": "RetrievalGallery SetSamplerEpoch find_epoch_target",
 }
 
 __all__ = [

@@ -41,36 +41,18 @@ into a ready :class:`TrainingRun`); ``composer-dynsample train`` runs it. Proble
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from composer_dynsample._lazy import lazy_exports
 
 # Imported on first use (PEP 562): reading and checking a config must not wait for Composer and torch,
 # which only the builders and the run need.
-_MODULES: dict[str, list[str]] = {
-    "composer_dynsample.config.builders": [
-        "ALGORITHMS",
-        "CALLBACKS",
-        "DATASETS",
-        "ENCODERS",
-        "LOGGERS",
-        "LOSSES",
-        "OPTIMIZERS",
-        "SAMPLERS",
-        "SCHEDULERS",
-    ],
-    "composer_dynsample.config.loading": [
-        "SECTIONS",
-        "DataloaderConfig",
-        "EvaluationConfig",
-        "RunOptions",
-        "load_config",
-        "save_config",
-        "default_run_dir",
-    ],
-    "composer_dynsample.config.registry": ["ConfigError", "Lazy", "Registered"],
-    "composer_dynsample.config.run": ["TrainingRun", "build_run"],
-    "composer_dynsample.schedulers": ["OneCycleScheduler"],
+_MODULES: dict[str, str] = {
+    "composer_dynsample.config.builders": "ALGORITHMS CALLBACKS DATASETS ENCODERS LOGGERS LOSSES OPTIMIZERS "
+    "SAMPLERS SCHEDULERS",
+    "composer_dynsample.config.loading": "SECTIONS DataloaderConfig EvaluationConfig RunOptions default_run_dir "
+    "load_config save_config",
+    "composer_dynsample.config.registry": "ConfigError Lazy Registered",
+    "composer_dynsample.config.run": "TrainingRun build_run",
+    "composer_dynsample.schedulers": "OneCycleScheduler",
 }
 
 __all__ = [
@@ -97,30 +79,5 @@ __all__ = [
     "load_config",
     "save_config",
 ]
-
-if TYPE_CHECKING:
-    from composer_dynsample.config.builders import (
-        ALGORITHMS,
-        CALLBACKS,
-        DATASETS,
-        ENCODERS,
-        LOGGERS,
-        LOSSES,
-        OPTIMIZERS,
-        SAMPLERS,
-        SCHEDULERS,
-    )
-    from composer_dynsample.config.loading import (
-        SECTIONS,
-        DataloaderConfig,
-        EvaluationConfig,
-        RunOptions,
-        load_config,
-        save_config,
-    )
-    from composer_dynsample.config.registry import ConfigError, Lazy, Registered
-    from composer_dynsample.config.run import TrainingRun, build_run
-    from composer_dynsample.schedulers import OneCycleScheduler
-
 
 __getattr__, __dir__ = lazy_exports(__name__, _MODULES, globals())
