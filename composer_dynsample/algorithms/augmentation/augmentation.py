@@ -9,7 +9,6 @@ Composer wrapper that applies it to every training batch at ``Event.AFTER_DATALO
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 
 import numpy as np
 import torch
@@ -17,6 +16,7 @@ import torch.nn.functional as F
 from composer.core import Algorithm, Event, State
 from composer.loggers import Logger
 
+from composer_dynsample.algorithms._batch import batch_tensor
 from composer_dynsample.distributed import get_rank
 from composer_dynsample.validation import InputTypeError, check_float, check_int, describe, is_int
 
@@ -209,14 +209,8 @@ class BatchAugmentation(Algorithm):
 
     def apply(self, event: Event, state: State, logger: Logger) -> None:
         """Replace the batch's images by their augmented copies, on the training device."""
-        key = self.features_key
-        if key is None:
-            key = "features" if isinstance(state.batch, Mapping) else 0
-        try:
-            images = state.batch_get_item(key)
-        except (KeyError, IndexError, TypeError):
-            images = None
-        if not isinstance(images, torch.Tensor):
+        images, key = batch_tensor(state, self.features_key, "features", 0)
+        if images is None:
             raise ValueError(
                 f"BatchAugmentation looked for the images at state.batch[{key!r}] and found "
                 f"{type(images).__name__}; set features_key to where they are."

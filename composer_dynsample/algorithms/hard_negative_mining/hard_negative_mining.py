@@ -16,6 +16,7 @@ from composer.core import Algorithm, Event, State, Time, TimeUnit
 from composer.loggers import Logger
 
 from composer_dynsample import mining
+from composer_dynsample.algorithms._batch import batch_tensor
 from composer_dynsample.algorithms.hard_negative_mining.memory import CrossBatchMemory
 from composer_dynsample.distances import paired_distance
 from composer_dynsample.distributed import all_reduce_sum, get_world_size
@@ -240,14 +241,8 @@ class HardNegativeMining(Algorithm):
         return embeddings, Pool(embeddings, labels, None, None, None), tuples, stats
 
     def _labels(self, state: State) -> torch.Tensor:
-        key = self.labels_key
-        if key is None:
-            key = "labels" if isinstance(state.batch, Mapping) else 1
-        try:
-            value = state.batch_get_item(key)
-        except (KeyError, IndexError, TypeError):
-            value = None
-        if isinstance(value, torch.Tensor):
+        value, key = batch_tensor(state, self.labels_key, "labels", 1)
+        if value is not None:
             return value
         return _find(state.batch, key, "state.batch", "labels_key")  # raises the error naming labels_key
 
