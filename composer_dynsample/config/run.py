@@ -117,8 +117,8 @@ class TrainingRun:
     train_dataloader: DataLoader
     ks: tuple[int, ...]
     distance: str
-    gallery: RetrievalGallery | None
-    seed: int
+    gallery: RetrievalGallery | None = None
+    seed: int = 0
     leave_one_out: bool = False
 
 
@@ -187,16 +187,8 @@ def build_run(cfg: DictConfig, run_dir: str | os.PathLike[str] | None = None) ->
         raise ConfigError(
             f"trainer: composer.Trainer rejected the config {section(cfg, 'trainer', 'trainer')}: {error}"
         ) from error
-    return TrainingRun(
-        config=cfg,
-        run_dir=directory,
-        trainer=trainer,
-        model=model,
-        splits=splits,
-        train_dataloader=train_loader,
-        ks=tuple(evaluation.ks),
-        distance=evaluation.distance,
-        gallery=gallery,
-        leave_one_out=leave_one_out,
-        seed=options.seed,
+    run = TrainingRun(
+        cfg, directory, trainer, model, splits, train_loader, tuple(evaluation.ks), evaluation.distance
     )
+    run.gallery, run.seed, run.leave_one_out = gallery, options.seed, leave_one_out
+    return run
