@@ -55,29 +55,6 @@ _MODULES: dict[str, str] = {
     "composer_dynsample.schedulers": "OneCycleScheduler",
 }
 
-__all__ = [
-    "ALGORITHMS",
-    "CALLBACKS",
-    "DATASETS",
-    "ENCODERS",
-    "LOGGERS",
-    "LOSSES",
-    "OPTIMIZERS",
-    "SAMPLERS",
-    "SCHEDULERS",
-    "SECTIONS",
-    "ConfigError",
-    "DataloaderConfig",
-    "EvaluationConfig",
-    "Lazy",
-    "OneCycleScheduler",
-    "Registered",
-    "RunOptions",
-    "TrainingRun",
-    "build_run",
-    "default_run_dir",
-    "load_config",
-    "save_config",
-]
+__all__ = sorted(name for names in _MODULES.values() for name in names.split())
 
 __getattr__, __dir__ = lazy_exports(__name__, _MODULES, globals())
