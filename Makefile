@@ -46,7 +46,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/distributed.py
 	$(PY) benchmarks/threads.py --epochs 1
 	$(PY) benchmarks/quality.py
-	cd benchmarks && ../$(PY) quality_glyphs.py --group quality_glyphs && ../$(PY) quality_glyphs.py --group sampling_glyphs
+	cd benchmarks && ../$(PY) quality_glyphs.py --group sampling_glyphs
 	$(PY) benchmarks/report.py
 
 # Refresh the pins on purpose: install the newest allowed versions in a scratch venv, test, then freeze.

@@ -11,9 +11,11 @@ other work, two OpenMP threads that spin while the other core is busy made train
 slower, one thread does not. Writes ``quality.json`` (``ratio`` = default mean / 0.97), ``quality.md``
 and ``quality.png`` to ``--out``. Run:
 
-    python benchmarks/quality.py [--quick] [--seeds 0 1 2] [--threads 1] [--out benchmarks/results]
+    python benchmarks/quality.py [--quick] [--seeds 0 1 2] [--threads 1] [--data both|mnist1d|glyphs]
 
-``--quick`` is a smoke test: one seed, 3 epochs, results written as ``quality_quick.*``.
+``--quick`` is a smoke test: one seed, 3 epochs, results written as ``quality_quick.*``. With
+``--data both`` (the default) it first runs the glyphs benchmark of the mining strategies on unseen
+classes (``benchmarks/quality_glyphs.py``, ``quality_glyphs.*``).
 """
 
 from __future__ import annotations
@@ -181,7 +183,23 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=None)
     parser.add_argument("--threads", type=int, default=1, help="OMP_NUM_THREADS of each run")
     parser.add_argument("--runs-dir", type=Path, default=None, help="where runs write (default: a temp dir)")
+    parser.add_argument(
+        "--data",
+        choices=("both", "mnist1d", "glyphs"),
+        default="both",
+        help="which data set(s) (default: both)",
+    )
     args = parser.parse_args()
+    if args.data != "mnist1d":  # the mining strategies on unseen glyph classes: benchmarks/quality_glyphs.py
+        import quality_glyphs
+
+        forwarded = ["--out", str(args.out), "--threads", str(args.threads)]
+        forwarded += (["--quick"] if args.quick else []) + (
+            ["--seeds", *map(str, args.seeds)] if args.seeds else []
+        )
+        quality_glyphs.main(forwarded)
+        if args.data == "glyphs":
+            return
     seeds = args.seeds if args.seeds is not None else ([0] if args.quick else [0, 1, 2])
     overrides = (
         ["trainer.max_duration=3ep", "evaluation.interval=3ep", "trainer.save_interval=3ep"]
