@@ -31,6 +31,18 @@ HEADLINES = [
     ("miners", "miners.py", "PML BatchHardMiner time / our batch_hard at B = 1024", ">= 3"),
     ("overhead", "overhead.py", "largest mining time / training step at B = 256, no memory", "<= 0.05"),
     ("quality", "quality.py", "default recipe's mean Recall@1 on MNIST-1D / 0.97", ">= 1"),
+    (
+        "quality_glyphs",
+        "quality_glyphs.py",
+        "best mining strategy's MAP@R on unseen glyph classes / worst's",
+        "report",
+    ),
+    (
+        "sampling_glyphs",
+        "quality_glyphs.py",
+        "best sampler's MAP@R on unseen glyph classes / worst's (same miner)",
+        "report",
+    ),
     ("antipattern", "antipattern.py", "anchors/s of this design / model in __getitem__ at B = 256", ">= 8"),
     ("dataloader", "dataloader.py", "index-only / per-sample loader samples/s, 0 workers, 200k x 128", "> 1"),
     ("miners_scaling", "miners_scaling.py", "worst miner / matmul time at B = 4096", "small constant"),
