@@ -14,6 +14,7 @@ and neighbour batches against plain P x K, same miner and loss) into ``results/s
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import statistics
@@ -60,7 +61,8 @@ def summarise(runs: list[dict]) -> dict:
     for metric in METRICS:
         values = [run[metric] for run in runs]
         out[metric] = statistics.fmean(values)
-        out[f"{metric}_se"] = statistics.stdev(values) / math.sqrt(len(values)) if len(values) > 1 else 0.0
+        out[f"{metric}_std"] = statistics.stdev(values) if len(values) > 1 else 0.0
+        out[f"{metric}_se"] = out[f"{metric}_std"] / math.sqrt(len(values))
     out["fit_s_max"] = max(run["fit_s"] for run in runs)
     out["process_s_max"] = max(run["process_s"] for run in runs)
     return out
@@ -106,7 +108,11 @@ def plot(recipes: dict, path: Path) -> None:
 
 def table(recipes: dict, seeds: list[int], decision: dict) -> str:
     rows = [
-        [name, *(f"{r[m]:.4f} +- {r[m + '_se']:.4f}" for m in METRICS), f"{r['fit_s_max']:.0f}"]
+        [
+            name,
+            *(f"{r[m]:.4f} +- {r[m + '_se']:.4f} (sd {_std(r, m):.4f})" for m in METRICS),
+            f"{r['fit_s_max']:.0f}",
+        ]
         for name, r in recipes.items()
     ]
     text = markdown_table(["recipe", "MAP@R", "R-precision", "Recall@1", "max train s"], "lrrrr", rows)
@@ -115,9 +121,22 @@ def table(recipes: dict, seeds: list[int], decision: dict) -> str:
         f"{name} by {gap['gap']:.4f} ({words[gap['beyond_2se']]})" for name, gap in decision["behind"].items()
     )
     return (
-        f"Glyphs (unseen test classes, leave-one-out), {len(seeds)} seed(s), mean +- standard error.\n\n{text}\n\n"
+        f"Glyphs (unseen test classes, leave-one-out), {len(seeds)} seed(s): mean +- standard error "
+        f"(sd: standard deviation over seeds).\n\n{text}\n\n"
         f"Best by MAP@R: **{decision['best']}**; the others are behind: {behind}."
     )
+
+
+def _std(result: dict, metric: str) -> float:
+    values = [run[metric] for run in result["runs"]]
+    return statistics.stdev(values) if len(values) > 1 else 0.0
+
+
+def rebuild(out: Path, group: str) -> dict:
+    """Rewrite ``GROUP.md`` and ``GROUP.png`` from ``GROUP.json`` (a change of presentation, no new runs)."""
+    result = json.loads((out / f"{group}.json").read_text())
+    text = table(result["recipes"], result["seeds"], result["verdict"])
+    return write_results(out, group, False, result, text, plot=lambda path: plot(result["recipes"], path))
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -126,7 +145,12 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--threads", type=int, default=1, help="OMP_NUM_THREADS of each run")
     parser.add_argument("--recipes", nargs="+", default=None, help="run only these recipe names")
     parser.add_argument("--group", choices=sorted(GROUPS), default="quality_glyphs", help="which comparison")
+    parser.add_argument(
+        "--rebuild", action="store_true", help="rewrite the .md and .png from the .json, no runs"
+    )
     args = parser.parse_args(argv)
+    if args.rebuild:
+        return rebuild(args.out, args.group)
     seeds = args.seeds if args.seeds is not None else ([0] if args.quick else [0, 1, 2])
     quick = (
         ["trainer.max_duration=1ep", "evaluation.interval=null", "data.faces_per_class=4"]
