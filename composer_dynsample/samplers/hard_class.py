@@ -18,38 +18,54 @@ import torch
 
 from composer_dynsample.samplers.base import epoch_rng
 from composer_dynsample.samplers.pk import PKBatchSampler
-from composer_dynsample.validation import check_choice, check_float
+from composer_dynsample.validation import check_choice, check_float, check_int
 
 __all__ = ["HardClassPKBatchSampler", "nearest_classes"]
 
 
 def nearest_classes(
-    centroids: torch.Tensor, valid: torch.Tensor | None = None, distance: str = "euclidean"
+    centroids: torch.Tensor,
+    valid: torch.Tensor | None = None,
+    distance: str = "euclidean",
+    *,
+    limit: int | None = None,
+    chunk_size: int = 2048,
 ) -> np.ndarray:
-    """Every class's other classes, nearest centroid first: a ``(C, C - 1)`` int64 array.
+    """Every class's nearest other classes by centroid, nearest first: a ``(C, M)`` int64 array.
 
-    Classes without a centroid (``valid`` false) come last in every row, in class order; ties keep class
-    order, so the result is a pure function of the centroids.
+    ``M`` is ``C - 1`` (every other class) or ``limit``. Rows are computed a chunk of classes at a time,
+    so memory is ``chunk_size x C`` rather than ``C x C``. Classes without a centroid (``valid`` false)
+    come last, in class order; ties keep class order, so the result is a pure function of the centroids.
 
     Args:
         centroids (torch.Tensor): ``(C, D)`` class centroids.
         valid (torch.Tensor, optional): ``(C,)`` bool, which centroids exist. Default: all.
         distance (str): ``"euclidean"`` or ``"cosine"``. Default: ``"euclidean"``.
+        limit (int, optional): Keep this many nearest classes per class. Default: all ``C - 1``.
+        chunk_size (int): Classes per distance block. Default: ``2048``.
 
     Example:
         >>> nearest_classes(torch.tensor([[0.0], [10.0], [1.0]])).tolist()
         [[2, 1], [2, 0], [0, 1]]
+        >>> nearest_classes(torch.tensor([[0.0], [10.0], [1.0]]), limit=1).tolist()
+        [[2], [2], [0]]
     """
     check_choice("distance", distance, ("euclidean", "cosine"))
     points = centroids.detach().to(torch.float64).cpu()
     if distance == "cosine":
         points = torch.nn.functional.normalize(points, dim=1)
-    distances = torch.cdist(points, points)
-    if valid is not None:
-        distances[:, ~valid.cpu().bool()] = float("inf")
-    distances.fill_diagonal_(float("nan"))  # sorts after inf: a class is never its own neighbour
-    order = np.argsort(distances.numpy(), axis=1, kind="stable")
-    return order[:, :-1].astype(np.int64)
+    count = points.shape[0]
+    keep = count - 1 if limit is None else min(check_int("limit", limit, minimum=1), count - 1)
+    invalid = None if valid is None else ~valid.cpu().bool()
+    out = np.empty((count, keep), dtype=np.int64)
+    for start in range(0, count, chunk_size):
+        block = torch.cdist(points[start : start + chunk_size], points)
+        if invalid is not None:
+            block[:, invalid] = float("inf")
+        rows = torch.arange(block.shape[0])
+        block[rows, rows + start] = float("nan")  # sorts after inf: a class is never its own neighbour
+        out[start : start + chunk_size] = np.argsort(block.numpy(), axis=1, kind="stable")[:, :keep]
+    return out
 
 
 class HardClassPKBatchSampler(PKBatchSampler):
@@ -142,7 +158,9 @@ class HardClassPKBatchSampler(PKBatchSampler):
     def _activate(self, centroids: torch.Tensor) -> None:
         valid = torch.isfinite(centroids).all(dim=1)
         self._centroids = centroids
-        self._neighbours = nearest_classes(torch.nan_to_num(centroids), valid, self.distance)
+        # A seed draws at most P - 1 neighbours; a few times that leaves room for ones already used up.
+        limit = max(4 * self.classes_per_batch, 64)
+        self._neighbours = nearest_classes(torch.nan_to_num(centroids), valid, self.distance, limit=limit)
 
     def snapshot_fingerprint(self) -> str:
         """A SHA-256 of the centroids the current epoch uses (``""`` before any): equal across ranks when
