@@ -61,10 +61,13 @@ def nearest_classes(
     for start in range(0, count, chunk_size):
         block = torch.cdist(points[start : start + chunk_size], points)
         if invalid is not None:
-            block[:, invalid] = float("inf")
+            block[:, invalid] = torch.finfo(block.dtype).max  # after every real class
         rows = torch.arange(block.shape[0])
-        block[rows, rows + start] = float("nan")  # sorts after inf: a class is never its own neighbour
-        out[start : start + chunk_size] = np.argsort(block.numpy(), axis=1, kind="stable")[:, :keep]
+        block[rows, rows + start] = float("inf")  # after the classes without a centroid: never oneself
+        values, indices = block.topk(keep, dim=1, largest=False)
+        # Ties in class order: sort the kept entries by (distance, class).
+        order = np.lexsort((indices.numpy(), values.numpy()), axis=1)
+        out[start : start + chunk_size] = np.take_along_axis(indices.numpy(), order, axis=1)
     return out
 
 

@@ -155,3 +155,11 @@ def test_centroids_of_the_wrong_shape_are_named():
         ValueError, match=r"centroids must be a \(4, dim\) tensor, one row per class, got \(3, 2\)"
     ):
         sampler.update_class_embeddings(torch.zeros(3, 2))
+
+
+def test_nearest_classes_in_blocks_with_a_limit_are_the_full_orders_prefix():
+    centroids = torch.randn(300, 5, generator=torch.Generator().manual_seed(0))
+    valid = torch.rand(300, generator=torch.Generator().manual_seed(1)) > 0.1
+    full = nearest_classes(centroids, valid)
+    assert np.array_equal(nearest_classes(centroids, valid, limit=20, chunk_size=64), full[:, :20])
+    assert not (full == np.arange(300)[:, None]).any()  # never oneself
