@@ -45,6 +45,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/miners_scaling.py
 	$(PY) benchmarks/distributed.py
 	$(PY) benchmarks/threads.py --epochs 1
+	$(PY) benchmarks/table.py
 	$(PY) benchmarks/quality.py
 	cd benchmarks && ../$(PY) quality_glyphs.py --group sampling_glyphs
 	$(PY) benchmarks/report.py
