@@ -47,7 +47,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/threads.py --epochs 1
 	$(PY) benchmarks/table.py
 	$(PY) benchmarks/quality.py
-	cd benchmarks && ../$(PY) quality_glyphs.py --group sampling_glyphs
+	$(PY) benchmarks/quality_glyphs.py --group sampling_glyphs
 	$(PY) benchmarks/report.py
 
 # Refresh the pins on purpose: install the newest allowed versions in a scratch venv, test, then freeze.
