@@ -35,6 +35,16 @@ RECIPES = {
     "multi-similarity (miner + loss)": ("yamls/glyphs_multi_similarity.yaml", []),
     "hard-class P x K (table centroids)": ("yamls/glyphs_hard_class.yaml", []),
     "neighbour batches (table top-k)": ("yamls/glyphs_neighbours.yaml", []),
+    "hard-class, hard_fraction 0.25": ("yamls/glyphs_hard_class.yaml", ["sampler.hard_fraction=0.25"]),
+    "hard-class, hard_fraction 0.75": ("yamls/glyphs_hard_class.yaml", ["sampler.hard_fraction=0.75"]),
+    "hard-class, semi-hard only": (
+        "yamls/glyphs_hard_class.yaml",
+        ["algorithms.hard_negative_mining.strategy=semi_hard"],
+    ),
+    "neighbour batches without guards": (
+        "yamls/glyphs_neighbours.yaml",
+        ["sampler.skip_top=0", "sampler.max_relative_similarity=null"],
+    ),
     "default + cross-batch memory 1024": (
         "yamls/glyphs_default.yaml",
         [
@@ -51,6 +61,11 @@ GROUPS = {
         "default + cross-batch memory 1024",
     ],
     "sampling_glyphs": [DEFAULT, "hard-class P x K (table centroids)", "neighbour batches (table top-k)"],
+    # Why the samplers do not pay (yet): the hard fraction, the miner, and the false-negative guards.
+    "sampling_sweep": [
+        "hard-class, hard_fraction 0.25", "hard-class, hard_fraction 0.75", "hard-class, semi-hard only",
+        "neighbour batches without guards",
+    ],
 }  # fmt: skip
 METRICS = ("map_at_r", "r_precision", "recall_at_1")
 
