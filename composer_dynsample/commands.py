@@ -185,6 +185,9 @@ def _build(
     threads = set_cpu_threads()
     if threads is not None and _is_rank_zero():
         print(f"torch: {threads} intra-op thread(s) per process (OMP_NUM_THREADS unset; set it to choose)")
+    from composer_dynsample.config.builders import check_config
+
+    check_config(cfg)  # the cheap checks first: no data loaded, at most torch imported
     from composer_dynsample.config.run import build_run  # Composer and torch, once the config reads well
 
     return build_run(cfg, directory), config_path

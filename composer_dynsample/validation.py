@@ -23,9 +23,10 @@ from __future__ import annotations
 
 import math
 import numbers
+import re
 import sys
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -41,6 +42,7 @@ __all__ = [
     "check_float",
     "check_int",
     "check_labels",
+    "check_time",
     "describe",
     "is_int",
     "parse_time",
@@ -244,13 +246,46 @@ def check_labels(
     return value
 
 
-def parse_time(name: str, value: object, units: Sequence[TimeUnit] | None = None) -> Time:
-    """Parse a Composer time string (``"2ep"``, ``"500ba"``, ``"10000sp"``); a bare int means epochs.
+_TIME_STRING = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)(?:e([+-]?\d+))?\s*([a-z]+)\s*$")
+_EXAMPLES = {"ep": "2ep", "ba": "500ba", "sp": "10000sp", "tok": "1000tok", "dur": "0.5dur"}
+
+
+def check_time(
+    name: str, value: object, units: Sequence[str] = ("ep", "ba", "sp", "tok")
+) -> tuple[float, str]:
+    """Check a Composer time string without importing Composer: ``(value, unit)``, or a ``ValueError``.
+
+    ``"2ep"``, ``"500ba"``, ``"1e4sp"``, ``"0.5dur"``: a number and one of ``units`` (Composer's unit
+    names); a bare non-negative integer counts epochs. Counts other than durations must be whole.
+
+    Example:
+        >>> check_time("max_duration", "60ep"), check_time("interval", 3)
+        ((60.0, 'ep'), (3.0, 'ep'))
+        >>> check_time("interval", "1dur", ("ep", "ba"))
+        Traceback (most recent call last):
+            ...
+        ValueError: interval must be a Composer time string such as '2ep', '500ba', got '1dur'.
+    """
+    allowed = tuple(units)
+    if is_int(value) and int(value) >= 0 and "ep" in allowed:  # type: ignore[arg-type]
+        return float(value), "ep"  # type: ignore[arg-type]
+    match = _TIME_STRING.match(value) if isinstance(value, str) else None
+    if match is not None:
+        number = float(match.group(1)) * 10 ** int(match.group(2) or 0)
+        if match.group(3) in allowed and (match.group(3) == "dur" or number == int(number)):
+            return number, match.group(3)
+    shown = "', '".join(_EXAMPLES.get(unit, f"1{unit}") for unit in allowed)
+    raise ValueError(f"{name} must be a Composer time string such as '{shown}', got {value!r}.")
+
+
+def parse_time(name: str, value: object, units: Sequence[TimeUnit | str] | None = None) -> Time:
+    """Parse a Composer time string (``"2ep"``, ``"500ba"``, ``"10000sp"``) into a ``Time``; see :func:`check_time`.
 
     Args:
         name (str): The argument's name.
         value (object): A time string, a ``composer.core.Time`` or a non-negative int (epochs).
-        units (Sequence[TimeUnit], optional): The units allowed. Default: epochs, batches, samples, tokens.
+        units (Sequence[TimeUnit | str], optional): The units allowed. Default: epochs, batches, samples,
+            tokens.
 
     Example:
         >>> parse_time("memory_start", "2ep")
@@ -260,19 +295,10 @@ def parse_time(name: str, value: object, units: Sequence[TimeUnit] | None = None
             ...
         ValueError: interval must be a Composer time string such as '2ep', '500ba', '10000sp', '1000tok', got '1dur'.
     """
+    allowed = tuple(getattr(unit, "value", unit) for unit in (units or ("ep", "ba", "sp", "tok")))
+    if type(value).__name__ == "Time" and getattr(getattr(value, "unit", None), "value", None) in allowed:
+        return value  # type: ignore[return-value]
+    number, unit = check_time(name, value, allowed)
     from composer.core import Time, TimeUnit
 
-    allowed = tuple(units or (TimeUnit.EPOCH, TimeUnit.BATCH, TimeUnit.SAMPLE, TimeUnit.TOKEN))
-    time: Any = value if isinstance(value, Time) else None
-    if isinstance(value, str):
-        try:
-            time = Time.from_timestring(value)
-        except ValueError:
-            time = None
-    elif is_int(value) and int(value) >= 0:  # type: ignore[arg-type]
-        time = Time(int(value), TimeUnit.EPOCH)  # type: ignore[arg-type]
-    if time is None or time.unit not in allowed:
-        examples = {"ep": "2ep", "ba": "500ba", "sp": "10000sp", "tok": "1000tok", "dur": "0.5dur"}
-        shown = "', '".join(examples.get(unit.value, f"1{unit.value}") for unit in allowed)
-        raise ValueError(f"{name} must be a Composer time string such as '{shown}', got {value!r}.")
-    return time
+    return Time(number if unit == "dur" else int(number), TimeUnit(unit))

@@ -108,3 +108,29 @@ def test_the_thread_policy(monkeypatch, cores, local_ranks, omp, expected):
         assert torch.get_num_threads() == (expected or before)
     finally:
         torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("optimizer.lrr=1", "optimizer: unknown key 'lrr'"),
+        ("model.encoder.hidden=[8]", "model.encoder: unknown key 'hidden'"),
+        ("model.loss.name=nope", "model.loss.name: unknown name 'nope'"),
+        ("sampler.classes_per_batch=x", "sampler.classes_per_batch must be an integer"),
+        ("dataloader.num_workerz=1", "dataloader: unknown key 'num_workerz'"),
+        ("data.test_fractionn=0.1", "data: unknown key 'test_fractionn'"),
+        ("evaluation.ks=[0]", "evaluation.ks must be a list of distinct integers"),
+        ("trainer.max_duration=abc", "trainer.max_duration must be a Composer time string"),
+    ],
+)
+def test_section_errors_answer_before_composer_is_imported_or_data_loaded(override, message):
+    """The cheap checks run first: these errors need at most torch (for a target's signature)."""
+    code = PROBE.format(
+        argv=["train", "yamls/digits_quick.yaml", override, "--run-dir", "/nonexistent/never"]
+    )
+    code = code.replace('("torch", "composer")', '("composer", "sklearn")')  # digits loads with scikit-learn
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert message in result.stderr and "exit 2" in result.stderr, result.stderr[-3000:]
+    assert "heavy: []" in result.stderr, result.stderr[-3000:]

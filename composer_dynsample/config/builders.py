@@ -24,17 +24,11 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-from composer.utils import dist
 from omegaconf import DictConfig
-from torch.utils.data import DataLoader
 
-from composer_dynsample.algorithms import EmbeddingTable, HardNegativeMining
-from composer_dynsample.algorithms.augmentation import BatchAugmentation
-from composer_dynsample.callbacks.set_sampler_epoch import SetSamplerEpoch
-from composer_dynsample.config.loading import dataloader_config, evaluation_config, section
+from composer_dynsample.config.loading import dataloader_config, evaluation_config, run_options, section
 from composer_dynsample.config.registry import (
     COMPONENT_KEY,
     ConfigError,
@@ -42,30 +36,19 @@ from composer_dynsample.config.registry import (
     Registered,
     call,
     check_keys,
+    check_types,
     import_component,
     parameters,
     resolve,
 )
-from composer_dynsample.data import (
-    DatasetSplits,
-    GatherCollate,
-    IndexDataset,
-    TensorStore,
-    load_digits,
-    load_file,
-    load_mnist1d,
-    stratified_split,
-)
-from composer_dynsample.data.glyphs import load_glyphs
-from composer_dynsample.losses import ContrastiveLoss, MultiSimilarityLoss, TripletMarginLoss
-from composer_dynsample.metrics import MeanAveragePrecisionAtR, RetrievalRecallAtK, RPrecision
-from composer_dynsample.models.embedding_model import EmbeddingModel
-from composer_dynsample.models.encoders import Conv1dEncoder, Conv2dEncoder, MLPEncoder
-from composer_dynsample.samplers import PKBatchSampler, TwoStreamBatchSampler
-from composer_dynsample.samplers.dataloader import BatchSamplerDataLoader
-from composer_dynsample.samplers.hard_class import HardClassPKBatchSampler
-from composer_dynsample.samplers.neighbours import NeighbourBatchSampler
-from composer_dynsample.schedulers import OneCycleScheduler
+from composer_dynsample.validation import check_time
+
+if TYPE_CHECKING:
+    import torch
+    from torch.utils.data import DataLoader
+
+    from composer_dynsample.data import DatasetSplits, TensorStore
+    from composer_dynsample.models.embedding_model import EmbeddingModel
 
 __all__ = [
     "ALGORITHMS",
@@ -91,56 +74,59 @@ __all__ = [
     "build_train_dataloader",
 ]
 
-DATASETS: dict[str, Registered] = {
-    "mnist1d": Registered(load_mnist1d),
-    "digits": Registered(load_digits),
-    "file": Registered(load_file),
-    "glyphs": Registered(load_glyphs),
+_SAMPLER = {"reserved": ("labels", "num_replicas", "rank"), "inferred": ("seed",)}
+# Registry targets are imported on first use (Lazy): checking a config imports only what its sections name.
+DATASETS: dict[str, Registered | Lazy] = {
+    "mnist1d": Lazy("composer_dynsample.data", "load_mnist1d"),
+    "digits": Lazy("composer_dynsample.data", "load_digits"),
+    "file": Lazy("composer_dynsample.data", "load_file"),
+    "glyphs": Lazy("composer_dynsample.data.glyphs", "load_glyphs"),
 }
-ENCODERS: dict[str, Registered] = {
-    "conv1d": Registered(Conv1dEncoder, inferred=("input_length", "in_channels")),
-    "mlp": Registered(MLPEncoder, inferred=("in_features",)),
-    "conv2d": Registered(Conv2dEncoder, inferred=("input_size", "in_channels")),
+ENCODERS: dict[str, Registered | Lazy] = {
+    "conv1d": Lazy(
+        "composer_dynsample.models.encoders", "Conv1dEncoder", inferred=("input_length", "in_channels")
+    ),
+    "mlp": Lazy("composer_dynsample.models.encoders", "MLPEncoder", inferred=("in_features",)),
+    "conv2d": Lazy(
+        "composer_dynsample.models.encoders", "Conv2dEncoder", inferred=("input_size", "in_channels")
+    ),
 }
-LOSSES: dict[str, Registered] = {
-    "triplet_margin": Registered(TripletMarginLoss),
-    "contrastive": Registered(ContrastiveLoss),
-    "multi_similarity": Registered(MultiSimilarityLoss),
+LOSSES: dict[str, Registered | Lazy] = {
+    "triplet_margin": Lazy("composer_dynsample.losses", "TripletMarginLoss"),
+    "contrastive": Lazy("composer_dynsample.losses", "ContrastiveLoss"),
+    "multi_similarity": Lazy("composer_dynsample.losses", "MultiSimilarityLoss"),
 }
-SAMPLERS: dict[str, Registered] = {
-    "pk": Registered(PKBatchSampler, reserved=("labels", "num_replicas", "rank"), inferred=("seed",)),
-    "two_stream": Registered(
-        TwoStreamBatchSampler,
+SAMPLERS: dict[str, Registered | Lazy] = {
+    "pk": Lazy("composer_dynsample.samplers", "PKBatchSampler", **_SAMPLER),
+    "two_stream": Lazy(
+        "composer_dynsample.samplers",
+        "TwoStreamBatchSampler",
         reserved=("primary_indices", "secondary_indices", "num_replicas", "rank"),
         inferred=("seed",),
         # The primary stream is a stratified `primary_fraction` of the train split, the secondary the rest.
         extra={"primary_fraction": 0.5},
     ),
-    "hard_class_pk": Registered(
-        HardClassPKBatchSampler, reserved=("labels", "num_replicas", "rank"), inferred=("seed",)
-    ),
-    "neighbours": Registered(
-        NeighbourBatchSampler, reserved=("labels", "num_replicas", "rank"), inferred=("seed",)
-    ),
+    "hard_class_pk": Lazy("composer_dynsample.samplers.hard_class", "HardClassPKBatchSampler", **_SAMPLER),
+    "neighbours": Lazy("composer_dynsample.samplers.neighbours", "NeighbourBatchSampler", **_SAMPLER),
 }
 ALGORITHMS: dict[str, Registered | Lazy] = {
-    "hard_negative_mining": Registered(HardNegativeMining),
-    "batch_augmentation": Registered(BatchAugmentation),
-    "embedding_table": Registered(EmbeddingTable),
+    "hard_negative_mining": Lazy("composer_dynsample.algorithms", "HardNegativeMining"),
+    "batch_augmentation": Lazy("composer_dynsample.algorithms.augmentation", "BatchAugmentation"),
+    "embedding_table": Lazy("composer_dynsample.algorithms", "EmbeddingTable"),
 }
 CALLBACKS: dict[str, Registered | Lazy] = {
-    "set_sampler_epoch": Registered(SetSamplerEpoch),
+    "set_sampler_epoch": Lazy("composer_dynsample.callbacks.set_sampler_epoch", "SetSamplerEpoch"),
     "lr_monitor": Lazy("composer.callbacks", "LRMonitor"),
     "speed_monitor": Lazy("composer.callbacks", "SpeedMonitor"),
     "optimizer_monitor": Lazy("composer.callbacks", "OptimizerMonitor"),
 }
-OPTIMIZERS: dict[str, Registered] = {
-    "adamw": Registered(torch.optim.AdamW, reserved=("params",)),
-    "adam": Registered(torch.optim.Adam, reserved=("params",)),
-    "sgd": Registered(torch.optim.SGD, reserved=("params",)),
+OPTIMIZERS: dict[str, Registered | Lazy] = {
+    "adamw": Lazy("torch.optim", "AdamW", reserved=("params",)),
+    "adam": Lazy("torch.optim", "Adam", reserved=("params",)),
+    "sgd": Lazy("torch.optim", "SGD", reserved=("params",)),
 }
 SCHEDULERS: dict[str, Registered | Lazy] = {
-    "one_cycle": Registered(OneCycleScheduler),
+    "one_cycle": Lazy("composer_dynsample.schedulers", "OneCycleScheduler"),
     "cosine_with_warmup": Lazy("composer.optim", "CosineAnnealingWithWarmupScheduler"),
     "linear_with_warmup": Lazy("composer.optim", "LinearWithWarmupScheduler"),
     "constant_with_warmup": Lazy("composer.optim", "ConstantWithWarmupScheduler"),
@@ -195,6 +181,8 @@ def _peek(values: dict[str, Any], registry: Mapping[str, Any]) -> Any:
 
 def build_data(cfg: DictConfig) -> DatasetSplits:
     """Load the dataset the ``data`` section names, with its other keys."""
+    from composer_dynsample.data import DatasetSplits
+
     entry, name, kwargs, _ = _entry("data", section(cfg, "data", "data"), DATASETS)
     try:
         splits = call("data", entry, kwargs)
@@ -226,6 +214,8 @@ def build_encoder(cfg: DictConfig, feature_shape: tuple[int, ...]) -> torch.nn.M
             f"{feature_shape}; use 'mlp' for other data."
         )
     encoder = call(path, entry, kwargs)
+    import torch
+
     if not isinstance(encoder, torch.nn.Module):
         raise ConfigError(f"{path}: {name} returned {type(encoder).__name__}, not a torch.nn.Module.")
     return encoder
@@ -233,6 +223,8 @@ def build_encoder(cfg: DictConfig, feature_shape: tuple[int, ...]) -> torch.nn.M
 
 def build_loss(cfg: DictConfig) -> torch.nn.Module:
     """Build ``model.loss`` (default: ``TripletMarginLoss(margin=0.2)``)."""
+    from composer_dynsample.losses import TripletMarginLoss
+
     model = section(cfg, "model", "model")
     if model.get("loss") is None:
         return TripletMarginLoss(margin=0.2)
@@ -242,6 +234,9 @@ def build_loss(cfg: DictConfig) -> torch.nn.Module:
 
 def build_model(cfg: DictConfig, splits: DatasetSplits) -> EmbeddingModel:
     """Build the :class:`~composer_dynsample.EmbeddingModel` with its retrieval eval metrics."""
+    from composer_dynsample.metrics import MeanAveragePrecisionAtR, RetrievalRecallAtK, RPrecision
+    from composer_dynsample.models.embedding_model import EmbeddingModel
+
     model = section(cfg, "model", "model")
     valid = [key for key in parameters(EmbeddingModel) if key not in _MODEL_OWNED] + ["encoder", "loss"]
     check_keys("model", model, valid, "EmbeddingModel")
@@ -267,17 +262,22 @@ def build_sampler(cfg: DictConfig, labels: torch.Tensor, seed: int) -> Any:
     entry, _, kwargs, extras = _entry("sampler", values, SAMPLERS, reserved=_SAMPLER_RESERVED)
     if "seed" in parameters(entry.target):
         kwargs.setdefault("seed", seed)
-    if entry.target is not TwoStreamBatchSampler:
+    if "primary_fraction" not in entry.extra:  # every sampler but the two-stream one takes the labels
         return call("sampler", entry, kwargs, labels)
     fraction = extras.get("primary_fraction", entry.extra["primary_fraction"])
     if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 < fraction < 1:
         raise ConfigError(f"sampler.primary_fraction must be a number in (0, 1), got {fraction!r}.")
+    from composer_dynsample.data import stratified_split
+
     secondary, primary = stratified_split(labels, float(fraction), seed=int(kwargs["seed"]))
     return call("sampler", entry, kwargs, primary, secondary)
 
 
 def build_train_dataloader(cfg: DictConfig, store: TensorStore, seed: int) -> DataLoader:
     """The train loader: ``IndexDataset`` + the sampler + ``GatherCollate`` over the store."""
+    from composer_dynsample.data import GatherCollate, IndexDataset
+    from composer_dynsample.samplers.dataloader import BatchSamplerDataLoader
+
     sampler = build_sampler(cfg, store.labels, seed)
     component, kwargs = dataloader_config(cfg)
     if component is None:
@@ -292,6 +292,11 @@ def build_train_dataloader(cfg: DictConfig, store: TensorStore, seed: int) -> Da
 
 def build_eval_dataloader(store: TensorStore, batch_size: int) -> DataLoader:
     """The query loader: the test split, sharded over ranks without shuffling (Composer drops the padding)."""
+    from composer.utils import dist
+    from torch.utils.data import DataLoader
+
+    from composer_dynsample.data import GatherCollate, IndexDataset
+
     dataset = IndexDataset(store.labels)
     sampler = dist.get_sampler(dataset, drop_last=False, shuffle=False)
     # No larger than one rank's share, so Composer's microbatching never warns about a short batch.
@@ -349,3 +354,71 @@ def build_loggers(cfg: DictConfig, run_dir: Path) -> list[Any]:
     if isinstance(values.get("file"), Mapping) and "filename" not in values["file"]:
         values["file"] = {**values["file"], "filename": str(run_dir / "logs-rank{rank}.txt")}
     return _build_set("loggers", values, LOGGERS)
+
+
+# Trainer arguments the builders construct from other sections.
+TRAINER_OWNED = {
+    "model": "model",
+    "train_dataloader": "data/sampler/dataloader",
+    "eval_dataloader": "evaluation",
+    "eval_interval": "evaluation.interval",
+    "optimizers": "optimizer",
+    "schedulers": "scheduler",
+    "algorithms": "algorithms",
+    "callbacks": "callbacks",
+    "loggers": "loggers",
+    "seed": "seed (top level)",
+}
+# Values the encoder builder fills in from the data; stand-ins while the data is not loaded yet.
+_SHAPE_STAND_INS = {"in_features": 1, "in_channels": 1, "input_length": 1, "input_size": 1}
+
+
+def check_config(cfg: DictConfig) -> None:
+    """Check what can be checked before anything is built or loaded, cheapest first.
+
+    Run options, ``evaluation``, the trainer's time and checkpoint path, then the keys and value types of
+    ``data``, ``model.encoder``, ``model.loss``, ``sampler``, ``dataloader`` and ``optimizer`` against their
+    targets' signatures: an error there answers without loading data, and with at most torch imported
+    (Composer only when a section names a Composer class). The builders check the rest as they build.
+
+    Raises:
+        ConfigError: The first problem found, naming the key.
+    """
+    run_options(cfg)
+    evaluation_config(cfg)
+    _check_trainer_basics(section(cfg, "trainer", "trainer"))
+    model = section(cfg, "model", "model")
+    sections = [
+        ("data", section(cfg, "data", "data"), DATASETS, {}, {}),
+        ("model.encoder", section(model, "encoder", "model.encoder"), ENCODERS, _SHAPE_STAND_INS, {}),
+        ("model.loss", section(model, "loss", "model.loss"), LOSSES, {}, {}),
+        ("sampler", section(cfg, "sampler", "sampler"), SAMPLERS, {}, {"reserved": _SAMPLER_RESERVED}),
+        ("optimizer", section(cfg, "optimizer", "optimizer"), OPTIMIZERS, {}, {"reserved": ("params",)}),
+    ]
+    for path, values, registry, supplied, options in sections:
+        if values:
+            entry, _, kwargs, _ = _entry(path, values, registry, supplied=supplied, **options)
+            check_types(path, entry, kwargs)
+    dataloader_config(cfg)
+
+
+def _check_trainer_basics(values: Mapping[str, Any]) -> None:
+    """The trainer keys the builders own, ``max_duration`` and a local ``load_path``."""
+    owned = [key for key in values if key in TRAINER_OWNED]
+    if owned:
+        raise ConfigError(
+            f"trainer: key {owned[0]!r} is set by the {TRAINER_OWNED[owned[0]]!r} section, not here."
+        )
+    if values.get("max_duration") is None:
+        raise ConfigError("trainer.max_duration is required, e.g. '60ep' or '500ba'.")
+    try:
+        check_time("trainer.max_duration", values["max_duration"], ("ep", "ba", "sp"))
+    except ValueError as error:
+        raise ConfigError(str(error)) from error
+    load_path = values.get("load_path")
+    if (
+        load_path is not None
+        and "://" not in str(load_path)
+        and not Path(str(load_path)).expanduser().exists()
+    ):
+        raise ConfigError(f"trainer.load_path {values['load_path']!r} does not exist.")

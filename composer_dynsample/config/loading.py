@@ -21,7 +21,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from composer_dynsample.config.registry import COMPONENT_KEY, ConfigError, check_keys
-from composer_dynsample.validation import check_choice, check_int, parse_time
+from composer_dynsample.validation import check_choice, check_int, check_time
 
 __all__ = [
     "SECTIONS",
@@ -106,13 +106,10 @@ class EvaluationConfig:
                 lambda key=key: check_int(f"evaluation.{key}", getattr(self, key), minimum=1),
             )
         if self.interval is not None:
-            from composer.core import TimeUnit
-
             if isinstance(self.interval, int) and not isinstance(self.interval, bool):
                 self.interval = f"{self.interval}ep"  # a bare integer counts epochs, as elsewhere
             _checked(
-                "evaluation.interval",
-                lambda: parse_time("evaluation.interval", self.interval, (TimeUnit.EPOCH, TimeUnit.BATCH)),
+                "evaluation.interval", lambda: check_time("evaluation.interval", self.interval, ("ep", "ba"))
             )
 
 

@@ -103,15 +103,26 @@ class Registered:
 
 
 class Lazy:
-    """A registry target imported on first use, so optional dependencies (wandb, mlflow) stay optional.
+    """A registry target imported on first use: reading a config stays fast (no torch or Composer until a
+    section's target is needed) and optional dependencies (wandb, mlflow) stay optional.
 
     Args:
         module (str): The module to import.
         attribute (str): The class or function in it.
+        reserved, inferred, extra: As for :class:`Registered`.
     """
 
-    def __init__(self, module: str, attribute: str) -> None:
+    def __init__(
+        self,
+        module: str,
+        attribute: str,
+        *,
+        reserved: tuple[str, ...] = (),
+        inferred: tuple[str, ...] = (),
+        extra: Mapping[str, Any] | None = None,
+    ) -> None:
         self.module, self.attribute = module, attribute
+        self.reserved, self.inferred, self.extra = reserved, inferred, dict(extra or {})
 
     def get(self) -> Callable[..., Any]:
         """Import and return the target."""
@@ -222,7 +233,7 @@ def lookup(path: str, name: Any, registry: Mapping[str, Registered | Lazy]) -> R
     entry = registry[name]
     if isinstance(entry, Lazy):
         try:
-            return Registered(entry.get())
+            return Registered(entry.get(), entry.reserved, entry.inferred, entry.extra)
         except (ImportError, AttributeError) as error:
             raise ConfigError(f"{path}: {name!r} is not available here: {error}") from error
     return entry

@@ -8,13 +8,15 @@ from pathlib import Path
 from typing import Any
 
 from composer import Trainer
-from composer.core import Evaluator, TimeUnit
+from composer.core import Evaluator
 from composer.utils import reproducibility
 from omegaconf import DictConfig
 from torch.utils.data import DataLoader
 
 from composer_dynsample.callbacks.retrieval_gallery import RetrievalGallery
 from composer_dynsample.config.builders import (
+    TRAINER_OWNED,
+    _check_trainer_basics,
     build_algorithms,
     build_callbacks,
     build_data,
@@ -35,49 +37,15 @@ from composer_dynsample.config.loading import (
 from composer_dynsample.config.registry import ConfigError, check_keys, parameters
 from composer_dynsample.data import DatasetSplits
 from composer_dynsample.models.embedding_model import EmbeddingModel
-from composer_dynsample.validation import parse_time
 
 __all__ = ["TrainingRun", "build_run", "default_run_dir"]
-
-# Trainer arguments the builder constructs from other sections.
-_TRAINER_OWNED = {
-    "model": "model",
-    "train_dataloader": "data/sampler/dataloader",
-    "eval_dataloader": "evaluation",
-    "eval_interval": "evaluation.interval",
-    "optimizers": "optimizer",
-    "schedulers": "scheduler",
-    "algorithms": "algorithms",
-    "callbacks": "callbacks",
-    "loggers": "loggers",
-    "seed": "seed (top level)",
-}
 
 
 def _trainer_kwargs(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     values = section(cfg, "trainer", "trainer")
-    owned = [key for key in values if key in _TRAINER_OWNED]
-    if owned:
-        raise ConfigError(
-            f"trainer: key {owned[0]!r} is set by the {_TRAINER_OWNED[owned[0]]!r} section, not here."
-        )
-    valid = [key for key in parameters(Trainer) if key not in _TRAINER_OWNED]
+    _check_trainer_basics(values)
+    valid = [key for key in parameters(Trainer) if key not in TRAINER_OWNED]
     check_keys("trainer", values, valid, "composer.Trainer")
-    if values.get("max_duration") is None:
-        raise ConfigError("trainer.max_duration is required, e.g. '60ep' or '500ba'.")
-    try:
-        parse_time(
-            "trainer.max_duration", values["max_duration"], (TimeUnit.EPOCH, TimeUnit.BATCH, TimeUnit.SAMPLE)
-        )
-    except ValueError as error:
-        raise ConfigError(str(error)) from error
-    load_path = values.get("load_path")
-    if (
-        load_path is not None
-        and "://" not in str(load_path)
-        and not Path(str(load_path)).expanduser().exists()
-    ):
-        raise ConfigError(f"trainer.load_path {values['load_path']!r} does not exist.")
     defaults = {
         "save_folder": str(run_dir / "checkpoints"),
         # Whether a run directory may be reused is decided before this (the CLI refuses a previous run

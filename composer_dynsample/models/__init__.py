@@ -1,6 +1,16 @@
-"""Composer models and encoders for metric learning."""
+"""Composer models and encoders for metric learning.
 
-from composer_dynsample.models.embedding_model import EmbeddingModel
+The encoders are plain torch modules; only :class:`EmbeddingModel` needs Composer, so it is imported on
+first use (PEP 562) and building an encoder never waits for Composer.
+"""
+
+from __future__ import annotations
+
+from composer_dynsample._lazy import lazy_exports
 from composer_dynsample.models.encoders import Conv1dEncoder, Conv2dEncoder, MLPEncoder
 
 __all__ = ["Conv1dEncoder", "Conv2dEncoder", "EmbeddingModel", "MLPEncoder"]
+
+__getattr__, __dir__ = lazy_exports(
+    __name__, {"composer_dynsample.models.embedding_model": "EmbeddingModel"}, globals()
+)
