@@ -75,27 +75,28 @@ __all__ = [
 ]
 
 _SAMPLER = {"reserved": ("labels", "num_replicas", "rank"), "inferred": ("seed",)}
+
+
+def _from(module: str, pairs: str) -> dict[str, Lazy]:
+    """Registry entries of one module from ``"short_name=Attribute ..."`` pairs."""
+    return {name: Lazy(module, attribute) for name, attribute in (pair.split("=") for pair in pairs.split())}
+
+
 # Registry targets are imported on first use (Lazy): checking a config imports only what its sections name.
 DATASETS: dict[str, Registered | Lazy] = {
-    "mnist1d": Lazy("composer_dynsample.data", "load_mnist1d"),
-    "digits": Lazy("composer_dynsample.data", "load_digits"),
-    "file": Lazy("composer_dynsample.data", "load_file"),
+    **_from("composer_dynsample.data", "mnist1d=load_mnist1d digits=load_digits file=load_file"),
     "glyphs": Lazy("composer_dynsample.data.glyphs", "load_glyphs"),
 }
+_ENCODERS = "composer_dynsample.models.encoders"
 ENCODERS: dict[str, Registered | Lazy] = {
-    "conv1d": Lazy(
-        "composer_dynsample.models.encoders", "Conv1dEncoder", inferred=("input_length", "in_channels")
-    ),
-    "mlp": Lazy("composer_dynsample.models.encoders", "MLPEncoder", inferred=("in_features",)),
-    "conv2d": Lazy(
-        "composer_dynsample.models.encoders", "Conv2dEncoder", inferred=("input_size", "in_channels")
-    ),
+    "conv1d": Lazy(_ENCODERS, "Conv1dEncoder", inferred=("input_length", "in_channels")),
+    "mlp": Lazy(_ENCODERS, "MLPEncoder", inferred=("in_features",)),
+    "conv2d": Lazy(_ENCODERS, "Conv2dEncoder", inferred=("input_size", "in_channels")),
 }
-LOSSES: dict[str, Registered | Lazy] = {
-    "triplet_margin": Lazy("composer_dynsample.losses", "TripletMarginLoss"),
-    "contrastive": Lazy("composer_dynsample.losses", "ContrastiveLoss"),
-    "multi_similarity": Lazy("composer_dynsample.losses", "MultiSimilarityLoss"),
-}
+LOSSES: dict[str, Registered | Lazy] = _from(
+    "composer_dynsample.losses",
+    "triplet_margin=TripletMarginLoss contrastive=ContrastiveLoss multi_similarity=MultiSimilarityLoss",
+)
 SAMPLERS: dict[str, Registered | Lazy] = {
     "pk": Lazy("composer_dynsample.samplers", "PKBatchSampler", **_SAMPLER),
     "two_stream": Lazy(
@@ -110,34 +111,35 @@ SAMPLERS: dict[str, Registered | Lazy] = {
     "neighbours": Lazy("composer_dynsample.samplers.neighbours", "NeighbourBatchSampler", **_SAMPLER),
 }
 ALGORITHMS: dict[str, Registered | Lazy] = {
-    "hard_negative_mining": Lazy("composer_dynsample.algorithms", "HardNegativeMining"),
+    **_from(
+        "composer_dynsample.algorithms",
+        "hard_negative_mining=HardNegativeMining embedding_table=EmbeddingTable",
+    ),
     "batch_augmentation": Lazy("composer_dynsample.algorithms.augmentation", "BatchAugmentation"),
-    "embedding_table": Lazy("composer_dynsample.algorithms", "EmbeddingTable"),
 }
 CALLBACKS: dict[str, Registered | Lazy] = {
     "set_sampler_epoch": Lazy("composer_dynsample.callbacks.set_sampler_epoch", "SetSamplerEpoch"),
-    "lr_monitor": Lazy("composer.callbacks", "LRMonitor"),
-    "speed_monitor": Lazy("composer.callbacks", "SpeedMonitor"),
-    "optimizer_monitor": Lazy("composer.callbacks", "OptimizerMonitor"),
+    **_from(
+        "composer.callbacks",
+        "lr_monitor=LRMonitor speed_monitor=SpeedMonitor optimizer_monitor=OptimizerMonitor",
+    ),
 }
 OPTIMIZERS: dict[str, Registered | Lazy] = {
-    "adamw": Lazy("torch.optim", "AdamW", reserved=("params",)),
-    "adam": Lazy("torch.optim", "Adam", reserved=("params",)),
-    "sgd": Lazy("torch.optim", "SGD", reserved=("params",)),
+    name: Lazy("torch.optim", attribute, reserved=("params",))
+    for name, attribute in (("adamw", "AdamW"), ("adam", "Adam"), ("sgd", "SGD"))
 }
 SCHEDULERS: dict[str, Registered | Lazy] = {
     "one_cycle": Lazy("composer_dynsample.schedulers", "OneCycleScheduler"),
-    "cosine_with_warmup": Lazy("composer.optim", "CosineAnnealingWithWarmupScheduler"),
-    "linear_with_warmup": Lazy("composer.optim", "LinearWithWarmupScheduler"),
-    "constant_with_warmup": Lazy("composer.optim", "ConstantWithWarmupScheduler"),
+    **_from(
+        "composer.optim",
+        "cosine_with_warmup=CosineAnnealingWithWarmupScheduler linear_with_warmup=LinearWithWarmupScheduler "
+        "constant_with_warmup=ConstantWithWarmupScheduler",
+    ),
 }
-LOGGERS: dict[str, Registered | Lazy] = {
-    "file": Lazy("composer.loggers", "FileLogger"),
-    "in_memory": Lazy("composer.loggers", "InMemoryLogger"),
-    "tensorboard": Lazy("composer.loggers", "TensorboardLogger"),
-    "wandb": Lazy("composer.loggers", "WandBLogger"),
-    "mlflow": Lazy("composer.loggers", "MLFlowLogger"),
-}
+LOGGERS: dict[str, Registered | Lazy] = _from(
+    "composer.loggers",
+    "file=FileLogger in_memory=InMemoryLogger tensorboard=TensorboardLogger wandb=WandBLogger mlflow=MLFlowLogger",
+)
 # What the builder supplies to any sampler, optimizer or data loader target: never a config key.
 _SAMPLER_RESERVED = ("labels", "num_replicas", "rank")
 _LOADER_OWNED = ("dataset", "batch_sampler", "batch_size", "shuffle", "sampler", "drop_last", "collate_fn")
