@@ -204,21 +204,29 @@ def _colour_map(count: int) -> Any:
 
 
 def nearest_neighbours(
-    queries: torch.Tensor, gallery: torch.Tensor, k: int, *, leave_one_out: bool, distance: str = "cosine"
+    queries: torch.Tensor,
+    gallery: torch.Tensor,
+    k: int,
+    *,
+    exclude: torch.Tensor | None = None,
+    distance: str = "cosine",
 ) -> torch.Tensor:
-    """The ``k`` nearest gallery rows of each query, ``(Q, k)`` int64, by cosine or euclidean distance.
+    """The ``k`` nearest gallery rows of each query, ``(Q, k)`` int64 (distances of :mod:`~composer_dynsample.distances`).
 
-    With ``leave_one_out`` the queries are the first ``Q`` gallery rows and each skips itself.
+    ``exclude`` holds, per query, a gallery row it may not return (itself, when the gallery holds the
+    queries: leave-one-out).
+
+    Example:
+        >>> items = torch.tensor([[0.0, 1.0], [0.0, 2.0], [5.0, 0.0]])
+        >>> nearest_neighbours(items[:1], items, 1, exclude=torch.tensor([0]), distance="euclidean").tolist()
+        [[1]]
     """
-    if distance == "cosine":
-        a = torch.nn.functional.normalize(queries.float(), dim=1)
-        b = torch.nn.functional.normalize(gallery.float(), dim=1)
-        distances = 1.0 - a @ b.T
-    else:
-        distances = torch.cdist(queries.float(), gallery.float())
-    if leave_one_out:
-        distances[torch.arange(queries.shape[0]), torch.arange(queries.shape[0])] = float("inf")
-    return distances.topk(min(k, gallery.shape[0] - int(leave_one_out)), dim=1, largest=False).indices
+    from composer_dynsample.distances import pairwise_distance
+
+    distances = pairwise_distance(queries.float(), gallery.float(), distance)
+    if exclude is not None:
+        distances[torch.arange(queries.shape[0]), exclude] = float("inf")
+    return distances.topk(min(k, gallery.shape[0] - int(exclude is not None)), dim=1, largest=False).indices
 
 
 def plot_retrievals(
@@ -273,12 +281,8 @@ def plot_retrievals(
     pictures = pictures if pictures.ndim == 3 else pictures.mean(dim=1)  # grayscale for display
     generator = torch.Generator().manual_seed(seed)
     chosen = torch.randperm(len(labels), generator=generator)[: min(num_queries, len(labels))]
-    order = torch.cat(
-        [chosen, torch.tensor([i for i in range(len(labels)) if i not in set(chosen.tolist())])]
-    )
-    neighbours = nearest_neighbours(embeddings[order][: len(chosen)].cpu(), embeddings[order].cpu(), k,
-                                    leave_one_out=True, distance=distance)  # fmt: skip
-    neighbours = order[neighbours]
+    items = embeddings.detach().cpu()
+    neighbours = nearest_neighbours(items[chosen], items, k, exclude=chosen, distance=distance)
     figure = Figure(figsize=(1.2 * (k + 1), 1.25 * len(chosen) + 0.6))
     FigureCanvasAgg(figure)
     grid = figure.subplots(len(chosen), k + 1, squeeze=False)
