@@ -340,9 +340,14 @@ def _batch_indices(state: State, key: str) -> torch.Tensor:
     return value.view(-1).to(torch.int64)
 
 
+def _train_loader(state: State) -> Any:
+    """The train ``DataLoader``, out of a ``DataSpec`` when Composer wrapped it in one."""
+    return getattr(state.train_dataloader, "dataloader", state.train_dataloader)
+
+
 def _train_labels(state: State) -> torch.Tensor:
     """The training set's labels, from the index dataset or the collate's store."""
-    loader = getattr(state.train_dataloader, "dataloader", state.train_dataloader)
+    loader = _train_loader(state)
     labels = getattr(getattr(loader, "dataset", None), "labels", None)
     if not isinstance(labels, torch.Tensor):
         labels = getattr(getattr(getattr(loader, "collate_fn", None), "store", None), "labels", None)
@@ -355,7 +360,7 @@ def _train_labels(state: State) -> torch.Tensor:
 
 
 def _dataset_length(state: State) -> int:
-    loader = getattr(state.train_dataloader, "dataloader", state.train_dataloader)
+    loader = _train_loader(state)
     dataset = getattr(loader, "dataset", None)
     try:
         return check_int("num_items", len(dataset), minimum=1)  # type: ignore[arg-type]
@@ -366,7 +371,7 @@ def _dataset_length(state: State) -> int:
 
 
 def _train_collate(state: State) -> Any:
-    loader = getattr(state.train_dataloader, "dataloader", state.train_dataloader)
+    loader = _train_loader(state)
     collate = getattr(loader, "collate_fn", None)
     if getattr(collate, "store", None) is None:
         raise ValueError(
