@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager, nullcontext
 from typing import Any
 
 import torch
 from composer.models import ComposerModel
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 from torchmetrics import Metric
 
 from composer_dynsample.losses.tuple_losses import TripletMarginLoss, _TupleLoss
 from composer_dynsample.mined import MinedBatch
-from composer_dynsample.validation import InputTypeError, check_bool
+from composer_dynsample.validation import InputTypeError, check_bool, check_int
 
 __all__ = ["EmbeddingModel"]
 
@@ -29,6 +31,22 @@ class EmbeddingModel(ComposerModel):
     Batches are dicts (``features_key``/``labels_key``, default ``"features"``/``"labels"``, what
     :class:`~composer_dynsample.data.GatherCollate` produces) or ``(features, labels)`` sequences.
 
+    **The whole batch as the pool at a chunk's memory** (GradCache, Gao et al. 2021). With
+    ``forward_chunk_size=N`` the encoder embeds the batch ``N`` rows at a time and keeps no activations:
+    each chunk runs under :func:`torch.utils.checkpoint.checkpoint` (non-reentrant), so the forward keeps
+    only the chunk's inputs, and the backward recomputes one chunk at a time. Mining and the loss see the
+    embeddings of the whole batch, and the gradient is the unchunked one (tested to float tolerance),
+    while activation memory is one chunk's. The cost is a second forward pass per step. Leave
+    Composer's ``device_train_microbatch_size`` at the device batch size: Composer's microbatches are
+    separate forward passes, so mining would see only a microbatch again.
+
+    Dropout draws its masks chunk by chunk and the recomputation replays each chunk's random state, so
+    the gradient is exactly that of the forward that produced the embeddings. BatchNorm in training mode
+    normalises each chunk with the chunk's own statistics and updates its running statistics once per
+    chunk, as Composer's microbatches would; the recomputation leaves the running statistics alone.
+    ``features`` may be a tensor or a mapping of tensors (e.g. a tokenizer's output) sharing the batch
+    dimension. Evaluation and ``torch.no_grad`` embed chunk by chunk too, without the recomputation.
+
     Args:
         encoder (torch.nn.Module): Maps features to ``(B, D)`` embeddings.
         loss (torch.nn.Module, optional): A loss of :mod:`composer_dynsample.losses` or of PML.
@@ -40,6 +58,8 @@ class EmbeddingModel(ComposerModel):
             ``(embeddings, labels)`` on every train batch. Default: none.
         eval_metrics (Mapping[str, Metric] | Sequence[Metric], optional): Metrics updated with
             ``(embeddings, labels)`` on every evaluation batch. Default: none.
+        forward_chunk_size (int, optional): Embed at most this many rows at a time, recomputing each
+            chunk in the backward (see above). Default: ``None``, the whole batch in one pass.
 
     Example:
         >>> encoder = torch.nn.Linear(4, 3)
@@ -48,6 +68,9 @@ class EmbeddingModel(ComposerModel):
         >>> embeddings = model(batch)
         >>> tuple(embeddings.shape), bool(model.loss(embeddings, batch) >= 0)
         ((6, 3), True)
+        >>> chunked = EmbeddingModel(encoder, forward_chunk_size=4)
+        >>> torch.allclose(chunked(batch), embeddings)
+        True
     """
 
     def __init__(
@@ -60,6 +83,7 @@ class EmbeddingModel(ComposerModel):
         labels_key: str = "labels",
         train_metrics: Mapping[str, Metric] | Sequence[Metric] | None = None,
         eval_metrics: Mapping[str, Metric] | Sequence[Metric] | None = None,
+        forward_chunk_size: int | None = None,
     ) -> None:
         super().__init__()
         if not isinstance(encoder, nn.Module):
@@ -73,6 +97,9 @@ class EmbeddingModel(ComposerModel):
         self.features_key, self.labels_key = features_key, labels_key
         self.train_metrics = _as_metric_dict(train_metrics)
         self.eval_metrics = _as_metric_dict(eval_metrics)
+        self.forward_chunk_size = check_int(
+            "forward_chunk_size", forward_chunk_size, minimum=1, allow_none=True
+        )
 
     def _split(self, batch: Any) -> tuple[torch.Tensor, torch.Tensor]:
         if isinstance(batch, Mapping):
@@ -87,8 +114,26 @@ class EmbeddingModel(ComposerModel):
             f"(features, labels) sequence, got {type(batch).__name__}."
         )
 
-    def embed(self, features: torch.Tensor) -> torch.Tensor:
-        """Embed features with the encoder (and L2-normalise them when ``normalize``)."""
+    def embed(self, features: Any) -> torch.Tensor:
+        """Embed features with the encoder (and L2-normalise them when ``normalize``), by chunks if asked."""
+        size = self.forward_chunk_size
+        if size is None or _batch_size(features) <= size:
+            return self._embed(features)
+        chunks = _split_features(features, size)
+        if not torch.is_grad_enabled():
+            return torch.cat([self._embed(chunk) for chunk in chunks])
+        return torch.cat(
+            [
+                checkpoint(self._embed, chunk, use_reentrant=False, context_fn=self._contexts)
+                for chunk in chunks
+            ]
+        )
+
+    def _contexts(self) -> tuple[Any, Any]:
+        """The checkpoint's (forward, recomputation) contexts: the recomputation keeps running statistics."""
+        return nullcontext(), running_stats_kept(self.encoder)
+
+    def _embed(self, features: Any) -> torch.Tensor:
         embeddings = self.encoder(features)
         return nn.functional.normalize(embeddings, dim=-1) if self.normalize else embeddings
 
@@ -122,6 +167,62 @@ class EmbeddingModel(ComposerModel):
         _, labels = self._split(batch)
         embeddings = outputs.embeddings if isinstance(outputs, MinedBatch) else outputs
         metric.update(embeddings.detach(), labels)
+
+
+@contextmanager
+def running_stats_kept(module: nn.Module) -> Iterator[None]:
+    """Restore every BatchNorm's running statistics (and batch count) of ``module`` on exit.
+
+    The recomputation of a chunk in the backward runs the encoder a second time; without this, each
+    BatchNorm would count the chunk twice.
+
+    Example:
+        >>> norm = nn.BatchNorm1d(2)
+        >>> with running_stats_kept(norm):
+        ...     _ = norm(torch.randn(4, 2) + 5)
+        >>> norm.running_mean.tolist(), int(norm.num_batches_tracked)
+        ([0.0, 0.0], 0)
+    """
+    norms = [m for m in module.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+    saved = [
+        {name: buffer.clone() for name, buffer in norm.named_buffers(recurse=False) if buffer is not None}
+        for norm in norms
+    ]
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for norm, buffers in zip(norms, saved):
+                for name, value in buffers.items():
+                    getattr(norm, name).copy_(value)
+
+
+def _batch_size(features: Any) -> int:
+    if isinstance(features, torch.Tensor):
+        return features.shape[0]
+    if isinstance(features, Mapping) and features:
+        sizes = {key: value.shape[0] for key, value in features.items() if isinstance(value, torch.Tensor)}
+        if len(sizes) == len(features) and len(set(sizes.values())) == 1:
+            return next(iter(sizes.values()))
+    raise InputTypeError(
+        "forward_chunk_size needs features that are a tensor or a mapping of tensors with one batch size, "
+        f"got {_describe(features)}."
+    )
+
+
+def _describe(features: Any) -> str:
+    if isinstance(features, Mapping):
+        return "{" + ", ".join(f"{key!r}: {_describe(value)}" for key, value in features.items()) + "}"
+    if isinstance(features, torch.Tensor):
+        return f"tensor of shape {tuple(features.shape)}"
+    return type(features).__name__
+
+
+def _split_features(features: Any, size: int) -> list[Any]:
+    if isinstance(features, torch.Tensor):
+        return list(features.split(size))
+    parts = {key: value.split(size) for key, value in features.items()}
+    return [dict(zip(parts, chunk)) for chunk in zip(*parts.values())]
 
 
 def _as_metric_dict(metrics: Mapping[str, Metric] | Sequence[Metric] | None) -> nn.ModuleDict:

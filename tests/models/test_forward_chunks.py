@@ -1,0 +1,214 @@
+"""EmbeddingModel(forward_chunk_size=N): the whole batch as the pool, one chunk's activations at a time.
+
+The reference for every gradient is the plain computation: the unchunked batch where the encoder is
+deterministic and per-row (no dropout, no BatchNorm), and the same chunks run without recomputation
+where the encoder has random state (dropout) or batch statistics (BatchNorm).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from composer import Trainer
+from torch import nn
+from torch.utils.data import TensorDataset
+
+from composer_dynsample import (
+    EmbeddingModel,
+    HardNegativeMining,
+    MultiSimilarityLoss,
+    PKBatchSampler,
+    TripletMarginLoss,
+    build_dataloader,
+    mine,
+)
+from composer_dynsample.validation import InputTypeError
+
+ROWS, DIM = 48, 6
+
+CASES = [
+    ("semi_hard", TripletMarginLoss(margin=0.3)),
+    ("batch_hard", TripletMarginLoss(margin=0.2)),
+    ("multi_similarity", MultiSimilarityLoss()),
+]
+
+
+def _data(rows: int = ROWS, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    generator = torch.Generator().manual_seed(seed)
+    labels = torch.arange(rows) % 6
+    features = torch.randn(6, DIM, generator=generator)[labels] + torch.randn(rows, DIM, generator=generator)
+    return features.double(), labels
+
+
+def _encoder(*layers: nn.Module) -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(DIM, 16), *layers, nn.ReLU(), nn.Linear(16, 5)).double()
+
+
+def _grads(model: nn.Module) -> list[torch.Tensor]:
+    grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    return grads
+
+
+def _step(model: EmbeddingModel, strategy: str, loss: nn.Module, features, labels) -> torch.Tensor:
+    embeddings = model.embed(features)
+    loss(embeddings, labels, mine(embeddings.detach(), labels, strategy)).backward()
+    return embeddings.detach()
+
+
+@pytest.mark.parametrize("chunk", [7, 16])
+@pytest.mark.parametrize(("strategy", "loss"), CASES, ids=[name for name, _ in CASES])
+def test_gradients_equal_the_unchunked_batch(strategy, loss, chunk):
+    features, labels = _data()
+    model = EmbeddingModel(_encoder())
+    expected_embeddings = _step(model, strategy, loss, features, labels)
+    expected = _grads(model)
+    model.forward_chunk_size = chunk
+    embeddings = _step(model, strategy, loss, features, labels)
+    torch.testing.assert_close(embeddings, expected_embeddings)
+    for grad, reference in zip(_grads(model), expected):
+        torch.testing.assert_close(grad, reference)
+    assert sum(g.abs().sum() for g in expected) > 0  # not a comparison of two zeros
+
+
+def _saved_bytes(model: EmbeddingModel, features: torch.Tensor) -> int:
+    """The bytes autograd keeps for the backward after one forward (what the backward will read)."""
+    total = 0
+
+    def pack(tensor: torch.Tensor) -> torch.Tensor:
+        nonlocal total
+        total += tensor.numel() * tensor.element_size()
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        model.embed(features)
+    return total
+
+
+def test_the_forward_keeps_no_activations():
+    features, _ = _data(rows=256)
+    wide = nn.Sequential(nn.Linear(DIM, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 8))
+    unchunked = _saved_bytes(EmbeddingModel(wide.double()), features)
+    chunked = _saved_bytes(EmbeddingModel(wide, forward_chunk_size=32), features)
+    assert unchunked > 256 * 512 * 8  # at least one 256 x 512 float64 activation
+    # Only the chunks' inputs are kept (to recompute from): the batch's features, no activation.
+    assert chunked == features.numel() * features.element_size()
+
+
+def _chunks_without_recomputation(model: EmbeddingModel, features: torch.Tensor, chunk: int) -> torch.Tensor:
+    return torch.cat([model._embed(part) for part in features.split(chunk)])
+
+
+def test_dropout_masks_are_replayed_in_the_recomputation():
+    features, labels = _data()
+    model = EmbeddingModel(_encoder(nn.Dropout(0.5)), forward_chunk_size=10)
+    loss = TripletMarginLoss(margin=0.3)
+    torch.manual_seed(5)
+    reference = _chunks_without_recomputation(model, features, 10)
+    tuples = mine(reference.detach(), labels, "semi_hard")
+    loss(reference, labels, tuples).backward()
+    expected = _grads(model)
+    torch.manual_seed(5)
+    embeddings = model.embed(features)
+    torch.testing.assert_close(embeddings, reference)
+    loss(embeddings, labels, tuples).backward()
+    for grad, want in zip(_grads(model), expected):
+        torch.testing.assert_close(grad, want)
+    # The masks matter: another seed gives other embeddings.
+    torch.manual_seed(6)
+    assert not torch.allclose(model.embed(features), reference)
+
+
+def test_batchnorm_uses_chunk_statistics_and_counts_each_chunk_once():
+    features, labels = _data()
+    reference_model = EmbeddingModel(_encoder(nn.BatchNorm1d(16)))
+    model = EmbeddingModel(_encoder(nn.BatchNorm1d(16)), forward_chunk_size=16)
+    loss = MultiSimilarityLoss()
+    reference = _chunks_without_recomputation(reference_model, features, 16)
+    loss(reference, labels, mine(reference.detach(), labels, "multi_similarity")).backward()
+    embeddings = model.embed(features)
+    torch.testing.assert_close(embeddings, reference)
+    loss(embeddings, labels, mine(embeddings.detach(), labels, "multi_similarity")).backward()
+    for grad, want in zip(_grads(model), _grads(reference_model)):
+        torch.testing.assert_close(grad, want)
+    norm, reference_norm = model.encoder[1], reference_model.encoder[1]
+    assert int(norm.num_batches_tracked) == 3  # three chunks, each once: not again in the backward
+    torch.testing.assert_close(norm.running_mean, reference_norm.running_mean)
+    torch.testing.assert_close(norm.running_var, reference_norm.running_var)
+    # Chunk statistics, not the batch's: the unchunked batch normalises differently.
+    assert not torch.allclose(EmbeddingModel(_encoder(nn.BatchNorm1d(16))).embed(features), reference)
+
+
+class DictEncoder(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(DIM, 4).double(), nn.Linear(2, 4).double()
+
+    def forward(self, features: dict[str, torch.Tensor]) -> torch.Tensor:
+        return self.a(features["x"]) + self.b(features["y"])
+
+
+def test_mapping_features_are_split_key_by_key():
+    features, _ = _data()
+    batch = {"x": features, "y": features[:, :2] * 3}
+    torch.manual_seed(0)
+    model = EmbeddingModel(DictEncoder())
+    expected = model.embed(batch)
+    expected.sum().backward()
+    grads = _grads(model)
+    model.forward_chunk_size = 5
+    embeddings = model.embed(batch)
+    embeddings.sum().backward()
+    torch.testing.assert_close(embeddings, expected)
+    for grad, want in zip(_grads(model), grads):
+        torch.testing.assert_close(grad, want)
+
+
+def test_no_grad_embeds_chunk_by_chunk_without_checkpoints():
+    features, _ = _data()
+    calls: list[int] = []
+    model = EmbeddingModel(_encoder(), forward_chunk_size=20)
+    model.encoder.register_forward_hook(lambda module, args, out: calls.append(args[0].shape[0]))
+    with torch.no_grad():
+        embeddings = model.embed(features)
+    assert calls == [20, 20, 8] and not embeddings.requires_grad
+
+
+@pytest.mark.parametrize("bad", [0, -3, 2.5, "8", True])
+def test_bad_chunk_sizes_are_named(bad):
+    with pytest.raises((ValueError, TypeError), match="forward_chunk_size"):
+        EmbeddingModel(nn.Linear(2, 2), forward_chunk_size=bad)
+
+
+def test_features_that_cannot_be_split_are_named():
+    model = EmbeddingModel(nn.Identity(), forward_chunk_size=2)
+    with pytest.raises(
+        InputTypeError, match=r"forward_chunk_size.*tensor or a mapping.*'x': tensor of shape"
+    ):
+        model.embed({"x": torch.zeros(4, 2), "y": torch.zeros(3, 2)})
+    with pytest.raises(InputTypeError, match="got list"):
+        model.embed([torch.zeros(4, 2)])
+
+
+def _fit(chunk: int | None, memory_size: int) -> list[torch.Tensor]:
+    features, labels = _data(rows=96)
+    model = EmbeddingModel(_encoder(), forward_chunk_size=chunk)
+    loader = build_dataloader(TensorDataset(features, labels), PKBatchSampler(labels, 4, 8, seed=1))
+    trainer = Trainer(
+        model=model,
+        train_dataloader=loader,
+        optimizers=torch.optim.SGD(model.parameters(), lr=0.1),
+        algorithms=[HardNegativeMining("semi_hard", memory_size=memory_size)],
+        max_duration="2ep",
+        progress_bar=False,
+    )
+    trainer.fit()
+    return [p.detach().clone() for p in model.parameters()]
+
+
+@pytest.mark.parametrize("memory_size", [0, 40])
+def test_training_through_the_trainer_matches_the_unchunked_run(memory_size):
+    expected = _fit(None, memory_size)
+    for param, want in zip(_fit(12, memory_size), expected):
+        torch.testing.assert_close(param, want)
