@@ -10,7 +10,7 @@ composer_dynsample`` (and ``composer-dynsample --help``) does not pay for import
   :class:`EmbeddingTable` (an embedding per training sample), :class:`BatchAugmentation`,
   :class:`MinedBatch` (what the loss receives), the miners in :mod:`composer_dynsample.mining`;
 - models and losses: :class:`EmbeddingModel`, :class:`Conv1dEncoder`, :class:`Conv2dEncoder`, :class:`MLPEncoder`,
-  :class:`TripletMarginLoss`, :class:`ContrastiveLoss`, :class:`MultiSimilarityLoss`;
+  :class:`TripletMarginLoss`, :class:`ContrastiveLoss`, :class:`MultiSimilarityLoss`, :class:`InfoNCELoss`;
 - data: :class:`IndexDataset`, :class:`GatherCollate`, :class:`TensorStore` (index-only datasets and the
   batched collate), loaders in :mod:`composer_dynsample.data`;
 - evaluation: :class:`RetrievalGallery` (the train-set gallery for retrieval metrics, in
@@ -34,7 +34,7 @@ __version__ = "0.1.0"
 # Each defining module and the public names it provides.
 _MODULES: dict[str, str] = {
     "composer_dynsample.samplers.dataloader": "BatchSamplerDataLoader build_dataloader",
-    "composer_dynsample.losses": "ContrastiveLoss MultiSimilarityLoss TripletMarginLoss",
+    "composer_dynsample.losses": "ContrastiveLoss InfoNCELoss MultiSimilarityLoss TripletMarginLoss",
     "composer_dynsample.models": "Conv1dEncoder Conv2dEncoder EmbeddingModel MLPEncoder",
     "composer_dynsample.algorithms": "BatchAugmentation CrossBatchMemory EmbeddingTable HardNegativeMining mine",
     "composer_dynsample.samplers": "DistributedBatchSampler HardClassPKBatchSampler NeighbourBatchSampler "
@@ -58,6 +58,7 @@ __all__ = [
     "HardClassPKBatchSampler",
     "HardNegativeMining",
     "IndexDataset",
+    "InfoNCELoss",
     "MLPEncoder",
     "MinedBatch",
     "MultiSimilarityLoss",
@@ -84,7 +85,7 @@ if TYPE_CHECKING:
     )
     from composer_dynsample.callbacks import RetrievalGallery, SetSamplerEpoch, find_epoch_target
     from composer_dynsample.data import GatherCollate, IndexDataset, TensorStore
-    from composer_dynsample.losses import ContrastiveLoss, MultiSimilarityLoss, TripletMarginLoss
+    from composer_dynsample.losses import ContrastiveLoss, InfoNCELoss, MultiSimilarityLoss, TripletMarginLoss
     from composer_dynsample.mined import MinedBatch
     from composer_dynsample.models import Conv1dEncoder, Conv2dEncoder, EmbeddingModel, MLPEncoder
     from composer_dynsample.samplers import (

@@ -95,7 +95,7 @@ ENCODERS: dict[str, Registered | Lazy] = {
 }
 LOSSES: dict[str, Registered | Lazy] = _from(
     "composer_dynsample.losses",
-    "triplet_margin=TripletMarginLoss contrastive=ContrastiveLoss multi_similarity=MultiSimilarityLoss",
+    "triplet_margin=TripletMarginLoss contrastive=ContrastiveLoss multi_similarity=MultiSimilarityLoss info_nce=InfoNCELoss",
 )
 SAMPLERS: dict[str, Registered | Lazy] = {
     "pk": Lazy("composer_dynsample.samplers", "PKBatchSampler", **_SAMPLER),

@@ -1,5 +1,6 @@
 """Losses that consume mined tuples, with pytorch-metric-learning's call signature."""
 
+from composer_dynsample.losses.infonce import InfoNCELoss
 from composer_dynsample.losses.tuple_losses import (
     ContrastiveLoss,
     MultiSimilarityLoss,
@@ -8,4 +9,11 @@ from composer_dynsample.losses.tuple_losses import (
     all_triplets,
 )
 
-__all__ = ["ContrastiveLoss", "MultiSimilarityLoss", "TripletMarginLoss", "all_pairs", "all_triplets"]
+__all__ = [
+    "ContrastiveLoss",
+    "InfoNCELoss",
+    "MultiSimilarityLoss",
+    "TripletMarginLoss",
+    "all_pairs",
+    "all_triplets",
+]

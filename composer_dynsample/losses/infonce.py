@@ -1,0 +1,249 @@
+"""InfoNCE (NT-Xent) over labelled positive pairs, with the pool or only the mined tuples as negatives.
+
+For a positive pair ``(a, p)``, with logits ``x = -d / temperature`` (``d`` the distance, so for cosine
+``x`` is the similarity over the temperature, shifted by a constant that cancels)::
+
+    loss(a, p) = -log(exp(x_ap) / (exp(x_ap) + sum over a's negatives n of exp(x_an)))
+               = softplus(logsumexp_n(x_an) - x_ap)
+
+averaged over the positive pairs; the second form is the one computed, stable at any temperature.
+This is pytorch-metric-learning's ``NTXentLoss``, SimCLR's NT-Xent with labels, and sentence-transformers'
+``MultipleNegativesRankingLoss`` when every anchor has one positive.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+import torch
+import torch.nn.functional as F
+
+from composer_dynsample.distances import distance_matrix
+from composer_dynsample.distributed import all_gather_embeddings, get_world_size
+from composer_dynsample.losses.tuple_losses import _TupleLoss
+from composer_dynsample.validation import (
+    InputTypeError,
+    check_bool,
+    check_choice,
+    check_embeddings,
+    check_float,
+    check_labels,
+)
+
+__all__ = ["NEGATIVES", "InfoNCELoss", "info_nce_masks"]
+
+NEGATIVES: Final[tuple[str, ...]] = ("pool", "mined")
+
+
+class InfoNCELoss(_TupleLoss):
+    """InfoNCE / NT-Xent: each positive pair against its anchor's negatives, in a softmax at a temperature.
+
+    Called like every loss here and in pytorch-metric-learning,
+    ``loss(embeddings, labels, indices_tuple=None, ref_emb=None, ref_labels=None, *, global_mean=False)``;
+    anchors index ``embeddings``, positives and negatives index the pool (``ref_emb``, else ``embeddings``).
+
+    Positives: the distinct ``(anchor, positive)`` pairs the ``indices_tuple`` names (triplets
+    ``(a, p, n)`` or pairs ``(a1, p, a2, n)``; the miners leave out an anchor's own row in the pool),
+    or, without a tuple, every same-label pair (without ``ref_emb`` the self-pairs left out; with it they
+    stay, as in PML, so pass mined tuples when the pool holds the anchors).
+
+    Negatives of an anchor: with ``negatives="pool"`` every pool row of another label (the batch, the
+    other ranks' rows of a cross-rank pool, the cross-batch memory); with ``"mined"`` only the distinct
+    rows the tuple names as that anchor's negatives (every other-label row when there is no tuple).
+    A positive pair whose anchor has no negative costs zero and still counts in the mean, as in PML.
+
+    ``symmetric=True`` adds the reverse direction, as CLIP and sentence-transformers'
+    ``MultipleNegativesSymmetricRankingLoss`` do, and averages the two: for a pair ``(a, p)`` the
+    positive ``p`` picks ``a`` among the *anchors* (the rows of ``embeddings``; with ``global_mean``
+    every rank's anchors), its negatives the anchors ``a'`` of another label (``"pool"``) or those
+    for which ``(a', p)`` was mined as a negative pair (``"mined"``). This changes the loss only when
+    rows and columns differ: a separate pool (other ranks, a memory) or mined tuples. With the batch as
+    its own pool and every pair, the similarity matrix and the masks are symmetric and the reverse
+    direction is the forward one again. With ``global_mean`` every rank must pass the same pool (the
+    cross-rank pool of :class:`~composer_dynsample.HardNegativeMining` is), and one autograd all-gather
+    of the per-column log-sum-exp joins the ranks' anchors.
+
+    Equals PML's ``NTXentLoss(temperature)`` on the same embeddings and labels (with or without
+    ``ref_emb``), and with ``negatives="mined"`` on the same ``indices_tuple`` when it holds no repeated
+    pair (PML counts a repeated pair or negative again; this loss takes sets). fp16 and bf16 inputs are
+    computed in float32. ``global_mean`` divides by the positive pairs of every rank, so DDP's gradient
+    average equals one process's gradient on the concatenated batch (cross-rank mining with
+    ``gather="autograd"``).
+
+    Args:
+        temperature (float): Divides the similarities; small values sharpen the softmax. Default: ``0.07``.
+        symmetric (bool): Average with the reverse direction (see above). Default: ``False``.
+        negatives (str): ``"pool"`` or ``"mined"`` (see above). Default: ``"pool"``.
+        distance (str): ``"cosine"`` (similarity ``cos``), ``"euclidean"`` or ``"squared_euclidean"``
+            (similarity ``-d``). Default: ``"cosine"``.
+
+    Example:
+        >>> emb = torch.nn.functional.normalize(torch.randn(6, 4, generator=torch.Generator().manual_seed(0)))
+        >>> labels = torch.tensor([0, 0, 1, 1, 2, 2])
+        >>> loss = InfoNCELoss(temperature=0.1)(emb, labels)
+        >>> bool(loss > 0), loss.dtype
+        (True, torch.float32)
+        >>> bool(InfoNCELoss(symmetric=True)(emb, labels).isclose(InfoNCELoss()(emb, labels)))
+        True
+    """
+
+    def __init__(
+        self,
+        temperature: float = 0.07,
+        *,
+        symmetric: bool = False,
+        negatives: str = "pool",
+        distance: str = "cosine",
+    ) -> None:
+        super().__init__(distance)
+        self.temperature = check_float("temperature", temperature, minimum=0.0, strict_minimum=True)
+        self.symmetric = check_bool("symmetric", symmetric)
+        self.negatives = check_choice("negatives", negatives, NEGATIVES)
+
+    def forward(
+        self,
+        embeddings: torch.Tensor,
+        labels: torch.Tensor,
+        indices_tuple: tuple[torch.Tensor, ...] | None = None,
+        ref_emb: torch.Tensor | None = None,
+        ref_labels: torch.Tensor | None = None,
+        *,
+        global_mean: bool = False,
+    ) -> torch.Tensor:
+        pool, pool_labels = _checked_pool(embeddings, labels, ref_emb, ref_labels)
+        if self.symmetric and global_mean and ref_emb is None:
+            raise ValueError(
+                "InfoNCELoss(symmetric=True) with global_mean=True needs the pool every rank shares as ref_emb "
+                "(cross-rank mining passes it); without it the ranks' columns are different samples."
+            )
+        positive, negative = info_nce_masks(
+            labels, None if ref_emb is None else pool_labels, indices_tuple, self.negatives
+        )
+        logits = distance_matrix(embeddings, pool, self.distance).neg() / self.temperature
+        floor = torch.finfo(logits.dtype).min  # finite: a row without negatives gives 0, never NaN
+        masked = logits.masked_fill(~negative, floor)
+        values = F.softplus(torch.logsumexp(masked, dim=1, keepdim=True) - logits)
+        if self.symmetric:
+            column = torch.logsumexp(masked, dim=0)
+            if global_mean:
+                column = _logsumexp_over_ranks(column)
+            values = (values + F.softplus(column[None, :] - logits)) / 2
+        # A zero that still depends on every input, so the backward pass reaches all of them.
+        attached = (embeddings.sum() + (0 if ref_emb is None else ref_emb.sum())) * 0.0
+        return self._weighted_mean(values, positive.to(values.dtype), global_mean) + attached
+
+
+def info_nce_masks(
+    labels: torch.Tensor,
+    ref_labels: torch.Tensor | None,
+    indices_tuple: tuple[torch.Tensor, ...] | None,
+    negatives: str = "pool",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The ``(B, M)`` boolean masks of positive pairs and of negatives that :class:`InfoNCELoss` uses.
+
+    Args:
+        labels (torch.Tensor): ``(B,)`` anchor labels.
+        ref_labels (torch.Tensor, optional): ``(M,)`` pool labels; ``None`` when the pool is the batch
+            (self-pairs are then left out).
+        indices_tuple (tuple[torch.Tensor, ...], optional): Triplets ``(a, p, n)`` or pairs
+            ``(a1, p, a2, n)``; ``None`` for every pair.
+        negatives (str): ``"pool"`` (every other-label row) or ``"mined"`` (the tuple's negatives).
+            Default: ``"pool"``.
+
+    Returns:
+        ``(positive, negative)``: repeated pairs in the tuple count once.
+
+    Example:
+        >>> labels = torch.tensor([0, 0, 1])
+        >>> positive, negative = info_nce_masks(labels, None, None)
+        >>> positive.int().tolist(), negative.int().tolist()
+        ([[0, 1, 0], [1, 0, 0], [0, 0, 0]], [[0, 0, 1], [0, 0, 1], [1, 1, 0]])
+        >>> tuples = (torch.tensor([0, 0]), torch.tensor([1, 1]), torch.tensor([2, 2]))
+        >>> [m.int().tolist() for m in info_nce_masks(labels, None, tuples, "mined")]
+        [[[0, 1, 0], [0, 0, 0], [0, 0, 0]], [[0, 0, 1], [0, 0, 0], [0, 0, 0]]]
+    """
+    check_choice("negatives", negatives, NEGATIVES)
+    ref = labels if ref_labels is None else ref_labels
+    different = labels[:, None] != ref[None, :]
+    if indices_tuple is None:
+        positive = ~different
+        if ref_labels is None:
+            positive.fill_diagonal_(False)
+        return positive, different
+    anchors, positives, negative_anchors, negative_rows = _split_tuple(indices_tuple)
+    positive = torch.zeros_like(different)
+    positive[anchors, positives] = True
+    if negatives == "pool":
+        return positive, different
+    mined = torch.zeros_like(different)
+    mined[negative_anchors, negative_rows] = True
+    return positive, mined
+
+
+def _split_tuple(indices_tuple: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+    """``(a1, p, a2, n)`` from triplets or pairs, each checked to be a 1-D integer tensor of matching length."""
+    if not isinstance(indices_tuple, (tuple, list)) or len(indices_tuple) not in (3, 4):
+        count = (
+            len(indices_tuple) if isinstance(indices_tuple, (tuple, list)) else type(indices_tuple).__name__
+        )
+        raise ValueError(
+            "InfoNCELoss needs an indices_tuple of triplets (anchors, positives, negatives) or pairs "
+            f"(a1, p, a2, n), got {count} tensors."
+        )
+    names = ("anchors", "positives", "negatives") if len(indices_tuple) == 3 else ("a1", "p", "a2", "n")
+    for name, index in zip(names, indices_tuple):
+        if not isinstance(index, torch.Tensor) or index.is_floating_point() or index.dtype == torch.bool:
+            raise InputTypeError(f"indices_tuple's {name} must be an integer tensor, got {index!r}.")
+        if index.ndim != 1:
+            raise ValueError(f"indices_tuple's {name} must be 1-D, got shape {tuple(index.shape)}.")
+    parts = tuple(indices_tuple)
+    if len(parts) == 3:
+        parts = (parts[0], parts[1], parts[0], parts[2])
+    for first, second, kind in ((0, 1, "positive"), (2, 3, "negative")):
+        if parts[first].numel() != parts[second].numel():
+            raise ValueError(
+                f"indices_tuple's {kind} pairs have {parts[first].numel()} anchors but "
+                f"{parts[second].numel()} partners; they must match."
+            )
+    return parts
+
+
+def _checked_pool(
+    embeddings: torch.Tensor,
+    labels: torch.Tensor,
+    ref_emb: torch.Tensor | None,
+    ref_labels: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Validate the inputs and return the pool: ``(ref_emb, ref_labels)``, else the batch itself."""
+    check_embeddings("embeddings", embeddings, finite=False)
+    check_labels("labels", labels, embeddings.shape[0], "embeddings")
+    if (ref_emb is None) != (ref_labels is None):
+        raise ValueError("ref_emb and ref_labels must be given together.")
+    if ref_emb is None or ref_labels is None:
+        return embeddings, labels
+    check_embeddings("ref_emb", ref_emb, finite=False)
+    check_labels("ref_labels", ref_labels, ref_emb.shape[0], "ref_emb")
+    if ref_emb.shape[1] != embeddings.shape[1]:
+        raise ValueError(
+            f"ref_emb has dimension {ref_emb.shape[1]} but embeddings {embeddings.shape[1]}; they must match."
+        )
+    return ref_emb, ref_labels
+
+
+def _logsumexp_over_ranks(column: torch.Tensor) -> torch.Tensor:
+    """Combine each rank's per-column log-sum-exp into the one over every rank's anchors, differentiably.
+
+    Gathered with gradient as an ``(M, 1)`` column, so each rank's share of the gradient flows back to
+    the rank (and the anchors) it came from.
+    """
+    rows = column.shape[0]
+    gathered, _, _ = all_gather_embeddings(
+        column[:, None], torch.zeros(rows, dtype=torch.long, device=column.device), with_grad=True
+    )
+    world = get_world_size()
+    if gathered.shape[0] != rows * world:
+        raise ValueError(
+            f"InfoNCELoss(symmetric=True) with global_mean=True needs the same pool on every rank; this rank's "
+            f"has {rows} rows but the ranks hold {gathered.shape[0]} together over {world} ranks."
+        )
+    return torch.logsumexp(gathered.view(world, rows), dim=0)
