@@ -10,6 +10,7 @@ the forward pass feeds), keeping every guarantee of :class:`~composer_dynsample.
 from __future__ import annotations
 
 import hashlib
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -23,6 +24,14 @@ from composer_dynsample.validation import check_choice, check_float, check_int
 __all__ = ["HardClassPKBatchSampler", "nearest_classes"]
 
 
+# Below this many classes with a centroid, ``search="auto"`` is exact: a few seconds at most on 2 cores.
+EXACT_SEARCH_MAX_CLASSES = 20_000
+_SLACK = 8  # candidates kept beyond ``limit`` by the float32 pass, so the float64 ranking sees the true top
+_KMEANS_ITERATIONS = 10
+_KMEANS_POINTS_PER_CELL = 32
+_IVF_PROBES = 8  # cells searched per cell of queries (more where those hold too few classes)
+
+
 def nearest_classes(
     centroids: torch.Tensor,
     valid: torch.Tensor | None = None,
@@ -30,19 +39,29 @@ def nearest_classes(
     *,
     limit: int | None = None,
     chunk_size: int = 2048,
+    search: str = "auto",
 ) -> np.ndarray:
     """Every class's nearest other classes by centroid, nearest first: a ``(C, M)`` int64 array.
 
-    ``M`` is ``C - 1`` (every other class) or ``limit``. Rows are computed a chunk of classes at a time,
-    so memory is ``chunk_size x C`` rather than ``C x C``. Classes without a centroid (``valid`` false)
-    come last, in class order; ties keep class order, so the result is a pure function of the centroids.
+    ``M`` is ``C - 1`` (every other class) or ``limit``. Classes without a centroid (``valid`` false)
+    come last, in class order, and the order is by float64 distance with ties in class order, so the
+    result is a pure function of the centroids (identical on every rank that runs the same code).
+
+    ``search="exact"`` compares every pair a chunk of classes at a time (memory ``chunk_size x C``): a
+    float32 pass keeps each class's ``limit + 8`` nearest, ranked again in float64, so the lists equal a
+    float64 brute force. ``search="ivf"`` is approximate and for many classes: a k-means of the
+    centroids (fixed seed, fixed iterations, sums in float64) cuts them into about ``sqrt(C)`` cells,
+    and the classes of a cell are compared only with the classes of the cell's 8 nearest cells, then
+    ranked in float64 as the exact search does; it needs ``limit``. ``"auto"`` is exact up to
+    20,000 classes with a centroid (or without ``limit``), IVF above.
 
     Args:
         centroids (torch.Tensor): ``(C, D)`` class centroids.
         valid (torch.Tensor, optional): ``(C,)`` bool, which centroids exist. Default: all.
         distance (str): ``"euclidean"`` or ``"cosine"``. Default: ``"euclidean"``.
         limit (int, optional): Keep this many nearest classes per class. Default: all ``C - 1``.
-        chunk_size (int): Classes per distance block. Default: ``2048``.
+        chunk_size (int): Classes per distance block of the exact search. Default: ``2048``.
+        search (str): ``"auto"``, ``"exact"`` or ``"ivf"``. Default: ``"auto"``.
 
     Example:
         >>> nearest_classes(torch.tensor([[0.0], [10.0], [1.0]])).tolist()
@@ -51,24 +70,130 @@ def nearest_classes(
         [[2], [2], [0]]
     """
     check_choice("distance", distance, ("euclidean", "cosine"))
+    check_choice("search", search, ("auto", "exact", "ivf"))
+    check_int("chunk_size", chunk_size, minimum=1)
     points = centroids.detach().to(torch.float64).cpu()
     if distance == "cosine":
         points = torch.nn.functional.normalize(points, dim=1)
     count = points.shape[0]
     keep = count - 1 if limit is None else min(check_int("limit", limit, minimum=1), count - 1)
-    invalid = None if valid is None else ~valid.cpu().bool()
-    out = np.empty((count, keep), dtype=np.int64)
+    usable = torch.ones(count, dtype=torch.bool) if valid is None else valid.cpu().bool()
+    if search == "ivf" and limit is None:
+        raise ValueError("search='ivf' needs a limit: it finds a few nearest classes, not every order.")
+    small = int(usable.sum()) <= max(EXACT_SEARCH_MAX_CLASSES if search == "auto" else 0, 4 * (keep + _SLACK))
+    if search == "exact" or limit is None or small:
+        return _rank_candidates(points, _exact_candidates(points, usable, keep, chunk_size), usable, keep)
+    return _ivf_nearest(points, usable, keep)
+
+
+def _exact_candidates(points: torch.Tensor, usable: torch.Tensor, keep: int, chunk_size: int) -> torch.Tensor:
+    """Every class's ``keep + 8`` nearest usable classes by float32 distance, or all others when few."""
+    count = points.shape[0]
+    others = torch.arange(count)
+    if keep + _SLACK + 1 >= int(usable.sum()):  # few enough to rank every other class in float64
+        return others.expand(count, count)
+    fast = points.float()
+    norms = (fast * fast).sum(dim=1)
+    out = torch.empty(count, keep + _SLACK, dtype=torch.int64)
     for start in range(0, count, chunk_size):
-        block = torch.cdist(points[start : start + chunk_size], points)
-        if invalid is not None:
-            block[:, invalid] = torch.finfo(block.dtype).max  # after every real class
+        block = fast[start : start + chunk_size]
+        squared = norms[start : start + chunk_size, None] - 2 * block @ fast.T + norms[None, :]
+        squared[:, ~usable] = float("inf")
         rows = torch.arange(block.shape[0])
-        block[rows, rows + start] = float("inf")  # after the classes without a centroid: never oneself
-        values, indices = block.topk(keep, dim=1, largest=False)
-        # Ties in class order: sort the kept entries by (distance, class).
-        order = np.lexsort((indices.numpy(), values.numpy()), axis=1)
-        out[start : start + chunk_size] = np.take_along_axis(indices.numpy(), order, axis=1)
+        squared[rows, rows + start] = float("inf")
+        out[start : start + chunk_size] = squared.topk(keep + _SLACK, dim=1, largest=False).indices
     return out
+
+
+def _rank_candidates(
+    points: torch.Tensor, candidates: torch.Tensor, usable: torch.Tensor, keep: int
+) -> np.ndarray:
+    """Each row's first ``keep`` candidates by float64 squared distance, ties and unusable classes in class
+    order (unusable after every usable one), never the row's own class."""
+    count, width = candidates.shape
+    out = np.empty((count, keep), dtype=np.int64)
+    step = max(1, 2**21 // max(1, width * points.shape[1]))  # about 16 MiB of gathered rows at a time
+    for start in range(0, count, step):
+        chosen = candidates[start : start + step]
+        rows = torch.arange(start, start + chosen.shape[0])
+        squared = ((points[chosen] - points[rows, None]) ** 2).sum(dim=2)
+        squared[~usable[chosen]] = float("inf")
+        squared[chosen == rows[:, None]] = float("nan")  # oneself: after everything, even the unusable
+        key = squared.numpy()
+        order = np.lexsort((chosen.numpy(), np.isnan(key), key), axis=1)[:, :keep]
+        out[start : start + chosen.shape[0]] = np.take_along_axis(chosen.numpy(), order, axis=1)
+    return out
+
+
+def _ivf_nearest(points: torch.Tensor, usable: torch.Tensor, keep: int) -> np.ndarray:
+    """Each class's ``keep`` nearest usable classes among the classes of its cell's nearest cells, by
+    float32 distance with ties in class order (each row is computed once, so the order is still a pure
+    function of the centroids)."""
+    members = torch.nonzero(usable).flatten()
+    cells = max(1, round(math.sqrt(members.numel())))
+    fast = points.float()
+    centres = _kmeans(fast[members], cells)
+    cell_of = _nearest_centre(fast, centres)  # every class, usable or not, has a cell
+    member_cell = cell_of[members]
+    by_cell = members[torch.argsort(member_cell, stable=True)].numpy()
+    sizes = torch.bincount(member_cell, minlength=cells).numpy()
+    starts = np.cumsum(sizes) - sizes
+    queries_by_cell = torch.argsort(cell_of, stable=True)
+    query_ends = torch.cumsum(torch.bincount(cell_of, minlength=cells), 0).tolist()
+    probe_order = torch.argsort(torch.cdist(centres.double(), centres.double()), dim=1, stable=True).numpy()
+    norms = (fast * fast).sum(dim=1)
+    out = np.empty((points.shape[0], keep), dtype=np.int64)
+    target = _IVF_PROBES * members.numel() // cells  # a cell's queries meet about 8 mean cells' classes
+    where = torch.full((points.shape[0],), -1, dtype=torch.int64)
+    for cell in range(cells):
+        queries = queries_by_cell[(query_ends[cell - 1] if cell else 0) : query_ends[cell]]
+        if queries.numel() == 0:
+            continue
+        probes = probe_order[cell]
+        # Nearest cells first until the pool holds `target` classes (and `keep` besides oneself).
+        enough = int(np.searchsorted(np.cumsum(sizes[probes]), max(target, keep + 1)))
+        pool = np.concatenate([by_cell[starts[c] : starts[c] + sizes[c]] for c in probes[: enough + 1]])
+        candidates = torch.from_numpy(pool)
+        # ||q||^2 is the same along a row, so it changes no row's order: left out.
+        squared = torch.addmm(norms[None, candidates], fast[queries], fast[candidates].T, alpha=-2)
+        where[candidates] = torch.arange(pool.size)
+        own = where[queries]  # each query's own column in the pool, -1 where it is not there
+        squared[torch.nonzero(own >= 0).flatten(), own[own >= 0]] = float("inf")
+        where[candidates] = -1
+        out[queries.numpy()] = _smallest(squared, pool, keep)
+    return out
+
+
+def _smallest(values: torch.Tensor, labels: np.ndarray, keep: int) -> np.ndarray:
+    """Per row, the ``labels`` of the ``keep`` smallest ``values``, ordered by value then label."""
+    kept, top = values.topk(keep, dim=1, largest=False)
+    chosen = labels[top.numpy()]
+    order = np.lexsort((chosen, kept.numpy()), axis=1)
+    return np.take_along_axis(chosen, order, axis=1)
+
+
+def _kmeans(points: torch.Tensor, cells: int) -> torch.Tensor:
+    """``cells`` k-means centres of float32 ``points``: seeded start, fixed iterations, float64 sums in a fixed order."""
+    order = torch.randperm(points.shape[0], generator=torch.Generator().manual_seed(0))
+    points = points[order[: _KMEANS_POINTS_PER_CELL * cells]]  # a fixed subsample trains the centres
+    centres = points[:cells].clone()
+    data = points.double().numpy()
+    for _ in range(_KMEANS_ITERATIONS):
+        assign = _nearest_centre(points, centres).numpy()
+        order = np.argsort(assign, kind="stable")
+        sizes = np.bincount(assign, minlength=cells)
+        filled = np.flatnonzero(sizes)
+        sums = np.add.reduceat(data[order], (np.cumsum(sizes) - sizes)[filled], axis=0)
+        centres[torch.from_numpy(filled)] = torch.from_numpy(sums / sizes[filled, None]).float()
+    return centres
+
+
+def _nearest_centre(points: torch.Tensor, centres: torch.Tensor, chunk_size: int = 8192) -> torch.Tensor:
+    """The index of each point's nearest centre (float32; the lowest index among equals)."""
+    centre_norms = (centres * centres).sum(dim=1)
+    return torch.cat(
+        [(centre_norms[None, :] - 2 * block @ centres.T).argmin(dim=1) for block in points.split(chunk_size)]
+    )
 
 
 class HardClassPKBatchSampler(PKBatchSampler):
@@ -113,6 +238,7 @@ class HardClassPKBatchSampler(PKBatchSampler):
         *,
         hard_fraction: float = 0.5,
         distance: str = "euclidean",
+        search: str = "auto",
         **pk_options: Any,
     ) -> None:
         super().__init__(labels, classes_per_batch, samples_per_class, **pk_options)
@@ -120,6 +246,7 @@ class HardClassPKBatchSampler(PKBatchSampler):
             "hard_fraction", hard_fraction, minimum=0, maximum=1, strict_maximum=True
         )
         self.distance = check_choice("distance", distance, ("euclidean", "cosine"))
+        self.search = check_choice("search", search, ("auto", "exact", "ivf"))
         self._pending: torch.Tensor | None = None
         self._centroids: torch.Tensor | None = None  # the snapshot the current epoch's batches use
         self._neighbours: np.ndarray | None = None
@@ -161,9 +288,14 @@ class HardClassPKBatchSampler(PKBatchSampler):
     def _activate(self, centroids: torch.Tensor) -> None:
         valid = torch.isfinite(centroids).all(dim=1)
         self._centroids = centroids
-        # A seed draws at most P - 1 neighbours; a few times that leaves room for ones already used up.
-        limit = max(4 * self.classes_per_batch, 64)
-        self._neighbours = nearest_classes(torch.nan_to_num(centroids), valid, self.distance, limit=limit)
+        # A seed draws at most P - 1 neighbours; twice that leaves room for ones already used up.
+        self._neighbours = nearest_classes(
+            torch.nan_to_num(centroids),
+            valid,
+            self.distance,
+            limit=2 * self.classes_per_batch,
+            search=self.search,
+        )
 
     def snapshot_fingerprint(self) -> str:
         """A SHA-256 of the centroids the current epoch uses (``""`` before any): equal across ranks when
@@ -194,19 +326,14 @@ class HardClassPKBatchSampler(PKBatchSampler):
         rng = epoch_rng(self.seed, epoch, stream=1)
         shuffled = self._by_class[np.argsort(self._class_of_sorted + rng.random(self._by_class.size))]
         left = self._chunks_this_epoch(rng)
-        used = np.zeros_like(left)
-        batches = np.empty((n, p * k), dtype=np.int64)
-        for b in range(n):
-            members = self._batch_classes(left, n - b, rng)
-            for slot, c in enumerate(members):
-                if self._is_small[c]:
-                    draws = np.floor(rng.random(k) * self._counts[c]).astype(np.int64)
-                    positions = self._class_start[c] + draws
-                else:
-                    positions = self._class_start[c] + used[c] * k + np.arange(k)
-                batches[b, slot * k : (slot + 1) * k] = shuffled[positions]
-                used[c] += 1
-                left[c] -= 1
+        num_seeds = max(1, p - round(self.hard_fraction * p))
+        classes, chunk_in_class = _plan_classes(left, n, p, num_seeds, self._neighbours, rng)
+        positions = self._class_start[classes, None] + chunk_in_class[:, None] * k + np.arange(k)
+        small = self._is_small[classes]
+        if small.any():  # a class smaller than K: K draws with replacement from its own block
+            draws = np.floor(rng.random((int(small.sum()), k)) * self._counts[classes[small], None])
+            positions[small] = self._class_start[classes[small], None] + draws.astype(np.int64)
+        batches = shuffled[positions].reshape(n, p * k)
         return batches[rng.permutation(n)]
 
     def _chunks_this_epoch(self, rng: np.random.Generator) -> np.ndarray:
@@ -218,32 +345,103 @@ class HardClassPKBatchSampler(PKBatchSampler):
             left[rng.choice(candidates, size=excess, replace=False)] -= 1
         return left
 
-    def _batch_classes(self, left: np.ndarray, batches_left: int, rng: np.random.Generator) -> list[int]:
-        """The P classes of the next batch: forced classes, random seeds, then the seeds' nearest classes."""
-        p = self.classes_per_batch
-        neighbours = self._neighbours
-        members = [int(c) for c in np.flatnonzero(left == batches_left)]  # must be in every batch left
-        in_batch = np.zeros(left.size, dtype=bool)
-        in_batch[members] = True
-        num_seeds = max(1, p - round(self.hard_fraction * p))
-        while len(members) < num_seeds:
-            members.append(_draw(left, in_batch, rng))
-        seeds = list(members)
-        turn = 0
-        while len(members) < p:
-            seed = seeds[turn % len(seeds)]
+
+def _plan_classes(
+    left: np.ndarray, n: int, p: int, num_seeds: int, neighbours: np.ndarray, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray]:
+    """The classes of every batch and which of its chunks each contributes: two ``(n * P,)`` arrays.
+
+    ``left`` holds each class's chunks this epoch (``n * P`` in all, none above ``n``). Batch ``b`` takes,
+    in this order: every class whose chunks left equal the batches left (it must be in every batch from
+    here on, so the epoch completes), seeds from a shuffled pool of chunk tokens until it has
+    ``num_seeds`` classes, then for each seed in turn the first class of its ``neighbours`` row that is
+    not in the batch and has a chunk left (the next token of the pool when none has). A class is due in
+    batch ``n - left``: a bucket per batch finds those without a scan of all classes, so a batch costs
+    O(P x neighbours) however many classes there are.
+    """
+    plan = _Plan(left, n, p, rng)
+    for b in range(n):
+        for c in plan.due[b]:
+            if plan.counts[c] == n - b and not plan.in_batch[c]:  # still due (buckets keep stale entries)
+                plan.add(c)
+        while len(plan.members) < num_seeds:
+            plan.add(plan.pool.draw(plan.in_batch))
+        seeds, turn = list(plan.members), 0
+        while len(plan.members) < p:
+            row = neighbours[seeds[turn % len(seeds)]].tolist()
             turn += 1
-            choice = next((int(c) for c in neighbours[seed] if left[c] > 0 and not in_batch[c]), None)  # type: ignore[index]
-            if choice is None:  # every neighbour used up: a random class keeps the batch whole
-                choice = _draw(left, in_batch, rng)
-            members.append(choice)
-            in_batch[choice] = True
-        return members
+            choice = next((c for c in row if plan.counts[c] > 0 and not plan.in_batch[c]), -1)
+            plan.add(choice if choice >= 0 else plan.pool.draw(plan.in_batch))
+        plan.end_batch()
+    return plan.classes, plan.chunk_in_class
 
 
-def _draw(left: np.ndarray, in_batch: np.ndarray, rng: np.random.Generator) -> int:
-    """A class not in the batch, with probability proportional to its chunks left; marks it taken."""
-    weights = np.where(in_batch, 0, left).astype(np.float64)
-    choice = int(rng.choice(left.size, p=weights / weights.sum()))
-    in_batch[choice] = True
-    return choice
+class _Plan:
+    """The state of a hard-class epoch being planned: chunks left and used per class, the batch so far."""
+
+    def __init__(self, left: np.ndarray, n: int, p: int, rng: np.random.Generator) -> None:
+        self.n, self.p, self.slot = n, p, 0
+        self.counts = left.tolist()
+        self.pool = _TokenPool(rng.permutation(np.repeat(np.arange(left.size), left)).tolist(), self.counts)
+        self.due: list[list[int]] = [[] for _ in range(n + 1)]
+        for c in np.flatnonzero(left).tolist():
+            self.due[n - self.counts[c]].append(c)
+        self.used = [0] * left.size
+        self.in_batch = [False] * left.size
+        self.members: list[int] = []
+        self.classes = np.empty(n * p, dtype=np.int64)
+        self.chunk_in_class = np.empty(n * p, dtype=np.int64)
+
+    def add(self, c: int) -> None:
+        """Put the next chunk of class ``c`` into the batch."""
+        self.classes[self.slot], self.chunk_in_class[self.slot] = c, self.used[c]
+        self.slot += 1
+        self.members.append(c)
+        self.in_batch[c] = True
+        self.used[c] += 1
+        self.counts[c] -= 1
+        if self.counts[c]:
+            self.due[self.n - self.counts[c]].append(c)
+
+    def end_batch(self) -> None:
+        for c in self.members:
+            self.in_batch[c] = False
+        self.members = []
+        self.pool.end_batch()
+
+
+class _TokenPool:
+    """A shuffled token per chunk, drawn in order: the random classes of a hard-class epoch.
+
+    A class taken otherwise (forced, or as a seed's neighbour) leaves a surplus token, skipped when drawn
+    (a class's tokens still to come never fall below its chunks left), and a token of a class already in
+    the batch waits for the next batch. Every token is drawn once, so an epoch costs O(chunks).
+    """
+
+    def __init__(self, tokens: list[int], counts: list[int]) -> None:
+        self.tokens, self.position, self.counts = tokens, 0, counts
+        self.ahead = list(counts)  # tokens of each class not drawn yet (waiting ones included)
+        self.waiting: list[int] = []
+        self.retry: list[int] = []
+
+    def draw(self, in_batch: list[bool]) -> int:
+        """The next class not in the batch with a chunk left; the caller takes one of its chunks."""
+        while True:
+            if self.retry:
+                c = self.retry.pop()
+            elif self.position < len(self.tokens):
+                c, self.position = self.tokens[self.position], self.position + 1
+            else:
+                raise RuntimeError("hard-class plan ran out of chunks: the chunk counts were inconsistent.")
+            if self.ahead[c] > self.counts[c]:  # a surplus token: its chunk was taken otherwise
+                self.ahead[c] -= 1
+            elif in_batch[c]:
+                self.waiting.append(c)
+            else:
+                self.ahead[c] -= 1
+                return c
+
+    def end_batch(self) -> None:
+        """Tokens that waited for this batch to end come first in the next, in the order drawn."""
+        self.retry = self.retry + self.waiting[::-1]
+        self.waiting = []

@@ -79,12 +79,12 @@ def test_centroids_apply_from_the_next_set_epoch_and_change_the_batches():
 
 def nearest_member_distance(batches, labels, centroids, p, k):
     """Mean over every class of a batch of its centroid's distance to the nearest other class in the batch."""
-    distances = torch.cdist(centroids, centroids).fill_diagonal_(float("inf"))
-    values = []
-    for batch in batches:
-        classes = labels[batch].view(p, k)[:, 0]
-        values.append(distances[classes][:, classes].min(dim=1).values.mean())
-    return float(torch.stack(values).mean())
+    points = centroids.double().numpy()
+    classes = labels.numpy()[batches].reshape(len(batches), p, k)[:, :, 0]  # (batches, P)
+    members = points[classes]
+    distances = np.sqrt(((members[:, :, None] - members[:, None, :]) ** 2).sum(axis=3))
+    distances[:, np.arange(p), np.arange(p)] = np.inf
+    return float(distances.min(axis=2).mean())
 
 
 @pytest.mark.parametrize("hard_fraction", [0.5, 0.75])
@@ -163,3 +163,86 @@ def test_nearest_classes_in_blocks_with_a_limit_are_the_full_orders_prefix():
     full = nearest_classes(centroids, valid)
     assert np.array_equal(nearest_classes(centroids, valid, limit=20, chunk_size=64), full[:, :20])
     assert not (full == np.arange(300)[:, None]).any()  # never oneself
+
+
+def brute_force_nearest(centroids, limit):
+    """Every class's ``limit`` nearest others by float64 squared distance, ties in class order."""
+    points = centroids.double()
+    rows = []
+    for i in range(len(points)):
+        squared = ((points - points[i]) ** 2).sum(dim=1).tolist()
+        rows.append(sorted((j for j in range(len(points)) if j != i), key=lambda j: (squared[j], j))[:limit])
+    return np.array(rows)
+
+
+def clustered_centroids(num_classes, dim, seed):
+    """Class centroids in groups of about ten around random centres, as trained class embeddings lie."""
+    gen = torch.Generator().manual_seed(seed)
+    centres = torch.randn(num_classes // 10, dim, generator=gen) * 3
+    return centres[torch.randint(0, len(centres), (num_classes,), generator=gen)] + torch.randn(
+        num_classes, dim, generator=gen
+    )
+
+
+def test_exact_search_equals_a_float64_brute_force_ties_in_class_order():
+    centroids = torch.randn(400, 6, generator=torch.Generator().manual_seed(2))
+    centroids[200:260] = centroids[100:160]  # exact ties: equal distances, resolved by class
+    ours = nearest_classes(centroids, limit=12, search="exact", chunk_size=97)
+    assert np.array_equal(ours, brute_force_nearest(centroids, 12))
+
+
+def test_ivf_search_finds_most_exact_neighbours_and_is_a_pure_function():
+    centroids = clustered_centroids(3000, 16, seed=0)
+    valid = torch.ones(3000, dtype=torch.bool)
+    valid[::50] = False
+    exact = nearest_classes(centroids, valid, limit=16, search="exact")
+    approximate = nearest_classes(centroids, valid, limit=16, search="ivf")
+    recall = np.mean([len(set(a) & set(b)) / 16 for a, b in zip(exact, approximate)])
+    assert recall >= 0.8, recall
+    assert approximate.shape == (3000, 16)
+    assert not (approximate == np.arange(3000)[:, None]).any()  # never oneself
+    assert not np.isin(approximate, np.flatnonzero(~valid.numpy())).any()  # never a class without centroid
+    assert all(len(set(row)) == 16 for row in approximate.tolist())
+    points = centroids.double()
+    distances = ((points[torch.from_numpy(approximate)] - points[:, None]) ** 2).sum(dim=2)
+    assert bool((distances[:, 1:] >= distances[:, :-1] - 1e-4).all())  # nearest first (float32 order)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        assert np.array_equal(nearest_classes(centroids, valid, limit=16, search="ivf"), approximate)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_ivf_batches_keep_every_guarantee_and_hold_nearer_classes():
+    num_classes, p, k = 600, 8, 2
+    labels = labels_of([4] * num_classes)
+    centroids = clustered_centroids(num_classes, 8, seed=1)
+    hard = HardClassPKBatchSampler(labels, p, k, hard_fraction=0.5, search="ivf", seed=0)
+    hard.update_class_embeddings(centroids)
+    hard.set_epoch(1)
+    batches = check_pk(hard, labels, 1)
+    assert set(labels[batches.reshape(-1)].tolist()) == set(range(num_classes))  # every class appears
+    plain = PKBatchSampler(labels, p, k, seed=0)
+    hard_distance = nearest_member_distance(batches, labels, centroids, p, k)
+    assert hard_distance < 0.75 * nearest_member_distance(plain.global_batches(1), labels, centroids, p, k)
+    assert not np.array_equal(hard.global_batches(1), hard.global_batches(2))
+
+
+def test_a_class_with_a_chunk_in_every_batch_is_in_every_batch():
+    # Class 0 has more chunks than there are batches: it is due in every batch, seeds or not.
+    labels = labels_of([60] + [3] * 30)
+    sampler = HardClassPKBatchSampler(labels, 4, 3, hard_fraction=0.75, seed=1)
+    sampler.update_class_embeddings(torch.randn(31, 2, generator=torch.Generator().manual_seed(0)))
+    sampler.set_epoch(0)
+    batches = check_pk(sampler, labels, 0)
+    assert all(0 in labels[batch].tolist() for batch in batches)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [({"search": "annoy"}, "search must be one of"), ({"search": "ivf"}, "search='ivf' needs a limit")],
+)
+def test_bad_searches_name_themselves(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        nearest_classes(torch.randn(5, 2), **kwargs)
