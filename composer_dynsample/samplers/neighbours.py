@@ -10,16 +10,22 @@ the checkpoint, with the false-negative guards of the offline tools.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+import importlib.util
+import math
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 import torch
 
 from composer_dynsample.samplers.base import DistributedBatchSampler, _as_index_array, epoch_rng
-from composer_dynsample.validation import check_float, check_int
+from composer_dynsample.validation import check_choice, check_float, check_int
 
 __all__ = ["NeighbourBatchSampler", "nearest_other_class"]
+
+
+SEARCHES = ("exact", "faiss", "faiss_ivf")
+_SLACK = 8  # candidates kept beyond the wanted ones by the float32 pass, ranked again in float64
 
 
 def nearest_other_class(
@@ -30,16 +36,23 @@ def nearest_other_class(
     skip_top: int = 0,
     max_relative_similarity: float | None = None,
     valid: torch.Tensor | None = None,
-    chunk_size: int = 4096,
+    chunk_size: int = 1024,
+    search: str = "exact",
 ) -> tuple[np.ndarray, dict[str, int]]:
     """Each sample's ``k`` nearest samples of other classes by cosine similarity, with false-negative guards.
 
-    Exact: one chunk of rows at a time against all rows, so memory is ``chunk_size x N``. Guards, as in
-    sentence-transformers' ``mine_hard_negatives`` and NV-Retriever: the ``skip_top`` nearest other-class
-    samples are skipped (a rank window: the very nearest are the likeliest unlabelled positives), and with
-    ``max_relative_similarity`` a candidate more similar to the anchor than that fraction of the anchor's
-    similarity to its own class centroid is skipped. Rows without a valid embedding are nobody's
-    neighbour; an anchor left with fewer than ``k`` candidates is padded with ``-1``.
+    Every search keeps a few more candidates than needed by float32 similarity and ranks them again in
+    float64 (ties in index order), so the lists are a pure function of the embeddings. ``"exact"``: one
+    chunk of rows at a time against all rows in torch, memory ``chunk_size x N``; equal to a float64
+    brute force. ``"faiss"``: faiss's exact ``IndexFlatIP``, the same lists. ``"faiss_ivf"``: faiss's
+    approximate ``IndexIVFFlat`` (about ``4 sqrt(N)`` cells, 16 probed, k-means with faiss's fixed seed), for
+    large tables. Both faiss searches need the ``faiss`` extra (``pip install composer-dynsample[faiss]``).
+
+    Guards, as in sentence-transformers' ``mine_hard_negatives`` and NV-Retriever: the ``skip_top`` nearest
+    other-class samples are skipped (a rank window: the very nearest are the likeliest unlabelled
+    positives), and with ``max_relative_similarity`` a candidate more similar to the anchor than that
+    fraction of the anchor's similarity to its own class centroid is skipped. Rows without a valid
+    embedding are nobody's neighbour; an anchor left with fewer than ``k`` candidates is padded with ``-1``.
 
     Args:
         embeddings (torch.Tensor): ``(N, D)`` embeddings.
@@ -49,7 +62,8 @@ def nearest_other_class(
         max_relative_similarity (float, optional): Skip candidates with similarity above this fraction of
             the anchor's similarity to its class centroid (NV-Retriever uses 0.95). Default: ``None`` (off).
         valid (torch.Tensor, optional): ``(N,)`` bool, which rows hold an embedding. Default: all.
-        chunk_size (int): Anchors per matrix product. Default: ``4096``.
+        chunk_size (int): Anchors per matrix product. Default: ``1024``.
+        search (str): ``"exact"``, ``"faiss"`` or ``"faiss_ivf"``. Default: ``"exact"``.
 
     Returns:
         tuple[numpy.ndarray, dict[str, int]]: ``(N, k)`` int64 neighbour indices, nearest first, and how many
@@ -63,36 +77,114 @@ def nearest_other_class(
     """
     check_int("k", k, minimum=1)
     check_int("skip_top", skip_top, minimum=0)
+    check_int("chunk_size", chunk_size, minimum=1)
+    check_search(search)
     n = embeddings.shape[0]
-    unit = torch.nn.functional.normalize(embeddings.detach().float().cpu(), dim=1)
+    unit = torch.nn.functional.normalize(embeddings.detach().cpu().double(), dim=1)
     labels = torch.as_tensor(labels).cpu().long()
     valid = torch.ones(n, dtype=torch.bool) if valid is None else torch.as_tensor(valid).cpu().bool()
     classes = int(labels.max()) + 1
-    centroids = torch.zeros(classes, unit.shape[1]).index_add_(0, labels[valid], unit[valid])
+    centroids = torch.zeros(classes, unit.shape[1], dtype=unit.dtype).index_add_(
+        0, labels[valid], unit[valid]
+    )
     centroids = torch.nn.functional.normalize(centroids, dim=1)
     positive = (unit * centroids[labels]).sum(dim=1)  # each anchor's similarity to its class centroid
-    wanted = min(skip_top + k, n)
+    wanted = skip_top + k
+    find = _candidate_finder(search, unit, labels, valid)
     out = np.full((n, k), -1, dtype=np.int64)
     skipped = {"rank_window": 0, "margin": 0}
     for start in range(0, n, chunk_size):
-        stop = min(start + chunk_size, n)
-        similarity = unit[start:stop] @ unit.T
-        blocked = (labels[start:stop, None] == labels[None, :]) | ~valid[None, :]
-        similarity.masked_fill_(blocked, float("-inf"))
-        values, indices = similarity.topk(wanted, dim=1)
-        candidates = indices[:, skip_top:]
-        keep = torch.isfinite(values[:, skip_top:])
+        rows = torch.arange(start, min(start + chunk_size, n))
+        candidates = find(rows, wanted + _SLACK)
+        values, indices = _rerank(unit, rows, candidates, wanted)
+        kept = torch.isfinite(values[:, skip_top:])
         skipped["rank_window"] += int(torch.isfinite(values[:, :skip_top]).sum())
         if max_relative_similarity is not None:
-            limit = max_relative_similarity * positive[start:stop, None]
-            too_close = keep & (values[:, skip_top:] > limit)
+            too_close = kept & (values[:, skip_top:] > max_relative_similarity * positive[rows, None])
             skipped["margin"] += int(too_close.sum())
-            keep &= ~too_close
+            kept &= ~too_close
         # Kept candidates first, in similarity order; the rest become -1.
-        order = torch.argsort((~keep).to(torch.int8), dim=1, stable=True)
-        ranked = torch.where(keep, candidates, -1).gather(1, order)
-        out[start:stop, : ranked.shape[1]] = ranked[:, :k].numpy()
+        order = torch.argsort((~kept).to(torch.int8), dim=1, stable=True)
+        ranked = torch.where(kept, indices[:, skip_top:], -1).gather(1, order)
+        out[start : start + rows.numel(), : ranked.shape[1]] = ranked[:, :k].numpy()
     return out, skipped
+
+
+def check_search(search: object) -> str:
+    """Validate ``search`` and, for a faiss search, that faiss is installed; raise a clear error otherwise."""
+    check_choice("search", search, SEARCHES)
+    if search != "exact" and importlib.util.find_spec("faiss") is None:
+        raise ImportError(
+            f"search={search!r} needs faiss, which is not installed: pip install 'composer-dynsample[faiss]' "
+            "(faiss-cpu), or use search='exact'."
+        )
+    return str(search)
+
+
+def _candidate_finder(
+    search: str, unit: torch.Tensor, labels: torch.Tensor, valid: torch.Tensor
+) -> Callable[[torch.Tensor, int], torch.Tensor]:
+    """``find(rows, width)``: each row's ``width`` most similar valid samples of other classes by float32
+    similarity, most similar first, ``-1`` where there are fewer."""
+    fast = unit.float()
+    if search == "exact":
+
+        def find_exact(rows: torch.Tensor, width: int) -> torch.Tensor:
+            similarity = fast[rows] @ fast.T
+            blocked = (labels[rows, None] == labels[None, :]) | ~valid[None, :]
+            similarity.masked_fill_(blocked, float("-inf"))
+            values, indices = similarity.topk(min(width, fast.shape[0]), dim=1)
+            return torch.where(torch.isfinite(values), indices, -1)
+
+        return find_exact
+    index, ids = _faiss_index(search, fast, valid)
+    same_class = torch.bincount(labels[ids], minlength=int(labels.max()) + 1)
+
+    def find_faiss(rows: torch.Tensor, width: int) -> torch.Tensor:
+        # The index holds the rows' own classes too: ask for enough to keep `width` others without them.
+        asked = min(width + int(same_class[labels[rows]].max()), ids.numel())
+        found = torch.from_numpy(index.search(np.ascontiguousarray(fast[rows].numpy()), asked)[1])
+        candidates = torch.where(found >= 0, ids[found.clamp(min=0)], -1)
+        candidates[(candidates >= 0) & (labels[candidates.clamp(min=0)] == labels[rows, None])] = -1
+        order = torch.argsort((candidates < 0).to(torch.int8), dim=1, stable=True)  # others first, in order
+        return candidates.gather(1, order)[:, :width]
+
+    return find_faiss
+
+
+def _faiss_index(search: str, fast: torch.Tensor, valid: torch.Tensor) -> tuple[Any, torch.Tensor]:
+    """A faiss inner-product index of the valid rows (exact flat, or IVF) and the row of each of its ids."""
+    import faiss
+
+    ids = torch.nonzero(valid).flatten()
+    data = np.ascontiguousarray(fast[ids].numpy())
+    dim = data.shape[1]
+    if search == "faiss":
+        index = faiss.IndexFlatIP(dim)
+    else:
+        cells = max(1, min(int(4 * math.sqrt(ids.numel())), ids.numel() // 39))  # faiss wants 39 per cell
+        index = faiss.IndexIVFFlat(faiss.IndexFlatIP(dim), dim, cells, faiss.METRIC_INNER_PRODUCT)
+        index.train(data)
+        index.nprobe = min(16, cells)
+    index.add(data)
+    return index, ids
+
+
+def _rerank(
+    unit: torch.Tensor, rows: torch.Tensor, candidates: torch.Tensor, wanted: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The ``wanted`` most similar candidates of each row by float64 cosine similarity, ties in index order:
+    ``(values, indices)``, ``-inf`` and ``-1`` where a row has fewer."""
+    similarity = (unit[rows, None, :] * unit[candidates.clamp(min=0)]).sum(dim=2)
+    similarity[candidates < 0] = float("-inf")
+    order = np.lexsort((candidates.numpy(), -similarity.numpy()), axis=1)[:, :wanted]
+    order = torch.from_numpy(order)
+    values, indices = similarity.gather(1, order), candidates.gather(1, order)
+    if values.shape[1] < wanted:
+        pad = wanted - values.shape[1]
+        values = torch.nn.functional.pad(values, (0, pad), value=float("-inf"))
+        indices = torch.nn.functional.pad(indices, (0, pad), value=-1)
+    return values, indices
 
 
 class NeighbourBatchSampler(DistributedBatchSampler):
@@ -115,6 +207,9 @@ class NeighbourBatchSampler(DistributedBatchSampler):
         skip_top (int): The rank window: nearest other-class samples skipped. Default: ``0``.
         max_relative_similarity (float, optional): The margin guard of :func:`nearest_other_class`.
             Default: ``None``.
+        search (str): How :func:`nearest_other_class` searches: ``"exact"`` (torch), ``"faiss"`` (exact, the
+            same lists) or ``"faiss_ivf"`` (approximate, for large tables); the faiss ones need the ``faiss``
+            extra. Default: ``"exact"``.
         num_replicas, rank, seed, drop_last: As for :class:`~composer_dynsample.PKBatchSampler`.
 
     Example:
@@ -135,6 +230,7 @@ class NeighbourBatchSampler(DistributedBatchSampler):
         *,
         skip_top: int = 0,
         max_relative_similarity: float | None = None,
+        search: str = "exact",
         **options: Any,
     ) -> None:
         label_array = _as_index_array("labels", labels)
@@ -148,6 +244,7 @@ class NeighbourBatchSampler(DistributedBatchSampler):
                 "max_relative_similarity", max_relative_similarity, minimum=0, strict_minimum=True
             )
         )
+        self.search = check_search(search)
         group = 2 + self.negatives_per_seed
         super().__init__(label_array.size, self.seeds_per_batch * group, **options)
         self.labels = label_array
@@ -184,6 +281,7 @@ class NeighbourBatchSampler(DistributedBatchSampler):
             skip_top=self.skip_top,
             max_relative_similarity=self.max_relative_similarity,
             valid=valid,
+            search=self.search,
         )
 
     def set_epoch(self, epoch: int) -> None:

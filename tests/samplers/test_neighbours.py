@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib.util
+
 import numpy as np
 import pytest
 import torch
@@ -100,3 +102,19 @@ def test_the_snapshot_decides_the_negatives_from_the_next_epoch():
 def test_bad_arguments_name_themselves(args, kwargs, match):
     with pytest.raises(ValueError, match=match):
         NeighbourBatchSampler(*args, **kwargs)
+
+
+def test_a_missing_faiss_is_named_with_the_extra_that_installs_it(monkeypatch):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "faiss" else real(name, *a)
+    )
+    with pytest.raises(ImportError, match=r"search='faiss' needs faiss.*composer-dynsample\[faiss\]"):
+        NeighbourBatchSampler(torch.arange(10) % 2, 1, 1, search="faiss")
+    with pytest.raises(ImportError, match="search='faiss_ivf' needs faiss"):
+        nearest_other_class(torch.randn(4, 2), torch.tensor([0, 1, 0, 1]), 1, search="faiss_ivf")
+
+
+def test_an_unknown_search_is_named():
+    with pytest.raises(ValueError, match="search must be one of"):
+        NeighbourBatchSampler(torch.arange(10) % 2, 1, 1, search="hnsw")
