@@ -46,6 +46,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/distributed.py
 	$(PY) benchmarks/threads.py --epochs 1
 	$(PY) benchmarks/table.py
+	$(PY) benchmarks/chunking.py
 	$(PY) benchmarks/quality.py
 	$(PY) benchmarks/quality_glyphs.py --group sampling_glyphs
 	$(PY) benchmarks/report.py

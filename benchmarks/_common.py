@@ -103,14 +103,19 @@ def proc_status_kib(key: str) -> int | None:
     return None
 
 
-def run_worker(script: Path, flag: str, *values: object, timeout: float = 600) -> dict[str, Any]:
+def run_worker(
+    script: Path, flag: str, *values: object, timeout: float = 600, env: dict[str, str] | None = None
+) -> dict[str, Any]:
     """Run ``script flag values...`` in a fresh process and return the JSON it prints last.
 
     Peak memory (``VmHWM``) is only meaningful in a process that did nothing else: each measurement
-    gets its own.
+    gets its own. ``env`` adds environment variables for the worker.
     """
     command = [sys.executable, str(script), flag, *map(str, values)]
-    output = subprocess.run(command, capture_output=True, text=True, check=True, timeout=timeout).stdout
+    environment = {**os.environ, **(env or {})}
+    output = subprocess.run(
+        command, capture_output=True, text=True, check=True, timeout=timeout, env=environment
+    ).stdout
     return json.loads(output.strip().splitlines()[-1])
 
 
