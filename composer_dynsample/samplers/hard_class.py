@@ -29,7 +29,7 @@ EXACT_SEARCH_MAX_CLASSES = 20_000
 _SLACK = 8  # candidates kept beyond ``limit`` by the float32 pass, so the float64 ranking sees the true top
 _KMEANS_ITERATIONS = 10
 _KMEANS_POINTS_PER_CELL = 32
-_IVF_PROBES = 8  # cells searched per cell of queries (more where those hold too few classes)
+_IVF_PROBES = 8  # a cell's queries meet the classes of about this many average cells
 
 
 def nearest_classes(
@@ -44,16 +44,16 @@ def nearest_classes(
     """Every class's nearest other classes by centroid, nearest first: a ``(C, M)`` int64 array.
 
     ``M`` is ``C - 1`` (every other class) or ``limit``. Classes without a centroid (``valid`` false)
-    come last, in class order, and the order is by float64 distance with ties in class order, so the
-    result is a pure function of the centroids (identical on every rank that runs the same code).
+    come last, in class order; ties are in class order too. The result is a pure function of the
+    centroids: every rank that runs the same code on the same snapshot gets the same lists.
 
     ``search="exact"`` compares every pair a chunk of classes at a time (memory ``chunk_size x C``): a
-    float32 pass keeps each class's ``limit + 8`` nearest, ranked again in float64, so the lists equal a
-    float64 brute force. ``search="ivf"`` is approximate and for many classes: a k-means of the
-    centroids (fixed seed, fixed iterations, sums in float64) cuts them into about ``sqrt(C)`` cells,
-    and the classes of a cell are compared only with the classes of the cell's 8 nearest cells, then
-    ranked in float64 as the exact search does; it needs ``limit``. ``"auto"`` is exact up to
-    20,000 classes with a centroid (or without ``limit``), IVF above.
+    float32 pass keeps each class's ``limit + 8`` nearest, ranked again by float64 distance, so the lists
+    equal a float64 brute force. ``search="ivf"`` is approximate, for many classes, and needs ``limit``:
+    a k-means of the centroids (fixed seed and subsample, 10 iterations, sums in float64 in a fixed
+    order) cuts them into about ``sqrt(C)`` cells, and the classes of a cell are compared, in float32,
+    only with the classes of the nearest cells until those hold 8 average cells' worth. ``"auto"`` is
+    exact up to 20,000 classes with a centroid (or without ``limit``), IVF above.
 
     Args:
         centroids (torch.Tensor): ``(C, D)`` class centroids.
@@ -298,11 +298,13 @@ class HardClassPKBatchSampler(PKBatchSampler):
         )
 
     def snapshot_fingerprint(self) -> str:
-        """A SHA-256 of the centroids the current epoch uses (``""`` before any): equal across ranks when
-        their batches are."""
-        if self._centroids is None:
+        """A SHA-256 of the centroids the current epoch uses and of the nearest classes found from them
+        (``""`` before any): equal across ranks when their batches are."""
+        if self._centroids is None or self._neighbours is None:
             return ""
-        return hashlib.sha256(torch.nan_to_num(self._centroids, nan=-1.0).numpy().tobytes()).hexdigest()
+        digest = hashlib.sha256(torch.nan_to_num(self._centroids, nan=-1.0).numpy().tobytes())
+        digest.update(np.ascontiguousarray(self._neighbours).tobytes())
+        return digest.hexdigest()
 
     def state_dict(self) -> dict[str, Any]:
         """The epoch and the centroid snapshot its batches are built from, for an exact resume."""
