@@ -121,6 +121,20 @@ def test_the_thread_policy(monkeypatch, cores, local_ranks, omp, expected):
         ("data.test_fractionn=0.1", "data: unknown key 'test_fractionn'"),
         ("evaluation.ks=[0]", "evaluation.ks must be a list of distinct integers"),
         ("trainer.max_duration=abc", "trainer.max_duration must be a Composer time string"),
+        # Composer-backed targets: their signatures are read from source, not imported.
+        ("trainer.max_duraton=1ep", "trainer: unknown key 'max_duraton' for composer.Trainer"),
+        ("model.forward_chunk_sise=8", "model: unknown key 'forward_chunk_sise' for EmbeddingModel"),
+        (
+            "algorithms.hard_negative_mining.strategyy=x",
+            "algorithms.hard_negative_mining: unknown key 'strategyy'",
+        ),
+        ("algorithms.hard_negativ_mining={}", "algorithms.hard_negativ_mining: unknown name"),
+        ("callbacks.speed_monitor={window_sise: 3}", "callbacks.speed_monitor: unknown key 'window_sise'"),
+        ("loggers.file={bogus: 1}", "loggers.file: unknown key 'bogus'"),
+        (
+            "scheduler.pct_strat=0.3",
+            "scheduler: unknown key 'pct_strat' for 'one_cycle'",
+        ),
     ],
 )
 def test_section_errors_answer_before_composer_is_imported_or_data_loaded(override, message):

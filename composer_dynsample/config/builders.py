@@ -41,6 +41,7 @@ from composer_dynsample.config.registry import (
     parameters,
     resolve,
 )
+from composer_dynsample.config.signatures import SourceRegistry, source_signature
 from composer_dynsample.validation import check_time
 
 if TYPE_CHECKING:
@@ -323,9 +324,11 @@ def build_scheduler(cfg: DictConfig) -> Any | None:
     return call("scheduler", entry, kwargs)
 
 
-def _build_set(path: str, values: Mapping[str, Any], registry: Mapping[str, Any]) -> list[Any]:
-    """Build every entry of a ``{label: keys}`` section; null entries are off."""
-    built = []
+def _set_entries(
+    path: str, values: Mapping[str, Any], registry: Mapping[str, Any]
+) -> list[tuple[str, Registered, dict[str, Any]]]:
+    """Resolve and check every entry of a ``{label: keys}`` section; null entries are off."""
+    entries = []
     for label, keys in values.items():
         if keys is None:
             continue
@@ -335,9 +338,16 @@ def _build_set(path: str, values: Mapping[str, Any], registry: Mapping[str, Any]
             )
         keys = dict(keys)
         default = None if COMPONENT_KEY in keys else label  # without a _component_ the label names the target
+        if isinstance(registry, SourceRegistry) and keys.get(COMPONENT_KEY, label) not in (*registry, label):
+            continue  # a dotted path of the user's: checked when imported, by the builder
         entry, _, kwargs, _ = _entry(f"{path}.{label}", keys, registry, default=default, name_key=False)
-        built.append(call(f"{path}.{label}", entry, kwargs))
-    return built
+        entries.append((f"{path}.{label}", entry, kwargs))
+    return entries
+
+
+def _build_set(path: str, values: Mapping[str, Any], registry: Mapping[str, Any]) -> list[Any]:
+    """Build every entry of a ``{label: keys}`` section; null entries are off."""
+    return [call(where, entry, kwargs) for where, entry, kwargs in _set_entries(path, values, registry)]
 
 
 def build_algorithms(cfg: DictConfig) -> list[Any]:
@@ -402,6 +412,26 @@ def check_config(cfg: DictConfig) -> None:
             entry, _, kwargs, _ = _entry(path, values, registry, supplied=supplied, **options)
             check_types(path, entry, kwargs)
     dataloader_config(cfg)
+    _check_from_source(cfg, model)
+
+
+def _check_from_source(cfg: DictConfig, model: Mapping[str, Any]) -> None:
+    """The keys of the sections whose targets import Composer, against signatures read from source."""
+    for path, registry in (("algorithms", ALGORITHMS), ("callbacks", CALLBACKS), ("loggers", LOGGERS)):
+        _set_entries(path, section(cfg, path, path), SourceRegistry(registry))
+    scheduler = cfg.get("scheduler")
+    if scheduler is not None:
+        values = section(cfg, "scheduler", "scheduler")
+        if values.get(COMPONENT_KEY, values.get("name")) in SCHEDULERS:
+            _entry("scheduler", values, SourceRegistry(SCHEDULERS))
+    signature = source_signature("composer_dynsample.models.embedding_model", "EmbeddingModel")
+    if signature is not None:
+        valid = [key for key in signature.parameters if key not in _MODEL_OWNED] + ["encoder", "loss"]
+        check_keys("model", model, valid, "EmbeddingModel")
+    signature = source_signature("composer.trainer.trainer", "Trainer")
+    if signature is not None:
+        valid = [key for key in signature.parameters if key not in TRAINER_OWNED]
+        check_keys("trainer", section(cfg, "trainer", "trainer"), valid, "composer.Trainer")
 
 
 def _check_trainer_basics(values: Mapping[str, Any]) -> None:

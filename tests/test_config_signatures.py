@@ -1,0 +1,59 @@
+"""Signatures read from source agree with ``inspect.signature`` of the imported targets."""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+
+from composer_dynsample.config.builders import ALGORITHMS, CALLBACKS, LOGGERS, SCHEDULERS
+from composer_dynsample.config.registry import Lazy, Registered
+from composer_dynsample.config.signatures import SourceRegistry, source_signature
+
+ENTRIES = [
+    (kind, name, entry)
+    for kind, registry in (("algorithms", ALGORITHMS), ("callbacks", CALLBACKS), ("loggers", LOGGERS))
+    for name, entry in registry.items()
+] + [("scheduler", name, entry) for name, entry in SCHEDULERS.items()]
+
+
+def _shape(signature: inspect.Signature) -> list[tuple[str, object, bool]]:
+    return [(p.name, p.kind, p.default is inspect.Parameter.empty) for p in signature.parameters.values()]
+
+
+@pytest.mark.parametrize(("kind", "name", "entry"), ENTRIES, ids=[f"{k}.{n}" for k, n, _ in ENTRIES])
+def test_registry_targets_read_from_source_match_their_imported_signature(kind, name, entry):
+    assert isinstance(entry, Lazy)
+    try:
+        target = entry.get()
+    except ImportError:
+        pytest.skip(f"{entry.module} is an optional dependency")
+    from_source = source_signature(entry.module, entry.attribute)
+    if from_source is None:  # an inherited __init__: the builder checks the keys instead
+        assert "__init__" not in vars(target)
+        return
+    imported = Registered(target).valid_keys()
+    assert SourceRegistry({name: entry})[name].valid_keys() == imported
+    parameters = dict(inspect.signature(target).parameters)
+    parameters.pop("self", None)
+    assert _shape(from_source) == _shape(inspect.Signature(list(parameters.values())))
+
+
+def test_the_trainer_and_the_model_read_from_source_match():
+    from composer import Trainer
+
+    from composer_dynsample import EmbeddingModel
+
+    for module, name, target in (
+        ("composer.trainer.trainer", "Trainer", Trainer),
+        ("composer_dynsample.models.embedding_model", "EmbeddingModel", EmbeddingModel),
+    ):
+        expected = [key for key in inspect.signature(target).parameters if key != "self"]
+        assert list(source_signature(module, name).parameters) == expected
+
+
+def test_what_the_source_does_not_settle_is_none():
+    assert source_signature("no_such_package.module", "Name") is None
+    assert source_signature("composer_dynsample.validation", "NoSuchName") is None
+    # A class whose __init__ comes from its base (ConfigError subclasses ValueError).
+    assert source_signature("composer_dynsample.config.registry", "ConfigError") is None
