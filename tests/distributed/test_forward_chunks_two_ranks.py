@@ -12,6 +12,7 @@ from torch.utils.data import TensorDataset
 from composer_dynsample import (
     EmbeddingModel,
     HardNegativeMining,
+    InfoNCELoss,
     MultiSimilarityLoss,
     PKBatchSampler,
     TripletMarginLoss,
@@ -29,7 +30,8 @@ def _fit(chunk: int | None, strategy: str, memory_size: int) -> list[torch.Tenso
     ).double()
     torch.manual_seed(0)
     encoder = nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Linear(16, 4)).double()
-    loss = MultiSimilarityLoss() if strategy == "multi_similarity" else TripletMarginLoss(margin=0.3)
+    losses = {"multi_similarity": MultiSimilarityLoss(), "batch_hard": InfoNCELoss(temperature=0.1)}
+    loss = losses.get(strategy, TripletMarginLoss(margin=0.3))
     model = EmbeddingModel(encoder, loss, forward_chunk_size=chunk)
     loader = build_dataloader(TensorDataset(features, labels), PKBatchSampler(labels, 4, 6, seed=1))
     algorithm = HardNegativeMining(strategy, cross_rank=True, gather="autograd", memory_size=memory_size)
@@ -45,7 +47,9 @@ def _fit(chunk: int | None, strategy: str, memory_size: int) -> list[torch.Tenso
     return [p.detach().clone() for p in model.parameters()]
 
 
-@pytest.mark.parametrize(("strategy", "memory_size"), [("semi_hard", 0), ("multi_similarity", 48)])
+@pytest.mark.parametrize(
+    ("strategy", "memory_size"), [("semi_hard", 0), ("multi_similarity", 48), ("batch_hard", 48)]
+)
 def test_chunked_cross_rank_training_matches_the_unchunked_run(strategy, memory_size):
     dist.initialize_dist("cpu")
     expected = _fit(None, strategy, memory_size)

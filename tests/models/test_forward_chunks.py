@@ -16,6 +16,7 @@ from torch.utils.data import TensorDataset
 from composer_dynsample import (
     EmbeddingModel,
     HardNegativeMining,
+    InfoNCELoss,
     MultiSimilarityLoss,
     PKBatchSampler,
     TripletMarginLoss,
@@ -30,6 +31,8 @@ CASES = [
     ("semi_hard", TripletMarginLoss(margin=0.3)),
     ("batch_hard", TripletMarginLoss(margin=0.2)),
     ("multi_similarity", MultiSimilarityLoss()),
+    ("batch_hard", InfoNCELoss(temperature=0.1)),
+    ("multi_similarity", InfoNCELoss(temperature=0.1, negatives="mined", symmetric=True)),
 ]
 
 
@@ -58,7 +61,9 @@ def _step(model: EmbeddingModel, strategy: str, loss: nn.Module, features, label
 
 
 @pytest.mark.parametrize("chunk", [7, 16])
-@pytest.mark.parametrize(("strategy", "loss"), CASES, ids=[name for name, _ in CASES])
+@pytest.mark.parametrize(
+    ("strategy", "loss"), CASES, ids=[f"{name}-{type(loss).__name__}" for name, loss in CASES]
+)
 def test_gradients_equal_the_unchunked_batch(strategy, loss, chunk):
     features, labels = _data()
     model = EmbeddingModel(_encoder())
