@@ -127,7 +127,50 @@ class _ConvArguments(NamedTuple):
         return self.widths[-1] * (2 if self.pooling == "avgmax" else 1)
 
 
-class Conv1dEncoder(nn.Module):
+class _ConvEncoder(nn.Module):
+    """What :class:`Conv1dEncoder` and :class:`Conv2dEncoder` share: blocks, pooling, head, input checks."""
+
+    _conv: type[nn.Module]
+    _batch_norm: type[nn.Module]
+    _axes: str  # the spatial axes' names, "L" or "H, W"
+    _size_name: str  # "input_length" or "input_size"
+    _got: str  # how the wrong size is named in the error
+
+    def __init__(self, size: tuple[int, ...] | None, conv: _ConvArguments, dropout: float, what: str) -> None:
+        super().__init__()
+        self.in_channels, self.norm, self.pooling = conv.in_channels, conv.norm, conv.pooling
+        self.embedding_dim = conv.embedding_dim
+        self.features = conv.blocks(self._conv, self._batch_norm)
+        if self.pooling == "flatten" and size is None:
+            raise ValueError(f"pooling='flatten' needs {self._size_name} ({what}), got None.")
+        positions = 0 if size is None else math.prod(conv.output_size(axis) for axis in size)
+        self.dropout = nn.Dropout(_check_dropout(dropout))
+        self.head = nn.Linear(conv.head_features(positions), self.embedding_dim)
+
+    def _built_size(self) -> tuple[int, ...] | None:
+        raise NotImplementedError
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Embed ``(B, *spatial)`` or ``(B, C, *spatial)`` inputs to ``(B, embedding_dim)``."""
+        spatial = self._axes.count(",") + 1
+        if x.ndim == spatial + 1 and self.in_channels == 1:
+            x = x.unsqueeze(1)
+        name = type(self).__name__
+        if x.ndim != spatial + 2 or x.shape[1] != self.in_channels:
+            raise ValueError(
+                f"{name} expects (B, {self._axes}) or (B, {self.in_channels}, {self._axes}) input, "
+                f"got shape {tuple(x.shape)}."
+            )
+        size, built = tuple(x.shape[2:]), self._built_size()
+        if built is not None and size != built:
+            value = built[0] if spatial == 1 else built
+            got = size[0] if spatial == 1 else size
+            raise ValueError(f"{name} was built for {self._size_name}={value}, got {self._got} {got}.")
+        h = _pool(self.features(x), self.pooling, tuple(range(-spatial, 0)))
+        return self.head(self.dropout(h))
+
+
+class Conv1dEncoder(_ConvEncoder):
     """A 1-D CNN: ``num_layers`` blocks of Conv1d, norm and activation, then pooling and a linear layer.
 
     Block ``i`` is ``Conv1d(kernel_size, stride=strides[i], padding=kernel_size // 2)``, then BatchNorm
@@ -159,6 +202,8 @@ class Conv1dEncoder(nn.Module):
         (torch.Size([3, 8]), torch.Size([3, 8]))
     """
 
+    _conv, _batch_norm, _axes, _size_name, _got = nn.Conv1d, nn.BatchNorm1d, "L", "input_length", "length"
+
     def __init__(
         self,
         *,
@@ -174,40 +219,18 @@ class Conv1dEncoder(nn.Module):
         embedding_dim: int = 64,
         dropout: float = 0.0,
     ) -> None:
-        super().__init__()
         conv = _ConvArguments.check(
             num_layers, in_channels, channels, strides, kernel_size, norm, activation, pooling, embedding_dim
         )
-        self.in_channels, self.norm, self.pooling = conv.in_channels, conv.norm, conv.pooling
-        self.embedding_dim = conv.embedding_dim
-        self.input_length = (
-            None if input_length is None else _check_positive_int("input_length", input_length)
-        )
-        self.features = conv.blocks(nn.Conv1d, nn.BatchNorm1d)
-        if self.pooling == "flatten" and self.input_length is None:
-            raise ValueError("pooling='flatten' needs input_length (the sequence length), got None.")
-        length = 0 if self.input_length is None else conv.output_size(self.input_length)
-        head_in = conv.head_features(length)
-        self.dropout = nn.Dropout(_check_dropout(dropout))
-        self.head = nn.Linear(head_in, self.embedding_dim)
+        length = None if input_length is None else _check_positive_int("input_length", input_length)
+        super().__init__(None if length is None else (length,), conv, dropout, "the sequence length")
+        self.input_length = length
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """Embed ``(B, L)`` or ``(B, C, L)`` sequences to ``(B, embedding_dim)``."""
-        if x.ndim == 2 and self.in_channels == 1:
-            x = x.unsqueeze(1)
-        if x.ndim != 3 or x.shape[1] != self.in_channels:
-            raise ValueError(
-                f"Conv1dEncoder expects (B, L) or (B, {self.in_channels}, L) input, got shape {tuple(x.shape)}."
-            )
-        if self.input_length is not None and x.shape[-1] != self.input_length:
-            raise ValueError(
-                f"Conv1dEncoder was built for input_length={self.input_length}, got length {x.shape[-1]}."
-            )
-        h = _pool(self.features(x), self.pooling, (-1,))
-        return self.head(self.dropout(h))
+    def _built_size(self) -> tuple[int, ...] | None:
+        return None if self.input_length is None else (self.input_length,)
 
 
-class Conv2dEncoder(nn.Module):
+class Conv2dEncoder(_ConvEncoder):
     """A 2-D CNN: ``num_layers`` blocks of Conv2d, norm and activation, then pooling and a linear layer.
 
     The image counterpart of :class:`Conv1dEncoder`, with the same arguments: block ``i`` is
@@ -244,6 +267,14 @@ class Conv2dEncoder(nn.Module):
         (torch.Size([3, 4]), torch.Size([3, 4]))
     """
 
+    _conv, _batch_norm, _axes, _size_name, _got = (
+        nn.Conv2d,
+        nn.BatchNorm2d,
+        "H, W",
+        "input_size",
+        "images of size",
+    )
+
     def __init__(
         self,
         *,
@@ -259,41 +290,15 @@ class Conv2dEncoder(nn.Module):
         embedding_dim: int = 64,
         dropout: float = 0.0,
     ) -> None:
-        super().__init__()
         conv = _ConvArguments.check(
             num_layers, in_channels, channels, strides, kernel_size, norm, activation, pooling, embedding_dim
         )
-        self.in_channels, self.norm, self.pooling = conv.in_channels, conv.norm, conv.pooling
-        self.embedding_dim = conv.embedding_dim
-        self.input_size = (
-            None if input_size is None else tuple(_per_layer("input_size", input_size, 2, "axis"))
-        )
-        self.features = conv.blocks(nn.Conv2d, nn.BatchNorm2d)
-        if self.pooling == "flatten" and self.input_size is None:
-            raise ValueError("pooling='flatten' needs input_size (the image size H or (H, W)), got None.")
-        positions = 0
-        if self.input_size is not None:
-            positions = math.prod(conv.output_size(size) for size in self.input_size)
-        head_in = conv.head_features(positions)
-        self.dropout = nn.Dropout(_check_dropout(dropout))
-        self.head = nn.Linear(head_in, self.embedding_dim)
+        size = None if input_size is None else tuple(_per_layer("input_size", input_size, 2, "axis"))
+        super().__init__(size, conv, dropout, "the image size H or (H, W)")
+        self.input_size = size
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """Embed ``(B, H, W)`` or ``(B, C, H, W)`` images to ``(B, embedding_dim)``."""
-        if x.ndim == 3 and self.in_channels == 1:
-            x = x.unsqueeze(1)
-        if x.ndim != 4 or x.shape[1] != self.in_channels:
-            raise ValueError(
-                f"Conv2dEncoder expects (B, H, W) or (B, {self.in_channels}, H, W) input, "
-                f"got shape {tuple(x.shape)}."
-            )
-        if self.input_size is not None and tuple(x.shape[-2:]) != self.input_size:
-            raise ValueError(
-                f"Conv2dEncoder was built for input_size={self.input_size}, got images of size "
-                f"{tuple(x.shape[-2:])}."
-            )
-        h = _pool(self.features(x), self.pooling, (-2, -1))
-        return self.head(self.dropout(h))
+    def _built_size(self) -> tuple[int, ...] | None:
+        return self.input_size
 
 
 class MLPEncoder(nn.Module):
