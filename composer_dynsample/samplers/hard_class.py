@@ -24,8 +24,8 @@ from composer_dynsample.validation import check_choice, check_float, check_int
 __all__ = ["HardClassPKBatchSampler", "nearest_classes"]
 
 
-# Below this many classes with a centroid, ``search="auto"`` is exact: a few seconds at most on 2 cores.
-EXACT_SEARCH_MAX_CLASSES = 20_000
+# Up to this many classes with a centroid, ``search="auto"`` is exact: a few seconds at most on 2 cores.
+EXACT_SEARCH_MAX_CLASSES = 10_000
 _SLACK = 8  # candidates kept beyond ``limit`` by the float32 pass, so the float64 ranking sees the true top
 _KMEANS_ITERATIONS = 10
 _KMEANS_POINTS_PER_CELL = 32
@@ -53,7 +53,7 @@ def nearest_classes(
     a k-means of the centroids (fixed seed and subsample, 10 iterations, sums in float64 in a fixed
     order) cuts them into about ``sqrt(C)`` cells, and the classes of a cell are compared, in float32,
     only with the classes of the nearest cells until those hold 8 average cells' worth. ``"auto"`` is
-    exact up to 20,000 classes with a centroid (or without ``limit``), IVF above.
+    exact up to 10,000 classes with a centroid (or without ``limit``), IVF above.
 
     Args:
         centroids (torch.Tensor): ``(C, D)`` class centroids.

@@ -25,6 +25,7 @@ __all__ = ["NeighbourBatchSampler", "nearest_other_class"]
 
 
 SEARCHES = ("exact", "faiss", "faiss_ivf")
+_IVF_PROBES = 32  # IVF cells searched per query, of about sqrt(N)
 _SLACK = 8  # candidates kept beyond the wanted ones by the float32 pass, ranked again in float64
 
 
@@ -45,8 +46,9 @@ def nearest_other_class(
     float64 (ties in index order), so the lists are a pure function of the embeddings. ``"exact"``: one
     chunk of rows at a time against all rows in torch, memory ``chunk_size x N``; equal to a float64
     brute force. ``"faiss"``: faiss's exact ``IndexFlatIP``, the same lists. ``"faiss_ivf"``: faiss's
-    approximate ``IndexIVFFlat`` (about ``4 sqrt(N)`` cells, 16 probed, k-means with faiss's fixed seed), for
-    large tables. Both faiss searches need the ``faiss`` extra (``pip install composer-dynsample[faiss]``).
+    approximate ``IndexIVFFlat`` (about ``sqrt(N)`` cells, 32 searched per query; 10 k-means iterations on
+    at most 64 rows per cell, with faiss's fixed seed), for large tables. Both faiss searches need the
+    ``faiss`` extra (``pip install composer-dynsample[faiss]``).
 
     Guards, as in sentence-transformers' ``mine_hard_negatives`` and NV-Retriever: the ``skip_top`` nearest
     other-class samples are skipped (a rank window: the very nearest are the likeliest unlabelled
@@ -162,10 +164,11 @@ def _faiss_index(search: str, fast: torch.Tensor, valid: torch.Tensor) -> tuple[
     if search == "faiss":
         index = faiss.IndexFlatIP(dim)
     else:
-        cells = max(1, min(int(4 * math.sqrt(ids.numel())), ids.numel() // 39))  # faiss wants 39 per cell
+        cells = max(1, min(round(math.sqrt(ids.numel())), ids.numel() // 39))  # faiss wants 39 per cell
         index = faiss.IndexIVFFlat(faiss.IndexFlatIP(dim), dim, cells, faiss.METRIC_INNER_PRODUCT)
+        index.cp.niter, index.cp.max_points_per_centroid = 10, 64  # k-means on a sample: seconds, not minutes
         index.train(data)
-        index.nprobe = min(16, cells)
+        index.nprobe = min(_IVF_PROBES, cells)
     index.add(data)
     return index, ids
 
