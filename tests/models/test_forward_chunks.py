@@ -196,15 +196,27 @@ def test_features_that_cannot_be_split_are_named():
         model.embed([torch.zeros(4, 2)])
 
 
-def _fit(chunk: int | None, memory_size: int) -> list[torch.Tensor]:
-    features, labels = _data(rows=96)
-    model = EmbeddingModel(_encoder(), forward_chunk_size=chunk)
+LOSSES = {"multi_similarity": MultiSimilarityLoss(), "batch_hard": InfoNCELoss(temperature=0.1)}
+
+
+def fit_with_chunks(
+    chunk: int | None, strategy: str, memory_size: int, **mining: object
+) -> list[torch.Tensor]:
+    """Two epochs of 4 x 8 P x K batches through the Trainer; the trained parameters.
+
+    The loss follows the miner (multi-similarity pairs, InfoNCE on batch-hard, else triplets); the 2-rank
+    tests pass ``cross_rank=True, gather="autograd"`` as ``mining``.
+    """
+    features, labels = _data(rows=128)
+    model = EmbeddingModel(
+        _encoder(), LOSSES.get(strategy, TripletMarginLoss(margin=0.3)), forward_chunk_size=chunk
+    )
     loader = build_dataloader(TensorDataset(features, labels), PKBatchSampler(labels, 4, 8, seed=1))
     trainer = Trainer(
         model=model,
         train_dataloader=loader,
-        optimizers=torch.optim.SGD(model.parameters(), lr=0.1),
-        algorithms=[HardNegativeMining("semi_hard", memory_size=memory_size)],
+        optimizers=torch.optim.SGD(model.parameters(), lr=0.2),
+        algorithms=[HardNegativeMining(strategy, memory_size=memory_size, **mining)],
         max_duration="2ep",
         progress_bar=False,
     )
@@ -212,8 +224,12 @@ def _fit(chunk: int | None, memory_size: int) -> list[torch.Tensor]:
     return [p.detach().clone() for p in model.parameters()]
 
 
-@pytest.mark.parametrize("memory_size", [0, 40])
-def test_training_through_the_trainer_matches_the_unchunked_run(memory_size):
-    expected = _fit(None, memory_size)
-    for param, want in zip(_fit(12, memory_size), expected):
+@pytest.mark.parametrize(
+    ("strategy", "memory_size"), [("semi_hard", 0), ("semi_hard", 40), ("batch_hard", 40)]
+)
+def test_training_through_the_trainer_matches_the_unchunked_run(strategy, memory_size):
+    expected = fit_with_chunks(None, strategy, memory_size)
+    params = fit_with_chunks(12, strategy, memory_size)
+    for param, want in zip(params, expected):
         torch.testing.assert_close(param, want)
+    assert not torch.allclose(_encoder()[0].weight, params[0])  # training moved the weights
