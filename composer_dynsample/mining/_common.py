@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Final
@@ -17,6 +18,7 @@ __all__ = [
     "MiningInputs",
     "empty_indices",
     "row_chunks",
+    "scratch_buffer",
     "validate_mining_inputs",
 ]
 
@@ -151,6 +153,33 @@ def row_chunks(
         chunk_size = max(1, CHUNK_BYTES // max(1, n_cols * bytes_per_entry))
     for start in range(0, n_rows, chunk_size):
         yield start, min(start + chunk_size, n_rows)
+
+
+_workspace = threading.local()
+
+
+def scratch_buffer(n_bytes: int, device: torch.device) -> torch.Tensor:
+    """A ``uint8`` buffer of ``n_bytes`` for a miner's temporaries, reused from call to call on CPU.
+
+    A large CPU allocation is returned to the operating system when freed, and the next one costs a
+    page fault per 4 KiB page on first touch, which can take longer than the arithmetic on the buffer.
+    On CPU the buffer is therefore kept (one per thread, grown to the largest request, at most a chunk's
+    working set, :data:`CHUNK_BYTES` for the miners' default chunks) and handed out again; its contents
+    are arbitrary. A caller must be done with it before asking again. Other devices get a fresh
+    ``torch.empty`` (CUDA's caching allocator already reuses memory).
+
+    Example:
+        >>> buf = scratch_buffer(1024, torch.device("cpu"))
+        >>> buf.dtype, buf.numel(), buf.data_ptr() == scratch_buffer(512, torch.device("cpu")).data_ptr()
+        (torch.uint8, 1024, True)
+    """
+    if device.type != "cpu":
+        return torch.empty(n_bytes, dtype=torch.uint8, device=device)
+    buffer = getattr(_workspace, "buffer", None)
+    if buffer is None or buffer.numel() < n_bytes:
+        # Aligned for any dtype view: offsets into it are multiples of the element sizes used.
+        buffer = _workspace.buffer = torch.empty(n_bytes, dtype=torch.uint8)
+    return buffer[:n_bytes]
 
 
 class LabelIndex:

@@ -34,6 +34,7 @@ from composer_dynsample.mining._common import (
     MiningInputs,
     empty_indices,
     row_chunks,
+    scratch_buffer,
     validate_mining_inputs,
 )
 from composer_dynsample.validation import InputTypeError, check_choice, check_float, check_int, describe
@@ -55,9 +56,14 @@ Pairs = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
 # _successors: (values, cols, found, min_value, min_col).
 _Successors = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
 
-# Above this many positives per anchor, semi_hard buckets with searchsorted (O(log W) per entry, but a
-# slow kernel) instead of one elementwise pass per threshold (O(W) per entry, fast for small W).
-_LOOP_MAX_WIDTH: Final[int] = 32
+# Up to this many positives per anchor, semi_hard counts the thresholds below each entry with one
+# comparison pass per threshold; above it, through a grid of cells (a fixed number of passes, two of
+# them table lookups).
+_LOOP_MAX_WIDTH: Final[int] = 12
+# Grid cells per threshold (more cells: fewer thresholds share one, fewer lookups), and a bound on the
+# scale that maps distances to cells (keeps it finite when all of a row's thresholds are equal).
+_GRID_CELLS_PER_THRESHOLD: Final[int] = 16
+_GRID_MAX_SCALE: Final[float] = 1e30
 # Pool indices packed into the low mantissa bits of a float64 copy of a <=32-bit distance (see
 # _successors): float32 -> float64 leaves 29 low bits zero.
 _INDEX_BITS: Final[int] = 29
@@ -315,10 +321,9 @@ def multi_similarity(
 def _successors(mat: torch.Tensor, thresholds: torch.Tensor) -> _Successors:
     """For each row and threshold, the smallest entry of the row strictly greater than the threshold.
 
-    Buckets every entry by the number of the row's thresholds below it, takes the minimum of each bucket
-    with a scatter, and a suffix minimum over buckets: entries above threshold ``t`` are exactly those in
-    buckets ``>= #{thresholds <= t}``. Cost: ``O(W)`` (or ``O(log W)``) work per entry for ``W`` thresholds
-    per row, no sort of the rows.
+    Buckets every entry by the number of the row's thresholds below it (:func:`_count_below`), takes the
+    minimum of each bucket with a scatter, and a suffix minimum over buckets: entries above threshold
+    ``t`` are exactly those in buckets ``>= #{thresholds <= t}``. No sort of the rows.
 
     Args:
         mat: ``(R, M)`` non-negative values (distances); entries never to be returned may hold
@@ -331,17 +336,17 @@ def _successors(mat: torch.Tensor, thresholds: torch.Tensor) -> _Successors:
     """
     sorted_thr, order = thresholds.sort(dim=1)
     packable = mat.dtype != torch.float64 and mat.shape[1] < 2**_INDEX_BITS
-    loop = thresholds.shape[1] <= _LOOP_MAX_WIDTH
-    # One scratch buffer serves first the bucket counting (two matrices of mat's dtype) and then the
-    # packed keys (8 bytes per entry): freshly allocated memory costs a page fault per 4 KiB on first
-    # touch, which on CPU is a sizeable share of this function's time.
-    scratch_bytes = max(2 * mat.element_size() if loop else 0, 8 if packable else 0)
-    scratch = torch.empty(mat.numel() * scratch_bytes, dtype=torch.uint8, device=mat.device)
-    bucket = _count_below(mat, sorted_thr, scratch) if loop else torch.searchsorted(sorted_thr, mat)
+    # One scratch buffer for the int64 buckets and two matrices of mat's dtype, which the packed keys
+    # (8 bytes per entry) reuse once the buckets are known (see scratch_buffer: fresh memory is slow).
+    numel, itemsize = mat.numel(), mat.element_size()
+    scratch = scratch_buffer(numel * (8 + 2 * itemsize), mat.device)
+    bucket = scratch[: 8 * numel].view(torch.int64).view(mat.shape)
+    work = scratch[8 * numel :]
+    _count_below(mat, sorted_thr, bucket, work)
     # #{thresholds <= t}: where the suffix minimum for threshold t starts (ties between thresholds included).
     start_bucket = torch.searchsorted(sorted_thr, sorted_thr, right=True)
     minima = _packed_bucket_minima if packable else _bucket_minima
-    values, cols, found, min_value, min_col = minima(mat, bucket, start_bucket, scratch)
+    values, cols, found, min_value, min_col = minima(mat, bucket, start_bucket, work)
 
     # Back from threshold-sorted order to the caller's slot order.
     def unsort(x: torch.Tensor) -> torch.Tensor:
@@ -350,19 +355,87 @@ def _successors(mat: torch.Tensor, thresholds: torch.Tensor) -> _Successors:
     return unsort(values), unsort(cols), unsort(found), min_value, min_col
 
 
-def _count_below(mat: torch.Tensor, sorted_thr: torch.Tensor, scratch: torch.Tensor) -> torch.Tensor:
-    """``#{t < v}`` for every entry ``v``: the number of its row's thresholds below it.
+def _count_below(
+    mat: torch.Tensor, sorted_thr: torch.Tensor, bucket: torch.Tensor, work: torch.Tensor
+) -> None:
+    """Write ``#{t < v}`` for every entry ``v`` of ``mat`` into ``bucket``: its row's thresholds below it.
 
-    One comparison per threshold (a loop over positive slots, not anchors), written straight into a float
-    buffer in ``scratch``, which on CPU is faster than going through bool.
+    ``work`` holds two matrices of ``mat``'s dtype, which this overwrites. Few thresholds per row: one
+    comparison pass per threshold, counted in float (faster on CPU than through bool or int64, and
+    written into buffers that are already touched). Many: a grid of cells (:func:`_grid_count_below`,
+    a fixed number of passes) for 32-bit distances, ``searchsorted`` for float64 ones.
     """
     span = mat.numel() * mat.element_size()
-    count = scratch[:span].view(mat.dtype).view(mat.shape)
-    step = scratch[span : 2 * span].view(mat.dtype).view(mat.shape)
-    torch.gt(mat, sorted_thr[:, :1], out=count)
-    for j in range(1, sorted_thr.shape[1]):
-        count.add_(torch.gt(mat, sorted_thr[:, j : j + 1], out=step))
-    return count.long()
+    count = work[:span].view(mat.dtype).view(mat.shape)
+    step = work[span : 2 * span].view(mat.dtype).view(mat.shape)
+    if sorted_thr.shape[1] <= _LOOP_MAX_WIDTH:
+        torch.gt(mat, sorted_thr[:, :1], out=count)
+        for j in range(1, sorted_thr.shape[1]):
+            count.add_(torch.gt(mat, sorted_thr[:, j : j + 1], out=step))
+        bucket.copy_(_whole(count, step))
+    elif mat.element_size() == 8:
+        torch.searchsorted(sorted_thr, mat, out=bucket)
+    else:
+        _grid_count_below(mat, sorted_thr, bucket, work)
+
+
+def _whole(src: torch.Tensor, spare: torch.Tensor) -> torch.Tensor:
+    """Whole-number floats ``src`` as integers in ``spare`` (another tensor of its shape and dtype).
+
+    32-bit floats become int32: on CPU, float to int32 and then int32 to int64 is faster than float to
+    int64 directly.
+    """
+    return spare.view(torch.int32 if src.element_size() == 4 else torch.int64).copy_(src)
+
+
+def _grid_count_below(
+    mat: torch.Tensor, sorted_thr: torch.Tensor, bucket: torch.Tensor, work: torch.Tensor
+) -> None:
+    """``#{t < v}`` into ``bucket`` (int64) through a uniform grid of cells over each row's thresholds.
+
+    ``cell(x) = trunc(clamp((x - origin) * scale, 0, top))`` applies the same elementwise operations to
+    entries and thresholds, each monotone, so ``cell(t) < cell(v)`` implies ``t < v`` and
+    ``cell(t) > cell(v)`` implies ``t > v``, whatever the rounding. With ``a`` the number of thresholds
+    in the cells before the entry's (one table lookup), the thresholds below ``v`` are the first few of
+    ``sorted[a], sorted[a + 1], ...`` (some of those in its own cell; no later one is below ``v``), so
+    the count is ``a`` plus ``v > sorted[a + k]`` for ``k`` below the most thresholds any cell holds:
+    two in a cell are common (a birthday paradox), three rare. ``mat`` holds 32-bit floats; ``work``
+    (as many bytes as ``bucket``) is overwritten.
+    """
+    n_rows, width = sorted_thr.shape
+    big = torch.finfo(mat.dtype).max
+    valid = sorted_thr < big  # padding slots sort last and are never below an entry
+    cells = _GRID_CELLS_PER_THRESHOLD * width
+    last = (valid.sum(dim=1, keepdim=True) - 1).clamp_(min=0)
+    low, span = sorted_thr[:, :1], sorted_thr.gather(1, last) - sorted_thr[:, :1]
+    # Finite and positive whatever the span (0 for a row with one distinct threshold): no NaN arises.
+    scale = (cells / span).clamp_(max=_GRID_MAX_SCALE)
+    origin = low - 2.0 / scale  # the lowest threshold lands in cell 1 or 2; cell 0 is below it
+    top = cells + 3  # entries above the largest threshold: cells + 2 or beyond, clamped to top
+
+    def cell_of(x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        return torch.sub(x, origin, out=out).mul_(scale).clamp_(0, top)
+
+    thr_cell = cell_of(sorted_thr, torch.empty_like(sorted_thr)).long().masked_fill_(~valid, top + 1)
+    per_cell = torch.zeros(n_rows, top + 2, dtype=torch.int64, device=mat.device)
+    per_cell.scatter_add_(1, thr_cell, torch.ones_like(thr_cell))
+    before = per_cell.cumsum(dim=1).sub_(per_cell)  # thresholds in earlier cells
+    most = int(per_cell[:, : top + 1].max())  # the last column counted the padding
+    # Slots past the last threshold read big, never below an entry: sorted[a + k] is padded[:, k:][a].
+    padded = torch.cat([sorted_thr, sorted_thr.new_full((n_rows, most + 1), big)], dim=1)
+
+    # The entries' cells: float and int32 in the two halves of bucket, then int64 in work.
+    numel = mat.numel()
+    cell_float = bucket.view(-1).view(mat.dtype)[:numel].view(mat.shape)
+    cell = work.view(torch.int64).view(mat.shape)
+    cell.copy_(bucket.view(-1).view(torch.int32)[numel:].view(mat.shape).copy_(cell_of(mat, cell_float)))
+    torch.gather(before, 1, cell, out=bucket)  # a; work is free again
+    count = work[: 4 * numel].view(mat.dtype).view(mat.shape)
+    step = work[4 * numel :].view(mat.dtype).view(mat.shape)
+    count.zero_()
+    for k in range(most):
+        count.add_(torch.gt(mat, torch.gather(padded[:, k:], 1, bucket, out=step), out=step))
+    bucket.add_(_whole(count, step))
 
 
 def _packed_bucket_minima(
