@@ -292,7 +292,7 @@ def multi_similarity(
         if index is None:
             return empty_indices(4, inputs.device)
         ranks = RankMatrix(inputs.embeddings, inputs.ref_embeddings, distance)
-        pos_parts, neg_parts = [], []
+        pos_parts, neg_masks = [], []
         # The matrix plus a bool mask per entry.
         for start, stop, mat, pos_idx, pos_valid in _chunks(
             ranks, index, ranks.dtype.itemsize + 1, chunk_size
@@ -310,12 +310,32 @@ def multi_similarity(
             pos_parts.append((_shift(rows, start), pos_idx[rows, slots]))
             # Same-label entries hold finfo.max, and finfo.max - eps rounds back to finfo.max, which is
             # never below a real distance; anchors without positives have hardest_pos == finfo.min.
-            keep_neg = mat.sub_(epsilon) < hardest_pos[:, None]
-            rows, cols = keep_neg.nonzero(as_tuple=True)
-            neg_parts.append((_shift(rows, start), cols))
+            neg_masks.append((start, mat.sub_(epsilon) < hardest_pos[:, None]))
+            del mat  # before the next chunk's matrix is computed
         a1, p = _cat(pos_parts, 2, inputs.device)
-        a2, n = _cat(neg_parts, 2, inputs.device)
-        return a1, p, a2, n
+        return a1, p, *_mask_pairs(neg_masks)
+
+
+def _mask_pairs(masks: list[tuple[int, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(rows, cols)`` of the true entries of row-chunk masks ``(start, mask)``, in row-major order.
+
+    The negative pairs can be most of ``B x M`` (16 bytes each), so they are written straight into one
+    ``(n, 2)`` tensor, a chunk at a time, rather than concatenated from per-chunk parts, which would
+    hold them twice.
+    """
+    if len(masks) == 1:
+        start, mask = masks[0]
+        rows, cols = mask.nonzero(as_tuple=True)
+        return _shift(rows, start), cols
+    counts = [int(mask.count_nonzero()) for _, mask in masks]
+    pairs = torch.empty(sum(counts), 2, dtype=torch.int64, device=masks[0][1].device)
+    offset = 0
+    for (start, mask), count in zip(masks, counts):
+        chunk = pairs[offset : offset + count]
+        torch.nonzero(mask, out=chunk)
+        chunk[:, 0] += start
+        offset += count
+    return pairs[:, 0], pairs[:, 1]
 
 
 def _successors(mat: torch.Tensor, thresholds: torch.Tensor) -> _Successors:
