@@ -192,7 +192,7 @@ def test_semi_hard_matches_reference(case: Case, distance: str, margin: float, f
 @SETTINGS
 @given(case=cases(max_batch=12, max_pool=14), distance=distance_names, margin=st.floats(0.0, 1.0))
 def test_semi_hard_with_many_positives_per_anchor(case: Case, distance: str, margin: float) -> None:
-    """More than 32 positives per anchor takes the searchsorted bucketing path."""
+    """More positives per anchor than the comparison loop takes (40 or more): the grid path."""
     emb = torch.cat([case.emb, torch.randn(40, case.emb.shape[1])])
     labels = torch.cat([case.labels, torch.zeros(40, dtype=torch.int64)])
     big = Case(emb, labels, case.ref_emb, case.ref_labels)
