@@ -49,6 +49,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/chunking.py
 	$(PY) benchmarks/quality.py
 	$(PY) benchmarks/quality_glyphs.py --group sampling_glyphs
+	$(PY) benchmarks/quality_glyphs.py --group contrastive_glyphs
 	$(PY) benchmarks/report.py
 
 # Refresh the pins on purpose: install the newest allowed versions in a scratch venv, test, then freeze.

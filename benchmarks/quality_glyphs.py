@@ -6,10 +6,11 @@ The test classes are disjoint from the train classes and scored leave-one-out am
 (Musgrave et al. 2020): MAP@R, R-precision and Recall@1, mean and standard error over seeds. A
 difference counts only beyond two standard errors of the difference.
 
-    python benchmarks/quality_glyphs.py [--quick] [--seeds 0 1 2] [--threads 1] [--group quality_glyphs|sampling_glyphs]
+    python benchmarks/quality_glyphs.py [--quick] [--seeds 0 1 2] [--threads 1] [--group quality_glyphs|sampling_glyphs|contrastive_glyphs]
 
-``make bench`` runs the mining strategies into ``results/quality_glyphs.*`` and the samplers (hard-class
-and neighbour batches against plain P x K, same miner and loss) into ``results/sampling_glyphs.*``.
+``make bench`` runs the mining strategies into ``results/quality_glyphs.*``, the samplers (hard-class
+and neighbour batches against plain P x K, same miner and loss) into ``results/sampling_glyphs.*`` and
+InfoNCE with growing pools against the default triplet recipe into ``results/contrastive_glyphs.*``.
 """
 
 from __future__ import annotations
@@ -41,6 +42,10 @@ RECIPES = {
         "yamls/glyphs_hard_class.yaml",
         ["algorithms.hard_negative_mining.strategy=semi_hard"],
     ),
+    "hard-class, table refreshed every epoch": (
+        "yamls/glyphs_hard_class.yaml",
+        ["algorithms.embedding_table.refresh_interval=1ep", "algorithms.embedding_table.refresh_max_age=0"],
+    ),
     "neighbour batches without guards": (
         "yamls/glyphs_neighbours.yaml",
         ["sampler.skip_top=0", "sampler.max_relative_similarity=null"],
@@ -52,6 +57,19 @@ RECIPES = {
             "algorithms.hard_negative_mining.memory_start=2ep",
         ],
     ),
+    "InfoNCE, batch negatives": ("yamls/glyphs_infonce.yaml", []),
+    "InfoNCE, mined negatives only": ("yamls/glyphs_infonce.yaml", ["model.loss.negatives=mined"]),
+    "InfoNCE, batch + memory 1024": (
+        "yamls/glyphs_infonce.yaml",
+        [
+            "algorithms.hard_negative_mining.memory_size=1024",
+            "algorithms.hard_negative_mining.memory_start=2ep",
+        ],
+    ),
+    "InfoNCE, B = 512 in chunks of 128": (
+        "yamls/glyphs_infonce.yaml",
+        ["sampler.classes_per_batch=128", "model.forward_chunk_size=128"],
+    ),
 }
 # Which recipes each results file compares: the mining strategies, and the
 # model-aware samplers against plain P x K with the default miner and loss.
@@ -61,10 +79,15 @@ GROUPS = {
         "default + cross-batch memory 1024",
     ],
     "sampling_glyphs": [DEFAULT, "hard-class P x K (table centroids)", "neighbour batches (table top-k)"],
-    # Why the samplers do not pay (yet): the hard fraction, the miner, and the false-negative guards.
+    # InfoNCE against the default triplet recipe, and larger pools: a memory, or a 4x batch in chunks.
+    "contrastive_glyphs": [
+        DEFAULT, "InfoNCE, batch negatives", "InfoNCE, mined negatives only", "InfoNCE, batch + memory 1024",
+        "InfoNCE, B = 512 in chunks of 128",
+    ],
+    # Why the samplers do not pay (yet): the hard fraction, the miner, the table's staleness, the guards.
     "sampling_sweep": [
         "hard-class, hard_fraction 0.25", "hard-class, hard_fraction 0.75", "hard-class, semi-hard only",
-        "neighbour batches without guards",
+        "hard-class, table refreshed every epoch", "neighbour batches without guards",
     ],
 }  # fmt: skip
 METRICS = ("map_at_r", "r_precision", "recall_at_1")

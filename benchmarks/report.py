@@ -28,9 +28,21 @@ HEADLINES = [
     ("quality", "quality.py", "default recipe's mean Recall@1 on MNIST-1D / 0.97", ">= 1"),
     ("quality_glyphs", "quality_glyphs.py", "best / worst mining strategy's MAP@R, unseen glyphs", "report"),
     ("sampling_glyphs", "quality_glyphs.py", "best / worst sampler's MAP@R, unseen glyphs", "report"),
+    (
+        "contrastive_glyphs",
+        "quality_glyphs.py",
+        "best / worst InfoNCE or pool's MAP@R, unseen glyphs",
+        "report",
+    ),
     ("antipattern", "antipattern.py", "anchors/s of this design / model in __getitem__ at B = 256", ">= 8"),
     ("dataloader", "dataloader.py", "index-only / per-sample loader samples/s, 0 workers, 200k x 128", "> 1"),
     ("miners_scaling", "miners_scaling.py", "worst miner / matmul time at B = 4096", "small constant"),
+    (
+        "chunking",
+        "chunking.py",
+        "peak memory, chunks of 128 / unchunked step at B = 1024",
+        "<= 0.25 (time <= 1.5x)",
+    ),
     ("threads", "threads.py", "slowest OMP_NUM_THREADS setting's fit time / 1 thread's", "report"),
     ("distributed", "distributed.py", "2-rank / 1-rank samples/s, no cross-rank mining, 2 cores", "report"),
 ]

@@ -64,3 +64,9 @@ def test_distributed_tables_and_summary_match_the_stored_results() -> None:
 def test_threads_table_matches_the_stored_results() -> None:
     result, markdown = _stored("threads")
     assert markdown == f"{_load('threads').threads_table(result['rows'])}\n\nmeasured: {result['measured']}\n"
+
+
+def test_chunking_table_matches_the_stored_results() -> None:
+    chunking = _load("chunking")
+    result, markdown = _stored("chunking")
+    assert markdown == "\n\n".join([chunking.table(result["rows"]), f"measured: {result['measured']}"]) + "\n"
