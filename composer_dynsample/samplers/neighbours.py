@@ -29,6 +29,13 @@ _IVF_PROBES = 32  # IVF cells searched per query, of about sqrt(N)
 _SLACK = 8  # candidates kept beyond the wanted ones by the float32 pass, ranked again in float64
 
 
+def _centroid_similarity(unit: torch.Tensor, labels: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """Each row's cosine similarity to its class centroid (the mean of the class's valid rows)."""
+    centroids = torch.zeros(int(labels.max()) + 1, unit.shape[1], dtype=unit.dtype)
+    centroids.index_add_(0, labels[valid], unit[valid])
+    return (unit * torch.nn.functional.normalize(centroids, dim=1)[labels]).sum(dim=1)
+
+
 def nearest_other_class(
     embeddings: torch.Tensor,
     labels: torch.Tensor,
@@ -85,12 +92,7 @@ def nearest_other_class(
     unit = torch.nn.functional.normalize(embeddings.detach().cpu().double(), dim=1)
     labels = torch.as_tensor(labels).cpu().long()
     valid = torch.ones(n, dtype=torch.bool) if valid is None else torch.as_tensor(valid).cpu().bool()
-    classes = int(labels.max()) + 1
-    centroids = torch.zeros(classes, unit.shape[1], dtype=unit.dtype).index_add_(
-        0, labels[valid], unit[valid]
-    )
-    centroids = torch.nn.functional.normalize(centroids, dim=1)
-    positive = (unit * centroids[labels]).sum(dim=1)  # each anchor's similarity to its class centroid
+    positive = _centroid_similarity(unit, labels, valid)
     wanted = skip_top + k
     find = _candidate_finder(search, unit, labels, valid)
     out = np.full((n, k), -1, dtype=np.int64)
