@@ -338,8 +338,6 @@ def _set_entries(
             )
         keys = dict(keys)
         default = None if COMPONENT_KEY in keys else label  # without a _component_ the label names the target
-        if isinstance(registry, SourceRegistry) and keys.get(COMPONENT_KEY, label) not in (*registry, label):
-            continue  # a dotted path of the user's: checked when imported, by the builder
         entry, _, kwargs, _ = _entry(f"{path}.{label}", keys, registry, default=default, name_key=False)
         entries.append((f"{path}.{label}", entry, kwargs))
     return entries
@@ -418,7 +416,13 @@ def check_config(cfg: DictConfig) -> None:
 def _check_from_source(cfg: DictConfig, model: Mapping[str, Any]) -> None:
     """The keys of the sections whose targets import Composer, against signatures read from source."""
     for path, registry in (("algorithms", ALGORITHMS), ("callbacks", CALLBACKS), ("loggers", LOGGERS)):
-        _set_entries(path, section(cfg, path, path), SourceRegistry(registry))
+        values = section(cfg, path, path)
+        named = {  # a dotted _component_ of the user's is checked by the builder, once imported
+            label: keys
+            for label, keys in values.items()
+            if not (isinstance(keys, Mapping) and keys.get(COMPONENT_KEY, label) not in (*registry, label))
+        }
+        _set_entries(path, named, SourceRegistry(registry))
     scheduler = cfg.get("scheduler")
     if scheduler is not None:
         values = section(cfg, "scheduler", "scheduler")
