@@ -143,12 +143,10 @@ class _ConvEncoder(nn.Module):
         self.features = conv.blocks(self._conv, self._batch_norm)
         if self.pooling == "flatten" and size is None:
             raise ValueError(f"pooling='flatten' needs {self._size_name} ({what}), got None.")
+        self._built_size = size  # the spatial size given at construction, checked in forward
         positions = 0 if size is None else math.prod(conv.output_size(axis) for axis in size)
         self.dropout = nn.Dropout(_check_dropout(dropout))
         self.head = nn.Linear(conv.head_features(positions), self.embedding_dim)
-
-    def _built_size(self) -> tuple[int, ...] | None:
-        raise NotImplementedError
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Embed ``(B, *spatial)`` or ``(B, C, *spatial)`` inputs to ``(B, embedding_dim)``."""
@@ -161,7 +159,7 @@ class _ConvEncoder(nn.Module):
                 f"{name} expects (B, {self._axes}) or (B, {self.in_channels}, {self._axes}) input, "
                 f"got shape {tuple(x.shape)}."
             )
-        size, built = tuple(x.shape[2:]), self._built_size()
+        size, built = tuple(x.shape[2:]), self._built_size
         if built is not None and size != built:
             value = built[0] if spatial == 1 else built
             got = size[0] if spatial == 1 else size
@@ -225,9 +223,6 @@ class Conv1dEncoder(_ConvEncoder):
         length = None if input_length is None else _check_positive_int("input_length", input_length)
         super().__init__(None if length is None else (length,), conv, dropout, "the sequence length")
         self.input_length = length
-
-    def _built_size(self) -> tuple[int, ...] | None:
-        return None if self.input_length is None else (self.input_length,)
 
 
 class Conv2dEncoder(_ConvEncoder):
@@ -296,9 +291,6 @@ class Conv2dEncoder(_ConvEncoder):
         size = None if input_size is None else tuple(_per_layer("input_size", input_size, 2, "axis"))
         super().__init__(size, conv, dropout, "the image size H or (H, W)")
         self.input_size = size
-
-    def _built_size(self) -> tuple[int, ...] | None:
-        return self.input_size
 
 
 class MLPEncoder(nn.Module):
