@@ -128,8 +128,7 @@ class InfoNCELoss(_TupleLoss):
             if global_mean:
                 column = _logsumexp_over_ranks(column)
             values = (values + F.softplus(column[None, :] - logits)) / 2
-        # A zero that still depends on every input, so the backward pass reaches all of them.
-        attached = (embeddings.sum() + (0 if ref_emb is None else ref_emb.sum())) * 0.0
+        attached = self._attached_zero(embeddings, ref_emb)
         return self._weighted_mean(values, positive.to(values.dtype), global_mean) + attached
 
 

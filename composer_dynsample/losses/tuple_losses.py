@@ -94,9 +94,14 @@ class _TupleLoss(nn.Module):
                 f"{len(indices_tuple)}. Use a miner that returns {kind}."
             )
         pool = embeddings if ref_emb is None else ref_emb
-        # A zero that still depends on every input, so the backward pass reaches all of them.
-        attached = (embeddings.sum() + (0 if ref_emb is None else ref_emb.sum())) * 0.0
-        return self.compute(embeddings, pool, indices_tuple, global_mean) + attached
+        return self.compute(embeddings, pool, indices_tuple, global_mean) + self._attached_zero(
+            embeddings, ref_emb
+        )
+
+    @staticmethod
+    def _attached_zero(embeddings: torch.Tensor, ref_emb: torch.Tensor | None) -> torch.Tensor:
+        """A zero that still depends on every input, so the backward pass reaches all of them."""
+        return (embeddings.sum() + (0 if ref_emb is None else ref_emb.sum())) * 0.0
 
     def compute(
         self,
