@@ -42,6 +42,7 @@ __all__ = [
     "check_float",
     "check_int",
     "check_labels",
+    "check_pool",
     "check_time",
     "describe",
     "is_int",
@@ -244,6 +245,53 @@ def check_labels(
             f"{name} has {value.shape[0]} entries but {items_name} has {num_items} rows; they must match."
         )
     return value
+
+
+def check_pool(
+    batch: tuple[object, object],
+    pool: tuple[object, object],
+    names: tuple[str, str, str, str],
+    *,
+    finite: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """Check a batch ``(embeddings, labels)`` and its optional pool of reference rows ``(embeddings, labels)``.
+
+    Both halves of the pool are given or neither; each half is checked like the batch, and the pool
+    has the batch's dimension. ``names`` are the four arguments' names, as the caller spells them.
+
+    Returns:
+        The checked pool, or ``None`` when neither half is given.
+
+    Example:
+        >>> import torch
+        >>> names = ("embeddings", "labels", "ref_emb", "ref_labels")
+        >>> batch = (torch.zeros(3, 2), torch.tensor([0, 0, 1]))
+        >>> check_pool(batch, (None, None), names) is None
+        True
+        >>> check_pool(batch, (torch.zeros(4, 5), torch.zeros(4, dtype=torch.long)), names)
+        Traceback (most recent call last):
+            ...
+        ValueError: ref_emb has dimension 5 but embeddings 2; they must match.
+    """
+    emb_name, labels_name, ref_name, ref_labels_name = names
+    embeddings = check_embeddings(emb_name, batch[0], finite=finite)
+    check_labels(labels_name, batch[1], embeddings.shape[0], emb_name)
+    ref_embeddings, ref_labels = pool
+    if (ref_embeddings is None) != (ref_labels is None):
+        given, missing = (ref_name, ref_labels_name) if ref_labels is None else (ref_labels_name, ref_name)
+        raise ValueError(
+            f"{ref_name} and {ref_labels_name} must be given together: {given} was given without {missing}."
+        )
+    if ref_embeddings is None:
+        return None
+    ref_embeddings = check_embeddings(ref_name, ref_embeddings, finite=finite)
+    ref_labels = check_labels(ref_labels_name, ref_labels, ref_embeddings.shape[0], ref_name)
+    if ref_embeddings.shape[1] != embeddings.shape[1]:
+        raise ValueError(
+            f"{ref_name} has dimension {ref_embeddings.shape[1]} but {emb_name} {embeddings.shape[1]}; "
+            "they must match."
+        )
+    return ref_embeddings, ref_labels
 
 
 _TIME_STRING = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)(?:e([+-]?\d+))?\s*([a-z]+)\s*$")

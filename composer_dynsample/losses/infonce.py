@@ -21,18 +21,12 @@ import torch.nn.functional as F
 from composer_dynsample.distances import distance_matrix
 from composer_dynsample.distributed import all_gather_embeddings, get_world_size
 from composer_dynsample.losses.tuple_losses import _TupleLoss
-from composer_dynsample.validation import (
-    InputTypeError,
-    check_bool,
-    check_choice,
-    check_embeddings,
-    check_float,
-    check_labels,
-)
+from composer_dynsample.validation import check_bool, check_choice, check_float, check_labels, check_pool
 
 __all__ = ["NEGATIVES", "InfoNCELoss", "info_nce_masks"]
 
 NEGATIVES: Final[tuple[str, ...]] = ("pool", "mined")
+_NAMES = ("embeddings", "labels", "ref_emb", "ref_labels")
 
 
 class InfoNCELoss(_TupleLoss):
@@ -100,17 +94,17 @@ class InfoNCELoss(_TupleLoss):
         self.symmetric = check_bool("symmetric", symmetric)
         self.negatives = check_choice("negatives", negatives, NEGATIVES)
 
-    def forward(
+    def _loss(
         self,
         embeddings: torch.Tensor,
         labels: torch.Tensor,
-        indices_tuple: tuple[torch.Tensor, ...] | None = None,
-        ref_emb: torch.Tensor | None = None,
-        ref_labels: torch.Tensor | None = None,
-        *,
-        global_mean: bool = False,
+        indices_tuple: tuple[torch.Tensor, ...] | None,
+        ref_emb: torch.Tensor | None,
+        ref_labels: torch.Tensor | None,
+        global_mean: bool,
     ) -> torch.Tensor:
-        pool, pool_labels = _checked_pool(embeddings, labels, ref_emb, ref_labels)
+        checked = check_pool((embeddings, labels), (ref_emb, ref_labels), _NAMES, finite=False)
+        pool, pool_labels = (embeddings, labels) if checked is None else checked
         if self.symmetric and global_mean and ref_emb is None:
             raise ValueError(
                 "InfoNCELoss(symmetric=True) with global_mean=True needs the pool every rank shares as ref_emb "
@@ -128,8 +122,7 @@ class InfoNCELoss(_TupleLoss):
             if global_mean:
                 column = _logsumexp_over_ranks(column)
             values = (values + F.softplus(column[None, :] - logits)) / 2
-        attached = self._attached_zero(embeddings, ref_emb)
-        return self._weighted_mean(values, positive.to(values.dtype), global_mean) + attached
+        return self._weighted_mean(values, positive.to(values.dtype), global_mean)
 
 
 def info_nce_masks(
@@ -191,10 +184,7 @@ def _split_tuple(indices_tuple: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor,
         )
     names = ("anchors", "positives", "negatives") if len(indices_tuple) == 3 else ("a1", "p", "a2", "n")
     for name, index in zip(names, indices_tuple):
-        if not isinstance(index, torch.Tensor) or index.is_floating_point() or index.dtype == torch.bool:
-            raise InputTypeError(f"indices_tuple's {name} must be an integer tensor, got {index!r}.")
-        if index.ndim != 1:
-            raise ValueError(f"indices_tuple's {name} must be 1-D, got shape {tuple(index.shape)}.")
+        check_labels(f"indices_tuple's {name}", index)
     parts = tuple(indices_tuple)
     if len(parts) == 3:
         parts = (parts[0], parts[1], parts[0], parts[2])
@@ -205,28 +195,6 @@ def _split_tuple(indices_tuple: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor,
                 f"{parts[second].numel()} partners; they must match."
             )
     return parts
-
-
-def _checked_pool(
-    embeddings: torch.Tensor,
-    labels: torch.Tensor,
-    ref_emb: torch.Tensor | None,
-    ref_labels: torch.Tensor | None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Validate the inputs and return the pool: ``(ref_emb, ref_labels)``, else the batch itself."""
-    check_embeddings("embeddings", embeddings, finite=False)
-    check_labels("labels", labels, embeddings.shape[0], "embeddings")
-    if (ref_emb is None) != (ref_labels is None):
-        raise ValueError("ref_emb and ref_labels must be given together.")
-    if ref_emb is None or ref_labels is None:
-        return embeddings, labels
-    check_embeddings("ref_emb", ref_emb, finite=False)
-    check_labels("ref_labels", ref_labels, ref_emb.shape[0], "ref_emb")
-    if ref_emb.shape[1] != embeddings.shape[1]:
-        raise ValueError(
-            f"ref_emb has dimension {ref_emb.shape[1]} but embeddings {embeddings.shape[1]}; they must match."
-        )
-    return ref_emb, ref_labels
 
 
 def _logsumexp_over_ranks(column: torch.Tensor) -> torch.Tensor:

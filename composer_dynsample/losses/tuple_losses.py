@@ -60,7 +60,7 @@ def all_triplets(labels: torch.Tensor, ref_labels: torch.Tensor | None = None) -
 
 
 class _TupleLoss(nn.Module):
-    """Shared validation and reduction; subclasses implement :meth:`compute`."""
+    """Shared validation and reduction; subclasses implement :meth:`compute` (or :meth:`_loss`)."""
 
     tuple_size: int
 
@@ -81,6 +81,19 @@ class _TupleLoss(nn.Module):
     ) -> torch.Tensor:
         if (ref_emb is None) != (ref_labels is None):
             raise ValueError("ref_emb and ref_labels must be given together.")
+        loss = self._loss(embeddings, labels, indices_tuple, ref_emb, ref_labels, global_mean)
+        return loss + self._attached_zero(embeddings, ref_emb)
+
+    def _loss(
+        self,
+        embeddings: torch.Tensor,
+        labels: torch.Tensor,
+        indices_tuple: tuple[torch.Tensor, ...] | None,
+        ref_emb: torch.Tensor | None,
+        ref_labels: torch.Tensor | None,
+        global_mean: bool,
+    ) -> torch.Tensor:
+        """The loss before the attached zero: every tuple by default, its size checked, then :meth:`compute`."""
         if indices_tuple is None:
             indices_tuple = (
                 all_triplets(labels, ref_labels) if self.tuple_size == 3 else all_pairs(labels, ref_labels)
@@ -94,9 +107,7 @@ class _TupleLoss(nn.Module):
                 f"{len(indices_tuple)}. Use a miner that returns {kind}."
             )
         pool = embeddings if ref_emb is None else ref_emb
-        return self.compute(embeddings, pool, indices_tuple, global_mean) + self._attached_zero(
-            embeddings, ref_emb
-        )
+        return self.compute(embeddings, pool, indices_tuple, global_mean)
 
     @staticmethod
     def _attached_zero(embeddings: torch.Tensor, ref_emb: torch.Tensor | None) -> torch.Tensor:

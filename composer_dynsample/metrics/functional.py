@@ -36,7 +36,14 @@ import torch
 import torch.nn.functional as F
 
 from composer_dynsample.distances import DISTANCES, working_dtype
-from composer_dynsample.validation import check_choice, check_embeddings, check_int, check_labels, is_int
+from composer_dynsample.validation import (
+    check_choice,
+    check_embeddings,
+    check_int,
+    check_labels,
+    check_pool,
+    is_int,
+)
 
 __all__ = [
     "mean_average_precision_at_r",
@@ -69,13 +76,19 @@ class _RetrievalSums(NamedTuple):
     num_valid: torch.Tensor  # int64 ()
 
 
+_NAMES = ("query_embeddings", "query_labels", "gallery_embeddings", "gallery_labels")
+
+
 def _check_batch(
     emb_name: str, embeddings: object, labels_name: str, labels: object
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Checked embeddings (detached) and their int64 labels, with the shared validation's messages."""
     emb = check_embeddings(emb_name, embeddings)
-    checked = check_labels(labels_name, labels, emb.shape[0], emb_name)
-    return emb.detach(), checked.detach().to(torch.int64)
+    return _detached(emb, check_labels(labels_name, labels, emb.shape[0], emb_name))
+
+
+def _detached(embeddings: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return embeddings.detach(), labels.detach().to(torch.int64)
 
 
 def _check_ks(ks: int | Sequence[int]) -> tuple[int, ...]:
@@ -240,27 +253,17 @@ def _checked_sums(
     chunk_size: int,
     need_r: bool,
 ) -> _RetrievalSums:
-    query, labels = _check_batch("query_embeddings", query_embeddings, "query_labels", query_labels)
+    checked = check_pool((query_embeddings, query_labels), (gallery_embeddings, gallery_labels), _NAMES)
+    query, labels = _detached(query_embeddings, query_labels)
     _check_distance(distance)
     _check_chunk_size(chunk_size)
-    if (gallery_embeddings is None) != (gallery_labels is None):
-        raise ValueError(
-            "gallery_embeddings and gallery_labels must be given together (or both None for leave-one-out)."
-        )
-    if gallery_embeddings is None:
+    if checked is None:
         gallery = _prepare_gallery(query, labels, distance, _compute_dtype(query))
         leave_one_out = True
     else:
-        g_emb, g_labels = _check_batch(
-            "gallery_embeddings", gallery_embeddings, "gallery_labels", gallery_labels
-        )
+        g_emb, g_labels = _detached(*checked)
         if g_emb.shape[0] == 0:
             raise ValueError("the gallery must hold at least one item, got 0.")
-        if g_emb.shape[1] != query.shape[1]:
-            raise ValueError(
-                f"gallery_embeddings have dim {g_emb.shape[1]} but query_embeddings have dim "
-                f"{query.shape[1]}; they must match."
-            )
         gallery = _prepare_gallery(g_emb, g_labels, distance, _compute_dtype(query, g_emb))
         leave_one_out = False
     return _retrieval_update(

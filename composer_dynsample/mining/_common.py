@@ -10,7 +10,7 @@ from typing import Final
 import torch
 
 from composer_dynsample.distances import check_distance
-from composer_dynsample.validation import check_embeddings, check_labels
+from composer_dynsample.validation import check_pool
 
 __all__ = [
     "CHUNK_BYTES",
@@ -21,6 +21,8 @@ __all__ = [
     "scratch_buffer",
     "validate_mining_inputs",
 ]
+
+_NAMES: Final = ("embeddings", "labels", "ref_embeddings", "ref_labels")
 
 #: Working-set budget of one chunk of anchors (distance rows plus per-element temporaries), in bytes.
 CHUNK_BYTES: Final[int] = 64 * 2**20
@@ -98,26 +100,13 @@ def validate_mining_inputs(
         ValueError: labels has 3 entries but embeddings has 4 rows; they must match.
     """
     check_distance(distance)
-    check_embeddings("embeddings", embeddings)
-    check_labels("labels", labels, embeddings.shape[0], "embeddings")
-    if (ref_embeddings is None) != (ref_labels is None):
-        given, missing = (
-            ("ref_embeddings", "ref_labels") if ref_labels is None else ("ref_labels", "ref_embeddings")
-        )
-        raise ValueError(f"{given} was given without {missing}; pass both or neither.")
-    self_pool = ref_embeddings is None or (ref_embeddings is embeddings and ref_labels is labels)
+    # The very same tensors as pool are the batch (checked once); anything else is checked as a pool.
+    same = ref_embeddings is embeddings and ref_labels is labels
+    check_pool((embeddings, labels), (None, None) if same else (ref_embeddings, ref_labels), _NAMES)
     device = embeddings.device
     labels = labels.to(device=device, dtype=torch.int64)
-    if self_pool:
+    if same or ref_embeddings is None:
         return MiningInputs(embeddings, labels, embeddings, labels, True, distance)
-
-    check_embeddings("ref_embeddings", ref_embeddings)
-    check_labels("ref_labels", ref_labels, ref_embeddings.shape[0], "ref_embeddings")
-    if ref_embeddings.shape[1] != embeddings.shape[1]:
-        raise ValueError(
-            "ref_embeddings must have the same dimension as embeddings, "
-            f"got {ref_embeddings.shape[1]} and {embeddings.shape[1]}."
-        )
     if ref_embeddings.device != device:
         raise ValueError(
             f"ref_embeddings must be on the embeddings' device {device}, got {ref_embeddings.device}."

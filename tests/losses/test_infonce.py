@@ -238,7 +238,7 @@ def test_bad_inputs_are_named():
         loss(embeddings, labels, (labels, labels))
     with pytest.raises(ValueError, match="positive pairs have 2 anchors but 1 partners"):
         loss(embeddings, labels, (torch.tensor([0, 1]), torch.tensor([1]), torch.tensor([2, 2])))
-    with pytest.raises(TypeError, match="indices_tuple's n must be an integer tensor"):
+    with pytest.raises(TypeError, match="indices_tuple's n must be a 1-D integer tensor"):
         loss(embeddings, labels, (labels, labels, labels, embeddings[:, 0]))
     with pytest.raises(ValueError, match="needs the pool every rank shares as ref_emb"):
         InfoNCELoss(symmetric=True)(embeddings, labels, global_mean=True)

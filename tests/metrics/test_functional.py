@@ -262,7 +262,7 @@ def test_bad_inputs_raise():
         retrieval_metrics(emb, labels[:3])
     with pytest.raises(ValueError, match="must be given together"):
         retrieval_metrics(emb, labels, emb)
-    with pytest.raises(ValueError, match="gallery_embeddings have dim 3 but query_embeddings have dim 2"):
+    with pytest.raises(ValueError, match="gallery_embeddings has dimension 3 but query_embeddings 2"):
         retrieval_metrics(emb, labels, torch.randn(4, 3), labels)
     with pytest.raises(ValueError, match="gallery_labels has 4 entries but gallery_embeddings has 5 rows"):
         retrieval_metrics(emb, labels, torch.randn(5, 2), labels)

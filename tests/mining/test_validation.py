@@ -47,7 +47,7 @@ EMB, LABELS = torch.randn(4, 3), torch.tensor([0, 0, 1, 1])
         (
             (EMB, LABELS, torch.randn(5, 2), torch.zeros(5, dtype=torch.int64)),
             {},
-            r"ref_embeddings must have the same dimension as embeddings, got 2 and 3",
+            r"ref_embeddings has dimension 2 but embeddings 3; they must match",
         ),
         (
             (EMB, LABELS, torch.randn(5, 3), torch.zeros(4, dtype=torch.int64)),
