@@ -94,15 +94,7 @@ class InfoNCELoss(_TupleLoss):
         self.symmetric = check_bool("symmetric", symmetric)
         self.negatives = check_choice("negatives", negatives, NEGATIVES)
 
-    def _loss(
-        self,
-        embeddings: torch.Tensor,
-        labels: torch.Tensor,
-        indices_tuple: tuple[torch.Tensor, ...] | None,
-        ref_emb: torch.Tensor | None,
-        ref_labels: torch.Tensor | None,
-        global_mean: bool,
-    ) -> torch.Tensor:
+    def _loss(self, embeddings, labels, indices_tuple, ref_emb, ref_labels, global_mean):
         checked = check_pool((embeddings, labels), (ref_emb, ref_labels), _NAMES, finite=False)
         pool, pool_labels = (embeddings, labels) if checked is None else checked
         if self.symmetric and global_mean and ref_emb is None:
