@@ -38,7 +38,7 @@ class EmbeddingModel(ComposerModel):
     embeddings of the whole batch, and the gradient is the unchunked one (tested to float tolerance),
     while activation memory is one chunk's. The cost is a second forward pass per step. Leave
     Composer's ``device_train_microbatch_size`` at the device batch size: Composer's microbatches are
-    separate forward passes, so mining would see only a microbatch again.
+    separate forward passes, so mining would see only a microbatch again (HardNegativeMining warns).
 
     Dropout draws its masks chunk by chunk and the recomputation replays each chunk's random state, so
     the gradient is exactly that of the forward that produced the embeddings. BatchNorm in training mode

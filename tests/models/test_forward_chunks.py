@@ -7,6 +7,9 @@ where the encoder has random state (dropout) or batch statistics (BatchNorm).
 
 from __future__ import annotations
 
+import re
+import warnings
+
 import pytest
 import torch
 from composer import Trainer
@@ -233,3 +236,38 @@ def test_training_through_the_trainer_matches_the_unchunked_run(strategy, memory
     for param, want in zip(params, expected):
         torch.testing.assert_close(param, want)
     assert not torch.allclose(_encoder()[0].weight, params[0])  # training moved the weights
+
+
+def _fit_microbatched(chunk: int | None, microbatch: int) -> list[str]:
+    """One epoch of 4 x 8 P x K batches with Composer's microbatches; the warnings it raised."""
+    features, labels = _data(rows=64)
+    model = EmbeddingModel(_encoder(), TripletMarginLoss(margin=0.3), forward_chunk_size=chunk)
+    loader = build_dataloader(TensorDataset(features, labels), PKBatchSampler(labels, 4, 8, seed=1))
+    trainer = Trainer(
+        model=model,
+        train_dataloader=loader,
+        optimizers=torch.optim.SGD(model.parameters(), lr=0.1),
+        algorithms=[HardNegativeMining("semi_hard")],
+        max_duration="1ep",
+        device_train_microbatch_size=microbatch,
+        progress_bar=False,
+    )
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer.fit()
+    return [str(w.message) for w in caught if "HardNegativeMining" in str(w.message)]
+
+
+@pytest.mark.parametrize(
+    ("chunk", "advice"),
+    [(None, "EmbeddingModel\\(forward_chunk_size=N\\)"), (8, "forward_chunk_size=8 already")],
+)
+def test_microbatches_smaller_than_the_device_batch_warn_once(chunk, advice):
+    messages = _fit_microbatched(chunk, microbatch=16)
+    assert len(messages) == 1
+    assert "split the device batch of 32 rows into microbatches of 16" in messages[0]
+    assert re.search(advice, messages[0])
+
+
+def test_microbatches_at_the_device_batch_do_not_warn():
+    assert _fit_microbatched(8, microbatch=32) == []

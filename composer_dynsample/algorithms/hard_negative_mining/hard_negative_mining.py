@@ -14,6 +14,7 @@ from typing import Any
 import torch
 from composer.core import Algorithm, Event, State, Time, TimeUnit
 from composer.loggers import Logger
+from torch.nn.parallel import DistributedDataParallel
 
 from composer_dynsample import mining
 from composer_dynsample.algorithms._batch import batch_tensor
@@ -102,7 +103,10 @@ class HardNegativeMining(Algorithm):
     (see :mod:`composer_dynsample.mined` for the contract).
 
     ``AFTER_FORWARD`` fires once per microbatch, so the pool is the microbatch, plus the other ranks'
-    microbatches with ``cross_rank=True``, plus the cross-batch memory when it is on.
+    microbatches with ``cross_rank=True``, plus the cross-batch memory when it is on. When Composer splits
+    the device batch (``device_train_microbatch_size`` below it) this warns once: leave microbatching
+    off and bound memory with ``EmbeddingModel(forward_chunk_size=N)`` instead, which gives mining the
+    whole batch.
 
     Args:
         strategy (str | Mapping[str, str]): A strategy name (``batch_hard``, ``semi_hard``, ``hard_topk``,
@@ -182,19 +186,26 @@ class HardNegativeMining(Algorithm):
         self.log_margin = check_float("log_margin", log_margin, finite=True)
         self.collapse_threshold = check_float("collapse_threshold", collapse_threshold, minimum=0.0)
         self._warned_collapse = False
+        self._warned_microbatch = False
+        self._device_rows: int | None = None
 
     def match(self, event: Event, state: State) -> bool:
-        return event == Event.AFTER_FORWARD
+        return event in (Event.AFTER_DATALOADER, Event.AFTER_FORWARD)
 
     def apply(self, event: Event, state: State, logger: Logger) -> None:
         """Mine the microbatch, log its statistics and hand a :class:`MinedBatch` to the loss.
 
         Host syncs per step: one all-ranks finiteness flag (every rank must take the same branch before
         any collective) and one ``tolist`` of the stacked statistics, besides what the miner needs.
+        ``AFTER_DATALOADER`` only notes the device batch's size, before Composer splits it.
         """
+        if event == Event.AFTER_DATALOADER:
+            self._device_rows = _rows(self._labels(state))
+            return
         embeddings = _find(state.outputs, self.embeddings_key, "state.outputs", "embeddings_key")
         labels = self._labels(state)
         _check_embeddings_and_labels(embeddings, labels)
+        self._check_microbatch(labels.shape[0], state)
         strategy = self.strategy_at(state)
         embeddings, pool, tuples, stats = self._mine_or_skip(embeddings, labels, strategy, state)
         values = dict(zip(stats, torch.stack(list(stats.values())).tolist()))  # the statistics' one host sync
@@ -296,6 +307,28 @@ class HardNegativeMining(Algorithm):
             f"{spread:.2e} < {self.collapse_threshold:g} at batch {int(state.timestamp.batch)}). Batch-hard "
             "mining from the first step often does this; start with semi_hard and switch later, e.g. "
             "strategy={'0ep': 'semi_hard', '40ep': 'batch_hard'}, or lower the learning rate.",
+            UserWarning,
+            stacklevel=2,
+        )
+
+    def _check_microbatch(self, rows: int, state: State) -> None:
+        """Warn once when Composer split the device batch, so that mining sees a microbatch, not the batch."""
+        if self._warned_microbatch or self._device_rows is None or rows >= self._device_rows:
+            return
+        self._warned_microbatch = True
+        model = state.model.module if isinstance(state.model, DistributedDataParallel) else state.model
+        chunk = getattr(model, "forward_chunk_size", None)
+        advice = (
+            f"forward_chunk_size={chunk} already bounds the activation memory: set "
+            f"device_train_microbatch_size to the device batch ({self._device_rows})"
+            if chunk
+            else "EmbeddingModel(forward_chunk_size=N) with device_train_microbatch_size at the device batch "
+            "gives mining the whole batch at one chunk's activation memory"
+        )
+        warnings.warn(
+            f"HardNegativeMining: Composer split the device batch of {self._device_rows} rows into "
+            f"microbatches of {rows} (device_train_microbatch_size), so mining, the cross-batch memory and "
+            f"the loss see one microbatch at a time. {advice}.",
             UserWarning,
             stacklevel=2,
         )
@@ -404,6 +437,10 @@ def _all_ranks_finite(embeddings: torch.Tensor) -> bool:
 def _empty_like(strategy: str, device: torch.device) -> tuple[torch.Tensor, ...]:
     empty = torch.empty(0, dtype=torch.int64, device=device)
     return (empty,) * (4 if strategy == "multi_similarity" else 3)
+
+
+def _rows(labels: object) -> int | None:
+    return int(labels.shape[0]) if isinstance(labels, torch.Tensor) and labels.ndim else None
 
 
 def _zero_stand_in(embeddings: torch.Tensor, model: torch.nn.Module) -> torch.Tensor:
