@@ -272,6 +272,25 @@ def test_collapse_warns_once():
     assert sum("have collapsed" in str(w.message) for w in caught) == 1
 
 
+@pytest.mark.parametrize("memory_size", [0, 16])
+def test_collapse_warns_again_after_the_embeddings_spread_out_and_names_the_memory(memory_size):
+    """Collapsed first outputs (batch 0), spread (batches 1-2), collapsed again (batches 3+): two warnings."""
+
+    class Phases(CountingEncoder):
+        def forward(self, x):
+            out = super().forward(x)
+            return out * 0 + 1.0 if self.calls == 1 or self.calls > 3 else out
+
+    algorithm = HardNegativeMining("semi_hard", memory_size=memory_size)
+    trainer, _, _ = make_trainer(algorithm, encoder=Phases(), max_duration="6ba")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer.fit()
+    messages = [str(w.message) for w in caught if "have collapsed" in str(w.message)]
+    assert [m.split(" at batch ")[1].split(")")[0] for m in messages] == ["0", "3"]
+    assert all(("memory_start" in m) == bool(memory_size) for m in messages)
+
+
 def test_memory_joins_the_pool_after_its_start_and_holds_detached_rows():
     recorder = Recorder()
     algorithm = HardNegativeMining("batch_hard", memory_size=40, memory_start="2ba")

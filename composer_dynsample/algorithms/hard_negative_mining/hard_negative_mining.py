@@ -133,8 +133,9 @@ class HardNegativeMining(Algorithm):
             no NaN reaches the weights). Default: ``"raise"``.
         log_margin (float): The margin of the logged fraction of active triplets
             (``d(a, p) - d(a, n) + margin > 0``). Default: ``0.2``.
-        collapse_threshold (float): Warn once when the mean pairwise distance of a microbatch falls below
-            this: the embeddings have collapsed to a point. Default: ``1e-3``.
+        collapse_threshold (float): Warn when the mean pairwise distance of a microbatch falls below
+            this: the embeddings have collapsed to a point. Once per fall: after it recovers to ten times
+            the threshold, a new fall warns again. Default: ``1e-3``.
 
     Example:
         >>> from composer import Trainer
@@ -298,15 +299,29 @@ class HardNegativeMining(Algorithm):
         return current
 
     def _check_collapse(self, stats: dict[str, float], state: State) -> None:
+        """Warn when the spread falls below ``collapse_threshold``: once per fall, so that a network whose
+        first outputs are nearly identical (common without normalisation layers) and that spreads out
+        still gets a warning if it collapses later. Recovery means ten times the threshold."""
         spread = stats.get("embedding_spread")
-        if spread is None or self._warned_collapse or spread >= self.collapse_threshold:
+        if spread is None:
+            return
+        if spread >= 10 * self.collapse_threshold:
+            self._warned_collapse = False
+            return
+        if self._warned_collapse or spread >= self.collapse_threshold:
             return
         self._warned_collapse = True
+        memory = (
+            " A cross-batch memory that starts while the embeddings still move fast can do this too: start "
+            "it later (memory_start)."
+            if self.memory is not None and _reached(state, self.memory_start)
+            else ""
+        )
         warnings.warn(
             f"HardNegativeMining: the embeddings have collapsed (mean pairwise {self.distance} distance "
             f"{spread:.2e} < {self.collapse_threshold:g} at batch {int(state.timestamp.batch)}). Batch-hard "
             "mining from the first step often does this; start with semi_hard and switch later, e.g. "
-            "strategy={'0ep': 'semi_hard', '40ep': 'batch_hard'}, or lower the learning rate.",
+            "strategy={'0ep': 'semi_hard', '40ep': 'batch_hard'}, or lower the learning rate." + memory,
             UserWarning,
             stacklevel=2,
         )
