@@ -6,7 +6,8 @@ The test classes are disjoint from the train classes and scored leave-one-out am
 (Musgrave et al. 2020): MAP@R, R-precision and Recall@1, mean and standard error over seeds. A
 difference counts only beyond two standard errors of the difference.
 
-    python benchmarks/quality_glyphs.py [--quick] [--seeds 0 1 2] [--threads 1] [--group quality_glyphs|sampling_glyphs|contrastive_glyphs]
+    python benchmarks/quality_glyphs.py [--quick] [--seeds 0 1 2] [--threads 1] [--group GROUP]
+        [--recipes NAME ...] [--merge] [--rebuild]
 
 ``make bench`` runs the mining strategies into ``results/quality_glyphs.*``, the samplers (hard-class
 and neighbour batches against plain P x K, same miner and loss) into ``results/sampling_glyphs.*`` and
@@ -70,6 +71,57 @@ RECIPES = {
         "yamls/glyphs_infonce.yaml",
         ["sampler.classes_per_batch=128", "model.forward_chunk_size=128"],
     ),
+    "InfoNCE, batch + memory 1024 from 10ep": (
+        "yamls/glyphs_infonce.yaml",
+        [
+            "algorithms.hard_negative_mining.memory_size=1024",
+            "algorithms.hard_negative_mining.memory_start=10ep",
+        ],
+    ),
+    "InfoNCE, batch + memory 256": (
+        "yamls/glyphs_infonce.yaml",
+        [
+            "algorithms.hard_negative_mining.memory_size=256",
+            "algorithms.hard_negative_mining.memory_start=2ep",
+        ],
+    ),
+    "InfoNCE, B = 512 in chunks of 128, 80 epochs (as many steps)": (
+        "yamls/glyphs_infonce.yaml",
+        [
+            "sampler.classes_per_batch=128",
+            "model.forward_chunk_size=128",
+            "trainer.max_duration=80ep",
+            "trainer.save_interval=20ep",
+            "evaluation.interval=20ep",
+        ],
+    ),
+    "InfoNCE, batch negatives, 80 epochs": (
+        "yamls/glyphs_infonce.yaml",
+        ["trainer.max_duration=80ep", "trainer.save_interval=20ep", "evaluation.interval=20ep"],
+    ),
+    "InfoNCE, batch negatives, no BatchNorm": ("yamls/glyphs_infonce.yaml", ["model.encoder.norm=none"]),
+    "InfoNCE, batch + memory 256, no BatchNorm": (
+        "yamls/glyphs_infonce.yaml",
+        [
+            "algorithms.hard_negative_mining.memory_size=256",
+            "algorithms.hard_negative_mining.memory_start=2ep",
+            "model.encoder.norm=none",
+        ],
+    ),
+    "semi-hard + cross-batch memory 1024": (
+        "yamls/glyphs_semi_hard.yaml",
+        [
+            "algorithms.hard_negative_mining.memory_size=1024",
+            "algorithms.hard_negative_mining.memory_start=2ep",
+        ],
+    ),
+    "default + cross-batch memory 1024 from 10ep": (
+        "yamls/glyphs_default.yaml",
+        [
+            "algorithms.hard_negative_mining.memory_size=1024",
+            "algorithms.hard_negative_mining.memory_start=10ep",
+        ],
+    ),
 }
 # Which recipes each results file compares: the mining strategies, and the
 # model-aware samplers against plain P x K with the default miner and loss.
@@ -83,6 +135,16 @@ GROUPS = {
     "contrastive_glyphs": [
         DEFAULT, "InfoNCE, batch negatives", "InfoNCE, mined negatives only", "InfoNCE, batch + memory 1024",
         "InfoNCE, B = 512 in chunks of 128",
+    ],
+    # Why the larger pools do not pay: the memory's start and size, and the 4x batch at equal steps.
+    "contrastive_sweep": [
+        "InfoNCE, batch + memory 1024 from 10ep", "InfoNCE, batch + memory 256",
+        "InfoNCE, B = 512 in chunks of 128, 80 epochs (as many steps)", "InfoNCE, batch negatives, 80 epochs",
+    ],
+    # Why the memory costs the triplet recipe: batch-hard against it, or the memory's early start.
+    "memory_sweep": [
+        "semi-hard", "semi-hard + cross-batch memory 1024", "default + cross-batch memory 1024 from 10ep",
+        "InfoNCE, batch negatives, no BatchNorm", "InfoNCE, batch + memory 256, no BatchNorm",
     ],
     # Why the samplers do not pay (yet): the hard fraction, the miner, the table's staleness, the guards.
     "sampling_sweep": [
@@ -177,6 +239,18 @@ def rebuild(out: Path, group: str) -> dict:
     return write_results(out, group, False, result, text, plot=lambda path: plot(result["recipes"], path))
 
 
+def _merged(stored: Path, recipes: dict, seeds: list[int], group: str) -> dict:
+    """The stored results of ``group`` with ``recipes`` replacing theirs, in the group's order."""
+    if not stored.exists():
+        return recipes
+    result = json.loads(stored.read_text())
+    if result["seeds"] != seeds:
+        raise SystemExit(f"--merge: {stored} was run with seeds {result['seeds']}, this run with {seeds}.")
+    merged = {**result["recipes"], **recipes}
+    order = [name for name in GROUPS[group] if name in merged]
+    return {name: merged[name] for name in order + [n for n in merged if n not in order]}
+
+
 def main(argv: list[str] | None = None) -> dict:
     parser = make_parser(__doc__, quick_help="one seed, 1 epoch, 4 faces per train class: a smoke test")
     parser.add_argument("--seeds", type=int, nargs="+", default=None)
@@ -185,6 +259,11 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--group", choices=sorted(GROUPS), default="quality_glyphs", help="which comparison")
     parser.add_argument(
         "--rebuild", action="store_true", help="rewrite the .md and .png from the .json, no runs"
+    )
+    parser.add_argument(
+        "--merge",
+        action="store_true",
+        help="keep the group's stored recipes that this run does not redo (with --recipes: rerun a few)",
     )
     args = parser.parse_args(argv)
     if args.rebuild:
@@ -210,6 +289,8 @@ def main(argv: list[str] | None = None) -> dict:
                       f"train {run['fit_s']:.1f} s", flush=True)  # fmt: skip
                 runs.append(run)
             recipes[name] = summarise(runs)
+    if args.merge:
+        recipes = _merged(args.out / f"{args.group}.json", recipes, seeds, args.group)
     decision = verdict(recipes)
     text = table(recipes, seeds, decision)
     print(f"\n{text}")
