@@ -29,6 +29,7 @@ from _common import parser as make_parser
 from quality import run_one
 
 DEFAULT = "semi-hard -> batch-hard @10ep (default)"
+_LONG = ["trainer.max_duration=80ep", "trainer.save_interval=20ep"]
 RECIPES = {
     "random triplets": ("yamls/glyphs_random_triplets.yaml", []),
     "semi-hard": ("yamls/glyphs_semi_hard.yaml", []),
@@ -108,6 +109,18 @@ RECIPES = {
             "model.encoder.norm=none",
         ],
     ),
+    "default, 80 epochs (batch-hard from 40ep)": (
+        "yamls/glyphs_default.yaml",
+        [*_LONG, 'algorithms.hard_negative_mining.strategy={"0ep": semi_hard, "40ep": batch_hard}'],
+    ),
+    "hard-class P x K, 80 epochs (batch-hard from 40ep)": (
+        "yamls/glyphs_hard_class.yaml",
+        [*_LONG, 'algorithms.hard_negative_mining.strategy={"0ep": semi_hard, "40ep": batch_hard}'],
+    ),
+    "InfoNCE + hard-class P x K, 80 epochs": (
+        "yamls/glyphs_hard_class.yaml",
+        [*_LONG, "model.loss={name: info_nce, temperature: 0.1}"],
+    ),
     "semi-hard + cross-batch memory 1024": (
         "yamls/glyphs_semi_hard.yaml",
         [
@@ -145,6 +158,11 @@ GROUPS = {
     "memory_sweep": [
         "semi-hard", "semi-hard + cross-batch memory 1024", "default + cross-batch memory 1024 from 10ep",
         "InfoNCE, batch negatives, no BatchNorm", "InfoNCE, batch + memory 256, no BatchNorm",
+    ],
+    # Four times the epochs (the 20-epoch recipes are far from converged): do hard classes pay there?
+    "long_glyphs": [
+        "default, 80 epochs (batch-hard from 40ep)", "hard-class P x K, 80 epochs (batch-hard from 40ep)",
+        "InfoNCE, batch negatives, 80 epochs", "InfoNCE + hard-class P x K, 80 epochs",
     ],
     # Why the samplers do not pay (yet): the hard fraction, the miner, the table's staleness, the guards.
     "sampling_sweep": [
