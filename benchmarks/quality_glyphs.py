@@ -12,6 +12,10 @@ difference counts only beyond two standard errors of the difference.
 ``make bench`` runs the mining strategies into ``results/quality_glyphs.*``, the samplers (hard-class
 and neighbour batches against plain P x K, same miner and loss) into ``results/sampling_glyphs.*`` and
 InfoNCE with growing pools against the default triplet recipe into ``results/contrastive_glyphs.*``.
+The other groups explain those comparisons and are not part of ``make bench``: ``sampling_sweep``,
+``contrastive_sweep`` and ``memory_sweep`` (why the samplers, the larger pools and the memory do not
+pay) and ``long_glyphs`` (four times the epochs). ``--recipes`` reruns a few recipes of a group and
+``--merge`` adds them to its stored results.
 """
 
 from __future__ import annotations
