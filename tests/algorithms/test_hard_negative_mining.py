@@ -7,7 +7,7 @@ import warnings
 import pytest
 import torch
 from composer import Trainer
-from composer.core import Callback, State
+from composer.core import Callback, Event, State
 from composer.loggers import InMemoryLogger, Logger
 from pytorch_metric_learning import losses as pml_losses
 from torch.utils.data import TensorDataset
@@ -248,6 +248,18 @@ def test_missing_labels_name_what_was_looked_for():
         ValueError, match=r"state.batch\['labels'\].*keys \['features', 'target'\].*Set labels_key"
     ):
         trainer.fit()
+
+
+def test_the_device_batch_is_measured_at_after_dataloader_without_requiring_labels_yet():
+    """Another algorithm may add the labels after the dataloader; only AFTER_FORWARD insists on them."""
+    algorithm = HardNegativeMining("batch_hard")
+    trainer, _, _ = make_trainer(algorithm, max_duration="1ba")
+    trainer.state.batch = {"features": torch.randn(6, DIM)}
+    algorithm.apply(Event.AFTER_DATALOADER, trainer.state, trainer.logger)
+    assert algorithm._device_rows is None
+    trainer.state.batch = {"features": torch.randn(6, DIM), "labels": torch.arange(6)}
+    algorithm.apply(Event.AFTER_DATALOADER, trainer.state, trainer.logger)
+    assert algorithm._device_rows == 6
 
 
 def test_wrong_label_dtype_is_rejected():

@@ -200,8 +200,8 @@ class HardNegativeMining(Algorithm):
         any collective) and one ``tolist`` of the stacked statistics, besides what the miner needs.
         ``AFTER_DATALOADER`` only notes the device batch's size, before Composer splits it.
         """
-        if event == Event.AFTER_DATALOADER:
-            self._device_rows = _rows(self._labels(state))
+        if event == Event.AFTER_DATALOADER:  # labels that are not there yet are looked for at AFTER_FORWARD
+            self._device_rows = _rows(batch_tensor(state, self.labels_key, "labels", 1)[0])
             return
         embeddings = _find(state.outputs, self.embeddings_key, "state.outputs", "embeddings_key")
         labels = self._labels(state)
