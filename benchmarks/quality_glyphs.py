@@ -121,6 +121,18 @@ RECIPES = {
         "yamls/glyphs_hard_class.yaml",
         [*_LONG, 'algorithms.hard_negative_mining.strategy={"0ep": semi_hard, "40ep": batch_hard}'],
     ),
+    "hard-class, hard_fraction 0.25, 80 epochs (batch-hard from 40ep)": (
+        "yamls/glyphs_hard_class.yaml",
+        [
+            *_LONG,
+            'algorithms.hard_negative_mining.strategy={"0ep": semi_hard, "40ep": batch_hard}',
+            "sampler.hard_fraction=0.25",
+        ],
+    ),
+    "neighbour batches, 80 epochs (batch-hard from 40ep)": (
+        "yamls/glyphs_neighbours.yaml",
+        [*_LONG, 'algorithms.hard_negative_mining.strategy={"0ep": semi_hard, "40ep": batch_hard}'],
+    ),
     "InfoNCE + hard-class P x K, 80 epochs": (
         "yamls/glyphs_hard_class.yaml",
         [*_LONG, "model.loss={name: info_nce, temperature: 0.1}"],
@@ -167,6 +179,8 @@ GROUPS = {
     "long_glyphs": [
         "default, 80 epochs (batch-hard from 40ep)", "hard-class P x K, 80 epochs (batch-hard from 40ep)",
         "InfoNCE, batch negatives, 80 epochs", "InfoNCE + hard-class P x K, 80 epochs",
+        "hard-class, hard_fraction 0.25, 80 epochs (batch-hard from 40ep)",
+        "neighbour batches, 80 epochs (batch-hard from 40ep)",
     ],
     # Why the samplers do not pay (yet): the hard fraction, the miner, the table's staleness, the guards.
     "sampling_sweep": [
