@@ -393,7 +393,7 @@ def _count_below(
         for j in range(1, sorted_thr.shape[1]):
             count.add_(torch.gt(mat, sorted_thr[:, j : j + 1], out=step))
         bucket.copy_(_whole(count, step))
-    elif mat.element_size() == 8:
+    elif mat.element_size() == 8 or sorted_thr.shape[1] >= 2**24:  # the grid counts in float32
         torch.searchsorted(sorted_thr, mat, out=bucket)
     else:
         _grid_count_below(mat, sorted_thr, bucket, work)
@@ -452,10 +452,14 @@ def _grid_count_below(
     torch.gather(before, 1, cell, out=bucket)  # a; work is free again
     count = work[: 4 * numel].view(mat.dtype).view(mat.shape)
     step = work[4 * numel :].view(mat.dtype).view(mat.shape)
-    count.zero_()
-    for k in range(most):
+    torch.gt(mat, torch.gather(padded, 1, bucket, out=step), out=count)
+    for k in range(1, most):
         count.add_(torch.gt(mat, torch.gather(padded[:, k:], 1, bucket, out=step), out=step))
-    bucket.add_(_whole(count, step))
+    # a + count in float (whole numbers below 2**24, so exact) and back: adding the counts to the int64
+    # bucket directly would promote them through a fresh int64 temporary, which on CPU costs a page
+    # fault per 4 KiB (see scratch_buffer) and was the slowest step of the whole miner.
+    count.add_(step.copy_(bucket))
+    bucket.copy_(count)
 
 
 def _packed_bucket_minima(
