@@ -202,15 +202,18 @@ def test_features_that_cannot_be_split_are_named():
 LOSSES = {"multi_similarity": MultiSimilarityLoss(), "batch_hard": InfoNCELoss(temperature=0.1)}
 
 
-def fit_with_chunks(
-    chunk: int | None, strategy: str, memory_size: int, **mining: object
-) -> list[torch.Tensor]:
-    """Two epochs of 4 x 8 P x K batches through the Trainer; the trained parameters.
-
-    The loss follows the miner (multi-similarity pairs, InfoNCE on batch-hard, else triplets); the 2-rank
-    tests pass ``cross_rank=True, gather="autograd"`` as ``mining``.
-    """
-    features, labels = _data(rows=128)
+def _trainer(
+    chunk: int | None,
+    strategy: str,
+    *,
+    rows: int,
+    lr: float,
+    mining: dict[str, object],
+    **trainer_options: object,
+) -> tuple[Trainer, EmbeddingModel]:
+    """A Trainer over ``rows`` samples in 4 x 8 P x K batches; the loss follows the miner
+    (multi-similarity pairs, InfoNCE on batch-hard, else triplets)."""
+    features, labels = _data(rows=rows)
     model = EmbeddingModel(
         _encoder(), LOSSES.get(strategy, TripletMarginLoss(margin=0.3)), forward_chunk_size=chunk
     )
@@ -218,10 +221,23 @@ def fit_with_chunks(
     trainer = Trainer(
         model=model,
         train_dataloader=loader,
-        optimizers=torch.optim.SGD(model.parameters(), lr=0.2),
-        algorithms=[HardNegativeMining(strategy, memory_size=memory_size, **mining)],
-        max_duration="2ep",
+        optimizers=torch.optim.SGD(model.parameters(), lr=lr),
+        algorithms=[HardNegativeMining(strategy, **mining)],
         progress_bar=False,
+        **trainer_options,
+    )
+    return trainer, model
+
+
+def fit_with_chunks(
+    chunk: int | None, strategy: str, memory_size: int, **mining: object
+) -> list[torch.Tensor]:
+    """Two epochs of 4 x 8 P x K batches through the Trainer; the trained parameters.
+
+    The 2-rank tests pass ``cross_rank=True, gather="autograd"`` as ``mining``.
+    """
+    trainer, model = _trainer(
+        chunk, strategy, rows=128, lr=0.2, mining={"memory_size": memory_size, **mining}, max_duration="2ep"
     )
     trainer.fit()
     return [p.detach().clone() for p in model.parameters()]
@@ -240,17 +256,14 @@ def test_training_through_the_trainer_matches_the_unchunked_run(strategy, memory
 
 def _fit_microbatched(chunk: int | None, microbatch: int) -> list[str]:
     """One epoch of 4 x 8 P x K batches with Composer's microbatches; the warnings it raised."""
-    features, labels = _data(rows=64)
-    model = EmbeddingModel(_encoder(), TripletMarginLoss(margin=0.3), forward_chunk_size=chunk)
-    loader = build_dataloader(TensorDataset(features, labels), PKBatchSampler(labels, 4, 8, seed=1))
-    trainer = Trainer(
-        model=model,
-        train_dataloader=loader,
-        optimizers=torch.optim.SGD(model.parameters(), lr=0.1),
-        algorithms=[HardNegativeMining("semi_hard")],
+    trainer, _ = _trainer(
+        chunk,
+        "semi_hard",
+        rows=64,
+        lr=0.1,
+        mining={},
         max_duration="1ep",
         device_train_microbatch_size=microbatch,
-        progress_bar=False,
     )
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
