@@ -14,13 +14,12 @@ from typing import Any
 import torch
 from composer.core import Algorithm, Event, State, Time, TimeUnit
 from composer.loggers import Logger
-from torch.nn.parallel import DistributedDataParallel
 
 from composer_dynsample import mining
 from composer_dynsample.algorithms._batch import batch_tensor
 from composer_dynsample.algorithms.hard_negative_mining.memory import CrossBatchMemory
 from composer_dynsample.distances import paired_distance
-from composer_dynsample.distributed import all_reduce_sum, get_world_size
+from composer_dynsample.distributed import all_reduce_sum, get_world_size, unwrap_model
 from composer_dynsample.mined import MinedBatch
 from composer_dynsample.mining.pool import Pool, assemble_pool
 from composer_dynsample.mining.statistics import mining_statistics
@@ -331,8 +330,7 @@ class HardNegativeMining(Algorithm):
         if self._warned_microbatch or self._device_rows is None or rows >= self._device_rows:
             return
         self._warned_microbatch = True
-        model = state.model.module if isinstance(state.model, DistributedDataParallel) else state.model
-        chunk = getattr(model, "forward_chunk_size", None)
+        chunk = getattr(unwrap_model(state.model), "forward_chunk_size", None)
         advice = (
             f"forward_chunk_size={chunk} already bounds the activation memory: set "
             f"device_train_microbatch_size to the device batch ({self._device_rows})"
