@@ -24,6 +24,8 @@ from composer_dynsample.validation import check_choice, check_float, check_int
 __all__ = ["HardClassPKBatchSampler", "nearest_classes"]
 
 
+#: Valid values of ``search`` for :func:`nearest_classes` and :class:`HardClassPKBatchSampler`.
+CLASS_SEARCHES = ("auto", "exact", "ivf")
 # Up to this many classes with a centroid, ``search="auto"`` is exact: a few seconds at most on 2 cores.
 EXACT_SEARCH_MAX_CLASSES = 10_000
 _SLACK = 8  # candidates kept beyond ``limit`` by the float32 pass, so the float64 ranking sees the true top
@@ -70,7 +72,7 @@ def nearest_classes(
         [[2], [2], [0]]
     """
     check_choice("distance", distance, ("euclidean", "cosine"))
-    check_choice("search", search, ("auto", "exact", "ivf"))
+    check_choice("search", search, CLASS_SEARCHES)
     check_int("chunk_size", chunk_size, minimum=1)
     points = centroids.detach().to(torch.float64).cpu()
     if distance == "cosine":
@@ -246,7 +248,7 @@ class HardClassPKBatchSampler(PKBatchSampler):
             "hard_fraction", hard_fraction, minimum=0, maximum=1, strict_maximum=True
         )
         self.distance = check_choice("distance", distance, ("euclidean", "cosine"))
-        self.search = check_choice("search", search, ("auto", "exact", "ivf"))
+        self.search = check_choice("search", search, CLASS_SEARCHES)
         self._pending: torch.Tensor | None = None
         self._centroids: torch.Tensor | None = None  # the snapshot the current epoch's batches use
         self._neighbours: np.ndarray | None = None
@@ -382,7 +384,7 @@ class _Plan:
     """The state of a hard-class epoch being planned: chunks left and used per class, the batch so far."""
 
     def __init__(self, left: np.ndarray, n: int, p: int, rng: np.random.Generator) -> None:
-        self.n, self.p, self.slot = n, p, 0
+        self.n, self.slot = n, 0
         self.counts = left.tolist()
         self.pool = _TokenPool(rng.permutation(np.repeat(np.arange(left.size), left)).tolist(), self.counts)
         self.due: list[list[int]] = [[] for _ in range(n + 1)]
