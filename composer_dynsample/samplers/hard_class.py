@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from composer_dynsample.samplers._ranking import SLACK, rank_columns
 from composer_dynsample.samplers.base import epoch_rng
 from composer_dynsample.samplers.pk import PKBatchSampler
 from composer_dynsample.validation import check_choice, check_float, check_int
@@ -28,7 +29,6 @@ __all__ = ["HardClassPKBatchSampler", "nearest_classes"]
 CLASS_SEARCHES = ("auto", "exact", "ivf")
 # Up to this many classes with a centroid, ``search="auto"`` is exact: a few seconds at most on 2 cores.
 EXACT_SEARCH_MAX_CLASSES = 10_000
-_SLACK = 8  # candidates kept beyond ``limit`` by the float32 pass, so the float64 ranking sees the true top
 _KMEANS_ITERATIONS = 10
 _KMEANS_POINTS_PER_CELL = 32
 _IVF_PROBES = 8  # a cell's queries meet the classes of about this many average cells
@@ -82,7 +82,7 @@ def nearest_classes(
     usable = torch.ones(count, dtype=torch.bool) if valid is None else valid.cpu().bool()
     if search == "ivf" and limit is None:
         raise ValueError("search='ivf' needs a limit: it finds a few nearest classes, not every order.")
-    small = int(usable.sum()) <= max(EXACT_SEARCH_MAX_CLASSES if search == "auto" else 0, 4 * (keep + _SLACK))
+    small = int(usable.sum()) <= max(EXACT_SEARCH_MAX_CLASSES if search == "auto" else 0, 4 * (keep + SLACK))
     if search == "exact" or limit is None or small:
         return _rank_candidates(points, _exact_candidates(points, usable, keep, chunk_size), usable, keep)
     return _ivf_nearest(points, usable, keep)
@@ -92,18 +92,18 @@ def _exact_candidates(points: torch.Tensor, usable: torch.Tensor, keep: int, chu
     """Every class's ``keep + 8`` nearest usable classes by float32 distance, or all others when few."""
     count = points.shape[0]
     others = torch.arange(count)
-    if keep + _SLACK + 1 >= int(usable.sum()):  # few enough to rank every other class in float64
+    if keep + SLACK + 1 >= int(usable.sum()):  # few enough to rank every other class in float64
         return others.expand(count, count)
     fast = points.float()
     norms = (fast * fast).sum(dim=1)
-    out = torch.empty(count, keep + _SLACK, dtype=torch.int64)
+    out = torch.empty(count, keep + SLACK, dtype=torch.int64)
     for start in range(0, count, chunk_size):
         block = fast[start : start + chunk_size]
         squared = norms[start : start + chunk_size, None] - 2 * block @ fast.T + norms[None, :]
         squared[:, ~usable] = float("inf")
         rows = torch.arange(block.shape[0])
         squared[rows, rows + start] = float("inf")
-        out[start : start + chunk_size] = squared.topk(keep + _SLACK, dim=1, largest=False).indices
+        out[start : start + chunk_size] = squared.topk(keep + SLACK, dim=1, largest=False).indices
     return out
 
 
@@ -121,8 +121,7 @@ def _rank_candidates(
         squared = ((points[chosen] - points[rows, None]) ** 2).sum(dim=2)
         squared[~usable[chosen]] = float("inf")
         squared[chosen == rows[:, None]] = float("nan")  # oneself: after everything, even the unusable
-        key = squared.numpy()
-        order = np.lexsort((chosen.numpy(), np.isnan(key), key), axis=1)[:, :keep]
+        order = rank_columns(squared.numpy(), chosen.numpy(), keep)
         out[start : start + chosen.shape[0]] = np.take_along_axis(chosen.numpy(), order, axis=1)
     return out
 
@@ -170,8 +169,7 @@ def _smallest(values: torch.Tensor, labels: np.ndarray, keep: int) -> np.ndarray
     """Per row, the ``labels`` of the ``keep`` smallest ``values``, ordered by value then label."""
     kept, top = values.topk(keep, dim=1, largest=False)
     chosen = labels[top.numpy()]
-    order = np.lexsort((chosen, kept.numpy()), axis=1)
-    return np.take_along_axis(chosen, order, axis=1)
+    return np.take_along_axis(chosen, rank_columns(kept.numpy(), chosen, keep), axis=1)
 
 
 def _kmeans(points: torch.Tensor, cells: int) -> torch.Tensor:

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from composer_dynsample.samplers._ranking import SLACK, rank_columns
 from composer_dynsample.samplers.base import DistributedBatchSampler, _as_index_array, epoch_rng
 from composer_dynsample.validation import check_choice, check_float, check_int
 
@@ -26,7 +27,6 @@ __all__ = ["NeighbourBatchSampler", "nearest_other_class"]
 
 SEARCHES = ("exact", "faiss", "faiss_ivf")
 _IVF_PROBES = 32  # IVF cells searched per query, of about sqrt(N)
-_SLACK = 8  # candidates kept beyond the wanted ones by the float32 pass, ranked again in float64
 
 
 def _centroid_similarity(unit: torch.Tensor, labels: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
@@ -99,7 +99,7 @@ def nearest_other_class(
     skipped = {"rank_window": 0, "margin": 0}
     for start in range(0, n, chunk_size):
         rows = torch.arange(start, min(start + chunk_size, n))
-        candidates = find(rows, wanted + _SLACK)
+        candidates = find(rows, wanted + SLACK)
         values, indices = _rerank(unit, rows, candidates, wanted)
         kept = torch.isfinite(values[:, skip_top:])
         skipped["rank_window"] += int(torch.isfinite(values[:, :skip_top]).sum())
@@ -182,8 +182,7 @@ def _rerank(
     ``(values, indices)``, ``-inf`` and ``-1`` where a row has fewer."""
     similarity = (unit[rows, None, :] * unit[candidates.clamp(min=0)]).sum(dim=2)
     similarity[candidates < 0] = float("-inf")
-    order = np.lexsort((candidates.numpy(), -similarity.numpy()), axis=1)[:, :wanted]
-    order = torch.from_numpy(order)
+    order = torch.from_numpy(rank_columns(-similarity.numpy(), candidates.numpy(), wanted))
     values, indices = similarity.gather(1, order), candidates.gather(1, order)
     if values.shape[1] < wanted:
         pad = wanted - values.shape[1]
