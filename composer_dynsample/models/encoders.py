@@ -222,7 +222,11 @@ class Conv1dEncoder(_ConvEncoder):
         )
         length = None if input_length is None else _check_positive_int("input_length", input_length)
         super().__init__(None if length is None else (length,), conv, dropout, "the sequence length")
-        self.input_length = length
+
+    @property
+    def input_length(self) -> int | None:
+        """The sequence length given at construction (checked in ``forward``), or ``None``."""
+        return None if self._built_size is None else self._built_size[0]
 
 
 class Conv2dEncoder(_ConvEncoder):
@@ -290,7 +294,11 @@ class Conv2dEncoder(_ConvEncoder):
         )
         size = None if input_size is None else tuple(_per_layer("input_size", input_size, 2, "axis"))
         super().__init__(size, conv, dropout, "the image size H or (H, W)")
-        self.input_size = size
+
+    @property
+    def input_size(self) -> tuple[int, int] | None:
+        """The image size ``(H, W)`` given at construction (checked in ``forward``), or ``None``."""
+        return self._built_size  # type: ignore[return-value]
 
 
 class MLPEncoder(nn.Module):

@@ -43,6 +43,7 @@ def test_per_layer_channels_strides_and_multichannel_input():
 def test_global_pooling_needs_no_size_and_accepts_any_size():
     encoder = Conv2dEncoder(channels=4, embedding_dim=3)  # default pooling "avg"
     assert encoder(torch.randn(2, 9, 13)).shape == encoder(torch.randn(2, 1, 40, 40)).shape == (2, 3)
+    assert encoder.input_size is None
 
 
 def test_options_build_the_expected_layers():

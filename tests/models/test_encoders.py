@@ -19,7 +19,7 @@ def test_conv1d_per_layer_channels_strides_and_multichannel_input():
     encoder = Conv1dEncoder(
         input_length=33, in_channels=3, channels=[4, 6, 8], num_layers=3, strides=[2, 1, 2], kernel_size=3
     )
-    assert encoder(torch.randn(2, 3, 33)).shape == (2, 64)
+    assert encoder(torch.randn(2, 3, 33)).shape == (2, 64) and encoder.input_length == 33
     convs = [m for m in encoder.modules() if isinstance(m, torch.nn.Conv1d)]
     assert [c.out_channels for c in convs] == [4, 6, 8] and [c.stride[0] for c in convs] == [2, 1, 2]
 
@@ -27,6 +27,7 @@ def test_conv1d_per_layer_channels_strides_and_multichannel_input():
 def test_conv1d_global_pooling_needs_no_length_and_accepts_any_length():
     encoder = Conv1dEncoder(pooling="avg", channels=4, embedding_dim=3)
     assert encoder(torch.randn(2, 17)).shape == encoder(torch.randn(2, 50)).shape == (2, 3)
+    assert encoder.input_length is None
 
 
 def test_conv1d_options_build_the_expected_layers():
