@@ -385,10 +385,8 @@ def _count_below(
     written into buffers that are already touched). Many: a grid of cells (:func:`_grid_count_below`,
     a fixed number of passes) for 32-bit distances, ``searchsorted`` for float64 ones.
     """
-    span = mat.numel() * mat.element_size()
-    count = work[:span].view(mat.dtype).view(mat.shape)
-    step = work[span : 2 * span].view(mat.dtype).view(mat.shape)
     if sorted_thr.shape[1] <= _LOOP_MAX_WIDTH:
+        count, step = _two_matrices(work, mat)
         torch.gt(mat, sorted_thr[:, :1], out=count)
         for j in range(1, sorted_thr.shape[1]):
             count.add_(torch.gt(mat, sorted_thr[:, j : j + 1], out=step))
@@ -397,6 +395,13 @@ def _count_below(
         torch.searchsorted(sorted_thr, mat, out=bucket)
     else:
         _grid_count_below(mat, sorted_thr, bucket, work)
+
+
+def _two_matrices(work: torch.Tensor, mat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The two matrices of ``mat``'s shape and dtype that the bytes of ``work`` hold, one after the other."""
+    span = mat.numel() * mat.element_size()
+    first, second = (work[i * span : (i + 1) * span].view(mat.dtype).view(mat.shape) for i in (0, 1))
+    return first, second
 
 
 def _whole(src: torch.Tensor, spare: torch.Tensor) -> torch.Tensor:
@@ -450,8 +455,7 @@ def _grid_count_below(
     cell = work.view(torch.int64).view(mat.shape)
     cell.copy_(bucket.view(-1).view(torch.int32)[numel:].view(mat.shape).copy_(cell_of(mat, cell_float)))
     torch.gather(before, 1, cell, out=bucket)  # a; work is free again
-    count = work[: 4 * numel].view(mat.dtype).view(mat.shape)
-    step = work[4 * numel :].view(mat.dtype).view(mat.shape)
+    count, step = _two_matrices(work, mat)
     torch.gt(mat, torch.gather(padded, 1, bucket, out=step), out=count)
     for k in range(1, most):
         count.add_(torch.gt(mat, torch.gather(padded[:, k:], 1, bucket, out=step), out=step))
