@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from pathlib import Path
 
 import torch
+from composer import Trainer
 from composer.core import Callback, State
 from composer.loggers import Logger
 from composer.models import ComposerModel
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
+from composer_dynsample import PKBatchSampler, SetSamplerEpoch, build_dataloader
 
 
 class IndexClassifier(ComposerModel):
@@ -75,3 +79,48 @@ def assert_each_epoch_has_its_own_order(recorder: BatchRecorder, sampler, epochs
         expected = sampler.rank_batches(epoch).tolist()
         assert recorder.epoch(epoch) == expected, f"epoch {epoch} trained on another epoch's order"
     assert recorder.epoch(0) != recorder.epoch(1), "epochs 0 and 1 trained on the same order"
+
+
+def pk_run(
+    labels: torch.Tensor, seed: int, *, sampler=None, callbacks=(), max_duration="3ep", **trainer_kwargs
+):
+    """``(trainer, sampler, recorder)``: an IndexClassifier on ``labels`` with a BatchRecorder, its batches
+    from ``sampler`` or else P x K batches of 4 classes x 3 samples drawn with ``seed``."""
+    sampler = sampler or PKBatchSampler(labels, classes_per_batch=4, samples_per_class=3, seed=seed)
+    recorder = BatchRecorder()
+    trainer = Trainer(
+        model=IndexClassifier(labels.numel(), int(labels.max()) + 1),
+        train_dataloader=build_dataloader(index_dataset(labels), sampler),
+        max_duration=max_duration,
+        callbacks=[recorder, *callbacks],
+        progress_bar=False,
+        **trainer_kwargs,
+    )
+    return trainer, sampler, recorder
+
+
+def recorded_fit(make_run, *, revert: bool = False, **kwargs) -> tuple[PKBatchSampler, BatchRecorder]:
+    """Fit ``make_run(**kwargs)``, with Composer's batch_sampler fix reverted if ``revert``: ``(sampler, recorder)``."""
+    with reverted_batch_sampler_fix() if revert else contextlib.nullcontext():
+        trainer, sampler, recorder = make_run(**kwargs)
+        trainer.fit()
+    return sampler, recorder
+
+
+def assert_mid_epoch_resume_replays_the_rest(make_run, folder: Path, *, revert: bool) -> BatchRecorder:
+    """Run 3 epochs of 8 batches with SetSamplerEpoch, saving every 5 batches into ``folder``, then resume
+    from batch 10 (epoch 1, batch 2 of 8: mid-epoch, where EPOCH_START does not fire) and check that the
+    resumed run trains exactly the uninterrupted run's last 14 batches. Returns the resumed run's recorder."""
+    with reverted_batch_sampler_fix() if revert else contextlib.nullcontext():
+        trainer, _, full = make_run(
+            callbacks=[SetSamplerEpoch()], save_folder=str(folder), save_interval="5ba"
+        )
+        trainer.fit()
+        trainer.close()
+        resumed_trainer, _, resumed = make_run(
+            callbacks=[SetSamplerEpoch()], load_path=str(folder / "ep1-ba10-rank0.pt")
+        )
+        resumed_trainer.fit()
+    assert len(full.in_order()) == 24
+    assert resumed.in_order() == full.in_order()[10:]
+    return resumed

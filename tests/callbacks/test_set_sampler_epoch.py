@@ -7,7 +7,6 @@ the reverted trainer plus SetSamplerEpoch alone must pass again.
 
 from __future__ import annotations
 
-import contextlib
 import warnings
 
 import numpy as np
@@ -20,69 +19,42 @@ from torch.utils.data import BatchSampler, DataLoader, DistributedSampler
 
 from composer_dynsample import PKBatchSampler, SetSamplerEpoch, build_dataloader, find_epoch_target
 from tests.common import (
-    BatchRecorder,
     IndexClassifier,
     assert_each_epoch_has_its_own_order,
+    assert_mid_epoch_resume_replays_the_rest,
     index_dataset,
-    reverted_batch_sampler_fix,
+    pk_run,
+    recorded_fit,
 )
 from tests.distributed.elastic_run import make_trainer
 
 LABELS = torch.arange(96) % 8  # 8 classes of 12 samples: 8 PK batches of 4 classes x 3 samples per epoch
 
 
-def make_run(callbacks=(), **trainer_kwargs):
-    sampler = PKBatchSampler(LABELS, classes_per_batch=4, samples_per_class=3, seed=11)
-    recorder = BatchRecorder()
-    trainer = Trainer(
-        model=IndexClassifier(LABELS.numel(), 8),
-        train_dataloader=build_dataloader(index_dataset(LABELS), sampler),
-        max_duration=trainer_kwargs.pop("max_duration", "3ep"),
-        callbacks=[recorder, *callbacks],
-        progress_bar=False,
-        **trainer_kwargs,
-    )
-    return trainer, sampler, recorder
+def make_run(**kwargs):
+    return pk_run(LABELS, seed=11, **kwargs)
 
 
 def test_installed_composer_sets_the_batch_sampler_epoch():
-    trainer, sampler, recorder = make_run()
-    trainer.fit()
+    sampler, recorder = recorded_fit(make_run)
     assert len(sampler) == 8
     assert_each_epoch_has_its_own_order(recorder, sampler, epochs=3)
 
 
 def test_reverting_the_fix_is_caught():
-    with reverted_batch_sampler_fix():
-        trainer, sampler, recorder = make_run()
-        trainer.fit()
+    sampler, recorder = recorded_fit(make_run, revert=True)
     with pytest.raises(AssertionError, match="trained on"):
         assert_each_epoch_has_its_own_order(recorder, sampler, epochs=3)
 
 
 def test_set_sampler_epoch_alone_repairs_the_reverted_trainer():
-    with reverted_batch_sampler_fix():
-        trainer, sampler, recorder = make_run(callbacks=[SetSamplerEpoch()])
-        trainer.fit()
+    sampler, recorder = recorded_fit(make_run, revert=True, callbacks=[SetSamplerEpoch()])
     assert_each_epoch_has_its_own_order(recorder, sampler, epochs=3)
 
 
 @pytest.mark.parametrize("revert", [False, True], ids=["installed", "reverted+callback"])
 def test_mid_epoch_resume_yields_the_batches_of_the_uninterrupted_run(tmp_path, revert):
-    context = reverted_batch_sampler_fix() if revert else contextlib.nullcontext()
-    with context:
-        trainer, _, full = make_run(
-            callbacks=[SetSamplerEpoch()], save_folder=str(tmp_path), save_interval="5ba", max_duration="3ep"
-        )
-        trainer.fit()
-        trainer.close()
-        # Batch 10 is epoch 1, batch 2 of 8: a mid-epoch checkpoint, where EPOCH_START does not fire.
-        resumed_trainer, _, resumed = make_run(
-            callbacks=[SetSamplerEpoch()], load_path=str(tmp_path / "ep1-ba10-rank0.pt"), max_duration="3ep"
-        )
-        resumed_trainer.fit()
-    assert len(full.in_order()) == 24
-    assert resumed.in_order() == full.in_order()[10:]
+    resumed = assert_mid_epoch_resume_replays_the_rest(make_run, tmp_path, revert=revert)
     assert sorted(resumed.batches)[0] == (1, 2)
 
 

@@ -5,7 +5,6 @@ Run with ``python -m composer.cli.launcher -n 2 --master_port PORT -m pytest -m 
 
 from __future__ import annotations
 
-import contextlib
 import tempfile
 from pathlib import Path
 
@@ -15,13 +14,14 @@ from composer import Trainer
 from composer.utils import dist
 from torch.utils.data import DataLoader, IterableDataset
 
-from composer_dynsample import PKBatchSampler, SetSamplerEpoch, TwoStreamBatchSampler, build_dataloader
+from composer_dynsample import PKBatchSampler, SetSamplerEpoch, TwoStreamBatchSampler
 from tests.common import (
     BatchRecorder,
     IndexClassifier,
     assert_each_epoch_has_its_own_order,
-    index_dataset,
-    reverted_batch_sampler_fix,
+    assert_mid_epoch_resume_replays_the_rest,
+    pk_run,
+    recorded_fit,
 )
 
 pytestmark = pytest.mark.world_size(2)
@@ -29,18 +29,8 @@ pytestmark = pytest.mark.world_size(2)
 LABELS = torch.arange(192) % 8  # 8 classes of 24: 16 global PK batches of 4 x 3, 8 per rank
 
 
-def make_run(sampler=None, callbacks=(), **kwargs):
-    sampler = sampler or PKBatchSampler(LABELS, classes_per_batch=4, samples_per_class=3, seed=5)
-    recorder = BatchRecorder()
-    trainer = Trainer(
-        model=IndexClassifier(LABELS.numel(), 8),
-        train_dataloader=build_dataloader(index_dataset(LABELS), sampler),
-        max_duration=kwargs.pop("max_duration", "3ep"),
-        callbacks=[recorder, *callbacks],
-        progress_bar=False,
-        **kwargs,
-    )
-    return trainer, sampler, recorder
+def make_run(**kwargs):
+    return pk_run(LABELS, seed=5, **kwargs)
 
 
 def shared_tmp_dir() -> Path:
@@ -66,43 +56,26 @@ def test_sampler_defaults_to_the_process_group():
 
 
 def test_installed_composer_sets_epochs_and_shards_are_disjoint():
-    trainer, sampler, recorder = make_run()
-    trainer.fit()
+    sampler, recorder = recorded_fit(make_run)
     assert_each_epoch_has_its_own_order(recorder, sampler, epochs=3)
     assert_disjoint_across_ranks(recorder, epochs=3)
 
 
 def test_reverting_the_fix_is_caught_on_two_ranks():
-    with reverted_batch_sampler_fix():
-        trainer, sampler, recorder = make_run()
-        trainer.fit()
+    sampler, recorder = recorded_fit(make_run, revert=True)
     with pytest.raises(AssertionError, match="trained on"):
         assert_each_epoch_has_its_own_order(recorder, sampler, epochs=3)
 
 
 def test_set_sampler_epoch_alone_repairs_the_reverted_trainer_on_two_ranks():
-    with reverted_batch_sampler_fix():
-        trainer, sampler, recorder = make_run(callbacks=[SetSamplerEpoch()])
-        trainer.fit()
+    sampler, recorder = recorded_fit(make_run, revert=True, callbacks=[SetSamplerEpoch()])
     assert_each_epoch_has_its_own_order(recorder, sampler, epochs=3)
     assert_disjoint_across_ranks(recorder, epochs=3)
 
 
 @pytest.mark.parametrize("revert", [False, True], ids=["installed", "reverted+callback"])
 def test_mid_epoch_resume_on_two_ranks(revert):
-    folder = shared_tmp_dir()
-    with reverted_batch_sampler_fix() if revert else contextlib.nullcontext():
-        trainer, _, full = make_run(
-            callbacks=[SetSamplerEpoch()], save_folder=str(folder), save_interval="5ba"
-        )
-        trainer.fit()
-        trainer.close()
-        resumed_trainer, _, resumed = make_run(
-            callbacks=[SetSamplerEpoch()], load_path=str(folder / "ep1-ba10-rank0.pt")
-        )
-        resumed_trainer.fit()
-    assert len(full.in_order()) == 24
-    assert resumed.in_order() == full.in_order()[10:]
+    assert_mid_epoch_resume_replays_the_rest(make_run, shared_tmp_dir(), revert=revert)
 
 
 def test_two_stream_sampler_in_the_trainer():
