@@ -61,7 +61,9 @@ def nearest_other_class(
     other-class samples are skipped (a rank window: the very nearest are the likeliest unlabelled
     positives), and with ``max_relative_similarity`` a candidate more similar to the anchor than that
     fraction of the anchor's similarity to its own class centroid is skipped. Rows without a valid
-    embedding are nobody's neighbour; an anchor left with fewer than ``k`` candidates is padded with ``-1``.
+    embedding (``valid`` false, or a non-finite row) are nobody's neighbour and get no neighbours (a row
+    of ``-1``); an anchor left with fewer than ``k`` candidates is padded with ``-1``. Labels may be any
+    integers.
 
     Args:
         embeddings (torch.Tensor): ``(N, D)`` embeddings.
@@ -90,8 +92,9 @@ def nearest_other_class(
     check_search(search)
     n = embeddings.shape[0]
     unit = torch.nn.functional.normalize(embeddings.detach().cpu().double(), dim=1)
-    labels = torch.as_tensor(labels).cpu().long()
+    labels = torch.unique(torch.as_tensor(labels).cpu().long(), return_inverse=True)[1]  # classes 0..C-1
     valid = torch.ones(n, dtype=torch.bool) if valid is None else torch.as_tensor(valid).cpu().bool()
+    valid = valid & torch.isfinite(unit).all(dim=1)  # one NaN row would make its class centroid NaN
     positive = _centroid_similarity(unit, labels, valid)
     wanted = skip_top + k
     find = _candidate_finder(search, unit, labels, valid)
@@ -101,8 +104,9 @@ def nearest_other_class(
         rows = torch.arange(start, min(start + chunk_size, n))
         candidates = find(rows, wanted + SLACK)
         values, indices = _rerank(unit, rows, candidates, wanted)
-        kept = torch.isfinite(values[:, skip_top:])
-        skipped["rank_window"] += int(torch.isfinite(values[:, :skip_top]).sum())
+        has_embedding = valid[rows, None]  # an anchor without one keeps a row of -1
+        kept = torch.isfinite(values[:, skip_top:]) & has_embedding
+        skipped["rank_window"] += int((torch.isfinite(values[:, :skip_top]) & has_embedding).sum())
         if max_relative_similarity is not None:
             too_close = kept & (values[:, skip_top:] > max_relative_similarity * positive[rows, None])
             skipped["margin"] += int(too_close.sum())

@@ -47,6 +47,37 @@ def test_rows_without_an_embedding_are_nobodys_neighbour():
     )
     assert 1 not in ours.ravel().tolist()
     assert ours[0].tolist() == [3, -1]
+    assert ours[1].tolist() == [-1, -1]  # and has none: its seeds draw random negatives
+
+
+def test_a_non_finite_row_is_treated_as_one_without_an_embedding():
+    gen = torch.Generator().manual_seed(3)
+    embeddings, labels = torch.randn(40, 4, generator=gen), torch.arange(40) % 4
+    broken = embeddings.clone()
+    broken[39] = float("nan")
+    valid = torch.ones(40, dtype=torch.bool)
+    valid[39] = False
+    expected = nearest_other_class(embeddings, labels, 3, max_relative_similarity=0.5, valid=valid)
+    # Before, the NaN row made its class centroid NaN and switched the margin guard off for the class.
+    assert_same_lists(nearest_other_class(broken, labels, 3, max_relative_similarity=0.5), expected)
+
+
+def test_labels_may_be_any_integers():
+    gen = torch.Generator().manual_seed(4)
+    embeddings, dense = torch.randn(30, 4, generator=gen), torch.arange(30) % 5
+    sparse = torch.tensor([-7, 3, 10**9, 12, 40])[dense]  # negative and huge ids, in another order
+    expected = nearest_other_class(embeddings, dense, 3, max_relative_similarity=0.9)
+    assert_same_lists(nearest_other_class(embeddings, sparse, 3, max_relative_similarity=0.9), expected)
+    sampler = NeighbourBatchSampler(sparse.numpy(), 2, 2, max_relative_similarity=0.9)
+    sampler.update_neighbours(embeddings)  # raised an index error (or asked for terabytes) before
+    sampler.set_epoch(1)
+    assert np.array_equal(
+        sampler._neighbours, nearest_other_class(embeddings, dense, 2, max_relative_similarity=0.9)[0]
+    )
+
+
+def assert_same_lists(ours, expected):
+    assert np.array_equal(ours[0], expected[0]) and ours[1] == expected[1]
 
 
 def groups(sampler, epoch):

@@ -13,13 +13,14 @@ faiss = pytest.importorskip("faiss")
 
 
 def brute_force(embeddings, labels, k, valid=None):
-    """Each row's ``k`` most similar valid other-class rows by float64 cosine similarity, ties by index."""
+    """Each valid row's ``k`` most similar valid other-class rows by float64 cosine similarity, ties by
+    index; a row of -1 for a row without an embedding."""
     unit = torch.nn.functional.normalize(embeddings.double(), dim=1)
     valid = torch.ones(len(labels), dtype=torch.bool) if valid is None else valid
     rows = []
     for i in range(len(labels)):
         similarity = (unit @ unit[i]).tolist()
-        others = [j for j in range(len(labels)) if labels[j] != labels[i] and valid[j]]
+        others = [j for j in range(len(labels)) if labels[j] != labels[i] and valid[j] and valid[i]]
         rows.append((sorted(others, key=lambda j: (-similarity[j], j))[:k] + [-1] * k)[:k])
     return np.array(rows)
 
