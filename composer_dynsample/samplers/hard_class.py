@@ -94,7 +94,7 @@ def _exact_candidates(points: torch.Tensor, usable: torch.Tensor, keep: int, chu
     others = torch.arange(count)
     if keep + SLACK + 1 >= int(usable.sum()):  # few enough to rank every other class in float64
         return others.expand(count, count)
-    fast = points.float()
+    fast = _centred32(points, usable)
     norms = (fast * fast).sum(dim=1)
     out = torch.empty(count, keep + SLACK, dtype=torch.int64)
     for start in range(0, count, chunk_size):
@@ -105,6 +105,16 @@ def _exact_candidates(points: torch.Tensor, usable: torch.Tensor, keep: int, chu
         squared[rows, rows + start] = float("inf")
         out[start : start + chunk_size] = squared.topk(keep + SLACK, dim=1, largest=False).indices
     return out
+
+
+def _centred32(points: torch.Tensor, usable: torch.Tensor) -> torch.Tensor:
+    """A float32 copy of ``points`` moved so that the usable ones average zero.
+
+    Distances do not change, but the float32 passes compute ``|x|^2 - 2 x.y + |y|^2``: centroids that
+    share a large offset would make those terms huge and cancel away the differences between classes.
+    """
+    centre = points[usable].mean(dim=0) if bool(usable.any()) else points.new_zeros(points.shape[1])
+    return (points - centre).float()
 
 
 def _rank_candidates(
@@ -132,7 +142,7 @@ def _ivf_nearest(points: torch.Tensor, usable: torch.Tensor, keep: int) -> np.nd
     function of the centroids)."""
     members = torch.nonzero(usable).flatten()
     cells = max(1, round(math.sqrt(members.numel())))
-    fast = points.float()
+    fast = _centred32(points, usable)
     centres = _kmeans(fast[members], cells)
     cell_of = _nearest_centre(fast, centres)  # every class, usable or not, has a cell
     member_cell = cell_of[members]

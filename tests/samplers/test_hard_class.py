@@ -191,6 +191,14 @@ def test_exact_search_equals_a_float64_brute_force_ties_in_class_order():
     assert np.array_equal(ours, brute_force_nearest(centroids, 12))
 
 
+def test_exact_search_is_exact_for_centroids_far_from_the_origin():
+    # Un-normalised embeddings share a mean: a float32 |x|^2 - 2x.y + |y|^2 on them cancels to noise.
+    centroids = 0.1 * torch.randn(300, 16, generator=torch.Generator().manual_seed(5)) + 100.0
+    assert np.array_equal(
+        nearest_classes(centroids, limit=8, search="exact"), brute_force_nearest(centroids, 8)
+    )
+
+
 def test_ivf_search_finds_most_exact_neighbours_and_is_a_pure_function():
     centroids = clustered_centroids(3000, 16, seed=0)
     valid = torch.ones(3000, dtype=torch.bool)
