@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 from composer import Trainer
@@ -31,15 +33,16 @@ class IndexRecorder(BatchRecorder):
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
 
-def store() -> TensorStore:
+def store(class_ids: torch.Tensor | None = None) -> TensorStore:
     gen = torch.Generator().manual_seed(0)
     labels = torch.arange(240) % 20  # 20 classes of 12: 240 / (4 x 3) = 20 batches an epoch
     centres = torch.randn(20, 6, generator=gen) * 2
-    return TensorStore(centres[labels] + torch.randn(240, 6, generator=gen), labels)
+    features = centres[labels] + torch.randn(240, 6, generator=gen)
+    return TensorStore(features, labels if class_ids is None else class_ids[labels])
 
 
-def make_run(tmp_path, sampler_class=HardClassPKBatchSampler, *, table=True, **kwargs):
-    data = store()
+def make_run(tmp_path, sampler_class=HardClassPKBatchSampler, *, table=True, class_ids=None, **kwargs):
+    data = store(class_ids)
     torch.manual_seed(0)
     model = EmbeddingModel(torch.nn.Linear(6, 4))
     sampler = sampler_class(data.labels, 4, 3 if sampler_class is not NeighbourBatchSampler else 1, seed=3)
@@ -57,6 +60,18 @@ def make_run(tmp_path, sampler_class=HardClassPKBatchSampler, *, table=True, **k
         **kwargs,
     )
     return trainer, sampler, recorder
+
+
+@pytest.mark.parametrize("sampler_class", [HardClassPKBatchSampler, NeighbourBatchSampler])
+def test_labels_need_not_be_0_to_c_minus_1(tmp_path, sampler_class):
+    # Negative and huge class ids in the same order: the very batches of the 0..19 run. Before, the table
+    # indexed centroids by raw label and raised at the first epoch start.
+    ids = torch.cat([torch.tensor([-3]), torch.arange(18) * 7, torch.tensor([10**9])])
+    trainer, _, sparse = make_run(tmp_path, sampler_class, class_ids=ids)
+    dense_trainer, _, dense = make_run(tmp_path, sampler_class)
+    trainer.fit()
+    dense_trainer.fit()
+    assert sparse.in_order() == dense.in_order() and len(sparse.in_order()) > 40
 
 
 def test_from_the_second_epoch_the_batches_follow_the_tables_centroids(tmp_path):
@@ -99,3 +114,13 @@ def test_without_the_snapshot_the_resumed_epoch_would_differ(tmp_path):
     resumed_trainer, _, resumed = make_run(tmp_path, load_path=str(tmp_path / "no-snapshot.pt"))
     resumed_trainer.fit()
     assert resumed.in_order()[:12] != full.in_order()[28:40]
+
+
+def test_a_sampler_built_from_other_labels_is_named():
+    labels = store().labels
+    table = EmbeddingTable(num_items=240)
+    table.write(torch.arange(240), torch.randn(240, 4), step=0)
+    table._sampler = HardClassPKBatchSampler(torch.where(labels == 19, 99, labels), 4, 3)
+    state = SimpleNamespace(train_dataloader=build_dataloader(IndexDataset(labels), table._sampler))
+    with pytest.raises(ValueError, match=r"classes the sampler was not built with \(e.g. \[19\]\)"):
+        table._feed_sampler(state, logger=None)

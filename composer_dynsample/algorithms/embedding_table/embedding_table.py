@@ -272,10 +272,16 @@ class EmbeddingTable(Algorithm):
             skipped = getattr(self._sampler, "last_skipped", {})
             logger.log_metrics({f"embedding_table/skipped_{name}": float(n) for name, n in skipped.items()})
             return
-        labels = _train_labels(state)
-        classes = torch.as_tensor(self._sampler.classes, dtype=torch.int64)
-        centroids, counts = self.centroids(labels, int(labels.max()) + 1)
-        self._sampler.update_class_embeddings(centroids[classes], counts[classes])
+        labels = _train_labels(state).cpu().long()
+        classes = torch.as_tensor(self._sampler.classes, dtype=torch.int64)  # sorted, any integers
+        dense = torch.searchsorted(classes, labels).clamp_(max=classes.numel() - 1)
+        if not torch.equal(classes[dense], labels):
+            unknown = sorted(set(labels.tolist()) - set(classes.tolist()))[:5]
+            raise ValueError(
+                f"EmbeddingTable: the training labels hold classes the sampler was not built with (e.g. "
+                f"{unknown}); build {type(self._sampler).__name__} from the training dataset's labels."
+            )
+        self._sampler.update_class_embeddings(*self.centroids(dense, classes.numel()))
 
     def _refresh_due(self, state: State) -> bool:
         epoch = int(state.timestamp.epoch)
