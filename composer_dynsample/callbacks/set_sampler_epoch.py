@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import warnings
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -83,7 +84,8 @@ class SetSamplerEpoch(Callback):
     ``dataloader_len`` covers them for that epoch. This needs Composer's default
     ``spin_dataloaders=True`` and a :class:`~composer_dynsample.samplers.DistributedBatchSampler`
     without ``train_subset_num_batches``; any other sampler resumed mid-epoch on another number of ranks
-    gets a ``ValueError`` naming both world sizes. A resume at an epoch boundary is exact on any number
+    gets a ``ValueError`` naming both world sizes, and so does ``spin_dataloaders=False``, at the first
+    batch (before any training step), since a callback cannot read that setting before. A resume at an epoch boundary is exact on any number
     of ranks.
 
     With a ``DataLoader(batch_sampler=...)`` (``batch_size=None``) and no ``device_train_microbatch_size``,
@@ -107,6 +109,7 @@ class SetSamplerEpoch(Callback):
         self._saved: dict[str, Any] = {}
         self._state: State | None = None
         self._resumed: _ResumePlan | None = None
+        self._check_first_batch = 0  # after an elastic resume: the batch size a real first batch has
 
     def fit_start(self, state: State, logger: Logger) -> None:
         self._state = state
@@ -166,6 +169,7 @@ class SetSamplerEpoch(Callback):
         target.set_epoch(epoch)
         target.resume_epoch(epoch, done, skip)
         self._resumed = _ResumePlan(epoch, done, skip)
+        self._check_first_batch = target.batch_size
         state.dataloader_len = -1  # -1: Composer reads len(dataloader) again, now with the placeholders
         log.info(
             "SetSamplerEpoch: epoch %d resumed on %d rank(s) after %d of its global batches on %d rank(s)",
@@ -174,6 +178,20 @@ class SetSamplerEpoch(Callback):
             done,
             saved_world,
         )
+
+    def after_dataloader(self, state: State, logger: Logger) -> None:
+        """After an elastic resume, refuse to train a placeholder: Composer did not discard them."""
+        size, self._check_first_batch = self._check_first_batch, 0
+        if size > 1 and _batch_rows(state.batch) == 1:
+            plan = self._resumed
+            raise ValueError(
+                f"SetSamplerEpoch: epoch {plan.epoch if plan else '?'} was resumed mid-way on {get_world_size()} "
+                f"rank(s) from a checkpoint of {self._saved.get('world_size')} rank(s), and the trainer is "
+                f"about to train the first of the {plan.skip if plan else '?'} one-index placeholder batches "
+                "it should discard. This resume needs Composer's spin_dataloaders=True (the default) and no "
+                "'train' entry in state.dataset_resumption. Resume with spin_dataloaders=True, on "
+                f"{self._saved.get('world_size')} rank(s), or from a checkpoint saved at an epoch boundary."
+            )
 
     def epoch_start(self, state: State, logger: Logger) -> None:
         self._set_epoch(state, logger)
@@ -214,6 +232,18 @@ class SetSamplerEpoch(Callback):
             f"device_train_microbatch_size={batch_size if is_int(batch_size) else '<per-rank batch size>'} "
             "to the Trainer."
         )
+
+
+def _batch_rows(batch: Any) -> int | None:
+    """The number of rows of the batch's first tensor (a tensor, or in a dict, list or tuple)."""
+    values = (
+        batch.values()
+        if isinstance(batch, Mapping)
+        else batch
+        if isinstance(batch, (list, tuple))
+        else [batch]
+    )
+    return next((int(v.shape[0]) for v in values if isinstance(v, torch.Tensor) and v.ndim > 0), None)
 
 
 def _check_sampler_world(target: SupportsSetEpoch | None) -> None:

@@ -178,6 +178,17 @@ def test_a_mid_epoch_resume_on_another_world_size_is_refused_for_other_samplers(
     assert recorder.batches == {}  # refused before a single batch
 
 
+def test_an_elastic_resume_without_spinning_is_refused_before_a_step(two_rank_checkpoint):
+    # Without spinning, Composer trains the placeholders it should discard; before, this went unnoticed.
+    _, two_ranks = two_rank_checkpoint
+    resumed, _, _ = make_run(callbacks=[SetSamplerEpoch()], load_path=two_ranks, spin_dataloaders=False)
+    with pytest.raises(
+        ValueError, match=r"from a checkpoint of 2 rank.*needs Composer's spin_dataloaders=True"
+    ):
+        resumed.fit()
+    assert int(resumed.state.timestamp.batch) == 10  # the checkpoint's batch: not one step was trained
+
+
 def test_a_mid_epoch_resume_from_two_ranks_trains_the_rest_of_the_epoch_once(two_rank_checkpoint):
     full, two_ranks = two_rank_checkpoint
     resumed, sampler, recorder = make_run(callbacks=[SetSamplerEpoch()], load_path=two_ranks)
