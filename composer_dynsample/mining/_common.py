@@ -10,7 +10,7 @@ from typing import Final
 import torch
 
 from composer_dynsample.distances import check_distance
-from composer_dynsample.validation import check_pool
+from composer_dynsample.validation import check_int, check_pool
 
 __all__ = [
     "CHUNK_BYTES",
@@ -37,8 +37,9 @@ class MiningInputs:
         labels: ``(B,)`` int64 labels on the embeddings' device.
         ref_embeddings: ``(M, D)`` pool; the same tensor object as ``embeddings`` when ``self_pool``.
         ref_labels: ``(M,)`` int64 pool labels.
-        self_pool: Whether the pool is the batch itself, so that anchor ``i`` must not pair with
-            pool entry ``i``.
+        self_pool: Whether the pool is the batch itself.
+        self_offset: Where the pool holds the anchors themselves, anchor ``i`` is pool entry
+            ``self_offset + i`` and must not pair with it (``0`` for a self pool); ``None`` otherwise.
         distance: The validated distance name.
     """
 
@@ -47,6 +48,7 @@ class MiningInputs:
     ref_embeddings: torch.Tensor
     ref_labels: torch.Tensor
     self_pool: bool
+    self_offset: int | None
     distance: str
 
     @property
@@ -67,6 +69,7 @@ def validate_mining_inputs(
     ref_labels: torch.Tensor | None = None,
     *,
     distance: str = "cosine",
+    self_offset: int | None = None,
 ) -> MiningInputs:
     """Check and normalise the arguments every miner takes.
 
@@ -81,6 +84,8 @@ def validate_mining_inputs(
         ref_embeddings: Optional ``(M, D)`` reference pool.
         ref_labels: ``(M,)`` integer labels of the pool; required exactly when ``ref_embeddings`` is given.
         distance: One of ``"cosine"``, ``"euclidean"``, ``"squared_euclidean"``.
+        self_offset: When the pool holds the anchors themselves (the batch followed by a memory, or a
+            cross-rank pool), anchor ``i`` is pool entry ``self_offset + i``, which must carry its label.
 
     Returns:
         The validated :class:`MiningInputs`.
@@ -106,20 +111,36 @@ def validate_mining_inputs(
     device = embeddings.device
     labels = labels.to(device=device, dtype=torch.int64)
     if same or ref_embeddings is None:
-        return MiningInputs(embeddings, labels, embeddings, labels, True, distance)
+        if self_offset not in (None, 0):
+            raise ValueError(
+                f"self_offset must be 0 or None when the pool is the batch, got {self_offset!r}."
+            )
+        return MiningInputs(embeddings, labels, embeddings, labels, True, 0, distance)
     if ref_embeddings.device != device:
         raise ValueError(
             f"ref_embeddings must be on the embeddings' device {device}, got {ref_embeddings.device}."
         )
     dtype = torch.promote_types(embeddings.dtype, ref_embeddings.dtype)
+    ref_labels = ref_labels.to(device=device, dtype=torch.int64)
+    offset = _check_self_offset(self_offset, labels, ref_labels)
     return MiningInputs(
-        embeddings.to(dtype),
-        labels,
-        ref_embeddings.to(dtype),
-        ref_labels.to(device=device, dtype=torch.int64),
-        False,
-        distance,
+        embeddings.to(dtype), labels, ref_embeddings.to(dtype), ref_labels, False, offset, distance
     )
+
+
+def _check_self_offset(self_offset: object, labels: torch.Tensor, ref_labels: torch.Tensor) -> int | None:
+    """``self_offset`` as an int (or ``None``), checked to point at the anchors' own rows of the pool."""
+    if self_offset is None:
+        return None
+    rows, pool = labels.shape[0], ref_labels.shape[0]
+    offset = check_int("self_offset", self_offset, minimum=0)
+    if offset + rows > pool or not torch.equal(ref_labels[offset : offset + rows], labels):
+        raise ValueError(
+            f"self_offset={offset} says the pool holds the {rows} anchors at rows {offset} to {offset + rows - 1}, "
+            f"but the pool has {pool} rows"
+            + ("." if offset + rows > pool else " and their labels differ there.")
+        )
+    return offset
 
 
 def empty_indices(n: int, device: torch.device) -> tuple[torch.Tensor, ...]:
@@ -178,25 +199,26 @@ class LabelIndex:
     positives of every anchor fit a small ``(B, K - 1)`` table, and a negative is simply "not listed".
 
     Attributes:
-        n_pos: ``(B,)`` number of positives per anchor (same label, itself excluded for a self pool).
+        n_pos: ``(B,)`` number of positives per anchor (same label, its own pool entry excluded).
         n_neg: ``(B,)`` number of negatives per anchor.
         width: Largest number of positives of any anchor (the table width).
-        self_pool: Whether anchor ``i`` is pool entry ``i``.
+        self_offset: Anchor ``i`` is pool entry ``self_offset + i`` (``0`` for a self pool), or ``None``
+            when the pool does not hold the anchors.
     """
 
-    def __init__(self, labels: torch.Tensor, ref_labels: torch.Tensor, self_pool: bool) -> None:
-        self.self_pool = self_pool
+    def __init__(self, labels: torch.Tensor, ref_labels: torch.Tensor, self_offset: int | None) -> None:
+        self.self_offset = self_offset
         self._pool_size = ref_labels.shape[0]
         self._order = torch.argsort(ref_labels, stable=True)
         sorted_labels = ref_labels[self._order]
         self._start = torch.searchsorted(sorted_labels, labels)
         count = torch.searchsorted(sorted_labels, labels, right=True) - self._start
         self.n_neg = self._pool_size - count
-        if self_pool:
-            # Position of anchor i inside its own label group of the sorted pool, to skip it.
+        if self_offset is not None:
+            # Position of anchor i's own entry inside its label group of the sorted pool, to skip it.
             position = torch.empty_like(self._order)
             position[self._order] = torch.arange(self._pool_size, device=position.device)
-            self._self_slot = position - self._start
+            self._self_slot = position[self_offset : self_offset + labels.shape[0]] - self._start
             self.n_pos = count - 1
         else:
             self.n_pos = count
@@ -210,7 +232,7 @@ class LabelIndex:
         """
         slots = torch.arange(self.width, device=self._order.device)
         pos_valid = slots < self.n_pos[start:stop, None]
-        if self.self_pool:
+        if self.self_offset is not None:
             slots = slots + (slots >= self._self_slot[start:stop, None])
         flat = (self._start[start:stop, None] + slots).clamp_(max=self._pool_size - 1)
         return self._order[flat], pos_valid
@@ -221,6 +243,6 @@ class LabelIndex:
         """Overwrite, in place, the entries of chunk ``mat`` that are not negatives (positives, self)."""
         rows, slots = pos_valid.nonzero(as_tuple=True)
         mat[rows, pos_idx[rows, slots]] = value
-        if self.self_pool:
+        if self.self_offset is not None:
             rows = torch.arange(mat.shape[0], device=mat.device)
-            mat[rows, rows + start] = value
+            mat[rows, rows + start + self.self_offset] = value

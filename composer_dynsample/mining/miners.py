@@ -82,14 +82,17 @@ def _prepare(
     ref_labels: torch.Tensor | None,
     distance: str,
     chunk_size: int | None,
+    self_offset: int | None,
 ) -> tuple[MiningInputs, LabelIndex | None]:
     """Validate, and return the label index, or ``None`` when nothing can be mined."""
-    inputs = validate_mining_inputs(embeddings, labels, ref_embeddings, ref_labels, distance=distance)
+    inputs = validate_mining_inputs(
+        embeddings, labels, ref_embeddings, ref_labels, distance=distance, self_offset=self_offset
+    )
     if chunk_size is not None:
         check_int("chunk_size", chunk_size, minimum=1)
     if inputs.is_empty:
         return inputs, None
-    index = LabelIndex(inputs.labels, inputs.ref_labels, inputs.self_pool)
+    index = LabelIndex(inputs.labels, inputs.ref_labels, inputs.self_offset)
     # Every miner needs an anchor-positive pair; no positive anywhere means an empty result.
     if not bool((index.n_pos > 0).any()):
         return inputs, None
@@ -153,6 +156,7 @@ def batch_hard(
     *,
     distance: str = "cosine",
     chunk_size: int | None = None,
+    self_offset: int | None = None,
 ) -> Triplets:
     """Batch-hard triplets (Hermans et al., 2017): per anchor its farthest positive and nearest negative.
 
@@ -165,6 +169,9 @@ def batch_hard(
         labels: ``(B,)`` integer labels.
         ref_embeddings: Optional ``(M, D)`` pool for positives and negatives (default: the batch).
         ref_labels: ``(M,)`` labels of the pool; required with ``ref_embeddings``.
+        self_offset: When the pool holds the anchors themselves (the batch followed by a memory, or a
+            cross-rank pool), anchor ``i`` is pool entry ``self_offset + i`` and never pairs with it.
+            Default: ``None`` (a pool passed apart from the batch holds other samples).
         distance: ``"cosine"`` (default), ``"euclidean"`` or ``"squared_euclidean"``.
         chunk_size: Anchors per distance-matrix chunk; ``None`` bounds a chunk's matrix to about 64 MiB.
 
@@ -180,7 +187,14 @@ def batch_hard(
         (tensor([0, 1, 2, 3]), tensor([1, 0, 3, 2]), tensor([2, 2, 1, 1]))
     """
     return hard_topk(
-        embeddings, labels, ref_embeddings, ref_labels, k=1, distance=distance, chunk_size=chunk_size
+        embeddings,
+        labels,
+        ref_embeddings,
+        ref_labels,
+        k=1,
+        distance=distance,
+        chunk_size=chunk_size,
+        self_offset=self_offset,
     )
 
 
@@ -193,6 +207,7 @@ def hard_topk(
     k: int = 1,
     distance: str = "cosine",
     chunk_size: int | None = None,
+    self_offset: int | None = None,
 ) -> Triplets:
     """Per anchor, its ``k`` nearest negatives, each paired with the anchor's hardest positive.
 
@@ -206,6 +221,9 @@ def hard_topk(
         labels: ``(B,)`` integer labels.
         ref_embeddings: Optional ``(M, D)`` pool (default: the batch).
         ref_labels: ``(M,)`` labels of the pool; required with ``ref_embeddings``.
+        self_offset: When the pool holds the anchors themselves (the batch followed by a memory, or a
+            cross-rank pool), anchor ``i`` is pool entry ``self_offset + i`` and never pairs with it.
+            Default: ``None`` (a pool passed apart from the batch holds other samples).
         k: Number of negatives per anchor, ``>= 1``.
         distance: ``"cosine"`` (default), ``"euclidean"`` or ``"squared_euclidean"``.
         chunk_size: Anchors per distance-matrix chunk; ``None`` bounds a chunk's matrix to about 64 MiB.
@@ -223,7 +241,9 @@ def hard_topk(
     """
     with torch.no_grad():
         k = check_int("k", k, minimum=1)
-        inputs, index = _prepare(embeddings, labels, ref_embeddings, ref_labels, distance, chunk_size)
+        inputs, index = _prepare(
+            embeddings, labels, ref_embeddings, ref_labels, distance, chunk_size, self_offset
+        )
         if index is None:
             return empty_indices(3, inputs.device)
         ranks = RankMatrix(inputs.embeddings, inputs.ref_embeddings, _order_equivalent(distance))
@@ -254,6 +274,7 @@ def multi_similarity(
     epsilon: float = 0.1,
     distance: str = "cosine",
     chunk_size: int | None = None,
+    self_offset: int | None = None,
 ) -> Pairs:
     """Multi-similarity pair mining (Wang et al., 2019).
 
@@ -270,6 +291,9 @@ def multi_similarity(
         labels: ``(B,)`` integer labels.
         ref_embeddings: Optional ``(M, D)`` pool (default: the batch).
         ref_labels: ``(M,)`` labels of the pool; required with ``ref_embeddings``.
+        self_offset: When the pool holds the anchors themselves (the batch followed by a memory, or a
+            cross-rank pool), anchor ``i`` is pool entry ``self_offset + i`` and never pairs with it.
+            Default: ``None`` (a pool passed apart from the batch holds other samples).
         epsilon: Margin of the mining rule, ``>= 0``.
         distance: ``"cosine"`` (default), ``"euclidean"`` or ``"squared_euclidean"``.
         chunk_size: Anchors per distance-matrix chunk; ``None`` bounds a chunk's matrix to about 64 MiB.
@@ -288,7 +312,9 @@ def multi_similarity(
     """
     with torch.no_grad():
         epsilon = check_float("epsilon", epsilon, minimum=0.0)
-        inputs, index = _prepare(embeddings, labels, ref_embeddings, ref_labels, distance, chunk_size)
+        inputs, index = _prepare(
+            embeddings, labels, ref_embeddings, ref_labels, distance, chunk_size, self_offset
+        )
         if index is None:
             return empty_indices(4, inputs.device)
         ranks = RankMatrix(inputs.embeddings, inputs.ref_embeddings, distance)
@@ -528,6 +554,7 @@ def semi_hard(
     distance: str = "cosine",
     fallback: str = "hardest",
     chunk_size: int | None = None,
+    self_offset: int | None = None,
 ) -> Triplets:
     """FaceNet semi-hard triplets (Schroff et al., 2015): one negative per anchor-positive pair.
 
@@ -552,6 +579,9 @@ def semi_hard(
         labels: ``(B,)`` integer labels.
         ref_embeddings: Optional ``(M, D)`` pool (default: the batch).
         ref_labels: ``(M,)`` labels of the pool; required with ``ref_embeddings``.
+        self_offset: When the pool holds the anchors themselves (the batch followed by a memory, or a
+            cross-rank pool), anchor ``i`` is pool entry ``self_offset + i`` and never pairs with it.
+            Default: ``None`` (a pool passed apart from the batch holds other samples).
         margin: Width of the semi-hard band, ``>= 0``.
         distance: ``"cosine"`` (default), ``"euclidean"`` or ``"squared_euclidean"``.
         fallback: One of :data:`SEMI_HARD_FALLBACKS`: ``"hardest"``, ``"hardest_negative"``, ``"none"``.
@@ -577,7 +607,9 @@ def semi_hard(
     with torch.no_grad():
         margin = check_float("margin", margin, minimum=0.0)
         check_choice("fallback", fallback, SEMI_HARD_FALLBACKS)
-        inputs, index = _prepare(embeddings, labels, ref_embeddings, ref_labels, distance, chunk_size)
+        inputs, index = _prepare(
+            embeddings, labels, ref_embeddings, ref_labels, distance, chunk_size, self_offset
+        )
         if index is None:
             return empty_indices(3, inputs.device)
         ranks = RankMatrix(inputs.embeddings, inputs.ref_embeddings, distance, nonnegative=True)
@@ -622,6 +654,7 @@ def distance_weighted(
     generator: torch.Generator | None = None,
     distance: str = "euclidean",
     chunk_size: int | None = None,
+    self_offset: int | None = None,
 ) -> Triplets:
     """Distance-weighted negative sampling (Wu et al., 2017, "Sampling matters in deep embedding learning").
 
@@ -643,6 +676,9 @@ def distance_weighted(
         labels: ``(B,)`` integer labels.
         ref_embeddings: Optional ``(M, D)`` pool (default: the batch).
         ref_labels: ``(M,)`` labels of the pool; required with ``ref_embeddings``.
+        self_offset: When the pool holds the anchors themselves (the batch followed by a memory, or a
+            cross-rank pool), anchor ``i`` is pool entry ``self_offset + i`` and never pairs with it.
+            Default: ``None`` (a pool passed apart from the batch holds other samples).
         cutoff: Distances below it are clipped up to it before weighting (bounds the weight variance),
             ``>= 0``.
         nonzero_loss_cutoff: Negatives at this distance or beyond are never sampled, ``> 0``.
@@ -675,7 +711,9 @@ def distance_weighted(
         )
         if generator is not None and not isinstance(generator, torch.Generator):
             raise InputTypeError(f"generator must be a torch.Generator or None, got {describe(generator)}.")
-        inputs, index = _prepare(embeddings, labels, ref_embeddings, ref_labels, distance, chunk_size)
+        inputs, index = _prepare(
+            embeddings, labels, ref_embeddings, ref_labels, distance, chunk_size, self_offset
+        )
         if index is None:
             return empty_indices(3, inputs.device)
         # In float32 at least (see working_dtype): (D - 2) * log(d) amplifies rounding by D.

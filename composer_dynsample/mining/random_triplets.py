@@ -17,6 +17,7 @@ def random_triplets(
     *,
     distance: str = "cosine",
     generator: torch.Generator | None = None,
+    self_offset: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """For every anchor, one positive and one negative drawn uniformly at random from the pool.
 
@@ -29,6 +30,8 @@ def random_triplets(
         labels (torch.Tensor): ``(B,)`` integer labels.
         ref_embeddings (torch.Tensor, optional): ``(M, D)`` pool. Default: the batch.
         ref_labels (torch.Tensor, optional): The pool's labels.
+        self_offset (int, optional): When the pool holds the anchors themselves, anchor ``i`` is pool
+            entry ``self_offset + i`` and never pairs with it. Default: ``None``.
         distance (str): Validated, otherwise unused. Default: ``"cosine"``.
         generator (torch.Generator, optional): The random source. Default: torch's global generator
             (which Composer seeds and checkpoints).
@@ -43,14 +46,17 @@ def random_triplets(
         >>> a.tolist(), bool((labels[p] == labels[a]).all()), bool((labels[n] != labels[a]).all())
         ([0, 1, 2, 3, 4, 5], True, True)
     """
-    inputs = validate_mining_inputs(embeddings, labels, ref_embeddings, ref_labels, distance=distance)
+    inputs = validate_mining_inputs(
+        embeddings, labels, ref_embeddings, ref_labels, distance=distance, self_offset=self_offset
+    )
     if inputs.is_empty:
         return empty_indices(3, inputs.device)  # type: ignore[return-value]
     with torch.no_grad():
         positive = inputs.labels[:, None] == inputs.ref_labels[None, :]
         negative = ~positive
-        if inputs.self_pool:
-            positive.fill_diagonal_(False)
+        if inputs.self_offset is not None:
+            rows = torch.arange(positive.shape[0], device=inputs.device)
+            positive[rows, rows + inputs.self_offset] = False
         valid = positive.any(1) & negative.any(1)
         anchors = valid.nonzero(as_tuple=True)[0]
         if anchors.numel() == 0:

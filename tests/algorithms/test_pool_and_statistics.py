@@ -125,3 +125,51 @@ def test_statistics_reach_the_logger_with_one_host_sync_per_step(monkeypatch):
     trainer, _, _ = make_trainer(HardNegativeMining("semi_hard", memory_size=32), max_duration="3ba")
     trainer.fit()
     assert sorted(calls) == ["item"] * 3 + ["tolist"] * 3
+
+
+def _with_memory(strategy, x, y, memory_x, memory_y, **kwargs):
+    pool = assemble_pool(x, y, memory_embeddings=memory_x, memory_labels=memory_y)
+    return mine(
+        x, y, strategy, ref_embeddings=pool.embeddings, ref_labels=pool.labels, self_offset=0, **kwargs
+    )
+
+
+@pytest.mark.parametrize("strategy", ["batch_hard", "hard_topk"])
+def test_an_anchor_is_never_its_own_positive_even_on_ties(strategy):
+    # Duplicate embeddings: the hardest positive ties with the anchor's own row. The miner used to pick
+    # the own row and the self-match filter then dropped anchors 0 and 2 with their valid triplets.
+    x = torch.tensor([[1.0, 0.0], [1.0, 0.0], [0.0, 1.0], [0.0, 1.0]])
+    y = torch.tensor([0, 0, 1, 1])
+    ours = _with_memory(strategy, x, y, torch.tensor([[-1.0, 0.0]]), torch.tensor([9]))
+    assert ours[0].tolist() == [0, 1, 2, 3] and ours[1].tolist() == [1, 0, 3, 2]
+
+
+def test_random_triplets_with_a_memory_give_every_anchor_a_triplet():
+    x, y = torch.nn.functional.normalize(torch.randn(8, 16), dim=1), torch.arange(8) // 2
+    memory_x, memory_y = torch.nn.functional.normalize(torch.randn(4, 16), dim=1), torch.arange(10, 14)
+    for seed in range(20):  # was about half the anchors: the own row was drawn as positive, then dropped
+        generator = torch.Generator().manual_seed(seed)
+        anchors, positives, _ = _with_memory("random_triplets", x, y, memory_x, memory_y, generator=generator)
+        assert anchors.tolist() == list(range(8)) and positives.tolist() == [1, 0, 3, 2, 5, 4, 7, 6]
+
+
+def test_multi_similarity_with_a_memory_keeps_no_pair_for_an_anchor_without_a_positive():
+    # Anchors 0 and 1 are each alone in their class: with the own row as a "positive" at distance 0,
+    # they used to keep their close negative pairs.
+    x = torch.nn.functional.normalize(torch.tensor([[1.0, 0.0], [1.0, 0.1], [0.0, 1.0], [-0.1, 1.0]]), dim=1)
+    y = torch.tensor([0, 1, 2, 2])
+    ours = _with_memory("multi_similarity", x, y, torch.tensor([[-1.0, 0.0]]), torch.tensor([7]), epsilon=0.1)
+    assert [t.tolist() for t in ours] == [t.tolist() for t in mine(x, y, "multi_similarity", epsilon=0.1)]
+
+
+def test_self_offset_must_point_at_the_anchors():
+    x, y = _data(rows=4)
+    with pytest.raises(ValueError, match=r"self_offset=2 says the pool holds the 4 anchors at rows 2 to 5"):
+        mine(
+            x,
+            y,
+            "batch_hard",
+            ref_embeddings=torch.cat([x, x]),
+            ref_labels=torch.cat([y, y + 1]),
+            self_offset=2,
+        )

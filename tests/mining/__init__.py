@@ -17,12 +17,14 @@ DISTANCE_NAMES = ("cosine", "euclidean", "squared_euclidean")
 
 @dataclass
 class Case:
-    """One mining problem: a batch and an optional reference pool."""
+    """One mining problem: a batch and an optional reference pool, which may hold the batch itself at
+    rows ``self_offset ...`` (as the batch followed by a memory, or a cross-rank pool, does)."""
 
     emb: torch.Tensor
     labels: torch.Tensor
     ref_emb: torch.Tensor | None = None
     ref_labels: torch.Tensor | None = None
+    self_offset: int | None = None
 
     @property
     def pool(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -34,8 +36,15 @@ class Case:
     def self_pool(self) -> bool:
         return self.ref_emb is None
 
+    def own_row(self, a: int) -> int | None:
+        """Anchor ``a``'s own row of the pool, or ``None`` when the pool does not hold the anchors."""
+        return a if self.self_pool else None if self.self_offset is None else self.self_offset + a
+
     def args(self) -> tuple:
         return (self.emb, self.labels, self.ref_emb, self.ref_labels)
+
+    def kwargs(self) -> dict:
+        return {} if self.self_offset is None else {"self_offset": self.self_offset}
 
 
 @st.composite
@@ -56,7 +65,13 @@ def cases(
     pool = draw(st.integers(1, max_pool))
     ref_emb = torch.randn(pool, dim, generator=gen)
     ref_labels = torch.randint(0, n_classes + 1, (pool,), generator=gen)
-    return Case(emb, labels, ref_emb, ref_labels)
+    if not draw(st.booleans()):
+        return Case(emb, labels, ref_emb, ref_labels)
+    # The pool holds the batch itself at some offset, among other samples.
+    offset = draw(st.integers(0, pool))
+    ref_emb = torch.cat([ref_emb[:offset], emb, ref_emb[offset:]])
+    ref_labels = torch.cat([ref_labels[:offset], labels, ref_labels[offset:]])
+    return Case(emb, labels, ref_emb, ref_labels, offset)
 
 
 def ref_distance(x: torch.Tensor, y: torch.Tensor, distance: str) -> torch.Tensor:
@@ -73,7 +88,7 @@ def ref_distance(x: torch.Tensor, y: torch.Tensor, distance: str) -> torch.Tenso
 def positives_of(case: Case, a: int) -> list[int]:
     pool_labels = case.pool[1].tolist()
     label = int(case.labels[a])
-    return [j for j, lab in enumerate(pool_labels) if lab == label and not (case.self_pool and j == a)]
+    return [j for j, lab in enumerate(pool_labels) if lab == label and j != case.own_row(a)]
 
 
 def negatives_of(case: Case, a: int) -> list[int]:

@@ -168,13 +168,13 @@ def check_distance_weighted(case: Case, nonzero_loss_cutoff: float, out: tuple[t
 @SETTINGS
 @given(case=cases(), distance=distance_names)
 def test_batch_hard_matches_reference(case: Case, distance: str) -> None:
-    check_batch_hard(case, distance, batch_hard(*case.args(), distance=distance))
+    check_batch_hard(case, distance, batch_hard(*case.args(), distance=distance, **case.kwargs()))
 
 
 @SETTINGS
 @given(case=cases(), distance=distance_names, k=st.integers(1, 6))
 def test_hard_topk_matches_reference(case: Case, distance: str, k: int) -> None:
-    check_hard_topk(case, distance, k, hard_topk(*case.args(), k=k, distance=distance))
+    check_hard_topk(case, distance, k, hard_topk(*case.args(), k=k, distance=distance, **case.kwargs()))
 
 
 @SETTINGS
@@ -185,7 +185,7 @@ def test_hard_topk_matches_reference(case: Case, distance: str, k: int) -> None:
     fallback=st.sampled_from(SEMI_HARD_FALLBACKS),
 )
 def test_semi_hard_matches_reference(case: Case, distance: str, margin: float, fallback: str) -> None:
-    out = semi_hard(*case.args(), margin=margin, distance=distance, fallback=fallback)
+    out = semi_hard(*case.args(), margin=margin, distance=distance, fallback=fallback, **case.kwargs())
     check_semi_hard(case, distance, margin, fallback, out)
 
 
@@ -196,11 +196,16 @@ def test_semi_hard_with_many_positives_per_anchor(case: Case, distance: str, mar
     emb = torch.cat([case.emb, torch.randn(40, case.emb.shape[1])])
     labels = torch.cat([case.labels, torch.zeros(40, dtype=torch.int64)])
     big = Case(emb, labels, case.ref_emb, case.ref_labels)
-    if case.ref_emb is not None:
+    if case.self_offset is not None:  # the pool holds the batch: let it hold the larger batch
+        start, stop = case.self_offset, case.self_offset + len(case.labels)
+        big.ref_emb = torch.cat([case.ref_emb[:start], emb, case.ref_emb[stop:]])
+        big.ref_labels = torch.cat([case.ref_labels[:start], labels, case.ref_labels[stop:]])
+        big.self_offset = start
+    elif case.ref_emb is not None:
         big.ref_emb = torch.cat([case.ref_emb, torch.randn(40, case.emb.shape[1])])
         big.ref_labels = torch.cat([case.ref_labels, torch.zeros(40, dtype=torch.int64)])
     for fallback in SEMI_HARD_FALLBACKS:
-        out = semi_hard(*big.args(), margin=margin, distance=distance, fallback=fallback)
+        out = semi_hard(*big.args(), margin=margin, distance=distance, fallback=fallback, **big.kwargs())
         check_semi_hard(big, distance, margin, fallback, out)
 
 
@@ -208,7 +213,10 @@ def test_semi_hard_with_many_positives_per_anchor(case: Case, distance: str, mar
 @given(case=cases(), distance=distance_names, epsilon=st.floats(0.0, 1.0))
 def test_multi_similarity_matches_reference(case: Case, distance: str, epsilon: float) -> None:
     check_multi_similarity(
-        case, distance, epsilon, multi_similarity(*case.args(), epsilon=epsilon, distance=distance)
+        case,
+        distance,
+        epsilon,
+        multi_similarity(*case.args(), epsilon=epsilon, distance=distance, **case.kwargs()),
     )
 
 
@@ -224,6 +232,7 @@ def test_distance_weighted_structure(
         cutoff=cutoff,
         nonzero_loss_cutoff=nonzero_loss_cutoff,
         generator=torch.Generator().manual_seed(seed),
+        **case.kwargs(),
     )
     check_distance_weighted(case, nonzero_loss_cutoff, out)
 

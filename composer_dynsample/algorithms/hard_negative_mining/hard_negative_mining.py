@@ -62,8 +62,8 @@ def mine(
             index it. Default: the batch itself.
         ref_labels (torch.Tensor, optional): The pool's labels.
         self_offset (int, optional): When the pool contains the anchors themselves (a cross-rank pool or
-            the batch followed by a memory), anchor ``i`` sits at pool row ``self_offset + i``; those
-            self-matches are removed from the result. Default: ``None``.
+            the batch followed by a memory), anchor ``i`` sits at pool row ``self_offset + i``, and the
+            miner never pairs an anchor with its own row. Default: ``None``.
         distance (str): ``"cosine"``, ``"euclidean"`` or ``"squared_euclidean"``. Default: ``"cosine"``.
         **miner_kwargs: Passed to the strategy (``margin`` for ``semi_hard``, ``k`` for ``hard_topk``, ...).
 
@@ -78,19 +78,18 @@ def mine(
     """
     if strategy not in STRATEGIES:
         raise ValueError(f"strategy must be one of {sorted(STRATEGIES)}, got {strategy!r}.")
+    if ref_embeddings is None:
+        self_offset = None  # the batch is the pool: the miners skip each anchor's own row already
     with torch.no_grad():
-        tuples = STRATEGIES[strategy](
-            embeddings, labels, ref_embeddings, ref_labels, distance=distance, **miner_kwargs
+        return STRATEGIES[strategy](
+            embeddings,
+            labels,
+            ref_embeddings,
+            ref_labels,
+            distance=distance,
+            self_offset=self_offset,
+            **miner_kwargs,
         )
-    if self_offset is None or ref_embeddings is None:
-        return tuples
-    if len(tuples) == 3:
-        anchors, positives, negatives = tuples
-        keep = positives != anchors + self_offset
-        return anchors[keep], positives[keep], negatives[keep]
-    a1, p, a2, n = tuples
-    keep = p != a1 + self_offset
-    return a1[keep], p[keep], a2, n
 
 
 class HardNegativeMining(Algorithm):
