@@ -234,10 +234,11 @@ class _RetrievalMetricBase(Metric):
         super()._sync_dist(process_group=process_group, **kwargs)
 
     def _apply(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
-        # Move the gallery with the metric (``.to(device)``, as Composer does before evaluating).
+        # Move the gallery with the metric (``.to(device)``, as Composer does before evaluating), but
+        # never cast it: a half-precision cast would merge its int64 labels and re-rank its rows.
         this = super()._apply(fn, *args, **kwargs)
         if this._gallery is not None:
-            this._gallery = _Gallery(*(None if t is None else fn(t) for t in this._gallery))
+            this._gallery = _Gallery(*(None if t is None else t.to(fn(t[:0]).device) for t in this._gallery))
         return this
 
 

@@ -18,6 +18,7 @@ from composer_dynsample.metrics import (
     RetrievalRecallAtK,
     RPrecision,
     retrieval_metrics,
+    retrieval_recall_at_k,
 )
 
 SETTINGS = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -222,6 +223,22 @@ def test_deepcopy_pickle_and_to_keep_the_gallery():
         expected = retrieval_metrics(emb, labels, gallery, gallery_labels, ks=2)["recall_at_2"]
         assert clone.compute().item() == pytest.approx(expected.item())
     assert "_gallery" not in "".join(metric.state_dict())
+
+
+@pytest.mark.parametrize("cast", ["set_dtype", "bfloat16"])
+def test_a_dtype_cast_leaves_the_gallery_as_it_was_prepared(cast):
+    # bf16 holds integers exactly only up to 256: cast labels 256 and 257 would both become 256, and
+    # cast gallery rows would tie. Before, both casts changed the gallery and the result.
+    query, query_labels = torch.tensor([[1.0, 0.0]]), torch.tensor([256])
+    for gallery, gallery_labels in (
+        (torch.tensor([[1.0, 0.0], [0.0, 1.0]]), torch.tensor([257, 256])),
+        (torch.tensor([[1.0, 0.01003], [1.0, 0.01001]]), torch.tensor([1, 256])),
+    ):
+        metric = RetrievalRecallAtK(k=1, gallery_embeddings=gallery, gallery_labels=gallery_labels)
+        metric = metric.set_dtype(torch.bfloat16) if cast == "set_dtype" else metric.bfloat16()
+        metric.update(query, query_labels)
+        expected = retrieval_recall_at_k(query, query_labels, gallery, gallery_labels, k=1)
+        assert metric.compute().item() == expected.item()
 
 
 def test_bad_arguments_raise():
