@@ -222,6 +222,23 @@ def test_nonfinite_embeddings_can_skip_the_step():
         ({"on_nonfinite": "ignore"}, "on_nonfinite must be one of"),
         ({"memory_size": -1}, "memory_size must be an integer >= 0"),
         ({"miner_kwargs": {"semihard": {}}}, r"miner_kwargs names unknown strategies \['semihard'\]"),
+        # Checked when built, not when a later epoch's strategy first runs (it raised mid-training).
+        (
+            {"miner_kwargs": {"batch_hard": {"margn": 0.2}}},
+            r"miner_kwargs\['batch_hard'\] has unknown keys \['margn'\]",
+        ),
+        (
+            {"miner_kwargs": {"semi_hard": {"distance": "cosine"}}},
+            r"unknown keys \['distance'\]; semi_hard takes",
+        ),
+        (
+            {"miner_kwargs": {"hard_topk": {"k": 0}}},
+            r"miner_kwargs\['hard_topk'\]: k must be an integer >= 1",
+        ),
+        (
+            {"miner_kwargs": {"semi_hard": {"fallback": "any"}}},
+            r"miner_kwargs\['semi_hard'\]: fallback must be",
+        ),
     ],
 )
 def test_bad_configuration_raises_clear_errors(kwargs, match):

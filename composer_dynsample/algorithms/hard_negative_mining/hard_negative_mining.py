@@ -6,6 +6,7 @@ wrapper that moves data between ``State`` and it.
 
 from __future__ import annotations
 
+import inspect
 import logging
 import warnings
 from collections.abc import Callable, Mapping
@@ -92,6 +93,26 @@ def mine(
         )
 
 
+def _check_miner_kwargs(strategy: str, kwargs: dict[str, Any], distance: str) -> None:
+    """Check a strategy's ``miner_kwargs`` now, by name and by a call on four rows, not when it first runs.
+
+    A strategy scheduled from a later epoch would otherwise fail only there, after hours of training.
+    """
+    miner = STRATEGIES[strategy]
+    taken = [
+        name
+        for name, parameter in inspect.signature(miner).parameters.items()
+        if parameter.kind is inspect.Parameter.KEYWORD_ONLY and name not in ("distance", "self_offset")
+    ]
+    unknown = sorted(set(kwargs) - set(taken))
+    if unknown:
+        raise ValueError(f"miner_kwargs[{strategy!r}] has unknown keys {unknown}; {strategy} takes {taken}.")
+    try:
+        miner(torch.eye(4, 2), torch.tensor([0, 0, 1, 1]), distance=distance, **kwargs)
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"miner_kwargs[{strategy!r}]: {error}") from None
+
+
 class HardNegativeMining(Algorithm):
     """Mine hard tuples at ``AFTER_FORWARD`` from the forward pass's embeddings and hand them to the loss.
 
@@ -168,6 +189,8 @@ class HardNegativeMining(Algorithm):
         unknown = sorted(set(self.miner_kwargs) - set(STRATEGIES))
         if unknown:
             raise ValueError(f"miner_kwargs names unknown strategies {unknown}; valid: {sorted(STRATEGIES)}.")
+        for name, kwargs in self.miner_kwargs.items():
+            _check_miner_kwargs(name, kwargs, distance)
         self.embeddings_key, self.labels_key = embeddings_key, labels_key
         cross_rank = check_bool("cross_rank", cross_rank)
         if cross_rank and gather not in _GATHERS:
