@@ -85,7 +85,9 @@ class SetSamplerEpoch(Callback):
     ``spin_dataloaders=True`` and a :class:`~composer_dynsample.samplers.DistributedBatchSampler`
     without ``train_subset_num_batches``; any other sampler resumed mid-epoch on another number of ranks
     gets a ``ValueError`` naming both world sizes, and so does ``spin_dataloaders=False``, at the first
-    batch (before any training step), since a callback cannot read that setting before. A resume at an epoch boundary is exact on any number
+    batch (before any training step), since a callback cannot read that setting before. The checkpoint
+    also records the sampler's seed, batch size and number of batches; a mid-epoch resume with other
+    values (on any number of ranks) builds another epoch and is refused with a ``ValueError``. A resume at an epoch boundary is exact on any number
     of ranks.
 
     With a ``DataLoader(batch_sampler=...)`` (``batch_size=None``) and no ``device_train_microbatch_size``,
@@ -123,6 +125,9 @@ class SetSamplerEpoch(Callback):
         if self._state is not None:
             epoch, batch = int(self._state.timestamp.epoch), int(self._state.timestamp.batch_in_epoch)
             saved.update(epoch=epoch, global_batches_done=self._global_batches_done(epoch, batch))
+            layout = _sampler_layout(find_epoch_target(self._state.train_dataloader))
+            if layout is not None:
+                saved["sampler"] = layout
         return saved
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -147,6 +152,7 @@ class SetSamplerEpoch(Callback):
         saved_world = self._saved.get("world_size")
         if saved_world is None or skip == 0:
             return
+        self._check_same_sampler(state, epoch, skip)
         done = self._saved.get("global_batches_done") if self._saved.get("epoch") == epoch else None
         done = skip * int(saved_world) if done is None else int(done)
         if done == skip * get_world_size():  # Composer's own skip is exact
@@ -177,6 +183,22 @@ class SetSamplerEpoch(Callback):
             get_world_size(),
             done,
             saved_world,
+        )
+
+    def _check_same_sampler(self, state: State, epoch: int, skip: int) -> None:
+        """Refuse a mid-epoch resume whose sampler builds another epoch than the one interrupted."""
+        saved = self._saved.get("sampler")
+        now = _sampler_layout(find_epoch_target(state.train_dataloader))
+        if saved is None or now is None or self._saved.get("epoch") != epoch or dict(saved) == now:
+            return
+        described = ", ".join(
+            f"{key} {saved.get(key)} -> {value}" for key, value in now.items() if saved.get(key) != value
+        )
+        raise ValueError(
+            f"SetSamplerEpoch: the checkpoint was written in the middle of epoch {epoch} (batch {skip}), and this "
+            f"run's train sampler builds that epoch differently ({described}), so the rest of it cannot be "
+            "trained without repeating or skipping samples. Resume with the sampler settings of the "
+            "checkpoint, or from a checkpoint saved at an epoch boundary (save_interval in epochs)."
         )
 
     def after_dataloader(self, state: State, logger: Logger) -> None:
@@ -257,6 +279,13 @@ def _check_sampler_world(target: SupportsSetEpoch | None) -> None:
             f"this process is rank {get_rank()} of {get_world_size()}; its shard would overlap the other "
             "ranks'. Leave num_replicas and rank unset (they default to the launcher's WORLD_SIZE and RANK)."
         )
+
+
+def _sampler_layout(target: SupportsSetEpoch | None) -> dict[str, int] | None:
+    """What decides an epoch's global batches of a package sampler: seed, batch size and batch count."""
+    if not isinstance(target, DistributedBatchSampler):
+        return None
+    return {"seed": target.seed, "batch_size": target.batch_size, "global_batches": target.num_global_batches}
 
 
 def _snapshot_code(target: SupportsSetEpoch | None) -> int:

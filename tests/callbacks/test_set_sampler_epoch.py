@@ -8,6 +8,7 @@ the reverted trainer plus SetSamplerEpoch alone must pass again.
 from __future__ import annotations
 
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -178,6 +179,20 @@ def test_a_mid_epoch_resume_on_another_world_size_is_refused_for_other_samplers(
     assert recorder.batches == {}  # refused before a single batch
 
 
+@pytest.mark.parametrize(("p", "seed"), [(2, 11), (4, 12)])
+def test_a_mid_epoch_resume_with_another_sampler_is_refused(two_rank_checkpoint, p, seed):
+    # Another batch size or seed builds another epoch: Composer's skip of 10 batches would then repeat
+    # or skip samples of the interrupted epoch. Before, the run trained on silently.
+    _, two_ranks = two_rank_checkpoint
+    checkpoint = str(Path(two_ranks).parent / "ep1-ba10-rank0.pt")
+    other = PKBatchSampler(LABELS, classes_per_batch=p, samples_per_class=3, seed=seed)
+    resumed, _, recorder = make_run(sampler=other, callbacks=[SetSamplerEpoch()], load_path=checkpoint)
+    changed = "batch_size 12 -> 6, global_batches 8 -> 16" if p == 2 else "seed 11 -> 12"
+    with pytest.raises(ValueError, match=rf"middle of epoch 1 \(batch 2\).*differently \({changed}\)"):
+        resumed.fit()
+    assert recorder.batches == {}
+
+
 def test_an_elastic_resume_without_spinning_is_refused_before_a_step(two_rank_checkpoint):
     # Without spinning, Composer trains the placeholders it should discard; before, this went unnoticed.
     _, two_ranks = two_rank_checkpoint
@@ -223,7 +238,8 @@ def test_an_elastically_resumed_epoch_saves_its_global_position_for_the_next_res
     first.close()
     state = torch.load(tmp_path / "ep1-ba12-rank0.pt", weights_only=False)["state"]["callbacks"]
     (saved,) = [value for key, value in state.items() if "SetSamplerEpoch" in key]
-    assert saved == {"world_size": 1, "epoch": 1, "global_batches_done": 6}
+    layout = {"seed": 11, "batch_size": 12, "global_batches": 8}
+    assert saved == {"world_size": 1, "epoch": 1, "global_batches_done": 6, "sampler": layout}
     second, _, second_part = make_run(
         callbacks=[SetSamplerEpoch()], load_path=str(tmp_path / "ep1-ba12-rank0.pt")
     )
