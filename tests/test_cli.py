@@ -135,6 +135,9 @@ def test_the_thread_policy(monkeypatch, cores, local_ranks, omp, expected):
             "scheduler.pct_strat=0.3",
             "scheduler: unknown key 'pct_strat' for 'one_cycle'",
         ),
+        ("seed=99999999999", "seed must be an integer in [0, 4294967295], got 99999999999"),
+        ("trainer.max_duration=0ep", "trainer.max_duration must be greater than zero, got '0ep'"),
+        ("evaluation.interval=0ep", "evaluation.interval must be greater than zero, got '0ep'"),
     ],
 )
 def test_section_errors_answer_before_composer_is_imported_or_data_loaded(override, message):

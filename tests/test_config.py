@@ -170,7 +170,19 @@ def test_unknown_names_list_the_registry(tmp_path, override, registry_entry):
         (["evaluation.ks=[0,5]"], r"evaluation.ks must be a list of distinct integers >= 1, got \[0, 5\]"),
         (["evaluation.interval=often"], "evaluation.interval must be a Composer time string"),
         (["evaluation.distance=manhattan"], "evaluation.distance must be 'cosine' or 'euclidean'"),
-        (["seed=-3"], "seed must be an integer >= 0, got -3"),
+        (["seed=-3"], r"seed must be an integer in \[0, 4294967295\], got -3"),
+        # numpy's seed range; a larger seed crashed in Composer's seed_all.
+        (["seed=4294967296"], r"seed must be an integer in \[0, 4294967295\], got 4294967296"),
+        # Zero trained nothing (and blamed the checkpoint) or silently turned evaluation off.
+        (["trainer.max_duration=0ep"], "trainer.max_duration must be greater than zero, got '0ep'"),
+        (["trainer.max_duration=0ba"], "trainer.max_duration must be greater than zero, got '0ba'"),
+        (["evaluation.interval=0ba"], r"evaluation.interval must be greater than zero, got '0ba' \(null"),
+        (["evaluation.interval=0"], "evaluation.interval must be greater than zero, got '0ep'"),
+        # AdamW indexes betas[1]: its IndexError is one line naming the section, not a traceback.
+        (
+            ["optimizer.betas=[0.9]"],
+            r"optimizer: AdamW\(.*betas=\(0\.9,\)\) rejected the config: tuple index",
+        ),
         (["dataloader.num_workers=-1"], "dataloader.num_workers must be an integer >= 0"),
         (["data.name=file"], "data: 'file' needs the key 'path'"),
         (["data.name=file", "data.path=/no/such.npz"], r"data: .*no such file"),

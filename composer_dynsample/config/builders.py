@@ -448,9 +448,11 @@ def _check_trainer_basics(values: Mapping[str, Any]) -> None:
     if values.get("max_duration") is None:
         raise ConfigError("trainer.max_duration is required, e.g. '60ep' or '500ba'.")
     try:
-        check_time("trainer.max_duration", values["max_duration"], ("ep", "ba", "sp"))
+        number, _ = check_time("trainer.max_duration", values["max_duration"], ("ep", "ba", "sp"))
     except ValueError as error:
         raise ConfigError(str(error)) from error
+    if number == 0:
+        raise ConfigError(f"trainer.max_duration must be greater than zero, got {values['max_duration']!r}.")
     load_path = values.get("load_path")
     if (
         load_path is not None

@@ -62,7 +62,8 @@ class RunOptions:
     """The top-level run options.
 
     Attributes:
-        seed (int): Seeds every random generator, the sampler's order included. Default: ``0``.
+        seed (int): Seeds every random generator, the sampler's order included; in ``[0, 2**32 - 1]``
+            (numpy's range). Default: ``0``.
         run_dir (str, optional): The output directory; ``--run-dir`` overrides it. Default:
             ``runs/<config file stem>``.
     """
@@ -71,7 +72,7 @@ class RunOptions:
     run_dir: Optional[str] = None  # noqa: UP045
 
     def __post_init__(self) -> None:
-        _checked("seed", lambda: check_int("seed", self.seed, minimum=0))
+        _checked("seed", lambda: check_int("seed", self.seed, minimum=0, maximum=2**32 - 1))
 
 
 @dataclass
@@ -79,8 +80,8 @@ class EvaluationConfig:
     """The ``evaluation`` section: retrieval of the test queries against the train gallery.
 
     Attributes:
-        interval (str, optional): A Composer time string (``"1ep"``, ``"200ba"``; a bare integer counts
-            epochs), or null: evaluate only once, after training. Default: ``"1ep"``.
+        interval (str, optional): A Composer time string greater than zero (``"1ep"``, ``"200ba"``; a
+            bare integer counts epochs), or null: evaluate only once, after training. Default: ``"1ep"``.
         ks (list[int]): The ``K`` of Recall@K, distinct integers >= 1. Default: ``[1, 5]``.
         distance (str): ``"cosine"`` or ``"euclidean"``. Default: ``"cosine"``.
         batch_size (int): Queries per evaluation batch. Default: ``1000``.
@@ -108,9 +109,14 @@ class EvaluationConfig:
         if self.interval is not None:
             if isinstance(self.interval, int) and not isinstance(self.interval, bool):
                 self.interval = f"{self.interval}ep"  # a bare integer counts epochs, as elsewhere
-            _checked(
+            number, _ = _checked(
                 "evaluation.interval", lambda: check_time("evaluation.interval", self.interval, ("ep", "ba"))
             )
+            if number == 0:
+                raise ConfigError(
+                    f"evaluation.interval must be greater than zero, got {self.interval!r} (null evaluates "
+                    "only once, after training)."
+                )
 
 
 @dataclass

@@ -347,8 +347,9 @@ def check_types(path: str, entry: Registered, kwargs: Mapping[str, Any]) -> None
 def call(path: str, entry: Registered, kwargs: Mapping[str, Any], *args: Any) -> Any:
     """Check ``kwargs`` against ``entry`` and construct ``entry.target(*args, **kwargs)``.
 
-    Errors of the target (``TypeError``, ``ValueError``) and a missing optional package (``ImportError``)
-    become one-line :class:`ConfigError` messages that name the section.
+    Errors of the target (``TypeError``, ``ValueError``, ``IndexError`` as from ``AdamW(betas=(0.9,))``)
+    and a missing optional package (``ImportError``) become one-line :class:`ConfigError` messages that
+    name the section.
     """
     check_types(path, entry, kwargs)
     try:
@@ -358,6 +359,6 @@ def call(path: str, entry: Registered, kwargs: Mapping[str, Any], *args: Any) ->
         raise ConfigError(
             f"{path}: {entry.name} needs a package that is not installed: {first_line}"
         ) from error
-    except (TypeError, ValueError) as error:
+    except (TypeError, ValueError, IndexError) as error:
         shown = ", ".join(f"{key}={value!r}" for key, value in kwargs.items() if key not in entry.reserved)
         raise ConfigError(f"{path}: {entry.name}({shown}) rejected the config: {error}") from error
