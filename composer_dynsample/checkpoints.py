@@ -60,8 +60,10 @@ def check_checkpoint(path: str | os.PathLike[str]) -> None:
         path (str | os.PathLike): The checkpoint file.
 
     Raises:
-        CheckpointError: The file is missing, empty, truncated, not a PyTorch checkpoint, or its pickle
-            names a class outside :data:`SAFE_GLOBALS` (the message names it).
+        CheckpointError: The file is missing, empty, truncated, not a PyTorch checkpoint, its pickle
+            names a class outside :data:`SAFE_GLOBALS` (the message names it), or it is not a Composer
+            checkpoint (a dict whose ``state`` holds the ``model`` weights; a bare
+            ``torch.save(model.state_dict())`` is not one).
 
     Example:
         >>> import tempfile, torch
@@ -84,7 +86,7 @@ def check_checkpoint(path: str | os.PathLike[str]) -> None:
 
     try:
         with torch.serialization.safe_globals(_safe_globals()):
-            torch.load(file, map_location="cpu", weights_only=True)
+            loaded = torch.load(file, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as error:
         raise CheckpointError(_unsafe_message(file, str(error))) from None
     except (RuntimeError, EOFError, OSError, MemoryError, zipfile.BadZipFile, ValueError) as error:
@@ -93,6 +95,21 @@ def check_checkpoint(path: str | os.PathLike[str]) -> None:
             f"checkpoint {str(file)!r} ({size} bytes) is not a readable PyTorch checkpoint, truncated or "
             f"corrupt: {type(error).__name__}: {reason}"
         ) from None
+    state = loaded.get("state") if isinstance(loaded, dict) else None
+    if not isinstance(state, dict) or not isinstance(state.get("model"), dict):
+        raise CheckpointError(
+            f"checkpoint {str(file)!r} is not a Composer checkpoint: it holds {_holds(loaded)}, not a dict "
+            "whose 'state' holds the 'model' weights (as the Trainer saves them; a file of "
+            "torch.save(model.state_dict()) is not one)."
+        )
+
+
+def _holds(value: Any) -> str:
+    """What a loaded file holds, in a few words: ``a list``, ``a dict with keys ['a', 'b', ...]``."""
+    if not isinstance(value, dict):
+        return f"a {type(value).__name__}"
+    keys = [str(key) for key in list(value)[:3]]
+    return f"a dict with keys {keys}{' and more' if len(value) > 3 else ''}"
 
 
 def _unsafe_message(file: Path, error: str) -> str:

@@ -31,7 +31,8 @@ Train from CONFIG.yaml (see yamls/) with dotted key.path=value overrides, for ex
   composer-dynsample train yamls/mnist1d_default.yaml trainer.max_duration=10ep seed=1
 A mapping replaces a whole section: model.loss={_component_: my_losses.MyLoss, scale: 2}.
 Writes RUN_DIR/config.yaml, metrics.json, embeddings.png and checkpoints/. Resume with
-trainer.load_path=RUN_DIR/checkpoints/latest-rank0.pt and a larger trainer.max_duration.
+trainer.load_path=RUN_DIR/checkpoints/latest-rank0.pt and a larger trainer.max_duration, or set
+trainer.autoresume=true: rerunning the same command then continues from the run's latest checkpoint.
 The progress bar is off when stdout is not a terminal (or with --quiet) unless the config sets
 trainer.progress_bar.
 """
@@ -87,10 +88,15 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate = _checkpoint_command(
         commands,
         "eval",
-        "retrieval metrics of a saved checkpoint (table and json)",
+        "retrieval metrics of a saved checkpoint (table and json; a retrievals plot for image data)",
         "Score CHECKPOINT: the test queries against the train gallery, as at the end of train.",
     )
-    evaluate.add_argument("--out", type=Path, default=None, help="metrics json (default: RUN_DIR/eval.json)")
+    evaluate.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="metrics json (default: RUN_DIR/eval.json); image data also get a retrievals plot beside it",
+    )
     embed = _checkpoint_command(
         commands,
         "embed",
@@ -100,7 +106,9 @@ def build_parser() -> argparse.ArgumentParser:
     embed.add_argument(
         "--split", choices=("test", "train"), default="test", help="which split (default: test)"
     )
-    embed.add_argument("--out", type=Path, required=True, help="the .npz file to write")
+    embed.add_argument(
+        "--out", type=Path, required=True, help="the .npz file to write (.npz is appended when missing)"
+    )
     return parser
 
 
@@ -139,6 +147,12 @@ def main(argv: Sequence[str] | None = None) -> None:
                 split=args.split,
                 trust_checkpoint=args.trust_checkpoint,
             )
-    except (ConfigError, CheckpointError, commands.RunDirError, FileNotFoundError) as error:
+    except (
+        ConfigError,
+        CheckpointError,
+        commands.RunDirError,
+        commands.OutputError,
+        FileNotFoundError,
+    ) as error:
         print(f"composer-dynsample {args.command}: error: {error}", file=sys.stderr)
         raise SystemExit(2) from None

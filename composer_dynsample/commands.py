@@ -17,6 +17,7 @@ from typing import Any
 
 __all__ = [
     "RUN_OUTPUTS",
+    "OutputError",
     "RunDirError",
     "embed",
     "evaluate",
@@ -27,11 +28,23 @@ __all__ = [
 ]
 
 #: The files and folders a training run writes into its run directory.
-RUN_OUTPUTS = ("metrics.json", "config.yaml", "embeddings.png", "retrievals.png", "checkpoints", "eval.json")
+RUN_OUTPUTS = (
+    "metrics.json",
+    "config.yaml",
+    "embeddings.png",
+    "retrievals.png",
+    "checkpoints",
+    "eval.json",
+    "eval-retrievals.png",
+)
 
 
 class RunDirError(ValueError):
     """The run directory cannot be used: it is under a file, or holds a previous run."""
+
+
+class OutputError(ValueError):
+    """An ``--out`` path cannot be written: it is a directory, or under a file."""
 
 
 def set_cpu_threads() -> int | None:
@@ -55,12 +68,15 @@ def set_cpu_threads() -> int | None:
     return threads
 
 
-def prepare_run_dir(run_dir: Path, *, overwrite: bool, load_path: Any = None) -> None:
+def prepare_run_dir(
+    run_dir: Path, *, overwrite: bool, load_path: Any = None, autoresume: bool = False
+) -> None:
     """Refuse a run directory under a file, or one holding a previous run, unless told to replace it.
 
-    A run that resumes from a checkpoint inside ``run_dir`` continues that run and may write there.
-    With ``overwrite`` the previous run's outputs (:data:`RUN_OUTPUTS`, nothing else) are removed, so no
-    stale checkpoint or plot survives next to the new run's.
+    A run that resumes from a checkpoint inside ``run_dir``, or with ``autoresume`` (Composer's
+    ``trainer.autoresume``: it continues from the run's own latest checkpoint, if any), continues that run
+    and may write there. With ``overwrite`` the previous run's outputs (:data:`RUN_OUTPUTS`, nothing else)
+    are removed, so no stale checkpoint or plot survives next to the new run's.
 
     Rank 0 alone decides (the other ranks could already see what rank 0 writes for the new run); when it
     refuses it exits, and the launcher (Composer's or ``torchrun``) stops the other ranks.
@@ -73,7 +89,7 @@ def prepare_run_dir(run_dir: Path, *, overwrite: bool, load_path: Any = None) ->
     previous = [name for name in RUN_OUTPUTS if (run_dir / name).exists()]
     if not previous:
         return
-    resuming = load_path is not None and _is_inside(Path(str(load_path)), run_dir)
+    resuming = autoresume or (load_path is not None and _is_inside(Path(str(load_path)), run_dir))
     if resuming:
         return
     if not overwrite:
@@ -106,6 +122,72 @@ def _checked_load_path(cfg: Any, trust_checkpoint: bool) -> Any:
     if load_path is not None and not trust_checkpoint and "://" not in str(load_path):
         check_checkpoint(load_path)
     return load_path
+
+
+def _expand_user_paths(cfg: Any) -> None:
+    """``~`` in a local ``trainer.load_path`` or ``trainer.save_folder``: the path checked is the one loaded."""
+    for key in ("load_path", "save_folder"):
+        value = cfg.trainer.get(key)
+        if isinstance(value, str) and "://" not in value:
+            cfg.trainer[key] = os.path.expanduser(value)
+
+
+def _autoresume(cfg: Any, run_dir: Path, *, overwrite: bool, trust_checkpoint: bool) -> bool:
+    """Whether ``trainer.autoresume`` is on; then check the checkpoint Composer will resume from, if any.
+
+    Composer resumes from ``save_folder/save_latest_filename`` (``RUN_DIR/checkpoints/latest-rank0.pt``
+    by default) when that file exists, else it starts afresh (or from ``trainer.load_path``).
+    """
+    from composer_dynsample.config.registry import ConfigError
+
+    autoresume = cfg.trainer.get("autoresume", False)
+    if not isinstance(autoresume, bool):
+        raise ConfigError(f"trainer.autoresume must be true or false, got {autoresume!r}.")
+    if not autoresume:
+        return False
+    if overwrite:
+        raise RunDirError(
+            "--overwrite would remove the checkpoints that trainer.autoresume=true resumes from; drop one: "
+            "autoresume continues the run in its --run-dir, --overwrite starts it afresh."
+        )
+    from composer.utils import format_name_with_dist
+
+    from composer_dynsample.checkpoints import check_checkpoint
+    from composer_dynsample.config.run import trainer_defaults
+
+    settings = {**trainer_defaults(run_dir), **cfg.trainer}
+    folder, latest = settings.get("save_folder"), settings.get("save_latest_filename", "latest-rank{rank}.pt")
+    if folder is None or latest is None or "://" in str(folder):
+        return True  # Composer says what is missing; a remote folder is Composer's to download
+    run_name = str(settings["run_name"])
+    path = Path(format_name_with_dist(str(folder), run_name)) / format_name_with_dist(str(latest), run_name)
+    # Composer loads rank 0's file on every rank; rank 0 checks it before any rank can reach the load (the
+    # Trainer's process group waits for rank 0, which exits when it refuses).
+    if not path.exists():
+        return True  # the first attempt: Composer starts afresh (or from trainer.load_path)
+    if "#" in str(path) or "?" in str(path):
+        raise RunDirError(
+            f"trainer.autoresume cannot resume from {str(path)!r}: Composer reads '#' and '?' in a path as "
+            "URL syntax. Resume with trainer.load_path=<that checkpoint> instead, or use a --run-dir without them."
+        )
+    if not trust_checkpoint:
+        check_checkpoint(path)
+    return True
+
+
+def _out_path(out: str | os.PathLike[str], example: str, suffix: str | None = None) -> Path:
+    """The file an ``--out`` names (``suffix`` appended when missing), or an :class:`OutputError`."""
+    given = Path(out).expanduser()
+    path = given if suffix is None or given.suffix == suffix else given.with_name(given.name + suffix)
+    for candidate in dict.fromkeys((given, path)):
+        if candidate.is_dir():
+            raise OutputError(
+                f"--out {str(candidate)!r} is a directory; give a file name, e.g. {str(candidate / example)!r}."
+            )
+    for parent in path.parents:
+        if parent.exists() and not parent.is_dir():
+            raise OutputError(f"--out {str(path)!r}: {str(parent)!r} is a file, not a directory.")
+    return path
 
 
 def _quiet_defaults(cfg: Any, quiet: bool) -> None:
@@ -169,25 +251,38 @@ def _build(
     quiet: bool,
     trust_checkpoint: bool,
     overwrite: bool | None,
-    extra: Sequence[str] = (),
+    settings: Mapping[str, Any] | None = None,
 ) -> tuple[Any, Path | None]:
-    """Load the config, check the run directory and any checkpoint, and build the run."""
-    from composer_dynsample.config.loading import default_run_dir, load_config, run_options
+    """Load the config, check it, any checkpoint and the run directory, and build the run.
+
+    ``settings`` (``{"trainer.load_path": path}``) are set on the loaded config as they are, after the
+    overrides: unlike an override, a value is not parsed as YAML (a path may hold ``#`` or ``: ``).
+    """
+    from omegaconf import OmegaConf
+
+    from composer_dynsample.config.builders import check_config
+    from composer_dynsample.config.loading import default_run_dir, load_config, run_options, section
 
     config_path = None if isinstance(config, Mapping) else Path(config)
-    cfg = load_config(config, [*overrides, *extra])
+    cfg = load_config(config, overrides)
+    for key, value in (settings or {}).items():
+        head = key.split(".", 1)[0]
+        section(cfg, head, head)  # a section that is not a mapping is a ConfigError, not OmegaConf's
+        OmegaConf.update(cfg, key, value, merge=False)
     run_options(cfg)  # seed and run_dir are checked before torch and Composer are imported
+    # The whole config is checked before anything on disk changes (--overwrite removes a previous run):
+    # the cheap checks, no data loaded, at most torch imported.
+    check_config(cfg)
     _quiet_defaults(cfg, quiet)
-    directory = Path(run_dir or cfg.get("run_dir") or default_run_dir(config_path))
+    _expand_user_paths(cfg)
+    directory = Path(run_dir or cfg.get("run_dir") or default_run_dir(config_path)).expanduser()
     load_path = _checked_load_path(cfg, trust_checkpoint)
     if overwrite is not None:
-        prepare_run_dir(directory, overwrite=overwrite, load_path=load_path)
+        autoresume = _autoresume(cfg, directory, overwrite=overwrite, trust_checkpoint=trust_checkpoint)
+        prepare_run_dir(directory, overwrite=overwrite, load_path=load_path, autoresume=autoresume)
     threads = set_cpu_threads()
     if threads is not None and _is_rank_zero():
         print(f"torch: {threads} intra-op thread(s) per process (OMP_NUM_THREADS unset; set it to choose)")
-    from composer_dynsample.config.builders import check_config
-
-    check_config(cfg)  # the cheap checks first: no data loaded, at most torch imported
     from composer_dynsample.config.run import build_run  # Composer and torch, once the config reads well
 
     return build_run(cfg, directory), config_path
@@ -207,7 +302,9 @@ def train(
     Every rank builds and trains; rank 0 alone writes ``RUN_DIR/config.yaml`` (before training),
     ``metrics.json`` and ``embeddings.png`` and prints the metrics table. Checkpoints go to
     ``RUN_DIR/checkpoints`` (Composer's ``save_folder``); ``trainer.load_path`` resumes from one, after
-    :func:`~composer_dynsample.checkpoints.check_checkpoint` unless ``trust_checkpoint``.
+    :func:`~composer_dynsample.checkpoints.check_checkpoint` unless ``trust_checkpoint``, and
+    ``trainer.autoresume=true`` continues the run in ``run_dir`` from its latest one, when there is one.
+    The whole config is checked before a previous run is removed (``overwrite``).
 
     Args:
         config (str | os.PathLike | Mapping): A YAML file or the config itself.
@@ -341,14 +438,15 @@ def _checkpoint_run(
 
     if not trust_checkpoint:
         check_checkpoint(checkpoint)
-    extra = [
-        f"trainer.load_path={Path(checkpoint)}",
-        "trainer.load_weights_only=true",
-        "trainer.save_folder=null",
-        "evaluation.interval=null",
-    ]
+    settings = {
+        "trainer.load_path": str(Path(checkpoint).expanduser()),
+        "trainer.load_weights_only": True,
+        "trainer.autoresume": False,  # the config's autoresume would load the run's latest checkpoint instead
+        "trainer.save_folder": None,
+        "evaluation.interval": None,
+    }
     run, _ = _build(
-        config, overrides, run_dir, quiet=True, trust_checkpoint=True, overwrite=None, extra=extra
+        config, overrides, run_dir, quiet=True, trust_checkpoint=True, overwrite=None, settings=settings
     )
     return run
 
@@ -371,18 +469,29 @@ def evaluate(
             beside the checkpoint's ``checkpoints`` folder (the run directory).
         trust_checkpoint (bool): Skip the safety check of the file. Default: ``False``.
 
+    For image data the test queries and their nearest test items are also drawn beside the json: as
+    ``retrievals.png``, or ``<json stem>-retrievals.png`` in the checkpoint's run directory, whose
+    ``retrievals.png`` is the training run's (``eval-retrievals.png`` by default).
+
     Returns:
         dict[str, Any]: The metrics, the checkpoint and the timestamp it holds.
+
+    Raises:
+        OutputError: If ``out`` is a directory or under a file (before anything is loaded).
     """
+    run_dir = _run_dir_of(Path(checkpoint))
+    path = _out_path(out if out is not None else run_dir / "eval.json", "eval.json")
+    plot = path.with_name(
+        f"{path.stem}-retrievals.png" if _same_dir(path.parent, run_dir) else "retrievals.png"
+    )
     run = _checkpoint_run(config, checkpoint, overrides, None, trust_checkpoint)
     from composer_dynsample.reporting import format_metrics_table, write_json
 
     final, test_embeddings = evaluate_run(run)
-    path = Path(out) if out is not None else _run_dir_of(Path(checkpoint)) / "eval.json"
     result = {**final, "checkpoint": str(checkpoint), "dataset": run.splits.name}
     if _is_rank_zero():
         write_json(path, result)
-        _plot_retrievals(run, test_embeddings, path.parent / "retrievals.png", Path(checkpoint).name)
+        _plot_retrievals(run, test_embeddings, plot, Path(checkpoint).name)
         print(format_metrics_table(final, title=f"{run.splits.name}: {Path(checkpoint).name}"))
         print(f"wrote {path}")
     return result
@@ -402,14 +511,17 @@ def embed(
     Args:
         config (str | os.PathLike | Mapping): The config the checkpoint was trained with.
         checkpoint (str | os.PathLike): The checkpoint file.
-        out (str | os.PathLike): The ``.npz`` file: arrays ``embeddings`` (N, D) float32, ``labels`` (N,)
-            and ``indices`` (N,), the rows of the split.
+        out (str | os.PathLike): The ``.npz`` file (``.npz`` is appended when missing, as numpy does):
+            arrays ``embeddings`` (N, D) float32, ``labels`` (N,) and ``indices`` (N,), the rows of the split.
         overrides (Sequence[str]): Dotted overrides. Default: none.
         split (str): ``"test"`` or ``"train"``. Default: ``"test"``.
         trust_checkpoint (bool): Skip the safety check of the file. Default: ``False``.
 
     Returns:
         Path: The file written.
+
+    Raises:
+        OutputError: If ``out`` is a directory or under a file (before anything is loaded).
     """
     import numpy as np
 
@@ -417,10 +529,10 @@ def embed(
     from composer_dynsample.validation import check_choice
 
     check_choice("split", split, ("test", "train"))
+    path = _out_path(out, "embeddings.npz", ".npz")
     run = _checkpoint_run(config, checkpoint, overrides, None, trust_checkpoint)
     store = run.splits.test if split == "test" else run.splits.train
     embeddings = embed_store(run.trainer.state.model, store).cpu()
-    path = Path(out)
     if _is_rank_zero():
         path.parent.mkdir(parents=True, exist_ok=True)
         np.savez(
@@ -436,3 +548,7 @@ def embed(
 def _run_dir_of(checkpoint: Path) -> Path:
     folder = checkpoint.expanduser().resolve().parent
     return folder.parent if folder.name == "checkpoints" else folder
+
+
+def _same_dir(first: Path, second: Path) -> bool:
+    return first.expanduser().resolve() == second.expanduser().resolve()

@@ -99,8 +99,12 @@ def write_json(path: str | os.PathLike[str], data: Mapping[str, Any]) -> None:
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(f".{target.name}.tmp")
-    tmp.write_text(json.dumps(_jsonable(dict(data)), indent=2) + "\n")
-    os.replace(tmp, target)
+    try:
+        tmp.write_text(json.dumps(_jsonable(dict(data)), indent=2) + "\n")
+        os.replace(tmp, target)
+    except BaseException:
+        tmp.unlink(missing_ok=True)  # no stray temporary file when the target cannot be written
+        raise
 
 
 def pca_2d(embeddings: torch.Tensor | np.ndarray) -> np.ndarray:

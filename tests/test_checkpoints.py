@@ -91,6 +91,27 @@ def test_a_broken_file_is_one_line_naming_it(tmp_path, content, expected):
     assert "\n" not in message and str(path) in message and expected in message, message
 
 
+@pytest.mark.parametrize(
+    ("content", "holds"),
+    [
+        ([1, 2, 3], "a list"),
+        (torch.nn.Linear(3, 2).state_dict(), "a dict with keys ['weight', 'bias']"),
+        ({"state": {"optimizers": {}}}, "a dict with keys ['state']"),
+        ({"state": [1]}, "a dict with keys ['state']"),
+    ],
+    ids=["list", "bare-state-dict", "no-model", "state-not-a-dict"],
+)
+def test_a_torch_file_that_is_not_a_composer_checkpoint_is_one_line(tmp_path, content, holds):
+    """Safe to read, but Composer would fail on it with a KeyError or AttributeError traceback."""
+    path = tmp_path / "other.pt"
+    torch.save(content, path)
+    with pytest.raises(CheckpointError) as error:
+        check_checkpoint(path)
+    message = str(error.value)
+    assert "\n" not in message and str(path) in message, message
+    assert f"is not a Composer checkpoint: it holds {holds}, not a dict whose 'state'" in message, message
+
+
 def test_a_folder_is_not_a_checkpoint(tmp_path):
     with pytest.raises(CheckpointError, match="is not a file"):
         check_checkpoint(tmp_path)

@@ -267,3 +267,134 @@ def test_a_refused_run_dir_stops_every_rank_of_a_launch(tmp_path):
     assert result.returncode != 0
     assert "holds a previous run (metrics.json)" in result.stdout + result.stderr
     assert json.loads((tmp_path / "run" / "metrics.json").read_text()) == {}
+
+
+def copy_run(first_run, folder: Path) -> Path:
+    """A copy of the trained run (its checkpoint symlink followed), for tests that add to a run directory."""
+    import shutil
+
+    run_dir, _ = first_run
+    return Path(shutil.copytree(run_dir, folder))
+
+
+def test_autoresume_continues_the_run_in_its_directory(first_run, tmp_path):
+    """trainer.autoresume=true: rerunning the command continues from RUN_DIR/checkpoints/latest-rank0.pt."""
+    run_dir = copy_run(first_run, tmp_path / "run")
+    main(["train", DIGITS, *QUIET, "trainer.autoresume=true", "trainer.max_duration=5ep",
+          "evaluation.interval=null", "--run-dir", str(run_dir)])  # fmt: skip
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    assert (metrics["resumed_from_epoch"], metrics["epochs"], metrics["epochs_this_run"]) == (4, 5, 1)
+    assert (run_dir / "checkpoints" / "latest-rank0.pt").resolve().name.startswith("ep5-")
+
+
+@pytest.mark.parametrize(
+    ("argv", "detail"),
+    [
+        (["eval", "model.encoder.embedding_dim=16"], "size mismatch for encoder."),
+        (["eval", "model.encoder.hidden_dims=[64,64]"], "Missing key(s) in state_dict"),
+        (["embed", "model.encoder.embedding_dim=16"], "size mismatch for encoder."),
+        (
+            ["train", "model.encoder.embedding_dim=16", "trainer.max_duration=9ep"],
+            "size mismatch for encoder.",
+        ),
+    ],
+    ids=["eval", "eval-layers", "embed", "train-resume"],
+)
+def test_a_checkpoint_of_another_model_is_one_line(first_run, tmp_path, capsys, argv, detail):
+    run_dir, _ = first_run
+    checkpoint = run_dir / "checkpoints" / "latest-rank0.pt"
+    command, *overrides = argv
+    if command == "train":
+        args = [
+            command,
+            DIGITS,
+            *QUIET,
+            *overrides,
+            f"trainer.load_path={checkpoint}",
+            "--run-dir",
+            str(tmp_path),
+        ]
+    else:
+        args = [
+            command,
+            DIGITS,
+            *overrides,
+            "--checkpoint",
+            str(checkpoint),
+            "--out",
+            str(tmp_path / "out.npz"),
+        ]
+    with pytest.raises(SystemExit) as exit_info:
+        main(args)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exit_info.value.code == 2 and len(err) == 1, err[-5:]
+    assert f"checkpoint '{checkpoint}' does not match the config's model" in err[0] and detail in err[0], err[
+        0
+    ]
+
+
+def test_a_checkpoint_path_is_taken_as_it_is(first_run, tmp_path, capsys):
+    """'#' is not a YAML comment in --checkpoint, nor a URL fragment for Composer: the checked file is loaded."""
+    import shutil
+
+    run_dir, metrics = first_run
+    folder = tmp_path / "run #2"
+    folder.mkdir()
+    checkpoint = Path(shutil.copy(run_dir / "checkpoints" / "latest-rank0.pt", folder / "ck?.pt"))
+    # A config with autoresume on still scores the --checkpoint given, not a run's latest checkpoint.
+    main(["eval", DIGITS, "trainer.autoresume=true", "--checkpoint", str(checkpoint)])
+    evaluated = json.loads((folder / "eval.json").read_text())
+    assert evaluated["recall_at_1"] == pytest.approx(metrics["recall_at_1"], abs=1e-6)
+    assert evaluated["checkpoint"] == str(checkpoint)
+
+
+def test_a_home_directory_path_is_expanded_for_the_run_too(first_run, tmp_path, monkeypatch):
+    """'~' in trainer.load_path and --run-dir: the file checked is the one loaded, and no './~' appears."""
+    import shutil
+
+    run_dir, _ = first_run
+    home, work = tmp_path / "home", tmp_path / "work"
+    (home / "ck").mkdir(parents=True)
+    work.mkdir()
+    shutil.copy(run_dir / "checkpoints" / "latest-rank0.pt", home / "ck" / "latest.pt")
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(work)
+    main(["train", DIGITS, *QUIET, "trainer.max_duration=5ep", "evaluation.interval=null",
+          "trainer.load_path=~/ck/latest.pt", "--run-dir", "~/H"])  # fmt: skip
+    metrics = json.loads((home / "H" / "metrics.json").read_text())
+    assert (metrics["resumed_from_epoch"], metrics["epochs"]) == (4, 5)
+    assert list(work.iterdir()) == []
+
+
+def test_out_paths_are_what_is_written(first_run, tmp_path, capsys):
+    """embed appends .npz and says so; a directory as --out is one line, and no stray file is left."""
+    run_dir, _ = first_run
+    checkpoint = str(run_dir / "checkpoints" / "latest-rank0.pt")
+    main(["embed", DIGITS, "--checkpoint", checkpoint, "--out", str(tmp_path / "test")])
+    assert f"to {tmp_path / 'test.npz'}" in capsys.readouterr().out
+    assert np.load(tmp_path / "test.npz")["embeddings"].shape == (359, 32)
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    for command in ("eval", "embed"):
+        with pytest.raises(SystemExit) as exit_info:
+            main([command, DIGITS, "--checkpoint", checkpoint, "--out", str(folder)])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert exit_info.value.code == 2 and len(err) == 1, err[-5:]
+        assert f"--out '{folder}' is a directory; give a file name" in err[0]
+    assert list(folder.iterdir()) == [] and not (tmp_path / "folder.npz").exists()
+
+
+def test_eval_draws_its_retrievals_beside_the_json_and_keeps_the_training_plot(
+    first_run, tmp_path, monkeypatch
+):
+    """In the run directory the plot is eval-retrievals.png: the run's own retrievals.png stays train's."""
+    from composer_dynsample import commands
+
+    run_dir = copy_run(first_run, tmp_path / "run")
+    drawn = []
+    monkeypatch.setattr(commands, "_plot_retrievals", lambda run, embeddings, path, when: drawn.append(path))
+    main(["eval", DIGITS, "--checkpoint", str(run_dir / "checkpoints" / "latest-rank0.pt")])
+    main(["eval", DIGITS, "--checkpoint", str(run_dir / "checkpoints" / "latest-rank0.pt"),
+          "--out", str(tmp_path / "elsewhere" / "scores.json")])  # fmt: skip
+    assert drawn == [run_dir / "eval-retrievals.png", tmp_path / "elsewhere" / "retrievals.png"]
+    assert (run_dir / "eval.json").is_file() and (tmp_path / "elsewhere" / "scores.json").is_file()

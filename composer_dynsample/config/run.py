@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -14,6 +17,7 @@ from omegaconf import DictConfig
 from torch.utils.data import DataLoader
 
 from composer_dynsample.callbacks.retrieval_gallery import RetrievalGallery
+from composer_dynsample.checkpoints import CheckpointError
 from composer_dynsample.config.builders import (
     TRAINER_OWNED,
     _check_trainer_basics,
@@ -38,7 +42,26 @@ from composer_dynsample.config.registry import ConfigError, check_keys, paramete
 from composer_dynsample.data import DatasetSplits
 from composer_dynsample.models.embedding_model import EmbeddingModel
 
-__all__ = ["TrainingRun", "build_run", "default_run_dir"]
+__all__ = ["TrainingRun", "build_run", "default_run_dir", "trainer_defaults"]
+
+
+def trainer_defaults(run_dir: Path) -> dict[str, Any]:
+    """The ``composer.Trainer`` arguments the run sets unless the ``trainer`` section does.
+
+    ``save_folder`` and ``run_name`` are also what ``trainer.autoresume`` needs: Composer resumes from
+    ``RUN_DIR/checkpoints/latest-rank0.pt`` when it exists.
+    """
+    return {
+        "save_folder": str(run_dir / "checkpoints"),
+        # Whether a run directory may be reused is decided before this (the CLI refuses a previous run
+        # unless --overwrite, which first removes its outputs, a resume from a checkpoint inside it, or
+        # trainer.autoresume); a run resumed in its own directory must then be free to replace
+        # latest-rank0.pt.
+        "save_overwrite": True,
+        "run_name": run_dir.name or "run",
+        "progress_bar": True,
+        "log_to_console": False,
+    }
 
 
 def _trainer_kwargs(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
@@ -46,17 +69,46 @@ def _trainer_kwargs(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     _check_trainer_basics(values)
     valid = [key for key in parameters(Trainer) if key not in TRAINER_OWNED]
     check_keys("trainer", values, valid, "composer.Trainer")
-    defaults = {
-        "save_folder": str(run_dir / "checkpoints"),
-        # Whether a run directory may be reused is decided before this (the CLI refuses a previous run
-        # unless --overwrite, which first removes its outputs, or a resume from a checkpoint inside it);
-        # a run resumed in its own directory must then be free to replace latest-rank0.pt.
-        "save_overwrite": True,
-        "run_name": run_dir.name or "run",
-        "progress_bar": True,
-        "log_to_console": False,
-    }
-    return {**defaults, **values}
+    for key in ("load_path", "save_folder"):  # Composer takes '~' literally
+        if isinstance(values.get(key), str) and "://" not in values[key]:
+            values[key] = os.path.expanduser(values[key])
+    return {**trainer_defaults(run_dir), **values}
+
+
+@contextlib.contextmanager
+def _composer_load_path(trainer_kwargs: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """The Trainer's arguments, with a local ``load_path`` that Composer reads as the file it names.
+
+    Composer parses ``load_path`` as a URL, so ``#`` or ``?`` in a local path would cut it short (and
+    load another file than the one checked): such a file is loaded through a symbolic link in a
+    temporary folder, removed once the Trainer has loaded it.
+    """
+    path = trainer_kwargs.get("load_path")
+    if not isinstance(path, str) or "://" in path or not ("#" in path or "?" in path):
+        yield trainer_kwargs
+        return
+    with tempfile.TemporaryDirectory(prefix="composer-dynsample-") as folder:
+        link = Path(folder) / "checkpoint.pt"
+        link.symlink_to(Path(path).resolve())
+        yield {**trainer_kwargs, "load_path": str(link)}
+
+
+def _mismatch(error: RuntimeError, trainer_kwargs: dict[str, Any]) -> CheckpointError | None:
+    """A checkpoint whose weights do not fit the config's model, as one line (``None`` for other errors)."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    if not lines or not lines[0].startswith("Error(s) in loading state_dict"):
+        return None
+    detail = lines[1] if len(lines) > 1 else lines[0]
+    detail = detail if len(detail) <= 300 else detail[:297] + "..."
+    more = f" (and {len(lines) - 2} more)" if len(lines) > 2 else ""
+    if trainer_kwargs.get("autoresume"):
+        source = f"the latest checkpoint in {str(trainer_kwargs.get('save_folder'))!r} (trainer.autoresume)"
+    else:
+        source = f"checkpoint {str(trainer_kwargs.get('load_path'))!r}"
+    return CheckpointError(
+        f"{source} does not match the config's model (was it trained with this config and these "
+        f"overrides?): {detail}{more}"
+    )
 
 
 @dataclass
@@ -104,10 +156,14 @@ def build_run(cfg: DictConfig, run_dir: str | os.PathLike[str] | None = None) ->
 
     Raises:
         ConfigError: If a key or value is wrong.
+        CheckpointError: If the checkpoint loaded (``trainer.load_path``, or the latest one with
+            ``trainer.autoresume``) does not fit the model the config builds.
     """
     cfg = load_config(cfg)
     options = run_options(cfg)
-    directory = Path(run_dir if run_dir is not None else options.run_dir or default_run_dir(None))
+    directory = Path(
+        run_dir if run_dir is not None else options.run_dir or default_run_dir(None)
+    ).expanduser()
     cfg.run_dir = str(directory)
     evaluation = evaluation_config(cfg)
     reproducibility.seed_all(options.seed)
@@ -139,22 +195,28 @@ def build_run(cfg: DictConfig, run_dir: str | os.PathLike[str] | None = None) ->
             "eval_interval": evaluation.interval,
         }
     try:
-        trainer = Trainer(
-            model=model,
-            train_dataloader=train_loader,
-            optimizers=optimizer,
-            schedulers=scheduler,
-            algorithms=algorithms,
-            callbacks=callbacks,
-            loggers=loggers,
-            seed=options.seed,
-            **eval_kwargs,
-            **trainer_kwargs,
-        )
+        with _composer_load_path(trainer_kwargs) as composer_kwargs:
+            trainer = Trainer(
+                model=model,
+                train_dataloader=train_loader,
+                optimizers=optimizer,
+                schedulers=scheduler,
+                algorithms=algorithms,
+                callbacks=callbacks,
+                loggers=loggers,
+                seed=options.seed,
+                **eval_kwargs,
+                **composer_kwargs,
+            )
     except (TypeError, ValueError) as error:
         raise ConfigError(
             f"trainer: composer.Trainer rejected the config {section(cfg, 'trainer', 'trainer')}: {error}"
         ) from error
+    except RuntimeError as error:  # load_state_dict: the checkpoint's weights do not fit the model
+        mismatch = _mismatch(error, trainer_kwargs)
+        if mismatch is None:
+            raise
+        raise mismatch from error
     run = TrainingRun(
         cfg, directory, trainer, model, splits, train_loader, tuple(evaluation.ks), evaluation.distance
     )
