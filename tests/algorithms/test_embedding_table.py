@@ -9,6 +9,7 @@ from composer.loggers import InMemoryLogger
 
 from composer_dynsample import EmbeddingModel, HardNegativeMining, PKBatchSampler, build_dataloader
 from composer_dynsample.algorithms.embedding_table import EmbeddingTable, class_centroids, write_rows
+from composer_dynsample.checkpoints import CheckpointError
 from composer_dynsample.data import GatherCollate, IndexDataset, TensorStore
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
@@ -41,9 +42,11 @@ def test_class_centroids_equal_a_loop():
         assert torch.allclose(centroids[c], expected, atol=1e-6)
 
 
-def make_trainer(tmp_path, *, algorithms, lr=0.0, duration="1ep", load_path=None, loggers=(), **kwargs):
+def make_trainer(
+    tmp_path, *, algorithms, lr=0.0, duration="1ep", load_path=None, loggers=(), items=64, **kwargs
+):
     gen = torch.Generator().manual_seed(0)
-    store = TensorStore(torch.randn(64, 8, generator=gen), torch.arange(64) % 8)
+    store = TensorStore(torch.randn(items, 8, generator=gen), torch.arange(items) % 8)
     torch.manual_seed(0)
     model = EmbeddingModel(torch.nn.Linear(8, 4))
     sampler = PKBatchSampler(store.labels, 4, 4, seed=1)
@@ -108,6 +111,21 @@ def test_resume_restores_the_table_exactly(tmp_path):
     assert torch.equal(resumed_table.written_at, straight_table.written_at)
     assert torch.equal(resumed_table.rows, straight_table.rows)
     assert resumed_table.fingerprint() == straight_table.fingerprint()
+
+
+@pytest.mark.parametrize("num_items", [None, 32])
+def test_a_resume_on_another_training_set_is_refused(tmp_path, num_items):
+    # Without num_items the size is read off the dataset at FIT_START, after Composer loaded the 64-row
+    # table: the mismatch went unnoticed (or raised an IndexError in a model-aware sampler).
+    first, *_ = make_trainer(tmp_path / "b", algorithms=[EmbeddingTable()])
+    first.fit()
+    checkpoint = str(tmp_path / "b" / "checkpoints" / "latest-rank0.pt")
+    with pytest.raises(CheckpointError, match="embedding table has 64 rows, this run's training set 32"):
+        table = EmbeddingTable(num_items=num_items)
+        resumed, *_ = make_trainer(
+            tmp_path / "c", algorithms=[table], duration="2ep", load_path=checkpoint, items=32
+        )
+        resumed.fit()
 
 
 def test_refresh_re_embeds_old_rows_in_eval_mode_and_logs_its_cost(tmp_path):

@@ -21,6 +21,7 @@ from composer.core import Algorithm, Event, State
 from composer.loggers import Logger
 
 from composer_dynsample.callbacks.retrieval_gallery import embed_store
+from composer_dynsample.checkpoints import CheckpointError
 from composer_dynsample.data.store import TensorStore
 from composer_dynsample.distributed import all_gather_embeddings, get_rank, get_world_size, unwrap_model
 from composer_dynsample.mined import MinedBatch
@@ -148,6 +149,7 @@ class EmbeddingTable(Algorithm):
         feed_sampler: bool = True,
     ) -> None:
         self.num_items = check_int("num_items", num_items, minimum=1, allow_none=True)
+        self._size_given = self.num_items is not None  # else read off the dataset at FIT_START
         self.dtype = _DTYPES[check_choice("dtype", dtype, tuple(_DTYPES))]
         if not isinstance(index_key, str) or not index_key:
             raise ValueError(f"index_key must be a non-empty string, got {index_key!r}.")
@@ -247,8 +249,12 @@ class EmbeddingTable(Algorithm):
 
     def _fit_start(self, state: State) -> None:
         """Size the table, find the sampler to feed, and give it back its snapshot when resuming."""
-        if self.num_items is None:
-            self.num_items = _dataset_length(state)
+        if not self._size_given:
+            # Composer loads a checkpoint before FIT_START: its table must fit the dataset read off now.
+            length = _dataset_length(state)
+            if self.rows is not None and self.rows.shape[0] != length:
+                raise _size_mismatch(self.rows.shape[0], length)
+            self.num_items = length
         if not self.feed_sampler:
             return
         from composer_dynsample.callbacks.set_sampler_epoch import find_epoch_target
@@ -320,11 +326,8 @@ class EmbeddingTable(Algorithm):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         rows = state.get("rows")
-        if rows is not None and self.num_items is not None and rows.shape[0] != self.num_items:
-            raise ValueError(
-                f"the checkpoint's embedding table has {rows.shape[0]} rows, this run's training set "
-                f"{self.num_items}; resume with the same data."
-            )
+        if rows is not None and self._size_given and rows.shape[0] != self.num_items:
+            raise _size_mismatch(rows.shape[0], self.num_items)
         self.num_items = state.get("num_items", self.num_items)
         self.rows = None if rows is None else rows.to(device=self.device, dtype=self.dtype)
         written = state.get("written_at")
@@ -363,6 +366,13 @@ def _train_labels(state: State) -> torch.Tensor:
             "collate has a labels tensor; use composer_dynsample.data.IndexDataset and GatherCollate."
         )
     return labels
+
+
+def _size_mismatch(rows: int, items: int | None) -> CheckpointError:
+    return CheckpointError(
+        f"the checkpoint's embedding table has {rows} rows, this run's training set {items}; resume with "
+        "the same data."
+    )
 
 
 def _dataset_length(state: State) -> int:
