@@ -32,7 +32,8 @@ class EmbeddingModel(ComposerModel):
     :class:`~composer_dynsample.data.GatherCollate` produces) or ``(features, labels)`` sequences.
 
     **The whole batch as the pool at a chunk's memory** (GradCache, Gao et al. 2021). With
-    ``forward_chunk_size=N`` the encoder embeds the batch ``N`` rows at a time and keeps no activations:
+    ``forward_chunk_size=N`` the encoder embeds the batch in ``ceil(B / N)`` chunks of at most ``N`` rows
+    (sizes within one of each other, so no tiny remainder) and keeps no activations:
     each chunk runs under :func:`torch.utils.checkpoint.checkpoint` (non-reentrant), so the forward keeps
     only the chunk's inputs, and the backward recomputes one chunk at a time. Mining and the loss see the
     embeddings of the whole batch, and the gradient is the unchunked one (tested to float tolerance),
@@ -119,7 +120,14 @@ class EmbeddingModel(ComposerModel):
         size = self.forward_chunk_size
         if size is None or _batch_size(features) <= size:
             return self._embed(features)
-        chunks = _split_features(features, size)
+        rows = _batch_size(features)
+        chunks = _split_features(features, -(-rows // size))
+        if rows < 2 * len(chunks) and self.training and _has_batch_norm(self.encoder):
+            raise ValueError(
+                f"EmbeddingModel: forward_chunk_size={size} cuts this batch of {rows} rows into {len(chunks)} "
+                "chunks, one of a single row, which BatchNorm cannot normalise in training; use "
+                "forward_chunk_size >= 3, or a batch with at least two rows per chunk."
+            )
         if not torch.is_grad_enabled():
             return torch.cat([self._embed(chunk) for chunk in chunks])
         return torch.cat(
@@ -218,11 +226,16 @@ def _describe(features: Any) -> str:
     return type(features).__name__
 
 
-def _split_features(features: Any, size: int) -> list[Any]:
+def _split_features(features: Any, count: int) -> list[Any]:
+    """``count`` chunks of sizes that differ by one at most (never a small remainder chunk)."""
     if isinstance(features, torch.Tensor):
-        return list(features.split(size))
-    parts = {key: value.split(size) for key, value in features.items()}
+        return list(features.tensor_split(count))
+    parts = {key: value.tensor_split(count) for key, value in features.items()}
     return [dict(zip(parts, chunk)) for chunk in zip(*parts.values())]
+
+
+def _has_batch_norm(module: nn.Module) -> bool:
+    return any(isinstance(child, nn.modules.batchnorm._BatchNorm) for child in module.modules())
 
 
 def _as_metric_dict(metrics: Mapping[str, Metric] | Sequence[Metric] | None) -> nn.ModuleDict:

@@ -180,7 +180,21 @@ def test_no_grad_embeds_chunk_by_chunk_without_checkpoints():
     model.encoder.register_forward_hook(lambda module, args, out: calls.append(args[0].shape[0]))
     with torch.no_grad():
         embeddings = model.embed(features)
-    assert calls == [20, 20, 8] and not embeddings.requires_grad
+    assert calls == [16, 16, 16] and not embeddings.requires_grad  # ceil(48 / 20) = 3 equal chunks
+
+
+def test_chunks_are_as_equal_as_possible_and_a_one_row_chunk_under_batchnorm_is_named():
+    # Before, 10 rows in chunks of 3 left a last chunk of one row, on which BatchNorm raised in training.
+    features, _ = _data(rows=10)
+    model = EmbeddingModel(_encoder(nn.BatchNorm1d(16)), forward_chunk_size=3)
+    calls: list[int] = []
+    model.encoder.register_forward_hook(lambda module, args, out: calls.append(args[0].shape[0]))
+    assert model.embed(features).shape == (10, 5) and calls == [3, 3, 2, 2]
+    model.forward_chunk_size = 2  # 5 rows in chunks of at most 2: one chunk of a single row
+    with pytest.raises(ValueError, match=r"forward_chunk_size=2 cuts this batch of 5 rows into 3 chunks"):
+        model.embed(features[:5])
+    model.eval()  # running statistics: one row is fine
+    assert model.embed(features[:5]).shape == (5, 5)
 
 
 @pytest.mark.parametrize("bad", [0, -3, 2.5, "8", True])
