@@ -169,9 +169,8 @@ def batch_hard(
         labels: ``(B,)`` integer labels.
         ref_embeddings: Optional ``(M, D)`` pool for positives and negatives (default: the batch).
         ref_labels: ``(M,)`` labels of the pool; required with ``ref_embeddings``.
-        self_offset: When the pool holds the anchors themselves (the batch followed by a memory, or a
-            cross-rank pool), anchor ``i`` is pool entry ``self_offset + i`` and never pairs with it.
-            Default: ``None`` (a pool passed apart from the batch holds other samples).
+        self_offset: Where the pool holds the anchors (a memory after the batch, a cross-rank pool),
+            anchor ``i`` is pool entry ``self_offset + i`` and never pairs with it. Default: ``None``.
         distance: ``"cosine"`` (default), ``"euclidean"`` or ``"squared_euclidean"``.
         chunk_size: Anchors per distance-matrix chunk; ``None`` bounds a chunk's matrix to about 64 MiB.
 
@@ -221,9 +220,8 @@ def hard_topk(
         labels: ``(B,)`` integer labels.
         ref_embeddings: Optional ``(M, D)`` pool (default: the batch).
         ref_labels: ``(M,)`` labels of the pool; required with ``ref_embeddings``.
-        self_offset: When the pool holds the anchors themselves (the batch followed by a memory, or a
-            cross-rank pool), anchor ``i`` is pool entry ``self_offset + i`` and never pairs with it.
-            Default: ``None`` (a pool passed apart from the batch holds other samples).
+        self_offset: Where the pool holds the anchors (a memory after the batch, a cross-rank pool),
+            anchor ``i`` is pool entry ``self_offset + i`` and never pairs with it. Default: ``None``.
         k: Number of negatives per anchor, ``>= 1``.
         distance: ``"cosine"`` (default), ``"euclidean"`` or ``"squared_euclidean"``.
         chunk_size: Anchors per distance-matrix chunk; ``None`` bounds a chunk's matrix to about 64 MiB.
@@ -291,9 +289,8 @@ def multi_similarity(
         labels: ``(B,)`` integer labels.
         ref_embeddings: Optional ``(M, D)`` pool (default: the batch).
         ref_labels: ``(M,)`` labels of the pool; required with ``ref_embeddings``.
-        self_offset: When the pool holds the anchors themselves (the batch followed by a memory, or a
-            cross-rank pool), anchor ``i`` is pool entry ``self_offset + i`` and never pairs with it.
-            Default: ``None`` (a pool passed apart from the batch holds other samples).
+        self_offset: Where the pool holds the anchors (a memory after the batch, a cross-rank pool),
+            anchor ``i`` is pool entry ``self_offset + i`` and never pairs with it. Default: ``None``.
         epsilon: Margin of the mining rule, ``>= 0``.
         distance: ``"cosine"`` (default), ``"euclidean"`` or ``"squared_euclidean"``.
         chunk_size: Anchors per distance-matrix chunk; ``None`` bounds a chunk's matrix to about 64 MiB.
@@ -579,9 +576,8 @@ def semi_hard(
         labels: ``(B,)`` integer labels.
         ref_embeddings: Optional ``(M, D)`` pool (default: the batch).
         ref_labels: ``(M,)`` labels of the pool; required with ``ref_embeddings``.
-        self_offset: When the pool holds the anchors themselves (the batch followed by a memory, or a
-            cross-rank pool), anchor ``i`` is pool entry ``self_offset + i`` and never pairs with it.
-            Default: ``None`` (a pool passed apart from the batch holds other samples).
+        self_offset: Where the pool holds the anchors (a memory after the batch, a cross-rank pool),
+            anchor ``i`` is pool entry ``self_offset + i`` and never pairs with it. Default: ``None``.
         margin: Width of the semi-hard band, ``>= 0``.
         distance: ``"cosine"`` (default), ``"euclidean"`` or ``"squared_euclidean"``.
         fallback: One of :data:`SEMI_HARD_FALLBACKS`: ``"hardest"``, ``"hardest_negative"``, ``"none"``.
@@ -676,17 +672,13 @@ def distance_weighted(
         labels: ``(B,)`` integer labels.
         ref_embeddings: Optional ``(M, D)`` pool (default: the batch).
         ref_labels: ``(M,)`` labels of the pool; required with ``ref_embeddings``.
-        self_offset: When the pool holds the anchors themselves (the batch followed by a memory, or a
-            cross-rank pool), anchor ``i`` is pool entry ``self_offset + i`` and never pairs with it.
-            Default: ``None`` (a pool passed apart from the batch holds other samples).
-        cutoff: Distances below it are clipped up to it before weighting (bounds the weight variance),
-            ``>= 0``.
+        self_offset: Where the pool holds the anchors (a memory after the batch, a cross-rank pool),
+            anchor ``i`` is pool entry ``self_offset + i`` and never pairs with it. Default: ``None``.
+        cutoff: Distances below it are clipped up to it before weighting (bounds the variance), ``>= 0``.
         nonzero_loss_cutoff: Negatives at this distance or beyond are never sampled, ``> 0``.
         generator: Optional ``torch.Generator`` for reproducible sampling.
-        distance: Validated and accepted so that all miners share one call signature, but it does not
-            change the sampling, which always uses the Euclidean distance of L2-normalised embeddings
-            (``cutoff`` and ``nonzero_loss_cutoff`` are in its units; every supported distance is a
-            monotone function of it on normalised embeddings).
+        distance: Validated for the miners' common signature; the sampling always uses the Euclidean
+            distance of L2-normalised embeddings, the cutoffs' units (each distance is monotone in it).
         chunk_size: Anchors per chunk; ``None`` bounds a chunk's working set to about 64 MiB.
 
     Returns:
