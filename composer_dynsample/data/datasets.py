@@ -23,8 +23,10 @@ Your own data, :func:`load_file`:
   Without test arrays, the file is split by :func:`stratified_split` with ``test_fraction``.
 
 * a directory, :func:`load_image_folder`: ``root/<class_name>/<image>`` (png, jpg, jpeg, bmp, gif),
-  or ``root/train/<class_name>/...`` and ``root/test/<class_name>/...``; classes are numbered in
-  sorted order of their folder names; read with Pillow.
+  or ``root/train/<class_name>/...`` and ``root/test/<class_name>/...``; the class folders that hold
+  images are numbered in sorted order of their names (hidden ones such as ``.ipynb_checkpoints/``,
+  hidden files and folders without images are skipped); read with Pillow and scaled to [0, 1]
+  (8-bit images by 1/255, 16-bit grayscale PNGs by 1/65535).
 
 Malformed content raises :class:`ValueError` naming the file and what was expected; a missing file
 raises :class:`FileNotFoundError`.
@@ -36,6 +38,8 @@ import dataclasses
 import os
 import random
 import tempfile
+import zipfile
+import zlib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -44,7 +48,7 @@ import numpy as np
 import torch
 
 from composer_dynsample.data.store import TensorStore
-from composer_dynsample.validation import check_float, check_int
+from composer_dynsample.validation import check_float, check_int, is_int
 
 __all__ = [
     "DatasetSplits",
@@ -182,6 +186,43 @@ def _generate_mnist1d(seed: int) -> dict[str, np.ndarray]:
     }
 
 
+# Everything np.load and zipfile raise on a truncated or corrupt archive (a bad CRC, a broken
+# central directory, a damaged deflate stream, an unsupported compression method, ...).
+_NPZ_READ_ERRORS = (OSError, EOFError, KeyError, NotImplementedError, zipfile.BadZipFile, zlib.error)
+_ZIP_MAGICS = (b"PK\x03\x04", b"PK\x05\x06")  # what np.load recognises as an .npz (zip) archive
+_NPY_MAGIC = b"\x93NUMPY"
+
+
+def _read_npz(path: Path) -> dict[str, Any]:
+    """Read every array of an ``.npz`` without pickle; raise ``ValueError`` naming ``path`` if it cannot."""
+    try:
+        with open(path, "rb") as handle:
+            magic = handle.read(len(_NPY_MAGIC))
+    except OSError as error:
+        raise ValueError(f"{path}: not a readable .npz file ({error}).") from error
+    if magic.startswith(_NPY_MAGIC):
+        raise ValueError(
+            f"{path}: not a readable .npz file (it holds a single .npy array, as numpy.save writes); "
+            "save a dict of arrays with numpy.savez(path, features=..., labels=...)."
+        )
+    if not magic.startswith(_ZIP_MAGICS):
+        raise ValueError(f"{path}: not a readable .npz file (not a zip archive, as numpy.savez writes).")
+    try:
+        with np.load(path, allow_pickle=False) as loaded:
+            return {key: loaded[key] for key in loaded.files}
+    except ValueError as error:
+        if "pickle" in str(error):  # object arrays need pickle
+            raise ValueError(
+                f"{path}: could not read the .npz without pickle ({error}); save plain numeric arrays."
+            ) from error
+        raise ValueError(f"{path}: not a readable .npz file ({error}).") from error
+    except _NPZ_READ_ERRORS as error:
+        raise ValueError(
+            f"{path}: not a readable .npz file ({type(error).__name__}: {error}); "
+            "it may be truncated or corrupt."
+        ) from error
+
+
 def _mnist1d_cache_is_valid(arrays: Mapping[str, np.ndarray]) -> bool:
     expected = {
         "features": (_MNIST1D_TRAIN, _MNIST1D_LENGTH),
@@ -223,10 +264,9 @@ def load_mnist1d(
     arrays: dict[str, np.ndarray] | None = None
     if path.is_file() and not regenerate:
         try:
-            with np.load(path, allow_pickle=False) as loaded:
-                arrays = {key: loaded[key] for key in loaded.files}
-        except (OSError, ValueError):
-            arrays = None  # a corrupt cache file is regenerated
+            arrays = _read_npz(path)
+        except ValueError:
+            arrays = None  # a truncated or corrupt cache file is regenerated
         if arrays is not None and not _mnist1d_cache_is_valid(arrays):
             arrays = None
     if arrays is None:
@@ -275,9 +315,22 @@ def load_digits(test_fraction: float = 0.2, seed: int = 0) -> DatasetSplits:
     return DatasetSplits(train=train, test=test, num_classes=10, name="digits")
 
 
+# Floating dtypes that Tensor.numpy() converts; bfloat16 and the float8 types have no numpy dtype.
+_NUMPY_FLOAT_DTYPES = (torch.float16, torch.float32, torch.float64)
+
+
 def _to_numpy(path: Path, key: str, value: Any) -> np.ndarray:
     if isinstance(value, torch.Tensor):
-        return value.detach().cpu().numpy()
+        tensor = value.detach().cpu()
+        if tensor.is_floating_point() and tensor.dtype not in _NUMPY_FLOAT_DTYPES:
+            tensor = tensor.float()  # exact for bfloat16 and float8; the features become float32 anyway
+        try:
+            return tensor.numpy()
+        except (TypeError, RuntimeError) as error:
+            raise ValueError(
+                f"{path}: {key!r} could not be converted to an array ({error}); "
+                "save a dense tensor of real numbers."
+            ) from error
     if isinstance(value, np.ndarray):
         return value
     if isinstance(value, (list, tuple)):
@@ -303,10 +356,12 @@ def _check_features(path: Path, key: str, array: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(features))
 
 
-def _check_labels(path: Path, key: str, array: np.ndarray, num_items: int, features_key: str) -> torch.Tensor:
+def _check_labels(
+    path: Path, key: str, array: np.ndarray, num_items: int, features_key: str, saved_dtype: object = None
+) -> torch.Tensor:
     if array.dtype == np.bool_ or not np.issubdtype(array.dtype, np.integer):
         raise ValueError(
-            f"{path}: {key!r} must have an integer dtype, got {array.dtype}; "
+            f"{path}: {key!r} must have an integer dtype, got {saved_dtype or array.dtype}; "
             "save labels as int64 (e.g. labels.astype('int64'))."
         )
     if array.ndim != 1:
@@ -323,8 +378,14 @@ def _store_from_arrays(
     path: Path, arrays: Mapping[str, Any], features_key: str, labels_key: str
 ) -> TensorStore:
     features = _check_features(path, features_key, _to_numpy(path, features_key, arrays[features_key]))
+    raw_labels = arrays[labels_key]
     labels = _check_labels(
-        path, labels_key, _to_numpy(path, labels_key, arrays[labels_key]), len(features), features_key
+        path,
+        labels_key,
+        _to_numpy(path, labels_key, raw_labels),
+        len(features),
+        features_key,
+        saved_dtype=raw_labels.dtype if isinstance(raw_labels, torch.Tensor) else None,
     )
     return TensorStore(features, labels)
 
@@ -332,15 +393,7 @@ def _store_from_arrays(
 def _read_arrays(path: Path) -> Mapping[str, Any]:
     suffix = path.suffix.lower()
     if suffix == ".npz":
-        try:
-            with np.load(path, allow_pickle=False) as loaded:
-                return {key: loaded[key] for key in loaded.files}
-        except ValueError as error:  # object arrays need pickle
-            raise ValueError(
-                f"{path}: could not read the .npz without pickle ({error}); save plain numeric arrays."
-            ) from error
-        except (OSError, EOFError) as error:
-            raise ValueError(f"{path}: not a readable .npz file ({error}).") from error
+        return _read_npz(path)
     if suffix in (".pt", ".pth"):
         try:
             content = torch.load(path, map_location="cpu", weights_only=True)
@@ -436,8 +489,61 @@ def load_file(
     )
 
 
+# Pillow modes of one-channel integer images wider than 8 bits: a 16-bit grayscale PNG opens as
+# "I;16" (older Pillow: "I"); they hold values in [0, 65535], which convert("L") would clip at 255.
+_WIDE_GRAY_MODES = ("I", "I;16", "I;16L", "I;16B", "I;16N")
+
+
+def _is_visible(path: Path) -> bool:
+    return not path.name.startswith(".")  # .ipynb_checkpoints/, .DS_Store, macOS ._x.png
+
+
+def _image_files(class_dir: Path) -> list[Path]:
+    """The images of a class folder, sorted by name: visible files with an image suffix."""
+    return sorted(
+        file
+        for file in class_dir.iterdir()
+        if _is_visible(file) and file.suffix.lower() in _IMAGE_SUFFIXES and file.is_file()
+    )
+
+
+def _check_size(size: object) -> tuple[int, int] | None:
+    if size is None:
+        return None
+    valid = isinstance(size, (tuple, list)) and len(size) == 2 and all(is_int(n) and n >= 1 for n in size)
+    if not valid:
+        hint = f"; for a square image pass ({size}, {size})" if is_int(size) and size >= 1 else ""
+        raise ValueError(f"size must be None or a pair of integers >= 1 (H, W), got {size!r}{hint}.")
+    return int(size[0]), int(size[1])  # type: ignore[index]
+
+
+def _image_to_array(file: Path, image: Any, size: tuple[int, int] | None, grayscale: bool) -> np.ndarray:
+    """An opened Pillow image as a float32 ``(H, W)`` (grayscale) or ``(H, W, 3)`` array in [0, 1]."""
+    from PIL import Image
+
+    if image.mode == "F":
+        raise ValueError(f"{file}: floating-point images (Pillow mode 'F') are not supported.")
+    if image.mode not in _WIDE_GRAY_MODES:  # 8 bits per channel: L, RGB, RGBA, P, LA, 1, CMYK, ...
+        image = image.convert("L" if grayscale else "RGB")
+        if size is not None:
+            image = image.resize((size[1], size[0]))
+        return np.asarray(image, dtype=np.float32) / 255.0
+    values = np.asarray(image)
+    low, high = int(values.min()), int(values.max())
+    if low < 0 or high > 65535:
+        raise ValueError(
+            f"{file}: integer image (Pillow mode {image.mode!r}) holds values in [{low}, {high}]; "
+            "expected 8- or 16-bit values in [0, 65535]."
+        )
+    array = values.astype(np.float32) / 65535.0  # 16 bits: scale by the bit depth, not by 255
+    if size is not None:
+        array = np.asarray(Image.fromarray(array).resize((size[1], size[0])), dtype=np.float32)
+        array = array.clip(0.0, 1.0)  # the default bicubic filter may overshoot
+    return array if grayscale else np.repeat(array[:, :, None], 3, axis=2)
+
+
 def _read_image_classes(
-    root: Path, class_names: list[str], size: tuple[int, int] | None, mode: str
+    root: Path, class_names: list[str], size: tuple[int, int] | None, grayscale: bool
 ) -> tuple[list[np.ndarray], list[int]]:
     from PIL import Image
 
@@ -446,15 +552,10 @@ def _read_image_classes(
         class_dir = root / class_name
         if not class_dir.is_dir():
             continue
-        for file in sorted(class_dir.iterdir()):
-            if file.suffix.lower() not in _IMAGE_SUFFIXES:
-                continue
+        for file in _image_files(class_dir):
             try:
                 with Image.open(file) as image:
-                    image = image.convert(mode)
-                    if size is not None:
-                        image = image.resize((size[1], size[0]))
-                    array = np.asarray(image, dtype=np.float32) / 255.0
+                    array = _image_to_array(file, image, size, grayscale)
             except OSError as error:
                 raise ValueError(f"{file}: not a readable image ({error}).") from error
             array = array[None] if array.ndim == 2 else array.transpose(2, 0, 1)
@@ -468,6 +569,30 @@ def _read_image_classes(
     return images, labels
 
 
+def _class_folders(directory: Path, split_dirs: tuple[Path, Path], presplit: bool) -> list[str]:
+    """The sorted names of the visible class folders that hold images (under train/ and test/ if presplit)."""
+    class_names = sorted(
+        {
+            child.name
+            for base in (split_dirs if presplit else (directory,))
+            for child in base.iterdir()
+            if _is_visible(child) and child.is_dir() and _image_files(child)
+        }
+    )
+    if not class_names:
+        half_split = [d.name + "/" for d in split_dirs if d.is_dir()]
+        hint = (
+            f"; it has {half_split[0]} but a pre-split folder needs both train/ and test/"
+            if half_split
+            else ""
+        )
+        raise ValueError(
+            f"{directory}: expected one sub-directory per class (root/<class_name>/<image>) holding "
+            f"images with suffix {_IMAGE_SUFFIXES}, found none{hint}."
+        )
+    return class_names
+
+
 def load_image_folder(
     root: str | os.PathLike[str],
     *,
@@ -479,10 +604,15 @@ def load_image_folder(
 ) -> DatasetSplits:
     """Load ``root/<class_name>/<image>`` (or ``root/{train,test}/<class_name>/<image>``) with Pillow.
 
+    A class is a sub-folder that holds at least one image (a file ending in .png, .jpg, .jpeg, .bmp
+    or .gif); hidden folders and files (names starting with ``.``, e.g. ``.ipynb_checkpoints/``) and
+    folders without images are skipped, and the remaining class folders are numbered in sorted order
+    of their names. 8-bit images are scaled by ``1/255``, 16-bit grayscale PNGs by ``1/65535``.
+
     Args:
         root (str | os.PathLike): The directory.
-        size (tuple[int, int], optional): Resize every image to ``(H, W)``; without it all images must
-            have the same size. Default: ``None``.
+        size (tuple[int, int], optional): Resize every image to ``(H, W)``, two integers ``>= 1``;
+            without it all images must have the same size. Default: ``None``.
         grayscale (bool): Read as one channel (``"L"``), else three (``"RGB"``). Default: ``True``.
         test_fraction (float, optional): As in :func:`load_file`. Default: ``None``.
         seed (int): Seed of the split. Default: ``0``.
@@ -494,7 +624,8 @@ def load_image_folder(
 
     Raises:
         FileNotFoundError: If ``root`` is not a directory.
-        ValueError: If there are no class folders or images, or sizes differ without ``size``.
+        ValueError: If ``size`` is not ``None`` or ``(H, W)``, if there are no class folders with
+            images, if an image is unreadable, or if sizes differ without ``size``.
 
     Example:
         >>> import tempfile
@@ -508,21 +639,16 @@ def load_image_folder(
         >>> splits.train.features.shape, len(splits.test), splits.num_classes
         (torch.Size([8, 1, 6, 8]), 2, 2)
     """
+    size = _check_size(size)
     directory = Path(root).expanduser()
     if not directory.is_dir():
         raise FileNotFoundError(f"{directory}: no such directory.")
     split_dirs = (directory / "train", directory / "test")
     presplit = all(d.is_dir() for d in split_dirs)
-    class_roots = split_dirs if presplit else (directory,)
-    class_names = sorted({child.name for base in class_roots for child in base.iterdir() if child.is_dir()})
-    if not class_names:
-        raise ValueError(
-            f"{directory}: expected one sub-directory per class (root/<class_name>/<image>), found none."
-        )
-    mode = "L" if grayscale else "RGB"
+    class_names = _class_folders(directory, split_dirs, presplit)
 
     def to_store(base: Path) -> TensorStore:
-        images, labels = _read_image_classes(base, class_names, size, mode)
+        images, labels = _read_image_classes(base, class_names, size, grayscale)
         if not images:
             raise ValueError(f"{base}: found no images with suffix {_IMAGE_SUFFIXES} in its class folders.")
         return TensorStore(torch.from_numpy(np.stack(images)), torch.tensor(labels, dtype=torch.int64))

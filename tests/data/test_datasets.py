@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -275,3 +276,181 @@ def test_image_folder(tmp_path):
         load_image_folder(tmp_path / "empty")
     with pytest.raises(FileNotFoundError, match="no such directory"):
         load_image_folder(tmp_path / "missing")
+
+
+# --- unreadable files, unusual dtypes and image modes ---
+
+
+def npz_bytes(**arrays):
+    import io
+
+    buffer = io.BytesIO()
+    np.savez(buffer, **arrays)
+    return buffer.getvalue()
+
+
+def corrupt_npz(kind, good):
+    """A broken ``.npz``: cut in half, a flipped byte inside an array (a CRC mismatch), or empty."""
+    if kind == "truncated":
+        return good[: len(good) // 2]
+    if kind == "bad_crc":
+        marker = np.full(16, 7.25).tobytes()  # the stored (uncompressed) bytes of the features
+        at = good.index(marker) + 8
+        return good[:at] + bytes([good[at] ^ 0xFF]) + good[at + 1 :]
+    return b""
+
+
+@pytest.mark.parametrize("kind", ["truncated", "bad_crc", "empty"])
+def test_corrupt_npz_names_the_file(tmp_path, kind):
+    good = npz_bytes(features=np.full((8, 2), 7.25), labels=np.arange(8) % 2)
+    path = tmp_path / f"{kind}.npz"
+    path.write_bytes(corrupt_npz(kind, good))
+    with pytest.raises(ValueError, match=r"not a readable \.npz file") as info:
+        load_file(path)
+    assert str(path) in str(info.value)
+
+
+def test_npy_named_npz_names_the_file(tmp_path):
+    np.save(tmp_path / "array.npy", np.zeros((3, 3)))
+    path = (tmp_path / "array.npy").rename(tmp_path / "array.npz")
+    with pytest.raises(ValueError, match=r"array\.npz: not a readable \.npz file \(it holds a single \.npy"):
+        load_file(path)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float8_e4m3fn])
+def test_load_pt_with_features_numpy_cannot_hold(tmp_path, dtype):
+    features = torch.linspace(-2, 2, 20).reshape(10, 2).to(dtype)
+    torch.save({"features": features, "labels": torch.arange(10) % 2}, tmp_path / "low.pt")
+    splits = load_file(tmp_path / "low.pt", test_fraction=0.2)
+    assert splits.train.features.dtype == torch.float32
+    loaded = torch.cat([splits.train.features, splits.test.features])
+    assert sorted(loaded.flatten().tolist()) == sorted(features.float().flatten().tolist())  # exact
+    torch.save({"features": features, "labels": (torch.arange(10) % 2).to(dtype)}, tmp_path / "bad.pt")
+    with pytest.raises(ValueError, match=rf"bad\.pt: 'labels' must have an integer dtype, got {dtype}"):
+        load_file(tmp_path / "bad.pt")
+
+
+@pytest.mark.parametrize("kind", ["truncated", "bad_crc", "npy"])
+def test_mnist1d_truncated_or_corrupt_cache_is_regenerated(tmp_path, monkeypatch, kind):
+    fake = {
+        "features": np.full((4000, 40), 7.25, np.float32),
+        "labels": np.arange(4000) % 10,
+        "test_features": np.zeros((1000, 40), np.float32),
+        "test_labels": np.arange(1000) % 10,
+    }
+    path = tmp_path / "mnist1d_seed3.npz"
+    if kind == "npy":
+        np.save(tmp_path / "cache.npy", fake["features"])
+        (tmp_path / "cache.npy").rename(path)
+    else:
+        good = npz_bytes(**{**fake, "features": fake["features"].astype(np.float64)})
+        path.write_bytes(corrupt_npz(kind, good))
+    calls = []
+    monkeypatch.setattr(datasets_module, "_generate_mnist1d", lambda seed: calls.append(seed) or fake)
+    splits = load_mnist1d(seed=3, cache_dir=tmp_path)
+    assert calls == [3] and len(splits.train) == 4000
+    with np.load(path) as cached:  # the cache was rewritten
+        assert np.array_equal(cached["features"], fake["features"])
+
+
+def test_image_folder_scales_16_bit_png_by_its_bit_depth(tmp_path):
+    from PIL import Image
+
+    values = {"a": [0, 1000, 30000], "b": [40000, 65535, 12345]}
+    for class_name, levels in values.items():
+        (tmp_path / class_name).mkdir()
+        for i, level in enumerate(levels):
+            Image.fromarray(np.full((4, 6), level, np.uint16)).save(tmp_path / class_name / f"{i}.png")
+    assert Image.open(tmp_path / "a" / "1.png").mode.startswith("I")
+    expected = sorted(v / 65535 for levels in values.values() for v in levels)
+    for grayscale, size in ((True, None), (False, None), (True, (2, 3))):
+        splits = load_image_folder(tmp_path, grayscale=grayscale, size=size, test_fraction=0.4)
+        features = torch.cat([splits.train.features, splits.test.features])
+        channels, height, width = (1 if grayscale else 3), *(size or (4, 6))
+        assert features.shape == (6, channels, height, width)
+        per_image = features.flatten(1)
+        assert torch.allclose(per_image.min(1).values, per_image.max(1).values)  # uniform images
+        assert per_image[:, 0].sort().values.tolist() == pytest.approx(expected, abs=1e-6)
+
+
+def test_image_folder_wide_integer_images():
+    from PIL import Image
+
+    image = Image.fromarray(np.array([[0, 32768], [65535, 1]], np.int32))  # Pillow mode "I"
+    assert image.mode == "I"
+    file = Path("x.png")
+    array = datasets_module._image_to_array(file, image, None, True)
+    np.testing.assert_allclose(array, [[0, 32768 / 65535], [1, 1 / 65535]], rtol=1e-6)
+    assert datasets_module._image_to_array(file, image, None, False).shape == (2, 2, 3)
+    too_wide = Image.fromarray(np.array([[0, 70000]], np.int32))
+    with pytest.raises(ValueError, match=r"x\.png: integer image .* values in \[0, 70000\]"):
+        datasets_module._image_to_array(file, too_wide, None, True)
+
+
+@pytest.mark.parametrize("mode", ["L", "RGB", "RGBA", "P", "LA", "1"])
+def test_image_folder_8_bit_modes_are_scaled_by_255(tmp_path, mode):
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    files = []
+    for class_name in ("a", "b"):
+        (tmp_path / class_name).mkdir()
+        for i in range(3):
+            image = Image.fromarray(rng.integers(0, 256, (5, 7, 3), dtype=np.uint8)).convert(mode)
+            files.append(tmp_path / class_name / f"{i}.png")
+            image.save(files[-1])
+    for grayscale, size in ((True, None), (False, None), (True, (3, 4)), (False, (4, 3))):
+        target = "L" if grayscale else "RGB"
+        expected = []
+        for file in files:
+            with Image.open(file) as image:
+                image = image.convert(target)
+                image = image.resize((size[1], size[0])) if size else image
+                array = np.asarray(image, dtype=np.float32) / 255.0
+            expected.append(array[None] if grayscale else array.transpose(2, 0, 1))
+        splits = load_image_folder(tmp_path, grayscale=grayscale, size=size, test_fraction=0.5, seed=1)
+        order = np.concatenate(stratified_split(np.repeat([0, 1], 3), 0.5, seed=1))
+        loaded = torch.cat([splits.train.features, splits.test.features])
+        assert torch.equal(loaded, torch.from_numpy(np.stack(expected)[order]))
+
+
+@pytest.mark.parametrize("size", [8, 0, (0, 4), (4,), (4, 4, 4), (4.0, 4), (True, 4), "44", (-1, 2)])
+def test_image_folder_rejects_a_bad_size(tmp_path, size):
+    write_images(tmp_path, {"a": 2, "b": 2})
+    with pytest.raises(ValueError, match=r"size must be None or a pair of integers >= 1 \(H, W\), got"):
+        load_image_folder(tmp_path, size=size)
+
+
+def test_image_folder_size_as_a_list_or_numpy_integers(tmp_path):
+    write_images(tmp_path, {"a": 3, "b": 3})
+    assert load_image_folder(tmp_path, size=[3, 4]).train.feature_shape == (1, 3, 4)
+    assert load_image_folder(tmp_path, size=(np.int64(2), 5)).train.feature_shape == (1, 2, 5)
+    with pytest.raises(ValueError, match=r"got 8; for a square image pass \(8, 8\)"):
+        load_image_folder(tmp_path, size=8)
+
+
+def test_image_folder_skips_hidden_and_empty_folders(tmp_path):
+    write_images(tmp_path / "flat", {".ipynb_checkpoints": 2, "a": 5, "b": 5})
+    (tmp_path / "flat" / "empty").mkdir()
+    (tmp_path / "flat" / "notes").mkdir()
+    (tmp_path / "flat" / "notes" / "readme.txt").write_text("not an image")
+    splits = load_image_folder(tmp_path / "flat")
+    assert splits.num_classes == 2
+    assert sorted(set(splits.train.labels.tolist()) | set(splits.test.labels.tolist())) == [0, 1]
+    assert len(splits.train) + len(splits.test) == 10
+    (tmp_path / "flat" / "a" / "._0.png").write_bytes(b"macOS resource fork")  # hidden files too
+    again = load_image_folder(tmp_path / "flat")
+    assert torch.equal(again.train.features, splits.train.features)
+
+    write_images(tmp_path / "presplit" / "train", {".hidden": 1, "a": 2, "b": 2})
+    write_images(tmp_path / "presplit" / "test", {"a": 1, "b": 1})
+    (tmp_path / "presplit" / "test" / "c").mkdir()  # empty in both splits: not a class
+    presplit = load_image_folder(tmp_path / "presplit")
+    assert presplit.num_classes == 2 and presplit.test.labels.tolist() == [0, 1]
+
+    write_images(tmp_path / "hidden_only", {".ipynb_checkpoints": 2})
+    with pytest.raises(ValueError, match="expected one sub-directory per class"):
+        load_image_folder(tmp_path / "hidden_only")
+    write_images(tmp_path / "half" / "train", {"a": 2})
+    with pytest.raises(ValueError, match=r"it has train/ but a pre-split folder needs both"):
+        load_image_folder(tmp_path / "half")
