@@ -73,10 +73,14 @@ FULL_GATHER_BATCHES, QUICK_GATHER_BATCHES = (128, 256, 512, 1024), (128,)
 GATHER_DIM = 64
 CAPTION = (
     "CPU, gloo. Composer's launcher does not set OMP_NUM_THREADS; with it unset the CLI gives each of the "
-    "N local ranks cpu_count // N torch threads, or 1 where that is under 4 ({threads}). On this {cpus}-core machine (shared with "
-    "other work) the 2 ranks compete for the same cores the single rank had to itself, so the 2-rank "
-    "figures measure contention, not scaling across machines."
+    "N local ranks cpu_count // N torch threads, or 1 where that is under 4 ({threads}). On this "
+    "{cpus}-core machine, shared with other work, the ranks share its cores with each other and with that "
+    "work, so the figures do not show scaling across machines."
 )
+
+
+def _threads(count: int) -> str:
+    return f"{count} thread" + ("" if count == 1 else "s")
 
 
 def cli_threads(cpus: int, local_ranks: int) -> int:
@@ -451,7 +455,7 @@ def main(argv: list[str] | None = None) -> dict:
     threads = (
         f"OMP_NUM_THREADS={omp} is set here, so it applies instead"
         if omp
-        else f"1 rank: {cli_threads(cpus, 1)} threads, 2 ranks: {cli_threads(cpus, 2)} each"
+        else f"1 rank: {_threads(cli_threads(cpus, 1))}, 2 ranks: {_threads(cli_threads(cpus, 2))} each"
     )
     caption = CAPTION.format(threads=threads, cpus=cpus)
     table = tables(train_rows, gather, caption, args.quick)
