@@ -35,6 +35,21 @@ def test_state_dict_round_trip_continues_identically():
     assert torch.equal(a.embeddings, b.embeddings) and torch.equal(a.labels, b.labels)
 
 
+def test_a_state_dict_is_a_copy_both_ways():
+    # Before, both held the live rows: a saved state changed with later steps, and two memories loaded
+    # from one state wrote into each other.
+    memory = CrossBatchMemory(4)
+    memory.enqueue(torch.zeros(4, 2), torch.zeros(4, dtype=torch.int64))
+    state = memory.state_dict()
+    memory.enqueue(torch.ones(4, 2), torch.ones(4, dtype=torch.int64))
+    assert bool((state["embeddings"] == 0).all()) and bool((state["labels"] == 0).all())
+    first, second = CrossBatchMemory(4), CrossBatchMemory(4)
+    first.load_state_dict(state)
+    second.load_state_dict(state)
+    first.enqueue(torch.full((2, 2), 5.0), torch.tensor([5, 5]))
+    assert second.labels.tolist() == [0, 0, 0, 0] and bool((state["embeddings"] == 0).all())
+
+
 def test_rows_are_detached_and_errors_are_clear():
     memory = CrossBatchMemory(4)
     memory.enqueue(torch.randn(2, 3, requires_grad=True), torch.tensor([0, 1]))

@@ -87,11 +87,11 @@ class CrossBatchMemory:
         self._filled = min(self.size, self._filled + embeddings.shape[0])
 
     def state_dict(self) -> dict[str, Any]:
-        """The whole memory, for checkpoints."""
+        """The whole memory, for checkpoints: copies, which later steps' writes leave alone."""
         return {
             "size": self.size,
-            "embeddings": None if self._embeddings is None else self._embeddings.cpu(),
-            "labels": None if self._labels is None else self._labels.cpu(),
+            "embeddings": _copy(self._embeddings, torch.device("cpu")),
+            "labels": _copy(self._labels, torch.device("cpu")),
             "next": self._next,
             "filled": self._filled,
         }
@@ -103,6 +103,10 @@ class CrossBatchMemory:
         """
         if state["size"] != self.size:
             raise ValueError(f"the checkpoint's memory holds {state['size']} rows, this one {self.size}.")
-        move = (lambda t: None if t is None else t.to(device)) if device is not None else (lambda t: t)
-        self._embeddings, self._labels = move(state["embeddings"]), move(state["labels"])
+        self._embeddings, self._labels = _copy(state["embeddings"], device), _copy(state["labels"], device)
         self._next, self._filled = int(state["next"]), int(state["filled"])
+
+
+def _copy(tensor: torch.Tensor | None, device: torch.device | None) -> torch.Tensor | None:
+    """A copy of ``tensor`` on ``device`` (default: its own), never a view that later writes could reach."""
+    return None if tensor is None else tensor.to(device if device is not None else tensor.device, copy=True)
