@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from composer import Trainer
+from composer import Callback, Trainer
 from composer.utils import dist
 
 from composer_dynsample import EmbeddingModel, PKBatchSampler, build_dataloader
 from composer_dynsample.algorithms.embedding_table import EmbeddingTable
 from composer_dynsample.data import GatherCollate, IndexDataset, TensorStore
-from composer_dynsample.distributed import all_gather_rows
+from composer_dynsample.distributed import all_gather_rows, broadcast_buffers, unwrap_model
 
 pytestmark = [pytest.mark.world_size(2), pytest.mark.filterwarnings("ignore::UserWarning")]
 
@@ -51,3 +51,53 @@ def test_the_table_is_identical_on_every_rank_and_holds_every_ranks_rows(tmp_pat
     else:
         assert torch.equal(written, visited)
     assert torch.allclose(table.rows[written], expected[written], atol=1e-6)
+
+
+class AfterRefresh(Callback):
+    """At epoch 1's start, after the table's refresh: the table and rank 0's model in eval mode."""
+
+    def __init__(self, table: EmbeddingTable, store: TensorStore) -> None:
+        self.table, self.store, self.seen = table, store, None
+
+    def epoch_start(self, state, logger) -> None:
+        if int(state.timestamp.epoch) != 1:
+            return
+        model = unwrap_model(state.model)
+        broadcast_buffers(model)  # a no-op when the refresh already used rank 0's statistics
+        model.eval()
+        with torch.no_grad():
+            expected = model.embed(self.store.features)
+        model.train()
+        self.seen = (self.table.rows.clone(), expected)
+
+
+def test_the_refresh_embeds_with_rank_0s_batchnorm_statistics():
+    # Each rank's training forward updates its own BatchNorm statistics; the refresh used them for its
+    # share of the rows, so rank 1's rows came from statistics that no checkpoint holds (a resume then
+    # refreshed differently). It now embeds with rank 0's, as the evaluation does.
+    dist.initialize_dist("cpu")
+    gen = torch.Generator().manual_seed(0)
+    store = TensorStore(torch.randn(96, 8, generator=gen), torch.arange(96) % 8)
+    torch.manual_seed(0)
+    model = EmbeddingModel(
+        torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.BatchNorm1d(16), torch.nn.Linear(16, 4))
+    )
+    table = EmbeddingTable(refresh_interval="1ep")
+    probe = AfterRefresh(table, store)
+    trainer = Trainer(
+        model=model,
+        train_dataloader=build_dataloader(
+            IndexDataset(store.labels),
+            PKBatchSampler(store.labels, 4, 4, seed=3),
+            collate_fn=GatherCollate(store),
+        ),
+        optimizers=torch.optim.SGD(model.parameters(), lr=0.0),
+        algorithms=[table],
+        callbacks=[probe],
+        max_duration="2ep",
+        progress_bar=False,
+        seed=0,
+    )
+    trainer.fit()
+    rows, expected = probe.seen
+    assert torch.allclose(rows, expected, atol=1e-6)

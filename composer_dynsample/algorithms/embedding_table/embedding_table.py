@@ -23,7 +23,13 @@ from composer.loggers import Logger
 from composer_dynsample.callbacks.retrieval_gallery import embed_store
 from composer_dynsample.checkpoints import CheckpointError
 from composer_dynsample.data.store import TensorStore
-from composer_dynsample.distributed import all_gather_embeddings, get_rank, get_world_size, unwrap_model
+from composer_dynsample.distributed import (
+    all_gather_embeddings,
+    broadcast_buffers,
+    get_rank,
+    get_world_size,
+    unwrap_model,
+)
 from composer_dynsample.mined import MinedBatch
 from composer_dynsample.validation import check_bool, check_choice, check_int, parse_time
 
@@ -297,6 +303,9 @@ class EmbeddingTable(Algorithm):
         started = time.perf_counter()
         if self.rows is None or self.written_at is None:
             return
+        # Every rank embeds its share with rank 0's BatchNorm statistics, the ones rank 0 checkpoints: its
+        # own would make the table depend on statistics a resume never sees.
+        broadcast_buffers(state.model)
         step = int(state.timestamp.batch)
         stale = ((self.written_at < 0) | (step - self.written_at > self.refresh_max_age)).nonzero().view(-1)
         mine = stale[get_rank() :: get_world_size()]
