@@ -237,7 +237,6 @@ class SetSamplerEpoch(Callback):
                 stacklevel=2,
             )
         if self.check_ranks and get_world_size() > 1:
-            _check_sampler_world(target)
             _check_ranks_agree(state, epoch, target)
 
     def _check_microbatch_size(self, state: State) -> None:
@@ -268,17 +267,16 @@ def _batch_rows(batch: Any) -> int | None:
     return next((int(v.shape[0]) for v in values if isinstance(v, torch.Tensor) and v.ndim > 0), None)
 
 
-def _check_sampler_world(target: SupportsSetEpoch | None) -> None:
-    """Raise when a sampler was built for another world (say, with ``num_replicas=1`` under the launcher)."""
+def _sampler_world_error(target: SupportsSetEpoch | None) -> str | None:
+    """Why a sampler was built for another world (say, ``num_replicas=1`` under the launcher), or ``None``."""
     num_replicas, rank = getattr(target, "num_replicas", None), getattr(target, "rank", None)
-    if num_replicas is None or rank is None:
-        return
-    if (num_replicas, rank) != (get_world_size(), get_rank()):
-        raise ValueError(
-            f"SetSamplerEpoch: the train sampler was built with num_replicas={num_replicas}, rank={rank}, but "
-            f"this process is rank {get_rank()} of {get_world_size()}; its shard would overlap the other "
-            "ranks'. Leave num_replicas and rank unset (they default to the launcher's WORLD_SIZE and RANK)."
-        )
+    if num_replicas is None or rank is None or (num_replicas, rank) == (get_world_size(), get_rank()):
+        return None
+    return (
+        f"SetSamplerEpoch: the train sampler was built with num_replicas={num_replicas}, rank={rank}, but "
+        f"this process is rank {get_rank()} of {get_world_size()}; its shard would overlap the other "
+        "ranks'. Leave num_replicas and rank unset (they default to the launcher's WORLD_SIZE and RANK)."
+    )
 
 
 def _sampler_layout(target: SupportsSetEpoch | None) -> dict[str, int] | None:
@@ -307,9 +305,26 @@ def _check_ranks_agree(state: State, epoch: int, target: SupportsSetEpoch | None
         length = len(target)  # type: ignore[arg-type]
     except TypeError:
         length = -1
-    values = [epoch, int(seed) if is_int(seed) else -1, length, _snapshot_code(target)]
-    mine = torch.tensor(values, dtype=torch.int64)
-    rows = all_gather_rows(state.device.tensor_to_device(mine)).cpu()
+    # A sampler built for another world may be wrong on one rank only: its verdict travels in the same
+    # gather, so every rank raises, and none is left waiting for the others in the next collective.
+    world_error = _sampler_world_error(target)
+    values = [
+        epoch,
+        int(seed) if is_int(seed) else -1,
+        length,
+        _snapshot_code(target),
+        world_error is not None,
+    ]
+    gathered = all_gather_rows(state.device.tensor_to_device(torch.tensor(values, dtype=torch.int64))).cpu()
+    if world_error is not None:
+        raise ValueError(world_error)
+    wrong_world = [rank for rank, flag in enumerate(gathered[:, 4].tolist()) if flag]
+    if wrong_world:
+        raise ValueError(
+            f"SetSamplerEpoch: rank(s) {wrong_world} built the train sampler for another world (their error "
+            "says how); leave num_replicas and rank unset."
+        )
+    rows = gathered[:, :4]
     if bool((rows == rows[0]).all()):
         return
     names = ("epoch", "seed", "batches", "snapshot")

@@ -134,3 +134,16 @@ def test_sampler_built_for_one_rank_is_caught():
         ValueError, match=r"built with num_replicas=1, rank=0, but this process is rank \d of 2"
     ):
         trainer.fit()
+
+
+def test_a_sampler_wrong_on_one_rank_only_fails_every_rank():
+    # rank=0 pinned on both processes: only rank 1's sampler is wrong. Rank 1 used to raise alone while
+    # rank 0 waited in the ranks' agreement check until the process group timed out.
+    sampler = PKBatchSampler(LABELS, 4, 3, rank=0)
+    trainer, _, _ = make_run(sampler=sampler, callbacks=[SetSamplerEpoch()], max_duration="1ep")
+    if dist.get_global_rank() == 1:
+        match = r"built with num_replicas=2, rank=0, but this process is rank 1 of 2"
+    else:
+        match = r"rank\(s\) \[1\] built the train sampler for another world"
+    with pytest.raises(ValueError, match=match):
+        trainer.fit()
