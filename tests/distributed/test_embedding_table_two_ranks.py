@@ -15,6 +15,22 @@ from composer_dynsample.distributed import all_gather_rows, broadcast_buffers, u
 pytestmark = [pytest.mark.world_size(2), pytest.mark.filterwarnings("ignore::UserWarning")]
 
 
+def _fit(model, store, sampler, table, duration, callbacks=()) -> None:
+    """Train ``model`` with the table for ``duration`` at lr 0: the weights stay, BatchNorm statistics move."""
+    loader = build_dataloader(IndexDataset(store.labels), sampler, collate_fn=GatherCollate(store))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
+    Trainer(
+        model=model,
+        train_dataloader=loader,
+        optimizers=optimizer,
+        algorithms=[table],
+        callbacks=list(callbacks),
+        max_duration=duration,
+        progress_bar=False,
+        seed=0,
+    ).fit()
+
+
 @pytest.mark.parametrize("refresh", [False, True])
 def test_the_table_is_identical_on_every_rank_and_holds_every_ranks_rows(tmp_path, refresh):
     dist.initialize_dist("cpu")
@@ -24,18 +40,7 @@ def test_the_table_is_identical_on_every_rank_and_holds_every_ranks_rows(tmp_pat
     model = EmbeddingModel(torch.nn.Linear(8, 4))
     sampler = PKBatchSampler(store.labels, 4, 4, seed=3)
     table = EmbeddingTable(refresh_interval="1ep" if refresh else None)
-    trainer = Trainer(
-        model=model,
-        train_dataloader=build_dataloader(
-            IndexDataset(store.labels), sampler, collate_fn=GatherCollate(store)
-        ),
-        optimizers=torch.optim.SGD(model.parameters(), lr=0.0),
-        algorithms=[table],
-        max_duration="2ep" if refresh else "1ep",
-        progress_bar=False,
-        seed=0,
-    )
-    trainer.fit()
+    _fit(model, store, sampler, table, "2ep" if refresh else "1ep")
     # Both ranks' tables are byte-identical.
     digest = torch.tensor(list(bytes.fromhex(table.fingerprint())), dtype=torch.int64)
     digests = all_gather_rows(digest)
@@ -84,20 +89,6 @@ def test_the_refresh_embeds_with_rank_0s_batchnorm_statistics():
     )
     table = EmbeddingTable(refresh_interval="1ep")
     probe = AfterRefresh(table, store)
-    trainer = Trainer(
-        model=model,
-        train_dataloader=build_dataloader(
-            IndexDataset(store.labels),
-            PKBatchSampler(store.labels, 4, 4, seed=3),
-            collate_fn=GatherCollate(store),
-        ),
-        optimizers=torch.optim.SGD(model.parameters(), lr=0.0),
-        algorithms=[table],
-        callbacks=[probe],
-        max_duration="2ep",
-        progress_bar=False,
-        seed=0,
-    )
-    trainer.fit()
+    _fit(model, store, PKBatchSampler(store.labels, 4, 4, seed=3), table, "2ep", callbacks=[probe])
     rows, expected = probe.seen
     assert torch.allclose(rows, expected, atol=1e-6)
