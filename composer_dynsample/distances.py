@@ -19,7 +19,8 @@ may work on a *rank matrix* that equals the distance minus a constant (see :clas
 
 from __future__ import annotations
 
-from typing import Final
+import contextlib
+from typing import Any, Final
 
 import torch
 import torch.nn.functional as F
@@ -202,6 +203,9 @@ def pairwise_distance(x: torch.Tensor, y: torch.Tensor, distance: str = "cosine"
         return RankMatrix(x, y, distance, nonnegative=True).rows(0, x.shape[0])
 
 
+_AUTOCAST_DEVICES = ("cpu", "cuda", "xpu", "mps", "hpu")
+
+
 def _at_least_float32(t: torch.Tensor) -> torch.Tensor:
     """Half-precision tensors as float32 (differentiably): the losses' distances must not cancel in fp16."""
     return t.float() if t.dtype in _HALF_DTYPES else t
@@ -232,7 +236,8 @@ def distance_matrix(x: torch.Tensor, y: torch.Tensor, distance: str = "cosine") 
 
     Losses index this matrix at their tuples: with tens of thousands of pairs, gathering embedding rows
     per tuple (and scattering their gradients back) costs far more than one ``N x M`` product. fp16 and
-    bf16 inputs are computed (and returned) in float32, as the miners do.
+    bf16 inputs are computed (and returned) in float32, as the miners do, also under autocast (Composer
+    runs the loss under it with ``amp_fp16`` / ``amp_bf16``).
 
     Example:
         >>> x = torch.tensor([[1.0, 0.0], [0.0, 3.0]])
@@ -243,9 +248,19 @@ def distance_matrix(x: torch.Tensor, y: torch.Tensor, distance: str = "cosine") 
     same = y is x
     x = _at_least_float32(x)
     y = x if same else _at_least_float32(y)
-    if distance == "cosine":
-        x_unit = torch.nn.functional.normalize(x, dim=-1, eps=1e-12)
-        y_unit = x_unit if y is x else torch.nn.functional.normalize(y, dim=-1, eps=1e-12)
-        return 1.0 - x_unit @ y_unit.T
-    squared = (x.pow(2).sum(-1)[:, None] + y.pow(2).sum(-1)[None, :] - 2.0 * (x @ y.T)).clamp_min(0.0)
-    return squared.clamp_min(1e-12).sqrt() if distance == "euclidean" else squared
+    # Composer runs the loss under autocast with amp_fp16 / amp_bf16, which would cast the products back
+    # to half precision: tight classes' distances round to zero and unnormalised fp16 ones overflow.
+    with _without_autocast(x.device):
+        if distance == "cosine":
+            x_unit = torch.nn.functional.normalize(x, dim=-1, eps=1e-12)
+            y_unit = x_unit if y is x else torch.nn.functional.normalize(y, dim=-1, eps=1e-12)
+            return 1.0 - x_unit @ y_unit.T
+        squared = (x.pow(2).sum(-1)[:, None] + y.pow(2).sum(-1)[None, :] - 2.0 * (x @ y.T)).clamp_min(0.0)
+        return squared.clamp_min(1e-12).sqrt() if distance == "euclidean" else squared
+
+
+def _without_autocast(device: torch.device) -> contextlib.AbstractContextManager[Any]:
+    """Autocast switched off on ``device`` (a no-op where autocast does not apply)."""
+    if device.type in _AUTOCAST_DEVICES:
+        return torch.autocast(device_type=device.type, enabled=False)
+    return contextlib.nullcontext()

@@ -112,7 +112,9 @@ class _TupleLoss(nn.Module):
     @staticmethod
     def _attached_zero(embeddings: torch.Tensor, ref_emb: torch.Tensor | None) -> torch.Tensor:
         """A zero that still depends on every input, so the backward pass reaches all of them."""
-        return (embeddings.sum() + (0 if ref_emb is None else ref_emb.sum())) * 0.0
+        # Summed in float32: an fp16 sum overflows to inf past 65504, and inf * 0 is NaN.
+        total = embeddings.sum(dtype=torch.float32)
+        return (total if ref_emb is None else total + ref_emb.sum(dtype=torch.float32)) * 0.0
 
     def compute(
         self,
