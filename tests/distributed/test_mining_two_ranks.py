@@ -14,6 +14,7 @@ from composer_dynsample import (
     ContrastiveLoss,
     EmbeddingModel,
     HardNegativeMining,
+    InfoNCELoss,
     MultiSimilarityLoss,
     PKBatchSampler,
     TripletMarginLoss,
@@ -106,10 +107,10 @@ def test_uneven_batches_are_gathered_without_padding_rows():
 
 
 def two_epoch_trainer(
-    encoder, features, labels, algorithm, callback, **kwargs
+    encoder, features, labels, algorithm, callback, loss=None, **kwargs
 ) -> tuple[Trainer, EmbeddingModel]:
     """Two epochs of 4 x 4 P x K batches with one algorithm and one callback."""
-    model = EmbeddingModel(encoder)
+    model = EmbeddingModel(encoder, loss)
     loader = build_dataloader(TensorDataset(features, labels), PKBatchSampler(labels, 4, 4, seed=1))
     trainer = Trainer(
         model=model,
@@ -177,15 +178,24 @@ class BatchCounter(Callback):
         self.batches += 1
 
 
-@pytest.mark.parametrize("options", [{"cross_rank": True, "gather": "autograd"}, {"memory_size": 256}])
-def test_nonfinite_on_one_rank_skips_the_step_on_every_rank_without_hanging(options):
+@pytest.mark.parametrize(
+    ("options", "loss"),
+    [
+        ({"cross_rank": True, "gather": "autograd"}, None),
+        ({"memory_size": 256}, None),
+        # The skipped step has no pool; symmetric InfoNCE used to be told to average over one anyway.
+        ({"cross_rank": True, "gather": "autograd"}, InfoNCELoss(symmetric=True)),
+    ],
+    ids=["cross_rank", "memory", "cross_rank-symmetric_infonce"],
+)
+def test_nonfinite_on_one_rank_skips_the_step_on_every_rank_without_hanging(options, loss):
     # Before the ranks agreed on finiteness, rank 1 skipped the gather that rank 0 waited in: a hang,
     # which the short dist_timeout turns into a failure.
     labels = torch.arange(128) % 8
     features = torch.randn(128, 6, generator=torch.Generator().manual_seed(0))
     algorithm = HardNegativeMining("batch_hard", on_nonfinite="skip", **options)
     encoder, counter = NaNOnRankOne(), BatchCounter()
-    trainer, model = two_epoch_trainer(encoder, features, labels, algorithm, counter, dist_timeout=20.0)
+    trainer, model = two_epoch_trainer(encoder, features, labels, algorithm, counter, loss, dist_timeout=20.0)
     trainer.fit()
     assert encoder.calls >= 3
     assert all(torch.isfinite(p).all() for p in model.parameters())

@@ -241,7 +241,8 @@ class HardNegativeMining(Algorithm):
             ref_embeddings=pool.embeddings if uses_pool else None,
             ref_labels=pool.labels if uses_pool else None,
             strategy=strategy,
-            global_mean=self.cross_rank and get_world_size() > 1,
+            # A skipped step has no pool: each rank's loss is its own attached zero.
+            global_mean=self.cross_rank and get_world_size() > 1 and uses_pool,
             outputs=state.outputs,
             stats=values,
         )
