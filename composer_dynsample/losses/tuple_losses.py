@@ -236,7 +236,9 @@ class MultiSimilarityLoss(_TupleLoss):
     def compute(self, embeddings, pool, indices_tuple, global_mean):
         a1, p, a2, n = indices_tuple
         similarity = 1.0 - distance_matrix(embeddings, pool, "cosine")
-        positive, negative = _pair_counts(a1, p, similarity), _pair_counts(a2, n, similarity)
+        # 0/1 masks, as PML builds them: a pair listed twice in a hand-made tuple counts once.
+        positive = _pair_counts(a1, p, similarity).clamp_(max=1.0)
+        negative = _pair_counts(a2, n, similarity).clamp_(max=1.0)
         pos_term = _log1p_weighted_sum_exp(-self.alpha * (similarity - self.base), positive) / self.alpha
         neg_term = _log1p_weighted_sum_exp(self.beta * (similarity - self.base), negative) / self.beta
         return self._mean(pos_term + neg_term, global_mean)

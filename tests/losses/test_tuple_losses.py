@@ -49,6 +49,17 @@ def test_contrastive_loss_equals_pml_with_a_mean_reducer(seed, pos_margin, neg_m
     assert torch.allclose(ours, theirs, atol=1e-8)
 
 
+def test_multi_similarity_counts_a_repeated_pair_once_as_pml_does():
+    # PML builds 0/1 pair masks; a pair listed twice used to count twice here (0.2046 against 0.1675).
+    embeddings, labels = _batch(3, size=6, classes=2)
+    a1, p = torch.tensor([0, 0, 2]), torch.tensor([1, 1, 3])
+    a2, n = torch.tensor([0, 0, 1]), torch.tensor([4, 4, 5])
+    tuples = (a1, p, a2, n)
+    ours = MultiSimilarityLoss()(embeddings, labels, tuples)
+    theirs = pml_losses.MultiSimilarityLoss()(embeddings, labels, tuples)
+    assert torch.allclose(ours, theirs, atol=1e-8)
+
+
 @settings(max_examples=25, deadline=None)
 @given(st.integers(0, 10_000), st.sampled_from([(2.0, 50.0, 0.5), (1.0, 10.0, 0.3)]))
 def test_multi_similarity_loss_equals_pml(seed, params):
