@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -57,7 +57,7 @@ def embed_store(
     if device is None:
         parameter = next(inner.parameters(), None)
         device = parameter.device if parameter is not None else torch.device("cpu")
-    was_training = inner.training
+    modes = [(module, module.training) for module in inner.modules()]  # e.g. a frozen BatchNorm stays in eval
     inner.eval()
     chunks = []
     try:
@@ -75,7 +75,8 @@ def embed_store(
                     out = inner.eval_forward({"features": features, "labels": labels})
                 chunks.append(out.float())
     finally:
-        inner.train(was_training)
+        for module, training in modes:
+            module.training = training
     if not chunks:
         return torch.empty(0, 0, device=device)
     return torch.cat(chunks)
@@ -95,7 +96,8 @@ class RetrievalGallery(Callback):
     :func:`broadcast_buffers`), so that every rank evaluates the same model, the one rank 0 checkpoints.
 
     It also keeps :attr:`history`: the evaluator's metric values at every ``EVAL_END``, with the epoch
-    and batch they were measured at.
+    and batch they were measured at; a dict-valued metric such as
+    :class:`~composer_dynsample.metrics.RetrievalMetrics` gives ``name/key`` entries.
 
     Args:
         gallery (TensorStore): The gallery items, e.g. the train split.
@@ -160,7 +162,10 @@ class RetrievalGallery(Callback):
             value = state.eval_metric_values.get(name)
             if value is None:
                 continue
-            entry[name] = _to_float(value)
+            if isinstance(value, Mapping):  # RetrievalMetrics computes every metric at once, as a dict
+                entry.update({f"{name}/{key}": _to_float(item) for key, item in value.items()})
+            else:
+                entry[name] = _to_float(value)
         self.history.append(entry)
 
     def state_dict(self) -> dict[str, Any]:

@@ -10,6 +10,7 @@ from composer.loggers import InMemoryLogger, Logger
 from composer.models import ComposerModel
 from torch.utils.data import DataLoader
 
+from composer_dynsample.callbacks.retrieval_gallery import RetrievalGallery
 from composer_dynsample.data import GatherCollate, IndexDataset, TensorStore
 from composer_dynsample.metrics import (
     MeanAveragePrecisionAtR,
@@ -99,3 +100,26 @@ def test_composer_evaluators_log_the_metrics():
         assert {name: pytest.approx(value.item()) for name, value in everything.items()} == {
             name: value.item() for name, value in values.items()
         }
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_the_gallery_callback_keeps_dict_valued_metrics_in_its_history():
+    # RetrievalMetrics computes a dict; RetrievalGallery called float() on it and aborted the evaluation.
+    train, test = make_store(60, seed=0), make_store(40, seed=1)
+    model, gallery = Embed(), RetrievalGallery(train, evaluator_label="vs_train")
+    trainer = Trainer(
+        model=model,
+        eval_dataloader=[Evaluator(label="vs_train", dataloader=loader(test))],
+        callbacks=[gallery],
+        progress_bar=False,
+        device="cpu",
+    )
+    trainer.eval()
+    with torch.no_grad():
+        expected = retrieval_metrics(
+            model.net(test.features), test.labels, model.net(train.features), train.labels, ks=(1, 3)
+        )
+    (entry,) = gallery.history
+    assert entry["all/map_at_r"] == pytest.approx(expected["map_at_r"].item())
+    assert entry["all/recall_at_3"] == pytest.approx(expected["recall_at_3"].item())
+    assert entry["recall_at_1"] == pytest.approx(expected["recall_at_1"].item())
