@@ -43,7 +43,8 @@ def format_metrics_table(metrics: Mapping[str, float], title: str = "final retri
 
     Args:
         metrics (Mapping[str, float]): ``recall_at_{k}``, ``map_at_r``, ``r_precision`` and any other
-            numbers; non-numbers are left out.
+            numbers (Python or numpy numbers, or one-element tensors, as the metrics return them);
+            non-numbers are left out.
         title (str): The heading. Default: ``"final retrieval metrics"``.
 
     Returns:
@@ -57,11 +58,7 @@ def format_metrics_table(metrics: Mapping[str, float], title: str = "final retri
         Recall@1  0.9750
         MAP@R     0.8000
     """
-    rows = [
-        (_metric_label(name), f"{float(value):.4f}")
-        for name, value in metrics.items()
-        if isinstance(value, (int, float)) and not isinstance(value, bool)
-    ]
+    rows = [(_metric_label(name), f"{number:.4f}") for name, number in _numbers(metrics)]
     width = max([len("metric"), *(len(label) for label, _ in rows)])
     value_width = max([len("value"), *(len(value) for _, value in rows)])
     lines = [title, f"{'metric':<{width + 2}}{'value':>{value_width}}"]
@@ -70,7 +67,22 @@ def format_metrics_table(metrics: Mapping[str, float], title: str = "final retri
     return "\n".join(line.rstrip() for line in lines)
 
 
+def _numbers(metrics: Mapping[str, Any]) -> list[tuple[str, float]]:
+    """The entries that are one real number: Python, numpy or a one-element tensor (as the metrics return)."""
+    numbers = []
+    for name, value in metrics.items():
+        if isinstance(value, torch.Tensor) and value.numel() == 1 and not value.is_complex():
+            value = value.item()
+        if isinstance(value, np.generic):
+            value = value.item()
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            numbers.append((name, float(value)))
+    return numbers
+
+
 def _jsonable(value: Any) -> Any:
+    if isinstance(value, np.ndarray):
+        value = value.tolist()
     if isinstance(value, torch.Tensor):
         value = value.item() if value.numel() == 1 else value.tolist()
     if isinstance(value, np.generic):
