@@ -124,14 +124,6 @@ def _checked_load_path(cfg: Any, trust_checkpoint: bool) -> Any:
     return load_path
 
 
-def _expand_user_paths(cfg: Any) -> None:
-    """``~`` in a local ``trainer.load_path`` or ``trainer.save_folder``: the path checked is the one loaded."""
-    for key in ("load_path", "save_folder"):
-        value = cfg.trainer.get(key)
-        if isinstance(value, str) and "://" not in value:
-            cfg.trainer[key] = os.path.expanduser(value)
-
-
 def _autoresume(cfg: Any, run_dir: Path, *, overwrite: bool, trust_checkpoint: bool) -> bool:
     """Whether ``trainer.autoresume`` is on; then check the checkpoint Composer will resume from, if any.
 
@@ -261,7 +253,13 @@ def _build(
     from omegaconf import OmegaConf
 
     from composer_dynsample.config.builders import check_config
-    from composer_dynsample.config.loading import default_run_dir, load_config, run_options, section
+    from composer_dynsample.config.loading import (
+        default_run_dir,
+        expand_trainer_paths,
+        load_config,
+        run_options,
+        section,
+    )
 
     config_path = None if isinstance(config, Mapping) else Path(config)
     cfg = load_config(config, overrides)
@@ -274,7 +272,7 @@ def _build(
     # the cheap checks, no data loaded, at most torch imported.
     check_config(cfg)
     _quiet_defaults(cfg, quiet)
-    _expand_user_paths(cfg)
+    expand_trainer_paths(cfg.trainer)
     directory = Path(run_dir or cfg.get("run_dir") or default_run_dir(config_path)).expanduser()
     load_path = _checked_load_path(cfg, trust_checkpoint)
     if overwrite is not None:

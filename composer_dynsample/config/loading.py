@@ -29,6 +29,7 @@ __all__ = [
     "EvaluationConfig",
     "RunOptions",
     "default_run_dir",
+    "expand_trainer_paths",
     "load_config",
     "plain",
     "save_config",
@@ -289,6 +290,18 @@ def _read(config: str | os.PathLike[str] | Mapping[str, Any] | DictConfig) -> Di
 def default_run_dir(config_path: str | os.PathLike[str] | None) -> Path:
     """``runs/<config file stem>`` (``runs/default`` without a file)."""
     return Path("runs") / (Path(config_path).stem if config_path is not None else "default")
+
+
+def expand_trainer_paths(trainer: Any) -> None:
+    """Expand ``~`` in a local ``load_path`` and ``save_folder`` of a trainer section, in place.
+
+    Composer takes ``~`` literally, while the checks (``Path.expanduser``) do not: expanding it once here
+    makes the path checked the path loaded or written.
+    """
+    for key in ("load_path", "save_folder"):
+        value = trainer.get(key)
+        if isinstance(value, str) and "://" not in value:
+            trainer[key] = os.path.expanduser(value)
 
 
 def save_config(cfg: DictConfig, path: str | os.PathLike[str]) -> None:

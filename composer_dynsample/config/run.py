@@ -34,6 +34,7 @@ from composer_dynsample.config.builders import (
 from composer_dynsample.config.loading import (
     default_run_dir,
     evaluation_config,
+    expand_trainer_paths,
     load_config,
     run_options,
     section,
@@ -69,9 +70,7 @@ def _trainer_kwargs(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     _check_trainer_basics(values)
     valid = [key for key in parameters(Trainer) if key not in TRAINER_OWNED]
     check_keys("trainer", values, valid, "composer.Trainer")
-    for key in ("load_path", "save_folder"):  # Composer takes '~' literally
-        if isinstance(values.get(key), str) and "://" not in values[key]:
-            values[key] = os.path.expanduser(values[key])
+    expand_trainer_paths(values)
     return {**trainer_defaults(run_dir), **values}
 
 
