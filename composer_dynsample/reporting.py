@@ -69,24 +69,25 @@ def format_metrics_table(metrics: Mapping[str, float], title: str = "final retri
 
 def _numbers(metrics: Mapping[str, Any]) -> list[tuple[str, float]]:
     """The entries that are one real number: Python, numpy or a one-element tensor (as the metrics return)."""
-    numbers = []
-    for name, value in metrics.items():
-        if isinstance(value, torch.Tensor) and value.numel() == 1 and not value.is_complex():
-            value = value.item()
-        if isinstance(value, np.generic):
-            value = value.item()
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            numbers.append((name, float(value)))
-    return numbers
+    pairs = ((name, _python(value)) for name, value in metrics.items())
+    return [
+        (name, float(value))
+        for name, value in pairs
+        if isinstance(value, (int, float)) and not isinstance(value, bool)
+    ]
+
+
+def _python(value: Any) -> Any:
+    """Tensors and numpy values as Python numbers (one element) or lists; anything else as it is."""
+    if isinstance(value, torch.Tensor):
+        return value.item() if value.numel() == 1 else value.tolist()
+    if isinstance(value, (np.ndarray, np.generic)):
+        return value.tolist()
+    return value
 
 
 def _jsonable(value: Any) -> Any:
-    if isinstance(value, np.ndarray):
-        value = value.tolist()
-    if isinstance(value, torch.Tensor):
-        value = value.item() if value.numel() == 1 else value.tolist()
-    if isinstance(value, np.generic):
-        value = value.item()
+    value = _python(value)
     if isinstance(value, float) and not math.isfinite(value):
         return None
     if isinstance(value, Mapping):
