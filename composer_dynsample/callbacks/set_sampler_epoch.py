@@ -87,8 +87,8 @@ class SetSamplerEpoch(Callback):
     gets a ``ValueError`` naming both world sizes, and so does ``spin_dataloaders=False``, at the first
     batch (before any training step), since a callback cannot read that setting before. The checkpoint
     also records the sampler's seed, batch size and number of batches; a mid-epoch resume with other
-    values (on any number of ranks) builds another epoch and is refused with a ``ValueError``. A resume at an epoch boundary is exact on any number
-    of ranks.
+    values (on any number of ranks) builds another epoch and is refused with a ``ValueError``. A resume
+    at an epoch boundary is exact on any number of ranks.
 
     With a ``DataLoader(batch_sampler=...)`` (``batch_size=None``) and no ``device_train_microbatch_size``,
     Composer would fail with a bare ``AssertionError`` at the first batch; at ``FIT_START`` this callback
@@ -204,12 +204,12 @@ class SetSamplerEpoch(Callback):
     def after_dataloader(self, state: State, logger: Logger) -> None:
         """After an elastic resume, refuse to train a placeholder: Composer did not discard them."""
         size, self._check_first_batch = self._check_first_batch, 0
-        if size > 1 and _batch_rows(state.batch) == 1:
-            plan = self._resumed
+        plan = self._resumed  # set with _check_first_batch
+        if size > 1 and plan is not None and _batch_rows(state.batch) == 1:
             raise ValueError(
-                f"SetSamplerEpoch: epoch {plan.epoch if plan else '?'} was resumed mid-way on {get_world_size()} "
+                f"SetSamplerEpoch: epoch {plan.epoch} was resumed mid-way on {get_world_size()} "
                 f"rank(s) from a checkpoint of {self._saved.get('world_size')} rank(s), and the trainer is "
-                f"about to train the first of the {plan.skip if plan else '?'} one-index placeholder batches "
+                f"about to train the first of the {plan.skip} one-index placeholder batches "
                 "it should discard. This resume needs Composer's spin_dataloaders=True (the default) and no "
                 "'train' entry in state.dataset_resumption. Resume with spin_dataloaders=True, on "
                 f"{self._saved.get('world_size')} rank(s), or from a checkpoint saved at an epoch boundary."
