@@ -246,6 +246,16 @@ def test_bad_configuration_raises_clear_errors(kwargs, match):
         HardNegativeMining(**kwargs)
 
 
+@pytest.mark.parametrize("strategy", ["random_triplets", "distance_weighted"])
+def test_checking_miner_kwargs_leaves_the_global_rng_alone(strategy):
+    # The check mines four rows; a random strategy used to draw from the global generator there.
+    torch.manual_seed(0)
+    expected = torch.rand(3)
+    torch.manual_seed(0)
+    HardNegativeMining(strategy, miner_kwargs={strategy: {}})
+    assert torch.equal(torch.rand(3), expected)
+
+
 def test_missing_labels_name_what_was_looked_for():
     features, labels = make_data()
 

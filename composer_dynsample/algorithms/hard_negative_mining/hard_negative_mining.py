@@ -108,7 +108,8 @@ def _check_miner_kwargs(strategy: str, kwargs: dict[str, Any], distance: str) ->
     if unknown:
         raise ValueError(f"miner_kwargs[{strategy!r}] has unknown keys {unknown}; {strategy} takes {taken}.")
     try:
-        miner(torch.eye(4, 2), torch.tensor([0, 0, 1, 1]), distance=distance, **kwargs)
+        with torch.random.fork_rng(devices=[]):  # random strategies draw: leave the caller's RNG as it was
+            miner(torch.eye(4, 2), torch.tensor([0, 0, 1, 1]), distance=distance, **kwargs)
     except (TypeError, ValueError) as error:
         raise ValueError(f"miner_kwargs[{strategy!r}]: {error}") from None
 
