@@ -24,11 +24,11 @@ from composer_dynsample.data.datasets import (
     default_cache_dir,
     load_digits,
     load_file,
-    load_image_folder,
     load_mnist1d,
     stratified_split,
 )
 from composer_dynsample.data.glyphs import GlyphCacheError, GlyphInfo, GlyphSplits, load_glyphs
+from composer_dynsample.data.images import load_image_folder
 from composer_dynsample.data.store import GatherCollate, IndexDataset, TensorStore, Unsqueeze
 
 __all__ = [

@@ -1,0 +1,211 @@
+"""Image folders: ``root/<class_name>/<image>``, or ``root/train/<class_name>/...`` and ``root/test/<class_name>/...``.
+
+The class folders that hold images (png, jpg, jpeg, bmp, gif) are numbered in sorted order of their
+names (hidden ones such as ``.ipynb_checkpoints/``, hidden files and folders without images are
+skipped); the images are read with Pillow and scaled to [0, 1] (8-bit images by 1/255, 16-bit
+grayscale PNGs by 1/65535). :func:`~composer_dynsample.data.load_file` reads a directory with
+:func:`load_image_folder`.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from composer_dynsample.data.datasets import DatasetSplits, stratified_split
+from composer_dynsample.data.store import TensorStore
+from composer_dynsample.validation import is_int
+
+__all__ = ["load_image_folder"]
+
+_IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif")
+
+
+# Pillow modes of one-channel integer images wider than 8 bits: a 16-bit grayscale PNG opens as
+# "I;16" (older Pillow: "I"); they hold values in [0, 65535], which convert("L") would clip at 255.
+_WIDE_GRAY_MODES = ("I", "I;16", "I;16L", "I;16B", "I;16N")
+
+
+def _is_visible(path: Path) -> bool:
+    return not path.name.startswith(".")  # .ipynb_checkpoints/, .DS_Store, macOS ._x.png
+
+
+def _image_files(class_dir: Path) -> list[Path]:
+    """The images of a class folder, sorted by name: visible files with an image suffix."""
+    return sorted(
+        file
+        for file in class_dir.iterdir()
+        if _is_visible(file) and file.suffix.lower() in _IMAGE_SUFFIXES and file.is_file()
+    )
+
+
+def _check_size(size: object) -> tuple[int, int] | None:
+    if size is None:
+        return None
+    valid = isinstance(size, (tuple, list)) and len(size) == 2 and all(is_int(n) and n >= 1 for n in size)
+    if not valid:
+        hint = f"; for a square image pass ({size}, {size})" if is_int(size) and size >= 1 else ""
+        raise ValueError(f"size must be None or a pair of integers >= 1 (H, W), got {size!r}{hint}.")
+    return int(size[0]), int(size[1])  # type: ignore[index]
+
+
+def _image_to_array(file: Path, image: Any, size: tuple[int, int] | None, grayscale: bool) -> np.ndarray:
+    """An opened Pillow image as a float32 ``(H, W)`` (grayscale) or ``(H, W, 3)`` array in [0, 1]."""
+    from PIL import Image
+
+    if image.mode == "F":
+        raise ValueError(f"{file}: floating-point images (Pillow mode 'F') are not supported.")
+    if image.mode not in _WIDE_GRAY_MODES:  # 8 bits per channel: L, RGB, RGBA, P, LA, 1, CMYK, ...
+        image = image.convert("L" if grayscale else "RGB")
+        if size is not None:
+            image = image.resize((size[1], size[0]))
+        return np.asarray(image, dtype=np.float32) / 255.0
+    values = np.asarray(image)
+    low, high = int(values.min()), int(values.max())
+    if low < 0 or high > 65535:
+        raise ValueError(
+            f"{file}: integer image (Pillow mode {image.mode!r}) holds values in [{low}, {high}]; "
+            "expected 8- or 16-bit values in [0, 65535]."
+        )
+    array = values.astype(np.float32) / 65535.0  # 16 bits: scale by the bit depth, not by 255
+    if size is not None:
+        array = np.asarray(Image.fromarray(array).resize((size[1], size[0])), dtype=np.float32)
+        array = array.clip(0.0, 1.0)  # the default bicubic filter may overshoot
+    return array if grayscale else np.repeat(array[:, :, None], 3, axis=2)
+
+
+def _read_image_classes(
+    root: Path, class_names: list[str], size: tuple[int, int] | None, grayscale: bool
+) -> tuple[list[np.ndarray], list[int]]:
+    from PIL import Image
+
+    images, labels = [], []
+    for label, class_name in enumerate(class_names):
+        class_dir = root / class_name
+        if not class_dir.is_dir():
+            continue
+        for file in _image_files(class_dir):
+            try:
+                with Image.open(file) as image:
+                    array = _image_to_array(file, image, size, grayscale)
+            except OSError as error:
+                raise ValueError(f"{file}: not a readable image ({error}).") from error
+            array = array[None] if array.ndim == 2 else array.transpose(2, 0, 1)
+            if images and array.shape != images[0].shape:
+                raise ValueError(
+                    f"{file}: image of shape {array.shape[1:]} differs from earlier images "
+                    f"{images[0].shape[1:]}; pass size=(H, W)."
+                )
+            images.append(array)
+            labels.append(label)
+    return images, labels
+
+
+def _class_folders(directory: Path, split_dirs: tuple[Path, Path], presplit: bool) -> list[str]:
+    """The sorted names of the visible class folders that hold images (under train/ and test/ if presplit)."""
+    class_names = sorted(
+        {
+            child.name
+            for base in (split_dirs if presplit else (directory,))
+            for child in base.iterdir()
+            if _is_visible(child) and child.is_dir() and _image_files(child)
+        }
+    )
+    if not class_names:
+        half_split = [d.name + "/" for d in split_dirs if d.is_dir()]
+        hint = (
+            f"; it has {half_split[0]} but a pre-split folder needs both train/ and test/"
+            if half_split
+            else ""
+        )
+        raise ValueError(
+            f"{directory}: expected one sub-directory per class (root/<class_name>/<image>) holding "
+            f"images with suffix {_IMAGE_SUFFIXES}, found none{hint}."
+        )
+    return class_names
+
+
+def load_image_folder(
+    root: str | os.PathLike[str],
+    *,
+    size: tuple[int, int] | None = None,
+    grayscale: bool = True,
+    test_fraction: float | None = None,
+    seed: int = 0,
+    name: str | None = None,
+) -> DatasetSplits:
+    """Load ``root/<class_name>/<image>`` (or ``root/{train,test}/<class_name>/<image>``) with Pillow.
+
+    A class is a sub-folder that holds at least one image (a file ending in .png, .jpg, .jpeg, .bmp
+    or .gif); hidden folders and files (names starting with ``.``, e.g. ``.ipynb_checkpoints/``) and
+    folders without images are skipped, and the remaining class folders are numbered in sorted order
+    of their names. 8-bit images are scaled by ``1/255``, 16-bit grayscale PNGs by ``1/65535``.
+
+    Args:
+        root (str | os.PathLike): The directory.
+        size (tuple[int, int], optional): Resize every image to ``(H, W)``, two integers ``>= 1``;
+            without it all images must have the same size. Default: ``None``.
+        grayscale (bool): Read as one channel (``"L"``), else three (``"RGB"``). Default: ``True``.
+        test_fraction (float, optional): As in :func:`load_file`. Default: ``None``.
+        seed (int): Seed of the split. Default: ``0``.
+        name (str, optional): The name in the result. Default: the directory's name.
+
+    Returns:
+        DatasetSplits: float32 features ``(N, C, H, W)`` in [0, 1]; labels number the classes in sorted
+        order of their folder names.
+
+    Raises:
+        FileNotFoundError: If ``root`` is not a directory.
+        ValueError: If ``size`` is not ``None`` or ``(H, W)``, if there are no class folders with
+            images, if an image is unreadable, or if sizes differ without ``size``.
+
+    Example:
+        >>> import tempfile
+        >>> from PIL import Image
+        >>> root = Path(tempfile.mkdtemp())
+        >>> for name in ("cat", "dog"):
+        ...     (root / name).mkdir()
+        ...     for i in range(5):
+        ...         Image.new("L", (8, 6), color=40 * i).save(root / name / f"{i}.png")
+        >>> splits = load_image_folder(root)
+        >>> splits.train.features.shape, len(splits.test), splits.num_classes
+        (torch.Size([8, 1, 6, 8]), 2, 2)
+    """
+    size = _check_size(size)
+    directory = Path(root).expanduser()
+    if not directory.is_dir():
+        raise FileNotFoundError(f"{directory}: no such directory.")
+    split_dirs = (directory / "train", directory / "test")
+    presplit = all(d.is_dir() for d in split_dirs)
+    class_names = _class_folders(directory, split_dirs, presplit)
+
+    def to_store(base: Path) -> TensorStore:
+        images, labels = _read_image_classes(base, class_names, size, grayscale)
+        if not images:
+            raise ValueError(f"{base}: found no images with suffix {_IMAGE_SUFFIXES} in its class folders.")
+        return TensorStore(torch.from_numpy(np.stack(images)), torch.tensor(labels, dtype=torch.int64))
+
+    if presplit:
+        if test_fraction is not None:
+            raise ValueError(
+                f"{directory}: holds train/ and test/ already; "
+                f"test_fraction must be None, got {test_fraction!r}."
+            )
+        train, test = to_store(split_dirs[0]), to_store(split_dirs[1])
+        if train.feature_shape != test.feature_shape:
+            raise ValueError(
+                f"{directory}: train images {train.feature_shape} and test images {test.feature_shape} "
+                "differ; pass size=(H, W)."
+            )
+    else:
+        whole = to_store(directory)
+        train_idx, test_idx = stratified_split(
+            whole.labels, 0.2 if test_fraction is None else test_fraction, seed
+        )
+        train = TensorStore(whole.features[train_idx], whole.labels[train_idx])
+        test = TensorStore(whole.features[test_idx], whole.labels[test_idx])
+    return DatasetSplits(train=train, test=test, num_classes=len(class_names), name=name or directory.name)
