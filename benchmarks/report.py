@@ -1,13 +1,15 @@
-"""Regenerate the README's benchmark summary from ``benchmarks/results/*.json``.
+"""Regenerate the benchmark summary and tables from ``benchmarks/results/*.json``.
 
-Every headline in the README's benchmark summary comes from a results file that a script in this
-folder wrote; this script rewrites the text between the ``<!-- benchmarks:start -->`` and
-``<!-- benchmarks:end -->`` markers, and every ``<!-- results:NAME -->`` ... ``<!-- /results:NAME -->``
-block with ``benchmarks/results/NAME.md``, and the figures of the mining method card
-(``composer_dynsample/algorithms/hard_negative_mining/README.md``, between ``<!-- measured:start -->`` and
-``<!-- measured:end -->``). ``make bench`` runs it last; ``--check`` fails when either file is stale.
+Every headline in the benchmark summary comes from a results file that a script in this folder wrote;
+this script rewrites, in the project's README and in ``benchmarks/README.md``, the text between the
+``<!-- benchmarks:start -->`` and ``<!-- benchmarks:end -->`` markers and every
+``<!-- results:NAME -->`` ... ``<!-- /results:NAME -->`` block with ``benchmarks/results/NAME.md``, and
+the figures of the mining method card (``composer_dynsample/algorithms/hard_negative_mining/README.md``,
+between ``<!-- measured:start -->`` and ``<!-- measured:end -->``). ``make bench`` runs it last;
+``--check`` fails when any of these files is stale.
 
-    python benchmarks/report.py [--results benchmarks/results] [--readme README.md] [--check]
+    python benchmarks/report.py [--results benchmarks/results] [--readme README.md]
+                                [--tables benchmarks/README.md] [--check]
 """
 
 from __future__ import annotations
@@ -122,38 +124,43 @@ def fill_card(text: str, results: Path) -> str:
     return f"{head}{CARD_START}\n{method_card(results)}\n{CARD_END}{tail}"
 
 
+def fill_page(text: str, results: Path, path: Path) -> str:
+    """``text`` with its summary markers and its results blocks refilled from ``results``."""
+    if START not in text or END not in text:
+        raise SystemExit(f"{path} has no {START} ... {END} markers to fill.")
+    head, rest = text.split(START, 1)
+    _, tail = rest.split(END, 1)
+    return fill_tables(f"{head}{START}\n{summary(results)}\n{END}{tail}", results)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
+    root = Path(__file__).parent.parent
     parser.add_argument("--results", type=Path, default=Path(__file__).parent / "results")
-    parser.add_argument("--readme", type=Path, default=Path(__file__).parent.parent / "README.md")
+    parser.add_argument("--readme", type=Path, default=root / "README.md")
+    parser.add_argument("--tables", type=Path, default=Path(__file__).parent / "README.md")
     parser.add_argument("--card", type=Path, default=CARD, help="the mining method card to refill")
     parser.add_argument(
-        "--check", action="store_true", help="exit 1 if the README or the card is not up to date"
+        "--check", action="store_true", help="exit 1 if a README or the card is not up to date"
     )
     args = parser.parse_args(argv)
-    text = args.readme.read_text()
-    if START not in text or END not in text:
-        raise SystemExit(f"{args.readme} has no {START} ... {END} markers to fill.")
-    head, rest = text.split(START, 1)
-    _, tail = rest.split(END, 1)
-    updated = fill_tables(f"{head}{START}\n{summary(args.results)}\n{END}{tail}", args.results)
+    updates = []
+    for path in (args.readme, args.tables):
+        text = path.read_text()
+        updates.append((path, text, fill_page(text, args.results, path)))
     card = args.card.read_text()
-    card_updated = fill_card(card, args.results)
+    updates.append((args.card, card, fill_card(card, args.results)))
     if args.check:
-        stale = [
-            str(path)
-            for path, old, new in ((args.readme, text, updated), (args.card, card, card_updated))
-            if old != new
-        ]
+        stale = [str(path) for path, old, new in updates if old != new]
         if stale:
             print(
                 f"not up to date with benchmarks/results: {', '.join(stale)}; run python benchmarks/report.py"
             )
         return 1 if stale else 0
-    args.readme.write_text(updated)
-    args.card.write_text(card_updated)
+    for path, _, new in updates:
+        path.write_text(new)
     print(summary(args.results))
     return 0
 

@@ -19,10 +19,11 @@ def _report():
 
 def test_check_fails_on_a_hand_edited_card_figure_and_a_refill_restores_it(tmp_path: Path) -> None:
     report = _report()
-    readme, card = tmp_path / "README.md", tmp_path / "card.md"
+    readme, tables, card = tmp_path / "README.md", tmp_path / "tables.md", tmp_path / "card.md"
     shutil.copy(ROOT / "README.md", readme)
+    shutil.copy(ROOT / "benchmarks/README.md", tables)
     shutil.copy(CARD, card)
-    paths = ["--readme", str(readme), "--card", str(card)]
+    paths = ["--readme", str(readme), "--tables", str(tables), "--card", str(card)]
     assert report.main([*paths, "--check"]) == 0
     measured = card.read_text().split("<!-- measured:start -->")[1]
     figure = next(
@@ -32,3 +33,19 @@ def test_check_fails_on_a_hand_edited_card_figure_and_a_refill_restores_it(tmp_p
     assert report.main([*paths, "--check"]) == 1
     assert report.main(paths) == 0
     assert card.read_text() == CARD.read_text()
+
+
+def test_check_fails_on_a_hand_edited_table_of_the_benchmarks_page(tmp_path: Path) -> None:
+    report = _report()
+    readme, tables, card = tmp_path / "README.md", tmp_path / "tables.md", tmp_path / "card.md"
+    shutil.copy(ROOT / "README.md", readme)
+    shutil.copy(ROOT / "benchmarks/README.md", tables)
+    shutil.copy(CARD, card)
+    paths = ["--readme", str(readme), "--tables", str(tables), "--card", str(card)]
+    assert report.main([*paths, "--check"]) == 0
+    block = tables.read_text().split("<!-- results:quality -->")[1]
+    figure = next(word for word in block.split() if word.startswith("0.9") and word[2:].isdigit())
+    tables.write_text(tables.read_text().replace(figure, "0.1234", 1))
+    assert report.main([*paths, "--check"]) == 1
+    assert report.main(paths) == 0
+    assert tables.read_text() == (ROOT / "benchmarks/README.md").read_text()
