@@ -24,7 +24,8 @@ Your own data, :func:`load_file`:
 
 * a directory of images: :func:`~composer_dynsample.data.images.load_image_folder`.
 
-Malformed content raises :class:`ValueError` naming the file and what was expected; a missing file
+Malformed content, or a path that is neither a regular file nor a directory (a named pipe would block),
+raises :class:`ValueError` naming the file and what was expected; a missing file
 raises :class:`FileNotFoundError`.
 """
 
@@ -33,6 +34,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import random
+import stat
 import tempfile
 import zipfile
 import zlib
@@ -407,6 +409,17 @@ def _read_arrays(path: Path) -> Mapping[str, Any]:
     )
 
 
+def _special_file_kind(mode: int) -> str:
+    """What a file that is neither a regular file nor a directory is, in words."""
+    kinds = (
+        (stat.S_ISFIFO, "a named pipe, FIFO"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+    )
+    return next((words for test, words in kinds if test(mode)), "a special file")
+
+
 def load_file(
     path: str | os.PathLike[str],
     *,
@@ -431,7 +444,8 @@ def load_file(
 
     Raises:
         FileNotFoundError: If ``path`` does not exist.
-        ValueError: If the content is malformed: a missing key, wrong dimensions, non-integer labels,
+        ValueError: If ``path`` is neither a regular file nor a directory (a named pipe would block the
+            run), or if the content is malformed: a missing key, wrong dimensions, non-integer labels,
             a length mismatch or NaN/inf features.
 
     Example:
@@ -445,7 +459,13 @@ def load_file(
     file = Path(path).expanduser()
     if not file.exists():
         raise FileNotFoundError(f"{file}: no such file or directory.")
-    if file.is_dir():
+    mode = file.stat().st_mode
+    if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):  # opening a named pipe would wait for a writer
+        raise ValueError(
+            f"{file}: not a regular file ({_special_file_kind(mode)}); "
+            "expected an .npz, .pt or .pth file, or a directory of images."
+        )
+    if stat.S_ISDIR(mode):
         from composer_dynsample.data.images import load_image_folder
 
         return load_image_folder(file, test_fraction=test_fraction, seed=seed, name=name)

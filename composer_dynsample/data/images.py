@@ -10,6 +10,8 @@ grayscale PNGs by 1/65535). :func:`~composer_dynsample.data.load_file` reads a d
 from __future__ import annotations
 
 import os
+import re
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -78,22 +80,39 @@ def _image_to_array(file: Path, image: Any, size: tuple[int, int] | None, graysc
     return array if grayscale else np.repeat(array[:, :, None], 3, axis=2)
 
 
+def _read_image(file: Path, size: tuple[int, int] | None, grayscale: bool) -> np.ndarray:
+    """One image file as in :func:`_image_to_array`, or a one-line ``ValueError`` naming the file."""
+    from PIL import Image
+
+    bombs = (Image.DecompressionBombError, Image.DecompressionBombWarning)
+    try:
+        with warnings.catch_warnings():
+            # Beyond MAX_IMAGE_PIXELS Pillow only warns, then decodes; beyond twice that it raises.
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            with Image.open(file) as image:
+                return _image_to_array(file, image, size, grayscale)
+    except bombs as error:
+        found = re.search(r"\((\d+) pixels\)", str(error))  # Pillow says "Image size (N pixels) exceeds ..."
+        pixels = f"{found.group(1)} pixels" if found else str(error)
+        raise ValueError(
+            f"{file}: refused as a possible decompression bomb: {pixels}, more than Pillow's limit of "
+            f"{Image.MAX_IMAGE_PIXELS} (PIL.Image.MAX_IMAGE_PIXELS); resize the image, or raise that "
+            "limit if you trust the file."
+        ) from None
+    except OSError as error:
+        raise ValueError(f"{file}: not a readable image ({error}).") from error
+
+
 def _read_image_classes(
     root: Path, class_names: list[str], size: tuple[int, int] | None, grayscale: bool
 ) -> tuple[list[np.ndarray], list[int]]:
-    from PIL import Image
-
     images, labels = [], []
     for label, class_name in enumerate(class_names):
         class_dir = root / class_name
         if not class_dir.is_dir():
             continue
         for file in _image_files(class_dir):
-            try:
-                with Image.open(file) as image:
-                    array = _image_to_array(file, image, size, grayscale)
-            except OSError as error:
-                raise ValueError(f"{file}: not a readable image ({error}).") from error
+            array = _read_image(file, size, grayscale)
             array = array[None] if array.ndim == 2 else array.transpose(2, 0, 1)
             if images and array.shape != images[0].shape:
                 raise ValueError(
@@ -161,7 +180,8 @@ def load_image_folder(
     Raises:
         FileNotFoundError: If ``root`` is not a directory.
         ValueError: If ``size`` is not ``None`` or ``(H, W)``, if there are no class folders with
-            images, if an image is unreadable, or if sizes differ without ``size``.
+            images, if an image is unreadable or declares more pixels than Pillow's
+            decompression-bomb limit (``PIL.Image.MAX_IMAGE_PIXELS``), or if sizes differ without ``size``.
 
     Example:
         >>> import tempfile

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 import random
+import signal
 
 import numpy as np
 import pytest
@@ -233,10 +236,37 @@ def test_missing_unsupported_and_unreadable_files(tmp_path):
         load_file(tmp_path / "objects.npz")
 
 
-# --- image folders ---
+@contextlib.contextmanager
+def deadline(seconds):
+    """Raise TimeoutError in the main thread after ``seconds`` (a blocking open() is interrupted)."""
+
+    def expire(signum, frame):
+        raise TimeoutError(f"still running after {seconds} s")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
 
 
-# --- unreadable files, unusual dtypes and image modes ---
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs named pipes")
+@pytest.mark.parametrize("name", ["pipe.npz", "pipe.pt", "pipe"])
+def test_a_named_pipe_is_refused_at_once(tmp_path, name):
+    # Opening a FIFO blocks until a writer comes; the data path was opened and the run hung.
+    fifo = tmp_path / name
+    os.mkfifo(fifo)
+    with deadline(10), pytest.raises(ValueError) as info:
+        load_file(fifo)
+    assert str(info.value) == (
+        f"{fifo}: not a regular file (a named pipe, FIFO); "
+        "expected an .npz, .pt or .pth file, or a directory of images."
+    )
+
+
+# --- unreadable files and unusual dtypes (image folders: test_images.py) ---
 
 
 def npz_bytes(**arrays):

@@ -153,3 +153,33 @@ def test_image_folder_skips_hidden_and_empty_folders(tmp_path):
     write_images(tmp_path / "half" / "train", {"a": 2})
     with pytest.raises(ValueError, match=r"it has train/ but a pre-split folder needs both"):
         load_image_folder(tmp_path / "half")
+
+
+def png_header(path, width, height):
+    """A PNG that declares ``width x height`` 1-bit pixels and holds none: a few bytes on disk."""
+    import struct
+    import zlib
+
+    def chunk(kind, data):
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    header = struct.pack(">IIBBBBB", width, height, 1, 0, 0, 0, 0)
+    path.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IEND", b""))
+
+
+@pytest.mark.parametrize("side", [40_000, 10_000])
+def test_a_decompression_bomb_is_refused_in_one_line(tmp_path, side):
+    from PIL import Image
+
+    # 40000^2 is beyond twice Pillow's limit (its DecompressionBombError escaped as a traceback);
+    # 10000^2 is beyond the limit alone, where Pillow warns and then decodes 10^8 pixels.
+    write_images(tmp_path, {"a": 2, "b": 2})
+    bomb = tmp_path / "b" / "bomb.png"
+    png_header(bomb, side, side)
+    with pytest.raises(ValueError) as info:
+        load_file(tmp_path)
+    assert str(info.value) == (
+        f"{bomb}: refused as a possible decompression bomb: {side * side} pixels, more than Pillow's "
+        f"limit of {Image.MAX_IMAGE_PIXELS} (PIL.Image.MAX_IMAGE_PIXELS); resize the image, or raise "
+        "that limit if you trust the file."
+    )
