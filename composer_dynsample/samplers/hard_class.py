@@ -223,12 +223,12 @@ class HardClassPKBatchSampler(PKBatchSampler):
     Args:
         labels (Sequence[int] | numpy.ndarray | torch.Tensor): The class of every dataset index.
         classes_per_batch (int): P, at least 2.
-        samples_per_class (int): K, at least 1.
+        samples_per_class (int): K, at least 2 (1 with ``require_positive_pairs=False``).
         hard_fraction (float): The share of a batch's classes chosen as the seeds' nearest classes, in
             ``[0, 1)``. Default: ``0.5``.
         distance (str): Centroid distance, ``"euclidean"`` or ``"cosine"``. Default: ``"euclidean"``.
-        **pk_options: ``num_replicas``, ``rank``, ``seed``, ``small_classes``, ``drop_last``, as for
-            :class:`~composer_dynsample.PKBatchSampler`.
+        **pk_options: ``num_replicas``, ``rank``, ``seed``, ``small_classes``, ``drop_last``,
+            ``require_positive_pairs``, as for :class:`~composer_dynsample.PKBatchSampler`.
 
     Example:
         >>> labels = torch.arange(32) % 8

@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from composer_dynsample.samplers.base import DistributedBatchSampler, _as_index_array, epoch_rng
-from composer_dynsample.validation import check_choice, check_int
+from composer_dynsample.validation import check_bool, check_choice, check_int, is_int
 
 __all__ = ["PKBatchSampler"]
 
@@ -39,7 +39,8 @@ class PKBatchSampler(DistributedBatchSampler):
     Args:
         labels (Sequence[int] | numpy.ndarray | torch.Tensor): The class of every dataset index, 1-D integers.
         classes_per_batch (int): P, the number of distinct classes in a batch, at least 2.
-        samples_per_class (int): K, the number of samples of each class in a batch, at least 1.
+        samples_per_class (int): K, the number of samples of each class in a batch, at least 2 (a batch of
+            P x 1 holds no positive pair; see ``require_positive_pairs``) and at most the number of samples.
         num_replicas (int, optional): The number of ranks. Default: the process group's world size, else
             the launcher's ``WORLD_SIZE``, else ``1`` (see :class:`DistributedBatchSampler`).
         rank (int, optional): This process's rank. Default: the process group's rank, else ``RANK``, else ``0``.
@@ -49,6 +50,10 @@ class PKBatchSampler(DistributedBatchSampler):
             chunk per epoch. Default: ``"drop"``.
         drop_last (bool): Even out the batch count across ranks by dropping the last batches (``True``) or
             by repeating batches from the start of the epoch (``False``). Default: ``True``.
+        require_positive_pairs (bool): Refuse ``samples_per_class=1``, whose batches never hold two samples
+            of one class, so that pair and triplet losses and the miners find nothing. Pass ``False`` for a
+            loss that needs no pairs (proxy losses, ArcFace) or that takes its positives from elsewhere (a
+            cross-batch memory). Default: ``True``.
 
     Example:
         >>> labels = [0, 0, 1, 1, 2, 2, 3, 3]
@@ -73,12 +78,16 @@ class PKBatchSampler(DistributedBatchSampler):
         seed: int = 0,
         small_classes: SmallClassPolicy = "drop",
         drop_last: bool = True,
+        require_positive_pairs: bool = True,
     ) -> None:
         label_array = _as_index_array("labels", labels)
         if label_array.size == 0:
             raise ValueError("labels must not be empty.")
+        self.require_positive_pairs = check_bool("require_positive_pairs", require_positive_pairs)
         self.classes_per_batch = check_int("classes_per_batch", classes_per_batch, minimum=2)
-        self.samples_per_class = check_int("samples_per_class", samples_per_class, minimum=1)
+        self.samples_per_class = _check_samples_per_class(
+            samples_per_class, label_array.size, self.require_positive_pairs
+        )
         self.small_classes: SmallClassPolicy = check_choice(
             "small_classes", small_classes, _SMALL_CLASS_POLICIES
         )  # type: ignore[assignment]
@@ -101,20 +110,16 @@ class PKBatchSampler(DistributedBatchSampler):
 
         small = counts < k
         chunks = np.where(small, 1 if small_classes == "replace" else 0, counts // k)
+        if int((chunks > 0).sum()) < p:
+            raise ValueError(
+                _unsatisfiable(p, k, counts, chunks, self.small_classes, 2 if require_positive_pairs else 1)
+            )
         if small.any() and small_classes == "drop":
             warnings.warn(
                 f"{int(small.sum())} of {counts.size} classes have fewer than samples_per_class={k} samples "
                 "and are left out; pass small_classes='replace' to sample them with replacement.",
                 UserWarning,
                 stacklevel=2,
-            )
-        eligible = int((chunks > 0).sum())
-        if eligible < p:
-            hint = " or pass small_classes='replace'" if small_classes == "drop" else ""
-            raise ValueError(
-                f"classes_per_batch={p} x samples_per_class={k} cannot be satisfied: only {eligible} classes "
-                f"can fill a chunk of {k} samples (small_classes={small_classes!r}); use classes_per_batch in "
-                f"[2, {eligible}]{hint}."
             )
         self._is_small = small
         # No batch may hold two chunks of one class, so a class contributes at most one chunk per batch:
@@ -162,3 +167,35 @@ class PKBatchSampler(DistributedBatchSampler):
 
         batches = samples.reshape(p, n, k).transpose(1, 0, 2).reshape(n, p * k)
         return batches[rng.permutation(n)]
+
+
+def _check_samples_per_class(value: object, num_samples: int, require_positive_pairs: bool) -> int:
+    """K: at most the number of samples, and at least 2 unless ``require_positive_pairs`` is off."""
+    smallest = 2 if require_positive_pairs else 1
+    if is_int(value) and int(value) == 1 and require_positive_pairs:  # type: ignore[arg-type]
+        raise ValueError(
+            "samples_per_class=1 gives batches of P classes x 1 sample, which never hold a positive pair: "
+            "pair and triplet losses and every miner find nothing to train on. Use samples_per_class >= 2, "
+            "or pass require_positive_pairs=False for a loss that needs no pairs (a proxy or ArcFace loss) "
+            "or that finds its positives elsewhere (a cross-batch memory)."
+        )
+    return check_int("samples_per_class", value, minimum=smallest, maximum=max(num_samples, smallest))  # type: ignore[return-value]
+
+
+def _unsatisfiable(
+    p: int, k: int, counts: np.ndarray, chunks: np.ndarray, small_classes: str, smallest_k: int
+) -> str:
+    """Why no P x K batch can be formed, and the values of P and K that would work."""
+    if counts.size < 2:
+        return f"a P x K batch needs at least 2 classes, but the labels hold {counts.size}."
+    eligible = int((chunks > 0).sum())
+    options = [f"classes_per_batch in [2, {eligible}]"] if eligible >= 2 else []
+    if small_classes == "replace":
+        problem = f"the labels hold only {counts.size} classes"
+    else:
+        problem = f"only {eligible} of {counts.size} classes have {k} samples or more (small_classes='drop')"
+        largest_k = int(np.sort(counts)[::-1][p - 1]) if counts.size >= p else 0  # the P-th largest class
+        if largest_k >= smallest_k:
+            options.append(f"samples_per_class in [{smallest_k}, {largest_k}] ({p} classes have that many)")
+        options.append("small_classes='replace'")
+    return f"classes_per_batch={p} x samples_per_class={k} cannot be satisfied: {problem}; use {' or '.join(options)}."

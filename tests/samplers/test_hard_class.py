@@ -54,7 +54,13 @@ def test_p_by_k_guarantees_hold_with_any_centroids(counts, p, k, hard_fraction, 
     labels = labels_of(counts)
     try:
         sampler = HardClassPKBatchSampler(
-            labels, p, k, hard_fraction=hard_fraction, seed=seed, small_classes="replace"
+            labels,
+            p,
+            k,
+            hard_fraction=hard_fraction,
+            seed=seed,
+            small_classes="replace",
+            require_positive_pairs=False,  # K = 1 too
         )
     except ValueError:
         return  # P x K cannot be filled from these counts: PKBatchSampler's own error

@@ -33,7 +33,14 @@ def test_hard_class_batches_on_any_world(per_class, p, k, world, hard_fraction, 
 
     def build(rank):
         sampler = HardClassPKBatchSampler(
-            labels, p, k, hard_fraction=hard_fraction, num_replicas=world, rank=rank, seed=seed
+            labels,
+            p,
+            k,
+            hard_fraction=hard_fraction,
+            num_replicas=world,
+            rank=rank,
+            seed=seed,
+            require_positive_pairs=False,  # K = 1 too
         )
         sampler.update_class_embeddings(centroids)
         return sampler

@@ -32,6 +32,7 @@ def pk_setups(draw):
 
 def make_all_ranks(labels, p, k, world, small, seed, drop_last=True):
     options = {"num_replicas": world, "seed": seed, "small_classes": small, "drop_last": drop_last}
+    options["require_positive_pairs"] = False  # the layout properties hold for K = 1 too
     return all_ranks_or_none(lambda rank: PKBatchSampler(labels, p, k, rank=rank, **options), world)
 
 
@@ -184,13 +185,21 @@ def test_accepts_tensor_and_list_labels():
         ),
         (
             {"classes_per_batch": 2, "samples_per_class": 0},
-            r"samples_per_class must be an integer >= 1, got 0",
+            r"samples_per_class must be an integer in \[2, 32\], got 0",
+        ),
+        (
+            {"classes_per_batch": 2, "samples_per_class": 0, "require_positive_pairs": False},
+            r"samples_per_class must be an integer in \[1, 32\], got 0",
         ),
         (
             {"classes_per_batch": 5, "samples_per_class": 2},
             r"classes_per_batch=5 x samples_per_class=2 cannot be satisfied: only 4",
         ),
-        ({"classes_per_batch": 2, "samples_per_class": 9}, r"only 0 classes"),
+        (
+            {"classes_per_batch": 2, "samples_per_class": 9},
+            r"only 0 of 4 classes have 9 samples or more \(small_classes='drop'\); use samples_per_class in "
+            r"\[2, 8\] \(2 classes have that many\) or small_classes='replace'\.$",
+        ),
         (
             {"classes_per_batch": 2, "samples_per_class": 2, "small_classes": "pad"},
             r"small_classes must be one of",
@@ -258,3 +267,65 @@ def test_numpy_integers_are_accepted_for_the_world():
     )
     assert (sampler.num_replicas, sampler.rank, sampler.seed) == (2, 1, 3)
     assert isinstance(sampler.num_replicas, int) and isinstance(sampler.rank, int)
+
+
+def test_one_sample_per_class_is_refused_unless_positive_pairs_are_not_needed():
+    labels = np.arange(32) % 4
+    with pytest.raises(
+        ValueError, match=r"samples_per_class=1 .* never hold a positive pair.*require_positive_pairs"
+    ):
+        PKBatchSampler(labels, 4, 1)
+    sampler = PKBatchSampler(labels, 4, 1, require_positive_pairs=False)
+    assert all(len(set(labels[batch].tolist())) == 4 for batch in sampler)
+    with pytest.raises(ValueError, match="require_positive_pairs must be true or false"):
+        PKBatchSampler(labels, 4, 2, require_positive_pairs="no")
+
+
+@pytest.mark.parametrize("small_classes", ["drop", "replace"])
+def test_a_huge_samples_per_class_names_the_argument_and_its_range(small_classes):
+    labels = np.arange(32) % 4
+    with pytest.raises(
+        ValueError, match=r"^samples_per_class must be an integer in \[2, 32\], got 10{30}\.$"
+    ):
+        PKBatchSampler(labels, 2, 10**30, small_classes=small_classes)
+
+
+@pytest.mark.parametrize(
+    ("counts", "p", "k", "small_classes", "expected"),
+    [
+        # Two classes of 10 and 6, two of 3: K = 5 leaves two classes, P = 3 needs a K of 3 at most.
+        (
+            [10, 6, 3, 3],
+            3,
+            5,
+            "drop",
+            "classes_per_batch=3 x samples_per_class=5 cannot be satisfied: only 2 of 4 classes have 5 samples "
+            "or more (small_classes='drop'); use classes_per_batch in [2, 2] or samples_per_class in [2, 3] "
+            "(3 classes have that many) or small_classes='replace'.",
+        ),
+        # The third largest class has a single sample: no K >= 2 serves P = 3.
+        (
+            [10, 6, 1],
+            3,
+            2,
+            "drop",
+            "classes_per_batch=3 x samples_per_class=2 cannot be satisfied: only 2 of 3 classes have 2 samples "
+            "or more (small_classes='drop'); use classes_per_batch in [2, 2] or small_classes='replace'.",
+        ),
+        (
+            [4, 4, 4],
+            5,
+            2,
+            "replace",
+            "classes_per_batch=5 x samples_per_class=2 cannot be satisfied: the labels hold only 3 classes; use "
+            "classes_per_batch in [2, 3].",
+        ),
+        ([9], 2, 2, "drop", "a P x K batch needs at least 2 classes, but the labels hold 1."),
+    ],
+)
+def test_an_unsatisfiable_p_by_k_says_which_p_and_k_would_work(counts, p, k, small_classes, expected):
+    labels = np.repeat(np.arange(len(counts)), counts)
+    with pytest.raises(ValueError) as error, warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)  # no small-class warning before the error
+        PKBatchSampler(labels, p, k, small_classes=small_classes)
+    assert str(error.value) == expected
