@@ -210,7 +210,8 @@ class NeighbourBatchSampler(DistributedBatchSampler):
 
     Args:
         labels (Sequence[int] | numpy.ndarray | torch.Tensor): The class of every dataset index.
-        seeds_per_batch (int): Seeds per batch, at least 1.
+        seeds_per_batch (int): Seeds per batch, at least 1; a batch of ``seeds_per_batch x (2 +
+            negatives_per_seed)`` indices holds at most ``len(labels)``.
         negatives_per_seed (int): Nearest other-class samples per seed, at least 1.
         skip_top (int): The rank window: nearest other-class samples skipped. Default: ``0``.
         max_relative_similarity (float, optional): The margin guard of :func:`nearest_other_class`.
@@ -242,8 +243,16 @@ class NeighbourBatchSampler(DistributedBatchSampler):
         **options: Any,
     ) -> None:
         label_array = _as_index_array("labels", labels)
-        self.seeds_per_batch = check_int("seeds_per_batch", seeds_per_batch, minimum=1)
-        self.negatives_per_seed = check_int("negatives_per_seed", negatives_per_seed, minimum=1)
+        size = label_array.size
+        if size < 3:
+            raise ValueError(
+                f"labels must hold at least 3 samples (a seed, a positive, a negative), got {size}."
+            )
+        # A batch of seeds_per_batch x (2 + negatives_per_seed) indices must fit in the dataset.
+        self.seeds_per_batch = check_int("seeds_per_batch", seeds_per_batch, minimum=1, maximum=size // 3)
+        self.negatives_per_seed = check_int(
+            "negatives_per_seed", negatives_per_seed, minimum=1, maximum=size // self.seeds_per_batch - 2
+        )
         self.skip_top = check_int("skip_top", skip_top, minimum=0)
         self.max_relative_similarity = (
             None

@@ -197,5 +197,6 @@ def _unsatisfiable(
         largest_k = int(np.sort(counts)[::-1][p - 1]) if counts.size >= p else 0  # the P-th largest class
         if largest_k >= smallest_k:
             options.append(f"samples_per_class in [{smallest_k}, {largest_k}] ({p} classes have that many)")
-        options.append("small_classes='replace'")
+        if counts.size >= p:
+            options.append("small_classes='replace'")
     return f"classes_per_batch={p} x samples_per_class={k} cannot be satisfied: {problem}; use {' or '.join(options)}."

@@ -33,7 +33,8 @@ class TwoStreamBatchSampler(DistributedBatchSampler):
         secondary_indices (Sequence[int] | numpy.ndarray | torch.Tensor): Dataset indices of the secondary
             stream. Indices in both streams trigger a warning.
         primary_batch_size (int): Primary indices per batch, at least 1.
-        secondary_batch_size (int): Secondary indices per batch, at least 1.
+        secondary_batch_size (int): Secondary indices per batch, at least 1 and at most the number of
+            secondary indices.
         num_replicas (int, optional): The number of ranks. Default: the process group's world size, else
             the launcher's ``WORLD_SIZE``, else ``1`` (see :class:`DistributedBatchSampler`).
         rank (int, optional): This process's rank. Default: the process group's rank, else ``RANK``, else ``0``.
@@ -73,11 +74,15 @@ class TwoStreamBatchSampler(DistributedBatchSampler):
                 raise ValueError(f"{name} must be non-negative dataset indices, got {int(values.min())}.")
         self.primary_batch_size = check_int("primary_batch_size", primary_batch_size, minimum=1)
         self.secondary_batch_size = check_int("secondary_batch_size", secondary_batch_size, minimum=1)
-        if primary.size < self.primary_batch_size:
-            raise ValueError(
-                f"primary_batch_size must be in [1, {primary.size}] (the number of primary indices), "
-                f"got {self.primary_batch_size}."
-            )
+        for name, size, stream in (
+            ("primary_batch_size", self.primary_batch_size, primary),
+            ("secondary_batch_size", self.secondary_batch_size, secondary),
+        ):
+            if size > stream.size:
+                kind = name.split("_")[0]
+                raise ValueError(
+                    f"{name} must be in [1, {stream.size}] (the number of {kind} indices), got {size}."
+                )
         super().__init__(
             int(max(primary.max(), secondary.max())) + 1,
             self.primary_batch_size + self.secondary_batch_size,

@@ -122,7 +122,18 @@ def test_the_snapshot_decides_the_negatives_from_the_next_epoch():
     ("args", "kwargs", "match"),
     [
         ((torch.zeros(10, dtype=torch.int64), 2, 1), {}, "at least 2 classes"),
-        ((torch.arange(10) % 2, 0, 1), {}, "seeds_per_batch must be an integer >= 1"),
+        ((torch.arange(10) % 2, 0, 1), {}, r"seeds_per_batch must be an integer in \[1, 3\], got 0"),
+        (
+            (torch.arange(10) % 2, 10**30, 1),
+            {},
+            r"seeds_per_batch must be an integer in \[1, 3\], got 10{30}",
+        ),
+        (
+            (torch.arange(10) % 2, 2, 10**30),
+            {},
+            r"negatives_per_seed must be an integer in \[1, 3\], got 10{30}",
+        ),
+        ((torch.tensor([0, 1]), 1, 1), {}, "labels must hold at least 3 samples"),
         (
             (torch.arange(10) % 2, 1, 1),
             {"max_relative_similarity": 0},

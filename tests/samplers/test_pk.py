@@ -321,6 +321,14 @@ def test_a_huge_samples_per_class_names_the_argument_and_its_range(small_classes
             "classes_per_batch in [2, 3].",
         ),
         ([9], 2, 2, "drop", "a P x K batch needs at least 2 classes, but the labels hold 1."),
+        (
+            [4, 4, 4],
+            10**30,
+            2,
+            "drop",
+            f"classes_per_batch={10**30} x samples_per_class=2 cannot be satisfied: only 3 of 3 classes have 2 "
+            "samples or more (small_classes='drop'); use classes_per_batch in [2, 3].",
+        ),
     ],
 )
 def test_an_unsatisfiable_p_by_k_says_which_p_and_k_would_work(counts, p, k, small_classes, expected):

@@ -18,7 +18,7 @@ def two_stream_setups(draw):
     num_primary = draw(st.integers(1, 80))
     num_secondary = draw(st.integers(1, 40))
     primary_bs = draw(st.integers(1, max(1, num_primary)))
-    secondary_bs = draw(st.integers(1, 12))
+    secondary_bs = draw(st.integers(1, min(12, num_secondary)))
     world = draw(st.integers(1, 8))
     perm = np.random.default_rng(draw(st.integers(0, 2**16))).permutation(num_primary + num_secondary)
     return (
@@ -108,6 +108,11 @@ def test_overlap_warns():
         (([0, 1], [2], 0, 1), "primary_batch_size must be an integer >= 1, got 0"),
         (([0, 1], [2], 1, 0), "secondary_batch_size must be an integer >= 1, got 0"),
         (([0, 1], [2], 3, 1), r"primary_batch_size must be in \[1, 2\]"),
+        (
+            ([0, 1], [2, 3], 1, 3),
+            r"secondary_batch_size must be in \[1, 2\] \(the number of secondary indices\)",
+        ),
+        (([0, 1], [2, 3], 1, 10**30), r"secondary_batch_size must be in \[1, 2\]"),
         (([-1, 1], [2], 1, 1), "primary_indices must be non-negative"),
         (([0.5, 1], [2], 1, 1), "primary_indices must hold integers"),
     ],
