@@ -17,6 +17,7 @@ Example:
 """
 
 from composer_dynsample.metrics.functional import (
+    count_queries_without_positive,
     mean_average_precision_at_r,
     r_precision,
     retrieval_metrics,
@@ -34,6 +35,7 @@ __all__ = [
     "RPrecision",
     "RetrievalMetrics",
     "RetrievalRecallAtK",
+    "count_queries_without_positive",
     "mean_average_precision_at_r",
     "r_precision",
     "retrieval_metrics",

@@ -13,7 +13,8 @@ Definitions (Musgrave et al. 2020, "A Metric Learning Reality Check"), for one q
 
 Each is averaged over the queries with ``R > 0``; a query whose label has no other item in the
 gallery is skipped by all three (as in PML's ``AccuracyCalculator``), and the result is NaN if no
-query has ``R > 0``.
+query has ``R > 0``. Skipping is never silent: the metrics warn with the count of such queries, and
+:func:`count_queries_without_positive` returns it (for a report, say).
 
 Distances: ``"cosine"`` (the default; rows are L2-normalised, a zero row has similarity 0 to
 everything) or ``"euclidean"``. The ranking key is computed with one matrix product per chunk of
@@ -29,6 +30,7 @@ so items at equal distance in exact arithmetic may differ in the last bit and be
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterable, Sequence
 from typing import Literal, NamedTuple
 
@@ -46,6 +48,7 @@ from composer_dynsample.validation import (
 )
 
 __all__ = [
+    "count_queries_without_positive",
     "mean_average_precision_at_r",
     "r_precision",
     "retrieval_metrics",
@@ -74,6 +77,7 @@ class _RetrievalSums(NamedTuple):
     ap_sum: torch.Tensor  # float64 ()
     r_precision_sum: torch.Tensor  # float64 ()
     num_valid: torch.Tensor  # int64 ()
+    num_queries: torch.Tensor  # int64 (): every query, with R > 0 or not
 
 
 _NAMES = ("query_embeddings", "query_labels", "gallery_embeddings", "gallery_labels")
@@ -189,9 +193,10 @@ def _retrieval_update(
     ap_sum = torch.zeros((), dtype=torch.float64, device=device)
     rp_sum = torch.zeros((), dtype=torch.float64, device=device)
     num_valid = torch.zeros((), dtype=torch.int64, device=device)
+    num_queries = torch.tensor(query.shape[0], dtype=torch.int64, device=device)
     num_gallery = gallery.embeddings.shape[0] - int(leave_one_out)
     if query.shape[0] == 0 or num_gallery <= 0:
-        return _RetrievalSums(hits, ap_sum, rp_sum, num_valid)
+        return _RetrievalSums(hits, ap_sum, rp_sum, num_valid, num_queries)
     if leave_one_out:
         query = gallery.embeddings  # already cast and normalised
     else:
@@ -225,13 +230,36 @@ def _retrieval_update(
             precision = relevant.cumsum(1, dtype=torch.float64) / rank
             rp_sum += (within_r.sum(1, dtype=torch.float64) / r).sum()
             ap_sum += ((precision * within_r).sum(1) / r).sum()
-    return _RetrievalSums(hits, ap_sum, rp_sum, num_valid)
+    return _RetrievalSums(hits, ap_sum, rp_sum, num_valid, num_queries)
+
+
+def _warn_about_queries_without_positive(sums: _RetrievalSums, leave_one_out: bool) -> None:
+    """Say how many queries the metrics leave out for want of a same-label gallery item, if any."""
+    total, valid = int(sums.num_queries), int(sums.num_valid)
+    if valid == total:
+        return
+    item = "other item" if leave_one_out else "item"
+    if valid == 0:
+        message = (
+            f"none of the {total} queries has an {item} of its label in the gallery, so every metric is "
+            "NaN; are the queries' classes in the gallery?"
+        )
+    else:
+        message = (
+            f"{total - valid} of {total} queries have no {item} of their label in the gallery; the metrics "
+            f"average over the other {valid} (as pytorch-metric-learning's AccuracyCalculator does)."
+        )
+    warnings.warn(message, UserWarning, stacklevel=4)
 
 
 def _retrieval_compute(
-    sums: _RetrievalSums, ks: tuple[int, ...], need_r: bool = True
+    sums: _RetrievalSums, ks: tuple[int, ...], need_r: bool = True, *, leave_one_out: bool = False
 ) -> dict[str, torch.Tensor]:
-    """Turn summed per-query results into means over the queries with ``R > 0`` (NaN if there are none)."""
+    """Turn summed per-query results into means over the queries with ``R > 0`` (NaN if there are none).
+
+    Warns when some queries have no same-label gallery item (see :func:`count_queries_without_positive`).
+    """
+    _warn_about_queries_without_positive(sums, leave_one_out)
     count = sums.num_valid.to(torch.float64)
     result = {
         f"recall_at_{k}": (sums.recall_hits[j].to(torch.float64) / count).float() for j, k in enumerate(ks)
@@ -330,7 +358,7 @@ def retrieval_metrics(
         chunk_size=chunk_size,
         need_r=True,
     )
-    return _retrieval_compute(sums, ks)
+    return _retrieval_compute(sums, ks, leave_one_out=gallery_embeddings is None)
 
 
 def retrieval_recall_at_k(
@@ -368,7 +396,9 @@ def retrieval_recall_at_k(
         chunk_size=chunk_size,
         need_r=False,
     )
-    return _retrieval_compute(sums, ks, need_r=False)[f"recall_at_{k}"]
+    return _retrieval_compute(sums, ks, need_r=False, leave_one_out=gallery_embeddings is None)[
+        f"recall_at_{k}"
+    ]
 
 
 def mean_average_precision_at_r(
@@ -425,4 +455,35 @@ def _metric_at_r(
 ) -> torch.Tensor:
     """The result ``name`` of :func:`retrieval_metrics` without ranking for any Recall@K."""
     sums = _checked_sums(*batch, ks=(), distance=distance, chunk_size=chunk_size, need_r=True)
-    return _retrieval_compute(sums, ())[name]
+    return _retrieval_compute(sums, (), leave_one_out=batch[2] is None)[name]
+
+
+def count_queries_without_positive(
+    query_labels: torch.Tensor, gallery_labels: torch.Tensor | None = None
+) -> int:
+    """The number of queries whose label has no item in the gallery, which every metric here skips.
+
+    Args:
+        query_labels (torch.Tensor): ``(Q,)`` integer.
+        gallery_labels (torch.Tensor, optional): ``(G,)`` integer; ``None`` for leave-one-out, where a
+            query needs another query of its label. Default: ``None``.
+
+    Returns:
+        int: How many of the ``Q`` queries have ``R = 0``.
+
+    Raises:
+        TypeError: If a label tensor is not a tensor of integers.
+        ValueError: If a label tensor is not 1-D.
+
+    Example:
+        >>> count_queries_without_positive(torch.tensor([0, 0, 1, 2]))
+        2
+        >>> count_queries_without_positive(torch.tensor([0, 1, 2]), torch.tensor([0, 1, 1]))
+        1
+    """
+    queries = check_labels("query_labels", query_labels).detach().cpu()
+    if gallery_labels is None:
+        _, inverse, counts = torch.unique(queries, return_inverse=True, return_counts=True)
+        return int((counts[inverse] == 1).sum())  # alone with its label: nothing else to find
+    gallery = check_labels("gallery_labels", gallery_labels).detach().cpu()
+    return int((~torch.isin(queries, gallery)).sum())

@@ -69,6 +69,7 @@ class _RetrievalMetricBase(Metric):
     ap_sum: torch.Tensor
     r_precision_sum: torch.Tensor
     num_valid: torch.Tensor
+    num_queries: torch.Tensor
 
     def __init__(
         self,
@@ -93,6 +94,7 @@ class _RetrievalMetricBase(Metric):
         self.add_state("ap_sum", default=torch.zeros((), dtype=torch.float64), dist_reduce_fx="sum")
         self.add_state("r_precision_sum", default=torch.zeros((), dtype=torch.float64), dist_reduce_fx="sum")
         self.add_state("num_valid", default=torch.zeros((), dtype=torch.int64), dist_reduce_fx="sum")
+        self.add_state("num_queries", default=torch.zeros((), dtype=torch.int64), dist_reduce_fx="sum")
         self._gallery: _Gallery | None = None
         if (gallery_embeddings is None) != (gallery_labels is None):
             raise ValueError(
@@ -170,6 +172,7 @@ class _RetrievalMetricBase(Metric):
             self.ap_sum += sums.ap_sum.to(self.ap_sum.device)
             self.r_precision_sum += sums.r_precision_sum.to(self.r_precision_sum.device)
             self.num_valid += sums.num_valid.to(self.num_valid.device)
+            self.num_queries += sums.num_queries.to(self.num_queries.device)
             return
         if emb.shape[0] == 0:
             return
@@ -186,7 +189,9 @@ class _RetrievalMetricBase(Metric):
 
     def _sums(self) -> _RetrievalSums:
         if self._gallery is not None:
-            return _RetrievalSums(self.recall_hits, self.ap_sum, self.r_precision_sum, self.num_valid)
+            return _RetrievalSums(
+                self.recall_hits, self.ap_sum, self.r_precision_sum, self.num_valid, self.num_queries
+            )
         labels = (
             dim_zero_cat(self.labels)
             if len(self.labels)
@@ -199,6 +204,7 @@ class _RetrievalMetricBase(Metric):
                 torch.zeros(len(self.ks), dtype=torch.int64, device=self.device),
                 empty.double(),
                 empty.double(),
+                empty,
                 empty,
             )
         if flat.numel() % labels.numel():
@@ -220,7 +226,8 @@ class _RetrievalMetricBase(Metric):
         )
 
     def _compute_dict(self) -> dict[str, torch.Tensor]:
-        return _retrieval_compute(self._sums(), self.ks, need_r=self.need_r)
+        leave_one_out = self._gallery is None
+        return _retrieval_compute(self._sums(), self.ks, need_r=self.need_r, leave_one_out=leave_one_out)
 
     def _sync_dist(self, dist_sync_fn: Any = None, process_group: Any = None) -> None:
         # torchmetrics fills an empty list state on a rank without data with a float tensor of the

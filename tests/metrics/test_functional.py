@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import warnings
 
 import numpy as np
 import pytest
@@ -12,6 +13,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from composer_dynsample.metrics import (
+    count_queries_without_positive,
     mean_average_precision_at_r,
     r_precision,
     retrieval_metrics,
@@ -209,6 +211,40 @@ def test_queries_without_positives_are_skipped():
         query, torch.tensor([0, 9]), gallery, gallery_labels, ks=1, distance="euclidean"
     )
     assert result["recall_at_1"].item() == 1.0 and result["map_at_r"].item() == 1.0
+
+
+def test_queries_without_positives_are_counted_and_said():
+    # They were dropped without a word: 3 queries scored as if they were 2, or NaN with no reason.
+    query = torch.tensor([[0.0], [10.0], [5.2]])
+    gallery, gallery_labels = torch.tensor([[0.1], [5.0]]), torch.tensor([0, 1])
+    some = (
+        r"^1 of 3 queries have no item of their label in the gallery; the metrics average over the "
+        r"other 2 \(as pytorch-metric-learning's AccuracyCalculator does\)\.$"
+    )
+    with pytest.warns(UserWarning, match=some):
+        result = retrieval_metrics(
+            query, torch.tensor([0, 9, 1]), gallery, gallery_labels, ks=1, distance="euclidean"
+        )
+    assert result["recall_at_1"].item() == 1.0
+    assert count_queries_without_positive(torch.tensor([0, 9, 1]), gallery_labels) == 1
+    none = (
+        r"^none of the 2 queries has an item of its label in the gallery, so every metric is NaN; "
+        r"are the queries' classes in the gallery\?$"
+    )
+    with pytest.warns(UserWarning, match=none):
+        result = retrieval_recall_at_k(query[:2], torch.tensor([7, 9]), gallery, gallery_labels)
+    assert torch.isnan(result)
+    assert count_queries_without_positive(torch.tensor([7, 9]), gallery_labels) == 2
+    labels = torch.tensor([0, 0, 1, 2])  # leave-one-out: 1 and 2 have no other item
+    with pytest.warns(
+        UserWarning, match=r"^2 of 4 queries have no other item of their label in the gallery;"
+    ):
+        mean_average_precision_at_r(torch.randn(4, 3), labels)
+    assert count_queries_without_positive(labels) == 2
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # every query has a positive: nothing to say
+        retrieval_metrics(torch.randn(4, 3), torch.tensor([0, 0, 1, 1]))
+    assert count_queries_without_positive(torch.tensor([0, 0, 1, 1])) == 0
 
 
 def test_k_beyond_the_gallery_means_the_whole_gallery():

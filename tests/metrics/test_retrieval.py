@@ -132,6 +132,23 @@ def test_compute_without_data_is_nan():
         assert all(torch.isnan(value) for value in result.values())
 
 
+def test_queries_without_positives_are_counted_over_updates():
+    gallery, gallery_labels = torch.tensor([[0.0], [5.0]]), torch.tensor([0, 1])
+    metric = RetrievalMetrics(1, "euclidean", gallery_embeddings=gallery, gallery_labels=gallery_labels)
+    metric.update(torch.tensor([[0.1], [9.0]]), torch.tensor([0, 9]))
+    metric.update(torch.tensor([[4.0], [1.0], [2.0]]), torch.tensor([1, 8, 8]))
+    with pytest.warns(
+        UserWarning, match=r"^3 of 5 queries have no item of their label in the gallery; .* other 2 "
+    ):
+        assert metric.compute()["recall_at_1"].item() == 1.0
+    loo = RetrievalRecallAtK(k=1)
+    loo.update(torch.randn(3, 2), torch.tensor([0, 0, 4]))
+    with pytest.warns(
+        UserWarning, match=r"^1 of 3 queries have no other item of their label in the gallery;"
+    ):
+        loo.compute()
+
+
 def test_states_reduce_with_cat_and_sum():
     """``merge_state`` applies each state's ``dist_reduce_fx``: what a sync across ranks does."""
     emb, labels = clustered(40, seed=8)
