@@ -69,18 +69,35 @@ class DatasetSplits:
         test (TensorStore): The test split.
         num_classes (int): The number of classes: ``max label + 1`` over both splits.
         name (str): A short name for logs.
+        class_names (tuple[str, ...] | None): The name of each label, ``class_names[label]`` (an image
+            folder's class folders), or ``None`` when the data names none. Keyword only.
+            Default: ``None``.
+
+    Raises:
+        ValueError: If ``class_names`` does not hold one string per class.
 
     Example:
         >>> train, test = TensorStore(torch.zeros(2, 1), [0, 1]), TensorStore(torch.zeros(1, 1), [1])
-        >>> splits = DatasetSplits(train, test, num_classes=2, name="toy")
-        >>> splits.name, len(splits.train), len(splits.test)
-        ('toy', 2, 1)
+        >>> splits = DatasetSplits(train, test, num_classes=2, name="toy", class_names=["cat", "dog"])
+        >>> splits.name, len(splits.train), len(splits.test), splits.class_names
+        ('toy', 2, 1, ('cat', 'dog'))
     """
 
     train: TensorStore
     test: TensorStore
     num_classes: int
     name: str
+    class_names: tuple[str, ...] | None = dataclasses.field(default=None, kw_only=True)
+
+    def __post_init__(self) -> None:
+        if self.class_names is None:
+            return
+        names = tuple(self.class_names)
+        if len(names) != self.num_classes or not all(isinstance(item, str) for item in names):
+            raise ValueError(
+                f"class_names must hold one string per class ({self.num_classes}), got {self.class_names!r}."
+            )
+        object.__setattr__(self, "class_names", names)  # frozen: a list given is stored as a tuple
 
 
 def default_cache_dir() -> Path:
@@ -426,6 +443,8 @@ def load_file(
     test_fraction: float | None = None,
     seed: int = 0,
     name: str | None = None,
+    grayscale: bool | None = None,
+    size: tuple[int, int] | list[int] | None = None,
 ) -> DatasetSplits:
     """Load your own data from an ``.npz``, a ``.pt``/``.pth`` or an image directory.
 
@@ -438,14 +457,19 @@ def load_file(
             ``None`` when it has them. Default: ``None`` (``0.2`` when a split is needed).
         seed (int): Seed of the split. Default: ``0``.
         name (str, optional): The name in the result. Default: the file's stem.
+        grayscale (bool, optional): For a directory of images: ``True`` one channel, ``False`` three.
+            Default: ``None``: three channels if any image has colour, else one.
+        size (tuple[int, int] | list[int], optional): For a directory of images: resize every image to
+            ``(H, W)``. Default: ``None`` (all images must have the same size).
 
     Returns:
-        DatasetSplits: float32 features, int64 labels, ``num_classes = max label + 1``.
+        DatasetSplits: float32 features, int64 labels, ``num_classes = max label + 1``; for a directory,
+        ``class_names`` holds the class folders' names.
 
     Raises:
         FileNotFoundError: If ``path`` does not exist.
         ValueError: If ``path`` is neither a regular file nor a directory (a named pipe would block the
-            run), or if the content is malformed: a missing key, wrong dimensions, non-integer labels,
+            run), if ``grayscale`` or ``size`` is given for a file, or if the content is malformed: a missing key, wrong dimensions, non-integer labels,
             a length mismatch or NaN/inf features.
 
     Example:
@@ -468,7 +492,22 @@ def load_file(
     if stat.S_ISDIR(mode):
         from composer_dynsample.data.images import load_image_folder
 
-        return load_image_folder(file, test_fraction=test_fraction, seed=seed, name=name)
+        return load_image_folder(
+            file, size=size, grayscale=grayscale, test_fraction=test_fraction, seed=seed, name=name
+        )
+    given = [
+        f"{key}={value!r}" for key, value in (("grayscale", grayscale), ("size", size)) if value is not None
+    ]
+    if given:
+        raise ValueError(
+            f"{file}: {' and '.join(given)} apply to a directory of images only, not to a "
+            f"{file.suffix or 'suffix-less'} file; leave them out."
+        )
+    return _load_arrays(file, test_fraction, seed, name)
+
+
+def _load_arrays(file: Path, test_fraction: float | None, seed: int, name: str | None) -> DatasetSplits:
+    """:func:`load_file` of an ``.npz``, ``.pt`` or ``.pth`` file."""
     arrays = _read_arrays(file)
     missing = [key for key in ("features", "labels") if key not in arrays]
     if missing:

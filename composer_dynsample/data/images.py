@@ -20,7 +20,7 @@ import torch
 
 from composer_dynsample.data.datasets import DatasetSplits, stratified_split
 from composer_dynsample.data.store import TensorStore
-from composer_dynsample.validation import is_int
+from composer_dynsample.validation import check_bool, is_int
 
 __all__ = ["load_image_folder"]
 
@@ -104,17 +104,20 @@ def _read_image(file: Path, size: tuple[int, int] | None, grayscale: bool) -> np
 
 
 def _read_image_classes(
-    root: Path, class_names: list[str], size: tuple[int, int] | None, grayscale: bool
+    root: Path, class_names: list[str], size: tuple[int, int] | None, grayscale: bool | None
 ) -> tuple[list[np.ndarray], list[int]]:
+    """The ``(C, H, W)`` images and labels under ``root``; ``grayscale=None`` keeps one channel per gray image."""
     images, labels = [], []
     for label, class_name in enumerate(class_names):
         class_dir = root / class_name
         if not class_dir.is_dir():
             continue
         for file in _image_files(class_dir):
-            array = _read_image(file, size, grayscale)
+            array = _read_image(file, size, bool(grayscale))
+            if grayscale is None and array.ndim == 3 and _is_gray(array):
+                array = np.ascontiguousarray(array[:, :, 0])  # as reading it as "L" would give
             array = array[None] if array.ndim == 2 else array.transpose(2, 0, 1)
-            if images and array.shape != images[0].shape:
+            if images and array.shape[1:] != images[0].shape[1:]:
                 raise ValueError(
                     f"{file}: image of shape {array.shape[1:]} differs from earlier images "
                     f"{images[0].shape[1:]}; pass size=(H, W)."
@@ -122,6 +125,34 @@ def _read_image_classes(
             images.append(array)
             labels.append(label)
     return images, labels
+
+
+def _is_gray(rgb: np.ndarray) -> bool:
+    """Whether an ``(H, W, 3)`` image has no colour: its three channels are equal everywhere."""
+    return bool((rgb[:, :, 0] == rgb[:, :, 1]).all() and (rgb[:, :, 1] == rgb[:, :, 2]).all())
+
+
+def _stack(images: list[np.ndarray], channels: int) -> torch.Tensor:
+    """``(N, channels, H, W)`` from ``(C, H, W)`` images; a one-channel image fills every channel."""
+    stacked = np.empty((len(images), channels, *images[0].shape[1:]), dtype=np.float32)
+    for row, image in enumerate(images):
+        stacked[row] = image  # broadcasts (1, H, W) to (3, H, W) when other images have colour
+    return torch.from_numpy(stacked)
+
+
+def _read_stores(
+    bases: tuple[Path, ...], class_names: list[str], size: tuple[int, int] | None, grayscale: bool | None
+) -> list[TensorStore]:
+    """One store per base folder, all with the same number of channels: three if any image has colour."""
+    read = [_read_image_classes(base, class_names, size, grayscale) for base in bases]
+    for base, (images, _) in zip(bases, read):
+        if not images:
+            raise ValueError(f"{base}: found no images with suffix {_IMAGE_SUFFIXES} in its class folders.")
+    channels = max(image.shape[0] for images, _ in read for image in images)
+    return [
+        TensorStore(_stack(images, channels), torch.tensor(labels, dtype=torch.int64))
+        for images, labels in read
+    ]
 
 
 def _class_folders(directory: Path, split_dirs: tuple[Path, Path], presplit: bool) -> list[str]:
@@ -151,8 +182,8 @@ def _class_folders(directory: Path, split_dirs: tuple[Path, Path], presplit: boo
 def load_image_folder(
     root: str | os.PathLike[str],
     *,
-    size: tuple[int, int] | None = None,
-    grayscale: bool = True,
+    size: tuple[int, int] | list[int] | None = None,
+    grayscale: bool | None = None,
     test_fraction: float | None = None,
     seed: int = 0,
     name: str | None = None,
@@ -162,25 +193,32 @@ def load_image_folder(
     A class is a sub-folder that holds at least one image (a file ending in .png, .jpg, .jpeg, .bmp
     or .gif); hidden folders and files (names starting with ``.``, e.g. ``.ipynb_checkpoints/``) and
     folders without images are skipped, and the remaining class folders are numbered in sorted order
-    of their names. 8-bit images are scaled by ``1/255``, 16-bit grayscale PNGs by ``1/65535``.
+    of their names, which the result keeps as ``class_names``. 8-bit images are scaled by ``1/255``,
+    16-bit grayscale PNGs by ``1/65535``.
+
+    Colour: by default the images keep their colour, three channels (``"RGB"``), when any of them
+    has colour (an image whose red, green and blue are equal everywhere has none, whatever its
+    Pillow mode), and are read as one channel (``"L"``) when none has; ``grayscale=True`` or
+    ``False`` forces one or three channels. A transparent image is read without its alpha channel.
 
     Args:
         root (str | os.PathLike): The directory.
-        size (tuple[int, int], optional): Resize every image to ``(H, W)``, two integers ``>= 1``;
-            without it all images must have the same size. Default: ``None``.
-        grayscale (bool): Read as one channel (``"L"``), else three (``"RGB"``). Default: ``True``.
+        size (tuple[int, int] | list[int], optional): Resize every image to ``(H, W)``, two integers
+            ``>= 1``; without it all images must have the same size. Default: ``None``.
+        grayscale (bool, optional): ``True`` reads one channel (``"L"``), ``False`` three (``"RGB"``).
+            Default: ``None``: three channels if any image has colour, else one.
         test_fraction (float, optional): As in :func:`load_file`. Default: ``None``.
         seed (int): Seed of the split. Default: ``0``.
         name (str, optional): The name in the result. Default: the directory's name.
 
     Returns:
         DatasetSplits: float32 features ``(N, C, H, W)`` in [0, 1]; labels number the classes in sorted
-        order of their folder names.
+        order of their folder names, ``class_names[label]`` is the folder name.
 
     Raises:
         FileNotFoundError: If ``root`` is not a directory.
-        ValueError: If ``size`` is not ``None`` or ``(H, W)``, if there are no class folders with
-            images, if an image is unreadable or declares more pixels than Pillow's
+        ValueError: If ``size`` is not ``None`` or ``(H, W)``, ``grayscale`` not ``None`` or a bool,
+            if there are no class folders with images, if an image is unreadable or declares more pixels than Pillow's
             decompression-bomb limit (``PIL.Image.MAX_IMAGE_PIXELS``), or if sizes differ without ``size``.
 
     Example:
@@ -192,40 +230,41 @@ def load_image_folder(
         ...     for i in range(5):
         ...         Image.new("L", (8, 6), color=40 * i).save(root / name / f"{i}.png")
         >>> splits = load_image_folder(root)
-        >>> splits.train.features.shape, len(splits.test), splits.num_classes
-        (torch.Size([8, 1, 6, 8]), 2, 2)
+        >>> splits.train.features.shape, len(splits.test), splits.class_names
+        (torch.Size([8, 1, 6, 8]), 2, ('cat', 'dog'))
     """
     size = _check_size(size)
+    if grayscale is not None:
+        grayscale = check_bool("grayscale", grayscale)
     directory = Path(root).expanduser()
     if not directory.is_dir():
         raise FileNotFoundError(f"{directory}: no such directory.")
     split_dirs = (directory / "train", directory / "test")
     presplit = all(d.is_dir() for d in split_dirs)
     class_names = _class_folders(directory, split_dirs, presplit)
-
-    def to_store(base: Path) -> TensorStore:
-        images, labels = _read_image_classes(base, class_names, size, grayscale)
-        if not images:
-            raise ValueError(f"{base}: found no images with suffix {_IMAGE_SUFFIXES} in its class folders.")
-        return TensorStore(torch.from_numpy(np.stack(images)), torch.tensor(labels, dtype=torch.int64))
-
     if presplit:
         if test_fraction is not None:
             raise ValueError(
                 f"{directory}: holds train/ and test/ already; "
                 f"test_fraction must be None, got {test_fraction!r}."
             )
-        train, test = to_store(split_dirs[0]), to_store(split_dirs[1])
+        train, test = _read_stores(split_dirs, class_names, size, grayscale)
         if train.feature_shape != test.feature_shape:
             raise ValueError(
                 f"{directory}: train images {train.feature_shape} and test images {test.feature_shape} "
                 "differ; pass size=(H, W)."
             )
     else:
-        whole = to_store(directory)
+        (whole,) = _read_stores((directory,), class_names, size, grayscale)
         train_idx, test_idx = stratified_split(
             whole.labels, 0.2 if test_fraction is None else test_fraction, seed
         )
         train = TensorStore(whole.features[train_idx], whole.labels[train_idx])
         test = TensorStore(whole.features[test_idx], whole.labels[test_idx])
-    return DatasetSplits(train=train, test=test, num_classes=len(class_names), name=name or directory.name)
+    return DatasetSplits(
+        train=train,
+        test=test,
+        num_classes=len(class_names),
+        name=name or directory.name,
+        class_names=tuple(class_names),
+    )

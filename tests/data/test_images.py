@@ -29,8 +29,10 @@ def test_image_folder(tmp_path):
     (tmp_path / "flat" / "cat" / "notes.txt").write_text("ignored")
     splits = load_file(tmp_path / "flat")
     assert (len(splits.train), len(splits.test), splits.num_classes, splits.name) == (8, 2, 2, "flat")
-    assert splits.train.feature_shape == (1, 6, 5)
+    assert splits.train.feature_shape == (3, 6, 5)  # coloured images keep their colour
+    assert splits.class_names == ("ant", "cat")
     assert splits.train.features.min() >= 0.0 and splits.train.features.max() <= 1.0
+    assert load_file(tmp_path / "flat", grayscale=True).train.feature_shape == (1, 6, 5)
     rgb = load_image_folder(tmp_path / "flat", grayscale=False, size=(4, 4), test_fraction=0.4)
     assert rgb.train.feature_shape == (3, 4, 4) and len(rgb.test) == 4
 
@@ -50,6 +52,103 @@ def test_image_folder(tmp_path):
         load_image_folder(tmp_path / "empty")
     with pytest.raises(FileNotFoundError, match="no such directory"):
         load_image_folder(tmp_path / "missing")
+
+
+# --- colour, gray and class names ---
+
+RED, GREEN = (255, 0, 0), (0, 255, 0)
+
+
+def write_solid(folder, colours, mode="RGB", size=(4, 3)):
+    """One ``size`` (H, W) image per colour in ``folder``, in the Pillow ``mode`` given."""
+    from PIL import Image
+
+    folder.mkdir(parents=True, exist_ok=True)
+    for i, colour in enumerate(colours):
+        Image.new("RGB", (size[1], size[0]), colour).convert(mode).save(folder / f"{i}.png")
+
+
+def test_colour_classes_keep_their_colour_and_their_names(tmp_path):
+    # Read as grayscale, pure red and pure green were two shades of gray (0.30 and 0.59), and the
+    # run knew the classes only as numbers.
+    write_solid(tmp_path / "red", [RED] * 5)
+    write_solid(tmp_path / "green", [GREEN] * 5)
+    splits = load_file(tmp_path)
+    assert splits.train.feature_shape == (3, 4, 3) and splits.class_names == ("green", "red")
+    features = torch.cat([splits.train.features, splits.test.features])
+    labels = torch.cat([splits.train.labels, splits.test.labels])
+    mean_colour = {
+        splits.class_names[label]: features[labels == label].mean((0, 2, 3)).tolist() for label in (0, 1)
+    }
+    assert mean_colour == {"green": [0.0, 1.0, 0.0], "red": [1.0, 0.0, 0.0]}
+
+
+@pytest.mark.parametrize("mode", ["L", "1", "LA", "P", "RGB", "RGBA", "I;16"])
+@pytest.mark.parametrize("size", [None, (3, 2)])
+def test_gray_images_stay_one_channel_as_before(tmp_path, mode, size):
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    for class_name in ("a", "b"):
+        (tmp_path / class_name).mkdir()
+        for i in range(3):
+            gray = rng.integers(0, 256, (5, 4), dtype=np.uint8)
+            if mode == "I;16":
+                image = Image.fromarray(gray.astype(np.uint16) * 257)
+            elif mode in ("1", "P"):  # a 1-bit image, or a palette of grays
+                image = Image.fromarray(gray).convert(mode)
+            else:  # gray content in every other mode, RGB and RGBA included: equal channels
+                image = Image.fromarray(np.repeat(gray[:, :, None], 3, axis=2)).convert(mode)
+            image.save(tmp_path / class_name / f"{i}.png")
+    default = load_image_folder(tmp_path, size=size)
+    forced = load_image_folder(tmp_path, size=size, grayscale=True)
+    assert default.train.feature_shape[0] == 1
+    assert torch.equal(default.train.features, forced.train.features)
+    assert torch.equal(default.test.features, forced.test.features)
+
+
+def test_one_coloured_image_makes_every_image_three_channels(tmp_path):
+    write_solid(tmp_path / "gray", [(90, 90, 90)] * 3, mode="L")
+    write_solid(tmp_path / "mixed", [(90, 90, 90), (90, 90, 90), (90, 90, 91)])
+    splits = load_image_folder(tmp_path, test_fraction=0.34)
+    features = torch.cat([splits.train.features, splits.test.features])
+    assert features.shape == (6, 3, 4, 3)
+    assert (features * 255).round().flatten(2)[:, :, 0].tolist().count([90.0, 90.0, 90.0]) == 5
+
+
+def test_presplit_folders_agree_on_the_channels(tmp_path):
+    write_solid(tmp_path / "train" / "a", [(10, 10, 10)] * 2, mode="L")
+    write_solid(tmp_path / "train" / "b", [(20, 20, 20)] * 2, mode="L")
+    write_solid(tmp_path / "test" / "a", [RED])
+    write_solid(tmp_path / "test" / "b", [(20, 20, 20)], mode="L")
+    splits = load_image_folder(tmp_path)
+    assert splits.train.feature_shape == splits.test.feature_shape == (3, 4, 3)
+    assert splits.train.features[0, :, 0, 0].tolist() == pytest.approx([10 / 255] * 3)
+    gray = load_image_folder(tmp_path, grayscale=True)
+    assert gray.train.feature_shape == gray.test.feature_shape == (1, 4, 3)
+
+
+def test_grayscale_and_size_are_refused_for_array_files(tmp_path):
+    np.savez(tmp_path / "data.npz", features=np.zeros((4, 2)), labels=np.arange(4) % 2)
+    with pytest.raises(ValueError) as info:
+        load_file(tmp_path / "data.npz", grayscale=True, size=[8, 8])
+    assert str(info.value) == (
+        f"{tmp_path / 'data.npz'}: grayscale=True and size=[8, 8] apply to a directory of images only, "
+        "not to a .npz file; leave them out."
+    )
+    write_solid(tmp_path / "images" / "a", [RED] * 2)
+    with pytest.raises(ValueError, match=r"grayscale must be true or false, got 'yes'"):
+        load_image_folder(tmp_path / "images", grayscale="yes")
+
+
+def test_class_names_hold_one_string_per_class():
+    from composer_dynsample.data import DatasetSplits, TensorStore
+
+    store = TensorStore(torch.zeros(2, 1), [0, 1])
+    assert DatasetSplits(store, store, 2, "toy", class_names=["a", "b"]).class_names == ("a", "b")
+    assert DatasetSplits(store, store, 2, "toy").class_names is None
+    with pytest.raises(ValueError, match=r"class_names must hold one string per class \(2\), got \['a'\]"):
+        DatasetSplits(store, store, 2, "toy", class_names=["a"])
 
 
 def test_image_folder_scales_16_bit_png_by_its_bit_depth(tmp_path):
@@ -122,8 +221,8 @@ def test_image_folder_rejects_a_bad_size(tmp_path, size):
 
 def test_image_folder_size_as_a_list_or_numpy_integers(tmp_path):
     write_images(tmp_path, {"a": 3, "b": 3})
-    assert load_image_folder(tmp_path, size=[3, 4]).train.feature_shape == (1, 3, 4)
-    assert load_image_folder(tmp_path, size=(np.int64(2), 5)).train.feature_shape == (1, 2, 5)
+    assert load_image_folder(tmp_path, size=[3, 4]).train.feature_shape == (3, 3, 4)
+    assert load_image_folder(tmp_path, size=(np.int64(2), 5)).train.feature_shape == (3, 2, 5)
     with pytest.raises(ValueError, match=r"got 8; for a square image pass \(8, 8\)"):
         load_image_folder(tmp_path, size=8)
 
