@@ -39,7 +39,6 @@ __all__ = [
 
 DISTANCES: Final[tuple[str, ...]] = ("cosine", "euclidean", "squared_euclidean")
 
-_HALF_DTYPES: Final[tuple[torch.dtype, ...]] = (torch.float16, torch.bfloat16)
 _NORM_EPS: Final[float] = 1e-12  # F.normalize's default
 
 
@@ -206,16 +205,22 @@ def pairwise_distance(x: torch.Tensor, y: torch.Tensor, distance: str = "cosine"
 _AUTOCAST_DEVICES = ("cpu", "cuda", "xpu", "mps", "hpu")
 
 
-def _at_least_float32(t: torch.Tensor) -> torch.Tensor:
-    """Half-precision tensors as float32 (differentiably): the losses' distances must not cancel in fp16."""
-    return t.float() if t.dtype in _HALF_DTYPES else t
-
-
-def paired_distance(x: torch.Tensor, y: torch.Tensor, distance: str = "cosine") -> torch.Tensor:
+def paired_distance(
+    x: torch.Tensor, y: torch.Tensor, distance: str = "cosine", *, dtype: torch.dtype | None = None
+) -> torch.Tensor:
     """Distance between ``x[i]`` and ``y[i]`` for every row ``i``, with the miners' definitions.
 
     ``"cosine"`` is ``1 - cos(x, y)``, ``"euclidean"`` is ``||x - y||`` (its square root is taken of a
     value clamped at ``1e-12`` so identical rows get a finite gradient), ``"squared_euclidean"`` its square.
+    Computed (differentiably) in :func:`working_dtype`, as the miners compute distances: float32 for
+    fp16 and bf16 rows, float64 for float32 rows whose squares would overflow.
+
+    Args:
+        x: ``(N, D)`` rows.
+        y: ``(N, D)`` rows.
+        distance: One of :data:`DISTANCES`. Default: ``"cosine"``.
+        dtype: The dtype to compute in, for a caller that has already asked :func:`working_dtype` (one
+            host sync) for several calls. Default: ``working_dtype(x, y)``.
 
     Example:
         >>> x = torch.tensor([[1.0, 0.0], [0.0, 3.0]])
@@ -224,7 +229,8 @@ def paired_distance(x: torch.Tensor, y: torch.Tensor, distance: str = "cosine") 
         ([1.0, 0.0], [2.0, 4.0])
     """
     check_distance(distance)
-    x, y = _at_least_float32(x), _at_least_float32(y)
+    dtype = working_dtype(x, y) if dtype is None else dtype
+    x, y = x.to(dtype), y.to(dtype)
     if distance == "cosine":
         return 1.0 - torch.nn.functional.cosine_similarity(x, y, dim=-1, eps=1e-12)
     squared = (x - y).pow(2).sum(-1)
@@ -235,19 +241,25 @@ def distance_matrix(x: torch.Tensor, y: torch.Tensor, distance: str = "cosine") 
     """Differentiable ``(N, M)`` distances between the rows of ``x`` and ``y``: one matrix multiplication.
 
     Losses index this matrix at their tuples: with tens of thousands of pairs, gathering embedding rows
-    per tuple (and scattering their gradients back) costs far more than one ``N x M`` product. fp16 and
-    bf16 inputs are computed (and returned) in float32, as the miners do, also under autocast (Composer
-    runs the loss under it with ``amp_fp16`` / ``amp_bf16``).
+    per tuple (and scattering their gradients back) costs far more than one ``N x M`` product. The
+    matrix is computed (and returned) in :func:`working_dtype`, as the miners' distances are: fp16 and
+    bf16 inputs in float32, also under autocast (Composer runs the loss under it with ``amp_fp16`` /
+    ``amp_bf16``), and float32 inputs whose squared norms would overflow (entries near 1e18 and above)
+    in float64, so that the losses stay finite where the miners still find tuples; the gradient flows
+    back to the inputs in their own dtype. Inputs too large even for float64 raise a ``ValueError``.
 
     Example:
         >>> x = torch.tensor([[1.0, 0.0], [0.0, 3.0]])
         >>> distance_matrix(x, x, "squared_euclidean").tolist()
         [[0.0, 10.0], [10.0, 0.0]]
+        >>> distance_matrix(x * 1e20, x * 1e20, "euclidean").dtype
+        torch.float64
     """
     check_distance(distance)
     same = y is x
-    x = _at_least_float32(x)
-    y = x if same else _at_least_float32(y)
+    dtype = working_dtype(x, y)
+    x = x.to(dtype)
+    y = x if same else y.to(dtype)
     # Composer runs the loss under autocast with amp_fp16 / amp_bf16, which would cast the products back
     # to half precision: tight classes' distances round to zero and unnormalised fp16 ones overflow.
     with _without_autocast(x.device):

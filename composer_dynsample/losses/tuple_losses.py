@@ -9,6 +9,11 @@ the mean can run over the tuples of every rank: each rank divides its sum by the
 world size, and DDP's gradient average then equals one process's gradient on the concatenated batch.
 Every loss stays attached to the graph of ``embeddings`` and ``ref_emb`` even when there is no tuple,
 so a step that mined nothing gives a zero loss and DDP (or a gradient-carrying gather) does not hang.
+
+Distances come from :func:`~composer_dynsample.distances.distance_matrix`, in the dtype the miners use:
+float32 for fp16 and bf16 embeddings, float64 for float32 embeddings whose squared norms would overflow
+(entries near 1e18 and above). Such a loss is returned in float64, equal to the loss on the embeddings
+cast to float64, and its gradient reaches the embeddings finite, in their own dtype.
 """
 
 from __future__ import annotations
@@ -112,9 +117,10 @@ class _TupleLoss(nn.Module):
     @staticmethod
     def _attached_zero(embeddings: torch.Tensor, ref_emb: torch.Tensor | None) -> torch.Tensor:
         """A zero that still depends on every input, so the backward pass reaches all of them."""
-        # Summed in float32: an fp16 sum overflows to inf past 65504, and inf * 0 is NaN.
-        total = embeddings.sum(dtype=torch.float32)
-        return (total if ref_emb is None else total + ref_emb.sum(dtype=torch.float32)) * 0.0
+        # One entry per input, zeroed before the sum: a sum of the entries overflows (an fp16 sum past
+        # 65504, a float32 one near 1e38), and inf * 0 is NaN.
+        total = (embeddings.reshape(-1)[:1] * 0.0).sum(dtype=torch.float32)
+        return total if ref_emb is None else total + (ref_emb.reshape(-1)[:1] * 0.0).sum(dtype=torch.float32)
 
     def compute(
         self,

@@ -1,14 +1,15 @@
 """Per-step mining statistics as a pure function of the embeddings, the pool and the mined tuples.
 
-Every value is a 0-d tensor on the embeddings' device, so a caller can stack them and read them back to the
-host in one transfer (one sync per step) instead of one per statistic.
+Every value is a 0-d tensor on the embeddings' device, all of one dtype (float32, or float64 for embeddings whose
+squares overflow float32, as the miners decide), so a caller can stack them and read them back to the host in
+one transfer instead of one per statistic.
 """
 
 from __future__ import annotations
 
 import torch
 
-from composer_dynsample.distances import paired_distance
+from composer_dynsample.distances import paired_distance, working_dtype
 
 __all__ = ["STATISTICS", "embedding_spread", "mining_statistics"]
 
@@ -32,7 +33,7 @@ def mining_statistics(
     margin: float = 0.2,
     skipped: bool = False,
 ) -> dict[str, torch.Tensor]:
-    """Statistics of one mining step, as 0-d float tensors (no host sync inside).
+    """Statistics of one mining step, as 0-d float tensors of one dtype (one host sync: the dtype).
 
     Args:
         embeddings (torch.Tensor): ``(B, D)`` anchors.
@@ -55,24 +56,26 @@ def mining_statistics(
         >>> {k: round(float(v), 3) for k, v in mining_statistics(emb, emb, tuples).items()}
         {'skipped': 0.0, 'num_tuples': 1.0, 'active_fraction': 0.0, 'positive_distance': 0.0, 'negative_distance': 1.0, 'embedding_spread': 0.667}
     """
-    zero = embeddings.new_zeros((), dtype=torch.float32)
     if skipped:
-        return {"skipped": zero + 1.0}
+        return {"skipped": embeddings.new_ones((), dtype=torch.float32)}
+    # One dtype for every statistic (they are stacked): float32, or float64 where float32 would overflow.
+    dtype = working_dtype(embeddings, pool)
+    zero = embeddings.new_zeros((), dtype=dtype)
     stats = {"skipped": zero}
     if len(tuples) == 3:
         anchors, positives, negatives = tuples
-        ap = paired_distance(embeddings[anchors], pool[positives], distance).float()
-        an = paired_distance(embeddings[anchors], pool[negatives], distance).float()
+        ap = paired_distance(embeddings[anchors], pool[positives], distance, dtype=dtype)
+        an = paired_distance(embeddings[anchors], pool[negatives], distance, dtype=dtype)
         stats["num_tuples"] = zero + anchors.numel()
-        stats["active_fraction"] = _mean_or_zero((ap - an + margin > 0).float(), zero)
+        stats["active_fraction"] = _mean_or_zero((ap - an + margin > 0).to(dtype), zero)
     else:
         a1, p, a2, n = tuples
-        ap = paired_distance(embeddings[a1], pool[p], distance).float()
-        an = paired_distance(embeddings[a2], pool[n], distance).float()
+        ap = paired_distance(embeddings[a1], pool[p], distance, dtype=dtype)
+        an = paired_distance(embeddings[a2], pool[n], distance, dtype=dtype)
         stats["num_tuples"] = zero + (a1.numel() + a2.numel())
     stats["positive_distance"] = _mean_or_zero(ap, zero)
     stats["negative_distance"] = _mean_or_zero(an, zero)
-    stats["embedding_spread"] = embedding_spread(embeddings, distance)
+    stats["embedding_spread"] = embedding_spread(embeddings, distance, dtype=dtype)
     return stats
 
 
@@ -80,7 +83,9 @@ def _mean_or_zero(values: torch.Tensor, zero: torch.Tensor) -> torch.Tensor:
     return values.mean() if values.numel() else zero
 
 
-def embedding_spread(embeddings: torch.Tensor, distance: str = "cosine") -> torch.Tensor:
+def embedding_spread(
+    embeddings: torch.Tensor, distance: str = "cosine", *, dtype: torch.dtype | None = None
+) -> torch.Tensor:
     """Mean distance over distinct pairs in O(B x D), as a 0-d tensor; near zero when the embeddings collapsed.
 
     Under ``"cosine"`` a zero (or near-zero-norm) row has no direction: it counts as at distance 0 from every
@@ -90,16 +95,20 @@ def embedding_spread(embeddings: torch.Tensor, distance: str = "cosine") -> torc
     Args:
         embeddings (torch.Tensor): ``(B, D)`` embeddings.
         distance (str): ``"cosine"``, ``"euclidean"`` or ``"squared_euclidean"``. Default: ``"cosine"``.
+        dtype (torch.dtype, optional): The dtype to compute in. Default: the
+            :func:`~composer_dynsample.distances.working_dtype` of the embeddings (float64 where float32
+            squares would overflow).
 
     Returns:
-        torch.Tensor: The spread (``inf`` with fewer than two rows).
+        torch.Tensor: The spread (``inf`` with fewer than two rows), in ``dtype``.
 
     Example:
         >>> float(embedding_spread(torch.zeros(4, 3)))
         0.0
     """
     count = embeddings.shape[0]
-    x = embeddings.detach().float()
+    x = embeddings.detach()
+    x = x.to(working_dtype(x, x) if dtype is None else dtype)
     if count < 2:
         return x.new_full((), float("inf"))
     if distance == "cosine":

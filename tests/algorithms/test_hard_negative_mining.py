@@ -430,3 +430,23 @@ def test_collapse_warns_for_all_zero_embeddings_under_cosine_and_not_for_a_healt
             warnings.simplefilter("always")
             trainer.fit()
         assert sum("have collapsed" in str(w.message) for w in caught) == expected
+
+
+@pytest.mark.parametrize("scale", [1e19, 1e30])
+@pytest.mark.parametrize("distance", ["cosine", "euclidean", "squared_euclidean"])
+def test_statistics_of_huge_float32_embeddings_are_the_float64_ones(distance, scale):
+    # Before, they were inf or NaN, and the cosine spread of rows whose norms overflow came out 0: a
+    # false collapse warning.
+    from composer_dynsample.mining.statistics import mining_statistics
+
+    generator = torch.Generator().manual_seed(4)
+    embeddings = (torch.randn(16, 4, generator=generator, dtype=torch.float64) * scale).float()
+    labels = torch.arange(16) % 4
+    tuples = batch_hard(embeddings, labels, distance=distance)
+    ours = mining_statistics(embeddings, embeddings, tuples, distance=distance)
+    reference = mining_statistics(embeddings.double(), embeddings.double(), tuples, distance=distance)
+    assert len({value.dtype for value in ours.values()}) == 1  # they are stacked into one tensor
+    for name, value in ours.items():
+        assert bool(torch.isfinite(value)), name
+        assert float(value) == pytest.approx(float(reference[name]), rel=1e-5), name
+    assert float(ours["embedding_spread"]) > 0
