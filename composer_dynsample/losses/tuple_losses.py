@@ -156,7 +156,8 @@ class TripletMarginLoss(_TupleLoss):
     distance ``1 - s`` against PML's ``CosineSimilarity``).
 
     Args:
-        margin (float): The margin. Default: ``0.2``.
+        margin (float): The margin, at least 0 (a negative one would accept positives farther than
+            negatives). Default: ``0.2``.
         distance (str): ``"cosine"``, ``"euclidean"`` or ``"squared_euclidean"``. Default: ``"cosine"``.
 
     Example:
@@ -170,7 +171,7 @@ class TripletMarginLoss(_TupleLoss):
 
     def __init__(self, margin: float = 0.2, distance: str = "cosine") -> None:
         super().__init__(distance)
-        self.margin = check_float("margin", margin)
+        self.margin = check_float("margin", margin, minimum=0.0)
 
     def compute(self, embeddings, pool, indices_tuple, global_mean):
         anchors, positives, negatives = indices_tuple
@@ -186,8 +187,9 @@ class ContrastiveLoss(_TupleLoss):
     distance (PML reduces its positive and negative terms separately and adds them).
 
     Args:
-        pos_margin (float): Positive pairs closer than this cost nothing. Default: ``0.0``.
-        neg_margin (float): Negative pairs farther than this cost nothing. Default: ``0.5``.
+        pos_margin (float): Positive pairs closer than this cost nothing; at least 0. Default: ``0.0``.
+        neg_margin (float): Negative pairs farther than this cost nothing; at least 0 (distances are never
+            negative, so a negative margin would ignore every negative pair). Default: ``0.5``.
         distance (str): ``"cosine"``, ``"euclidean"`` or ``"squared_euclidean"``. Default: ``"cosine"``.
 
     Example:
@@ -200,8 +202,8 @@ class ContrastiveLoss(_TupleLoss):
 
     def __init__(self, pos_margin: float = 0.0, neg_margin: float = 0.5, distance: str = "cosine") -> None:
         super().__init__(distance)
-        self.pos_margin = check_float("pos_margin", pos_margin)
-        self.neg_margin = check_float("neg_margin", neg_margin)
+        self.pos_margin = check_float("pos_margin", pos_margin, minimum=0.0)
+        self.neg_margin = check_float("neg_margin", neg_margin, minimum=0.0)
 
     def compute(self, embeddings, pool, indices_tuple, global_mean):
         a1, p, a2, n = indices_tuple

@@ -102,9 +102,12 @@ def test_wrong_tuple_kind_is_a_clear_error():
 @pytest.mark.parametrize(
     ("make", "pattern"),
     [
-        (lambda: TripletMarginLoss(margin="0.2"), r"margin must be a number, got '0.2'"),
-        (lambda: TripletMarginLoss(margin=float("nan")), r"margin must be a finite number, got nan"),
-        (lambda: ContrastiveLoss(neg_margin=None), r"neg_margin must be a number, got None"),
+        (lambda: TripletMarginLoss(margin="0.2"), r"margin must be a number >= 0.0, got '0.2'"),
+        (lambda: TripletMarginLoss(margin=float("nan")), r"margin must be a finite number >= 0.0, got nan"),
+        (lambda: TripletMarginLoss(margin=-1), r"^margin must be a number >= 0.0, got -1\.$"),
+        (lambda: ContrastiveLoss(neg_margin=None), r"neg_margin must be a number >= 0.0, got None"),
+        (lambda: ContrastiveLoss(neg_margin=-0.5), r"^neg_margin must be a number >= 0.0, got -0.5\.$"),
+        (lambda: ContrastiveLoss(pos_margin=-0.1), r"^pos_margin must be a number >= 0.0, got -0.1\.$"),
         (lambda: MultiSimilarityLoss(alpha=0.0), r"alpha must be a number > 0.0, got 0.0"),
         (lambda: MultiSimilarityLoss(beta=-1), r"beta must be a number > 0.0, got -1"),
     ],
