@@ -24,13 +24,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 from torchmetrics import Metric
 
 from composer_dynsample.distances import check_distance, pairwise_distance
 
-__all__ = ["RankingMetrics", "ranking_metrics"]
+__all__ = ["RankingMetrics", "csn_groups", "rank_sums", "ranking_metrics"]
 
 
 def _check_ks(name: str, ks: int | Sequence[int]) -> tuple[int, ...]:
@@ -102,37 +103,53 @@ def _update_sums(
     gallery_labels: torch.Tensor,
     *,
     distance: str,
+    chunk_size: int,
+    **options: Any,
+) -> dict[str, torch.Tensor]:
+    sums: dict[str, torch.Tensor] = {}
+    for start in range(0, queries.shape[0], chunk_size):
+        distances = pairwise_distance(queries[start : start + chunk_size], gallery, distance)
+        chunk = rank_sums(distances, query_labels[start : start + chunk_size], gallery_labels, **options)
+        for name, value in chunk.items():
+            sums[name] = sums.get(name, 0) + value
+    return sums
+
+
+def rank_sums(
+    distances: torch.Tensor,
+    query_labels: torch.Tensor,
+    gallery_labels: torch.Tensor,
+    *,
     recall_ks: tuple[int, ...],
     mrr_ks: tuple[int, ...],
     ndcg_ks: tuple[int, ...],
     groups: tuple[torch.Tensor, torch.Tensor],
-    chunk_size: int,
 ) -> dict[str, torch.Tensor]:
-    sums: dict[str, torch.Tensor] = {}
+    """The per-metric sums (float64) of a ``(Q, N)`` matrix of distances (lower is nearer).
 
-    def add(name: str, value: torch.Tensor) -> None:
-        sums[name] = sums.get(name, 0) + value.double().sum()
-
-    top = min(max(ndcg_ks, default=1), gallery.shape[0])
-    for start in range(0, queries.shape[0], chunk_size):
-        stop = start + chunk_size
-        distances = pairwise_distance(queries[start:stop], gallery, distance)
-        relevant = query_labels[start:stop, None] == gallery_labels[None, :]
-        ranks, csn_ranks, has_positive = _query_ranks(distances, relevant, *groups)
-        ranks, csn_ranks = ranks[has_positive].double(), csn_ranks[has_positive].double()
-        add("count", has_positive)
-        add("queries_without_positive", ~has_positive)
-        add("mrr", 1.0 / ranks)
-        add("csn_mrr", 1.0 / csn_ranks)
-        for k in mrr_ks:
-            add(f"mrr@{k}", torch.where(ranks <= k, 1.0 / ranks, 0.0))
-        for k in recall_ks:
-            add(f"recall@{k}", ranks <= k)
-        if ndcg_ks:
-            relevant_sorted = _relevance_in_rank_order(distances[has_positive], relevant[has_positive], top)
-            positives = relevant[has_positive].sum(dim=1)
-            for k in ndcg_ks:
-                add(f"ndcg@{k}", _ndcg(relevant_sorted, k, positives))
+    Any scorer's output ranks the same way: pass ``-scores`` (BM25, a cross-encoder). ``groups`` is
+    :func:`csn_groups` of the gallery. Divide by ``count`` for the means; ``queries_without_positive``
+    counts the queries left out.
+    """
+    top = min(max(ndcg_ks, default=1), distances.shape[1])
+    relevant = query_labels[:, None].to(gallery_labels.device) == gallery_labels[None, :]
+    ranks, csn_ranks, has_positive = _query_ranks(distances, relevant, *groups)
+    ranks, csn_ranks = ranks[has_positive].double(), csn_ranks[has_positive].double()
+    sums = {
+        "count": has_positive.double().sum(),
+        "queries_without_positive": (~has_positive).double().sum(),
+        "mrr": (1.0 / ranks).sum(),
+        "csn_mrr": (1.0 / csn_ranks).sum(),
+    }
+    for k in mrr_ks:
+        sums[f"mrr@{k}"] = torch.where(ranks <= k, 1.0 / ranks, 0.0).sum()
+    for k in recall_ks:
+        sums[f"recall@{k}"] = (ranks <= k).double().sum()
+    if ndcg_ks:
+        relevant_sorted = _relevance_in_rank_order(distances[has_positive], relevant[has_positive], top)
+        positives = relevant[has_positive].sum(dim=1)
+        for k in ndcg_ks:
+            sums[f"ndcg@{k}"] = _ndcg(relevant_sorted, k, positives).sum()
     return sums
 
 
