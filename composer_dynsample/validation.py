@@ -21,6 +21,7 @@ Example:
 
 from __future__ import annotations
 
+import difflib
 import math
 import numbers
 import re
@@ -45,6 +46,7 @@ __all__ = [
     "check_pool",
     "check_time",
     "describe",
+    "did_you_mean",
     "is_int",
     "parse_time",
 ]
@@ -176,6 +178,21 @@ def check_choice(name: str, value: object, choices: Iterable[str]) -> str:
     if not isinstance(value, str) or value not in options:
         raise ValueError(f"{name} must be one of {options}, got {value!r}.")
     return value
+
+
+def did_you_mean(value: object, options: Iterable[str]) -> str:
+    """``" Did you mean 'x'?"`` for the option closest to a misspelt ``value``, else ``""``.
+
+    Example:
+        >>> did_you_mean("semihard", ("batch_hard", "semi_hard"))
+        " Did you mean 'semi_hard'?"
+        >>> did_you_mean("triplet", ("batch_hard", "semi_hard"))
+        ''
+    """
+    if not isinstance(value, str):
+        return ""
+    matches = difflib.get_close_matches(value, list(options), n=1, cutoff=0.6)
+    return f" Did you mean {matches[0]!r}?" if matches else ""
 
 
 def describe(value: object) -> str:

@@ -61,9 +61,11 @@ class Recorder(Callback):
         self.losses.append(state.loss.detach().clone())
 
 
-def make_trainer(algorithm, *, loss=None, encoder=None, callbacks=(), max_duration="2ep", **kwargs):
+def make_trainer(
+    algorithm, *, loss=None, encoder=None, callbacks=(), max_duration="2ep", sampler=None, **kwargs
+):
     features, labels = make_data()
-    sampler = PKBatchSampler(labels, classes_per_batch=4, samples_per_class=4, seed=0)
+    sampler = sampler or PKBatchSampler(labels, classes_per_batch=4, samples_per_class=4, seed=0)
     encoder = encoder or CountingEncoder()
     model = EmbeddingModel(encoder, loss=loss, **kwargs.pop("model_kwargs", {}))
     return (
@@ -221,7 +223,18 @@ def test_nonfinite_embeddings_can_skip_the_step():
         ({"distance": "manhattan"}, "manhattan"),
         ({"on_nonfinite": "ignore"}, "on_nonfinite must be one of"),
         ({"memory_size": -1}, "memory_size must be an integer >= 0"),
-        ({"miner_kwargs": {"semihard": {}}}, r"miner_kwargs names unknown strategies \['semihard'\]"),
+        (
+            {"miner_kwargs": {"semihard": {}}},
+            r"a miner_kwargs key must be one of \[.*\], got 'semihard'\. Did you mean 'semi_hard'\?$",
+        ),
+        (
+            {"strategy": "semihard"},
+            r"strategy must be one of \[.*\], got 'semihard'\. Did you mean 'semi_hard'\?$",
+        ),
+        (
+            {"strategy": {"0ep": "semi_hard", "10ep": "batchhard"}},
+            r"strategy\['10ep'\] must be one of \[.*\], got 'batchhard'\. Did you mean 'batch_hard'\?$",
+        ),
         # Checked when built, not when a later epoch's strategy first runs (it raised mid-training).
         (
             {"miner_kwargs": {"batch_hard": {"margn": 0.2}}},
@@ -450,3 +463,9 @@ def test_statistics_of_huge_float32_embeddings_are_the_float64_ones(distance, sc
         assert bool(torch.isfinite(value)), name
         assert float(value) == pytest.approx(float(reference[name]), rel=1e-5), name
     assert float(ours["embedding_spread"]) > 0
+
+
+def test_mine_suggests_the_closest_strategy_name():
+    embeddings, labels = torch.randn(4, 2), torch.tensor([0, 0, 1, 1])
+    with pytest.raises(ValueError, match=r"got 'batchhard'\. Did you mean 'batch_hard'\?$"):
+        mine(embeddings, labels, "batchhard")

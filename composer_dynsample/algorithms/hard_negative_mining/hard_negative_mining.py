@@ -13,11 +13,12 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
-from composer.core import Algorithm, Event, State, Time, TimeUnit
+from composer.core import Algorithm, Event, State, Time
 from composer.loggers import Logger
 
 from composer_dynsample import mining
 from composer_dynsample.algorithms._batch import batch_tensor
+from composer_dynsample.algorithms.hard_negative_mining.checks import check_strategy, parse_schedule
 from composer_dynsample.algorithms.hard_negative_mining.memory import CrossBatchMemory
 from composer_dynsample.distances import paired_distance
 from composer_dynsample.distributed import all_reduce_sum, get_world_size, unwrap_model
@@ -77,8 +78,7 @@ def mine(
         >>> anchors.tolist()
         [0, 1, 2, 3, 4, 5, 6, 7]
     """
-    if strategy not in STRATEGIES:
-        raise ValueError(f"strategy must be one of {sorted(STRATEGIES)}, got {strategy!r}.")
+    check_strategy(strategy, STRATEGIES)
     if ref_embeddings is None:
         self_offset = None  # the batch is the pool: the miners skip each anchor's own row already
     with torch.no_grad():
@@ -183,13 +183,12 @@ class HardNegativeMining(Algorithm):
         log_margin: float = 0.2,
         collapse_threshold: float = 1e-3,
     ) -> None:
-        self.schedule = _parse_schedule(strategy)
+        self.schedule = parse_schedule(strategy, STRATEGIES)
         paired_distance(torch.zeros(1, 1), torch.zeros(1, 1), distance)  # validates the name now, not mid-run
         self.distance = distance
         self.miner_kwargs = {name: dict(kwargs) for name, kwargs in (miner_kwargs or {}).items()}
-        unknown = sorted(set(self.miner_kwargs) - set(STRATEGIES))
-        if unknown:
-            raise ValueError(f"miner_kwargs names unknown strategies {unknown}; valid: {sorted(STRATEGIES)}.")
+        for name in self.miner_kwargs:
+            check_strategy(name, STRATEGIES, "a miner_kwargs key")
         for name, kwargs in self.miner_kwargs.items():
             _check_miner_kwargs(name, kwargs, distance)
         self.embeddings_key, self.labels_key = embeddings_key, labels_key
@@ -386,30 +385,6 @@ class HardNegativeMining(Algorithm):
                 )
             self.memory.load_state_dict(saved)
         self._warned_collapse = bool(state.get("warned_collapse", False))
-
-
-def _parse_schedule(strategy: str | Mapping[str, str]) -> list[tuple[Time, str]]:
-    if isinstance(strategy, str):
-        entries = [(Time(0, TimeUnit.BATCH), strategy)]
-    elif isinstance(strategy, Mapping) and strategy:
-        entries = [(parse_time("strategy schedule key", key), name) for key, name in strategy.items()]
-    else:
-        raise ValueError(
-            f"strategy must be a strategy name or a non-empty mapping of time strings to names, got {strategy!r}."
-        )
-    for _, name in entries:
-        if name not in STRATEGIES:
-            raise ValueError(f"strategy must be one of {sorted(STRATEGIES)}, got {name!r}.")
-    if len({start.unit for start, _ in entries}) > 1:
-        raise ValueError(
-            f"a strategy schedule must use one time unit for all its keys, got {list(dict(strategy))}."
-        )
-    entries.sort(key=lambda entry: int(entry[0].value))
-    if int(entries[0][0].value) != 0:
-        raise ValueError(
-            f"a strategy schedule must say what runs from the start (a key like '0ep'), got {list(dict(strategy))}."
-        )
-    return entries
 
 
 def _reached(state: State, time: Time) -> bool:
