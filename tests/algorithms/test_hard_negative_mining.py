@@ -469,3 +469,46 @@ def test_mine_suggests_the_closest_strategy_name():
     embeddings, labels = torch.randn(4, 2), torch.tensor([0, 0, 1, 1])
     with pytest.raises(ValueError, match=r"got 'batchhard'\. Did you mean 'batch_hard'\?$"):
         mine(embeddings, labels, "batchhard")
+
+
+def _nothing_mined_warnings(trainer, caplog) -> tuple[list[str], list[str]]:
+    with warnings.catch_warnings(record=True) as caught, caplog.at_level("WARNING"):
+        warnings.simplefilter("always")
+        trainer.fit()
+    found = [str(w.message) for w in caught if "found no tuple" in str(w.message)]
+    return found, [r.getMessage() for r in caplog.records if "found no tuple" in r.getMessage()]
+
+
+def test_batches_of_one_sample_per_class_warn_once_that_nothing_trains(caplog):
+    # Before, P x 1 batches mined nothing at every step, the loss was zero and the run said nothing.
+    _, labels = make_data()
+    sampler = PKBatchSampler(labels, 4, 1, require_positive_pairs=False)  # 32 batches of 4 classes x 1
+    trainer, _, _ = make_trainer(HardNegativeMining("semi_hard"), max_duration="1ep", sampler=sampler)
+    found, logged = _nothing_mined_warnings(trainer, caplog)
+    assert len(found) == 1 and logged == found
+    assert "semi_hard found no tuple in 20 consecutive steps (through batch 20)" in found[0]
+    assert "No label occurs twice in the batch of 4 rows" in found[0] and "samples_per_class" in found[0]
+
+
+def test_batches_of_one_label_warn_after_an_epoch_shorter_than_the_patience(caplog):
+    features, _ = make_data()
+    labels = torch.zeros(NUM, dtype=torch.int64)
+    model = EmbeddingModel(CountingEncoder())
+    trainer = Trainer(
+        model=model,
+        train_dataloader=torch.utils.data.DataLoader(TensorDataset(features, labels), batch_size=16),
+        optimizers=torch.optim.SGD(model.parameters(), lr=0.05),
+        algorithms=[HardNegativeMining("batch_hard")],
+        max_duration="2ep",
+        progress_bar=False,
+    )
+    found, logged = _nothing_mined_warnings(trainer, caplog)
+    assert len(found) == 1 and len(logged) == 1
+    assert "in 8 consecutive steps (through batch 8)" in found[0]  # one epoch of 8 batches
+    assert "Every row of the batch of 16 rows has the same label, so there is no negative" in found[0]
+
+
+def test_a_run_that_mines_tuples_does_not_warn_that_nothing_trains(caplog):
+    trainer, _, _ = make_trainer(HardNegativeMining("batch_hard"), max_duration="3ep")
+    found, logged = _nothing_mined_warnings(trainer, caplog)
+    assert found == [] and logged == []

@@ -18,7 +18,11 @@ from composer.loggers import Logger
 
 from composer_dynsample import mining
 from composer_dynsample.algorithms._batch import batch_tensor
-from composer_dynsample.algorithms.hard_negative_mining.checks import check_strategy, parse_schedule
+from composer_dynsample.algorithms.hard_negative_mining.checks import (
+    NothingMinedWatch,
+    check_strategy,
+    parse_schedule,
+)
 from composer_dynsample.algorithms.hard_negative_mining.memory import CrossBatchMemory
 from composer_dynsample.distances import paired_distance
 from composer_dynsample.distributed import all_reduce_sum, get_world_size, unwrap_model
@@ -208,6 +212,7 @@ class HardNegativeMining(Algorithm):
         self.log_margin = check_float("log_margin", log_margin, finite=True)
         self.collapse_threshold = check_float("collapse_threshold", collapse_threshold, minimum=0.0)
         self._warned_collapse = False
+        self._nothing_mined = NothingMinedWatch()
         self._warned_microbatch = False
         self._device_rows: int | None = None
 
@@ -233,6 +238,15 @@ class HardNegativeMining(Algorithm):
         values = dict(zip(stats, torch.stack(list(stats.values())).tolist()))  # the statistics' one host sync
         logger.log_metrics({f"mining/{name}": value for name, value in values.items()})
         self._check_collapse(values, state)
+        if "num_tuples" in values:  # a skipped step mined nothing on purpose
+            self._nothing_mined.update(
+                values["num_tuples"],
+                labels,
+                pool.labels if pool.offset is not None else None,
+                strategy=strategy,
+                batch=int(state.timestamp.batch) + 1,  # the batch being trained, counted from 1
+                steps_per_epoch=None if state.dataloader_len is None else int(state.dataloader_len),
+            )
         uses_pool = pool.offset is not None
         state.outputs = MinedBatch(
             embeddings=embeddings,
