@@ -217,11 +217,12 @@ def evaluate_run(run: Any) -> tuple[dict[str, float], Any]:
 
     Returns:
         tuple[dict[str, float], torch.Tensor]: ``recall_at_{k}`` per ``k``, ``map_at_r`` and
-        ``r_precision`` of the test queries against the train gallery, and the test embeddings.
+        ``r_precision`` of the test queries against the train gallery, ``queries_without_positive`` of
+        ``num_queries`` (the queries every metric leaves out), and the test embeddings.
     """
     from composer_dynsample.callbacks.retrieval_gallery import embed_store
     from composer_dynsample.distributed import broadcast_buffers
-    from composer_dynsample.metrics import retrieval_metrics
+    from composer_dynsample.metrics import count_queries_without_positive, retrieval_metrics
 
     model = run.trainer.state.model
     broadcast_buffers(model)  # every rank evaluates rank 0's model (BatchNorm statistics differ per rank)
@@ -232,7 +233,10 @@ def evaluate_run(run: Any) -> tuple[dict[str, float], Any]:
         gallery_labels = run.splits.train.labels.to(gallery.device)
     labels = run.splits.test.labels.to(queries.device)
     values = retrieval_metrics(queries, labels, gallery, gallery_labels, ks=run.ks, distance=run.distance)
-    return {name: float(value) for name, value in values.items()}, queries.cpu()
+    result: dict[str, float] = {name: float(value) for name, value in values.items()}
+    result["queries_without_positive"] = count_queries_without_positive(labels, gallery_labels)
+    result["num_queries"] = len(labels)
+    return result, queries.cpu()
 
 
 def _build(
@@ -373,6 +377,7 @@ def _run_record(
         "overrides": list(overrides),
         "run_dir": str(run.run_dir),
         "dataset": run.splits.name,
+        "class_names": run.splits.class_names,
         "num_queries": len(run.splits.test),
         "gallery_size": len(run.splits.test) - 1 if run.leave_one_out else len(run.splits.train),
         "protocol": "leave-one-out among the test items"
@@ -394,7 +399,15 @@ def _plot_retrievals(run: Any, test_embeddings: Any, path: Path, when: str) -> N
     if len(store.feature_shape) != 3:  # (C, H, W) images only
         return
     title = f"{run.splits.name}: test queries and their nearest other test items ({when}); green = same class"
-    plot_retrievals(store.features, store.labels, test_embeddings, path, distance=run.distance, title=title)
+    plot_retrievals(
+        store.features,
+        store.labels,
+        test_embeddings,
+        path,
+        distance=run.distance,
+        title=title,
+        class_names=run.splits.class_names,
+    )
 
 
 def _report(
@@ -408,7 +421,13 @@ def _report(
     if final.get("recall_at_1") is not None:
         against = "leave-one-out among the test items" if run.leave_one_out else "vs train gallery"
         title += f"\nRecall@1 {against} = {final['recall_at_1']:.4f}"
-    plot_embeddings(test_embeddings, run.splits.test.labels, run.run_dir / "embeddings.png", title=title)
+    plot_embeddings(
+        test_embeddings,
+        run.splits.test.labels,
+        run.run_dir / "embeddings.png",
+        title=title,
+        class_names=run.splits.class_names,
+    )
     _plot_retrievals(run, test_embeddings, run.run_dir / "retrievals.png", f"epoch {metrics['epochs']}")
     if not quiet:
         table_title = f"final retrieval metrics: {len(run.splits.test)} {run.splits.name} test queries " + (

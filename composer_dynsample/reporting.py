@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +30,8 @@ _NAMES = {
     "map_at_r": "MAP@R",
     "r_precision": "R-precision",
 }
+# Counts of queries that the table reports in a closing line rather than as metrics.
+_COUNTS = ("queries_without_positive", "num_queries")
 
 
 def _metric_label(name: str) -> str:
@@ -44,27 +46,47 @@ def format_metrics_table(metrics: Mapping[str, float], title: str = "final retri
     Args:
         metrics (Mapping[str, float]): ``recall_at_{k}``, ``map_at_r``, ``r_precision`` and any other
             numbers (Python or numpy numbers, or one-element tensors, as the metrics return them);
-            non-numbers are left out.
+            non-numbers are left out, and NaN shows as ``n/a``. The counts ``queries_without_positive``
+            and ``num_queries`` are no rows: they make a closing line that says how many queries the
+            metrics leave out (see :func:`~composer_dynsample.metrics.count_queries_without_positive`).
         title (str): The heading. Default: ``"final retrieval metrics"``.
 
     Returns:
         str: The table, one metric per line.
 
     Example:
-        >>> print(format_metrics_table({"recall_at_1": 0.975, "map_at_r": 0.8}, title="test"))
+        >>> metrics = {"recall_at_1": 0.975, "map_at_r": 0.8, "queries_without_positive": 2, "num_queries": 40}
+        >>> print(format_metrics_table(metrics, title="test"))
         test
         metric     value
         --------  ------
         Recall@1  0.9750
         MAP@R     0.8000
+        2 of 40 queries have no item of their class in the gallery: every metric leaves them out.
     """
-    rows = [(_metric_label(name), f"{number:.4f}") for name, number in _numbers(metrics)]
+    rows = [
+        (_metric_label(name), f"{number:.4f}" if math.isfinite(number) else "n/a")
+        for name, number in _numbers(metrics)
+        if name not in _COUNTS
+    ]
     width = max([len("metric"), *(len(label) for label, _ in rows)])
     value_width = max([len("value"), *(len(value) for _, value in rows)])
     lines = [title, f"{'metric':<{width + 2}}{'value':>{value_width}}"]
     lines.append(f"{'-' * width}  {'-' * value_width}")
     lines += [f"{label:<{width + 2}}{value:>{value_width}}" for label, value in rows]
-    return "\n".join(line.rstrip() for line in lines)
+    note = _queries_without_positive_note(metrics)
+    return "\n".join(line.rstrip() for line in [*lines, *([note] if note else [])])
+
+
+def _queries_without_positive_note(metrics: Mapping[str, Any]) -> str | None:
+    """The closing line of the table when some queries have no same-class gallery item, else ``None``."""
+    missing, total = (_python(metrics.get(key)) for key in _COUNTS)
+    if not isinstance(missing, int) or missing <= 0:
+        return None
+    if missing == total:
+        return f"n/a: none of the {total} queries has an item of its class in the gallery, so no metric can be computed."
+    of_total = f" of {total}" if isinstance(total, int) else ""
+    return f"{missing}{of_total} queries have no item of their class in the gallery: every metric leaves them out."
 
 
 def _numbers(metrics: Mapping[str, Any]) -> list[tuple[str, float]]:
@@ -158,6 +180,7 @@ def plot_embeddings(
     path: str | os.PathLike[str],
     *,
     title: str = "test embeddings (PCA)",
+    class_names: Sequence[str] | None = None,
     dpi: int = 110,
 ) -> Path:
     """Scatter a 2-D PCA projection of embeddings, coloured by class, with a legend, to a PNG.
@@ -167,13 +190,15 @@ def plot_embeddings(
         labels (torch.Tensor | np.ndarray | Sequence[int]): ``(N,)`` integer classes.
         path (str | os.PathLike): The PNG to write.
         title (str): The plot title, e.g. with the Recall@1. Default: ``"test embeddings (PCA)"``.
+        class_names (Sequence[str], optional): The name of each label, for the legend
+            (``DatasetSplits.class_names``). Default: ``None`` (the label numbers).
         dpi (int): Resolution. Default: ``110``.
 
     Returns:
         Path: ``path``.
 
     Raises:
-        ValueError: If the lengths of ``embeddings`` and ``labels`` differ.
+        ValueError: If the lengths of ``embeddings`` and ``labels`` differ, or a label has no name.
 
     Example:
         >>> import tempfile
@@ -190,6 +215,7 @@ def plot_embeddings(
         raise ValueError(
             f"labels must have one entry per embedding ({points.shape[0]}), got shape {label_array.shape}."
         )
+    names = _class_names(label_array, class_names)
     figure = Figure(figsize=(6.4, 5.2))
     FigureCanvasAgg(figure)
     axes = figure.add_subplot(1, 1, 1)
@@ -197,7 +223,9 @@ def plot_embeddings(
     cmap = _colour_map(len(classes))
     for position, cls in enumerate(classes):
         mask = label_array == cls
-        axes.scatter(points[mask, 0], points[mask, 1], s=7, alpha=0.75, color=cmap(position), label=str(cls))
+        axes.scatter(
+            points[mask, 0], points[mask, 1], s=7, alpha=0.75, color=cmap(position), label=names(cls)
+        )
     axes.set_title(title)
     axes.set_xlabel("PC 1")
     axes.set_ylabel("PC 2")
@@ -208,6 +236,23 @@ def plot_embeddings(
     target.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(target, dpi=dpi)
     return target
+
+
+def _class_names(labels: np.ndarray, class_names: Sequence[str] | None) -> Callable[[Any], str]:
+    """A label's name for a plot: ``class_names[label]`` (at most 20 characters), else the number."""
+    if class_names is None:
+        return lambda label: str(int(label))
+    names = [str(name) for name in class_names]
+    top = int(labels.max()) if labels.size else -1
+    if top >= len(names) or (labels.size and int(labels.min()) < 0):
+        raise ValueError(
+            f"class_names holds {len(names)} names, but the labels range over [{int(labels.min())}, {top}]."
+        )
+    return lambda label: _shorten(names[int(label)], 20)
+
+
+def _shorten(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "\u2026"
 
 
 def _colour_map(count: int) -> Any:
@@ -256,16 +301,19 @@ def plot_retrievals(
     k: int = 5,
     distance: str = "cosine",
     title: str = "test queries and their nearest test items",
+    class_names: Sequence[str] | None = None,
     seed: int = 0,
     dpi: int = 110,
 ) -> Path:
     """A grid a person can look at: random test queries (left) and their ``k`` nearest other test items.
 
     Each neighbour is framed green when its class is the query's, red otherwise; the gallery is the
-    test items themselves (leave-one-out), as the evaluation of unseen classes scores them.
+    test items themselves (leave-one-out), as the evaluation of unseen classes scores them. Three
+    channels are drawn as RGB colour; one channel in gray, ink dark (``0`` white, ``1`` black, as
+    glyphs are drawn); any other number of channels as the gray of their mean.
 
     Args:
-        images (torch.Tensor): ``(N, C, H, W)`` or ``(N, H, W)`` images of the test items.
+        images (torch.Tensor): ``(N, C, H, W)`` or ``(N, H, W)`` images of the test items, in [0, 1].
         labels (torch.Tensor): ``(N,)`` their classes.
         embeddings (torch.Tensor): ``(N, D)`` their embeddings.
         path (str | os.PathLike): The PNG to write.
@@ -273,6 +321,8 @@ def plot_retrievals(
         k (int): Neighbours per query. Default: ``5``.
         distance (str): ``"cosine"`` or ``"euclidean"``. Default: ``"cosine"``.
         title (str): The figure title. Default: as above.
+        class_names (Sequence[str], optional): The name of each label, shown beside each query.
+            Default: ``None`` (``class <label>``).
         seed (int): Which queries are drawn. Default: ``0``.
         dpi (int): Resolution. Default: ``110``.
 
@@ -294,8 +344,8 @@ def plot_retrievals(
             f"images, labels and embeddings must have one row per item, got {len(images)}, {len(labels)} and "
             f"{len(embeddings)}."
         )
-    pictures = images.detach().cpu().float()
-    pictures = pictures if pictures.ndim == 3 else pictures.mean(dim=1)  # grayscale for display
+    pictures = _displayable(images)
+    names = _class_names(labels.cpu().numpy(), class_names) if class_names is not None else None
     generator = torch.Generator().manual_seed(seed)
     chosen = torch.randperm(len(labels), generator=generator)[: min(num_queries, len(labels))]
     items = embeddings.detach().cpu()
@@ -306,7 +356,8 @@ def plot_retrievals(
     for row, query in enumerate(chosen.tolist()):
         cells = [(query, None), *((int(j), bool(labels[j] == labels[query])) for j in neighbours[row])]
         _draw_retrieval_row(grid[row], pictures, cells)
-        grid[row][0].set_ylabel(f"class {int(labels[query])}", fontsize=7)
+        label = int(labels[query])
+        grid[row][0].set_ylabel(names(label) if names is not None else f"class {label}", fontsize=7)
     grid[0][0].set_title("query", fontsize=8)
     for column in range(1, k + 1):
         grid[0][column].set_title(f"#{column}", fontsize=8)
@@ -318,10 +369,21 @@ def plot_retrievals(
     return target
 
 
+def _displayable(images: torch.Tensor) -> torch.Tensor:
+    """``(N, H, W, 3)`` colour images from three channels, else ``(N, H, W)`` gray ones, in [0, 1]."""
+    pictures = images.detach().cpu().float()
+    if pictures.ndim == 4 and pictures.shape[1] == 3:
+        return pictures.permute(0, 2, 3, 1).clamp(0.0, 1.0)  # imshow takes RGB as (H, W, 3)
+    return pictures if pictures.ndim == 3 else pictures.mean(dim=1)
+
+
 def _draw_retrieval_row(axes_row: Any, pictures: torch.Tensor, cells: list[tuple[int, bool | None]]) -> None:
     """One query (black frame) and its neighbours, framed green when of the query's class, else red."""
     for axes, (item, right) in zip(axes_row, cells):
-        axes.imshow(pictures[item].numpy(), cmap="gray_r", vmin=0.0, vmax=1.0)
+        if pictures.ndim == 4:  # colour, drawn as it is
+            axes.imshow(pictures[item].numpy())
+        else:
+            axes.imshow(pictures[item].numpy(), cmap="gray_r", vmin=0.0, vmax=1.0)
         axes.set_xticks([])
         axes.set_yticks([])
         colour = "black" if right is None else ("tab:green" if right else "tab:red")
