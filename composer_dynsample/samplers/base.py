@@ -16,11 +16,11 @@ from __future__ import annotations
 import abc
 import warnings
 from collections.abc import Iterator, Sequence
-from typing import NamedTuple, Protocol, runtime_checkable
+from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 import numpy as np
 import torch
-from torch.utils.data import DistributedSampler
+from torch.utils.data import DistributedSampler, Sampler
 
 from composer_dynsample.distributed import get_rank, get_world_size
 from composer_dynsample.validation import check_bool, check_int
@@ -119,6 +119,20 @@ class DistributedBatchSampler(DistributedSampler, abc.ABC):
             ``False`` pads by repeating batches from the start of the epoch so every rank gets
             ``ceil(n / W)`` and no batch is lost. Default: ``True``.
     """
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> DistributedBatchSampler:
+        # PyTorch Lightning (use_distributed_sampler=True, its default) rebuilds a batch sampler as
+        # cls(DistributedSampler, batch_size=..., drop_last=...); Python's own error would only say
+        # "unexpected keyword argument 'batch_size'".
+        if args and isinstance(args[0], Sampler) and "batch_size" in kwargs:
+            raise TypeError(
+                f"{cls.__name__} cannot be rebuilt around a {type(args[0]).__name__}: PyTorch Lightning does "
+                "that to inject a DistributedSampler when use_distributed_sampler=True (the default), but "
+                f"{cls.__name__} shards its batches by rank itself. Pass use_distributed_sampler=False to "
+                "lightning.pytorch.Trainer (or to Fabric.setup_dataloaders) and add "
+                "composer_dynsample.lightning.SetSamplerEpoch() to the Trainer's callbacks."
+            )
+        return super().__new__(cls)
 
     def __init__(
         self,
