@@ -136,7 +136,9 @@ def test_queries_without_positives_are_counted_over_updates():
     gallery, gallery_labels = torch.tensor([[0.0], [5.0]]), torch.tensor([0, 1])
     metric = RetrievalMetrics(1, "euclidean", gallery_embeddings=gallery, gallery_labels=gallery_labels)
     metric.update(torch.tensor([[0.1], [9.0]]), torch.tensor([0, 9]))
-    metric.update(torch.tensor([[4.0], [1.0], [2.0]]), torch.tensor([1, 8, 8]))
+    other_rank = RetrievalMetrics(1, "euclidean", gallery_embeddings=gallery, gallery_labels=gallery_labels)
+    other_rank.update(torch.tensor([[4.0], [1.0], [2.0]]), torch.tensor([1, 8, 8]))
+    metric.merge_state(other_rank)  # the counts add up across ranks, as a sync does
     with pytest.warns(
         UserWarning, match=r"^3 of 5 queries have no item of their label in the gallery; .* other 2 "
     ):
@@ -164,7 +166,7 @@ def test_states_reduce_with_cat_and_sum():
     assert loo._reductions["labels"].__name__ == "dim_zero_cat"
     assert all(
         loo._reductions[name].__name__ == "dim_zero_sum"
-        for name in ("recall_hits", "ap_sum", "r_precision_sum", "num_valid")
+        for name in ("recall_hits", "ap_sum", "r_precision_sum", "num_valid", "num_queries")
     )
 
 
