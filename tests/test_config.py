@@ -190,11 +190,40 @@ def test_unknown_names_list_the_registry(tmp_path, override, registry_entry):
         (["scheduler.pct_start=1.5"], r"scheduler: OneCycleScheduler\(pct_start=1.5\).*pct_start must be"),
         (["sampler=null"], "no 'sampler' section"),
         (["model.encoder=null"], "model needs an 'encoder'"),
+        # P x 1 batches hold no positive pair: every step mined nothing and the run trained nothing.
+        (["sampler.samples_per_class=1"], r"sampler: PKBatchSampler\(.*samples_per_class=1 gives batches"),
+        # Beyond every class: "use classes_per_batch in [2, 0]".
+        (
+            [f"sampler.samples_per_class={2**62}"],
+            rf"samples_per_class must be an integer in \[2, 1438\], got {2**62}\.$",
+        ),
+        (
+            ["model.loss.margin=-1"],
+            r"model.loss: TripletMarginLoss\(margin=-1\) .*margin must be a number >= 0",
+        ),
+        (
+            ["algorithms.hard_negative_mining.strategy=semihard"],
+            r"got 'semihard'\. Did you mean 'semi_hard'\?$",
+        ),
+        # Recall@2000 of a 1438-item gallery counted every query a hit.
+        (
+            ["evaluation.ks=[1,2000]"],
+            r"^evaluation.ks=\[1, 2000\]: Recall@2000 needs at least 2000 gallery items, but the gallery holds "
+            r"1438 \(the train split\); use ks of at most 1438\.$",
+        ),
     ],
 )
 def test_bad_values_give_clear_errors(tmp_path, overrides, match):
     with pytest.raises(ConfigError, match=match):
         build(tmp_path, *overrides)
+
+
+def test_ks_beyond_a_leave_one_out_gallery_are_refused(tmp_path):
+    glyphs = next(path for path in YAMLS if path.name == "glyphs_default.yaml")
+    with pytest.raises(
+        ConfigError, match=r"holds 5487 \(the other test items, leave-one-out\); use ks of at most"
+    ):
+        build(tmp_path, "evaluation.ks=[1,5488]", config=glyphs)
 
 
 def test_malformed_files_and_overrides(tmp_path):

@@ -250,6 +250,7 @@ def build_model(cfg: DictConfig, splits: DatasetSplits) -> EmbeddingModel:
     encoder = build_encoder(cfg, splits.train.feature_shape)
     loss = build_loss(cfg)
     evaluation = evaluation_config(cfg)
+    _check_ks_fit_the_gallery(evaluation.ks, splits)
     metrics: dict[str, Any] = {
         f"recall_at_{k}": RetrievalRecallAtK(k, evaluation.distance) for k in evaluation.ks
     }
@@ -257,6 +258,20 @@ def build_model(cfg: DictConfig, splits: DatasetSplits) -> EmbeddingModel:
     metrics["r_precision"] = RPrecision(evaluation.distance)
     kwargs = {key: value for key, value in model.items() if key not in ("encoder", "loss")}
     return call("model", Registered(EmbeddingModel), {**kwargs, "eval_metrics": metrics}, encoder, loss)
+
+
+def _check_ks_fit_the_gallery(ks: list[int], splits: DatasetSplits) -> None:
+    """Refuse a Recall@K whose K exceeds the gallery: it would count every query a hit (Recall@K = 1)."""
+    if getattr(splits, "test_protocol", None) == "leave_one_out":
+        gallery, what = len(splits.test) - 1, "the other test items, leave-one-out"
+    else:
+        gallery, what = len(splits.train), "the train split"
+    too_large = [k for k in ks if k > gallery]
+    if too_large:
+        raise ConfigError(
+            f"evaluation.ks={list(ks)}: Recall@{too_large[0]} needs at least {too_large[0]} gallery items, but "
+            f"the gallery holds {gallery} ({what}); use ks of at most {gallery}."
+        )
 
 
 def build_sampler(cfg: DictConfig, labels: torch.Tensor, seed: int) -> Any:
