@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import warnings
 from pathlib import Path
 
 import pytest
@@ -224,6 +225,17 @@ def test_ks_beyond_a_leave_one_out_gallery_are_refused(tmp_path):
         ConfigError, match=r"holds 5487 \(the other test items, leave-one-out\); use ks of at most"
     ):
         build(tmp_path, "evaluation.ks=[1,5488]", config=glyphs)
+
+
+def test_a_short_last_query_batch_is_evaluated_without_composers_split_warning(tmp_path):
+    # 359 digits queries in batches of 100: Composer warned "Cannot split tensor of length 59 into
+    # batches of size 100" at every evaluation.
+    run = build(tmp_path, "trainer.max_duration=1ba", "evaluation.batch_size=100")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        run.trainer.eval()
+    assert [str(w.message) for w in caught if "Cannot split" in str(w.message)] == []
+    assert 0.0 <= float(run.trainer.state.eval_metric_values["recall_at_1"]) <= 1.0
 
 
 def test_malformed_files_and_overrides(tmp_path):

@@ -22,7 +22,7 @@ the same for a registered name and for a ``_component_``:
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -46,6 +46,7 @@ from composer_dynsample.validation import check_time
 
 if TYPE_CHECKING:
     import torch
+    from composer.core import DataSpec
     from torch.utils.data import DataLoader
 
     from composer_dynsample.data import DatasetSplits, TensorStore
@@ -308,8 +309,14 @@ def build_train_dataloader(cfg: DictConfig, store: TensorStore, seed: int) -> Da
     return call("dataloader", entry, kwargs, IndexDataset(store.labels), sampler)
 
 
-def build_eval_dataloader(store: TensorStore, batch_size: int) -> DataLoader:
-    """The query loader: the test split, sharded over ranks without shuffling (Composer drops the padding)."""
+def build_eval_dataloader(store: TensorStore, batch_size: int) -> DataSpec:
+    """The query loader: the test split, sharded over ranks without shuffling (Composer drops the padding).
+
+    It is a ``DataSpec`` whose batches are split into microbatches as Composer's default does, except that
+    a batch no larger than the microbatch size (the last, shorter batch of the test split) stays whole
+    without Composer's "Cannot split tensor of length N into batches of size M" warning.
+    """
+    from composer.core import DataSpec
     from composer.utils import dist
     from torch.utils.data import DataLoader
 
@@ -317,9 +324,20 @@ def build_eval_dataloader(store: TensorStore, batch_size: int) -> DataLoader:
 
     dataset = IndexDataset(store.labels)
     sampler = dist.get_sampler(dataset, drop_last=False, shuffle=False)
-    # No larger than one rank's share, so Composer's microbatching never warns about a short batch.
+    # No larger than one rank's share: Composer's eval microbatch size is the loader's batch size.
     batch_size = max(1, min(batch_size, math.ceil(len(dataset) / dist.get_world_size())))
-    return DataLoader(dataset, batch_size=batch_size, sampler=sampler, collate_fn=GatherCollate(store))
+    loader = DataLoader(dataset, batch_size=batch_size, sampler=sampler, collate_fn=GatherCollate(store))
+    return DataSpec(loader, split_batch=_split_unless_short)
+
+
+def _split_unless_short(batch: Any, microbatch_size: int | float) -> Sequence[Any]:
+    """Composer's default microbatch split, with a batch of at most ``microbatch_size`` rows kept whole."""
+    from composer.core.data_spec import default_split_batch
+
+    rows = batch["labels"].shape[0] if isinstance(batch, Mapping) and "labels" in batch else None
+    if rows is not None and rows <= microbatch_size:
+        return [batch]
+    return default_split_batch(batch, microbatch_size)
 
 
 def build_optimizer(cfg: DictConfig, model: torch.nn.Module) -> torch.optim.Optimizer:
