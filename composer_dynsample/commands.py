@@ -119,8 +119,8 @@ def _checked_load_path(cfg: Any, trust_checkpoint: bool) -> Any:
     from composer_dynsample.checkpoints import check_checkpoint
 
     load_path = cfg.trainer.get("load_path") if "trainer" in cfg else None
-    if load_path is not None and not trust_checkpoint and "://" not in str(load_path):
-        check_checkpoint(load_path)
+    if load_path is not None and "://" not in str(load_path):
+        check_checkpoint(load_path, trusted=trust_checkpoint)  # trusted: a regular file, not read
     return load_path
 
 
@@ -162,8 +162,7 @@ def _autoresume(cfg: Any, run_dir: Path, *, overwrite: bool, trust_checkpoint: b
             f"trainer.autoresume cannot resume from {str(path)!r}: Composer reads '#' and '?' in a path as "
             "URL syntax. Resume with trainer.load_path=<that checkpoint> instead, or use a --run-dir without them."
         )
-    if not trust_checkpoint:
-        check_checkpoint(path)
+    check_checkpoint(path, trusted=trust_checkpoint)
     return True
 
 
@@ -453,8 +452,7 @@ def _checkpoint_run(
     """A run with the checkpoint's model weights loaded and nothing saved: for eval and embed."""
     from composer_dynsample.checkpoints import check_checkpoint
 
-    if not trust_checkpoint:
-        check_checkpoint(checkpoint)
+    check_checkpoint(checkpoint, trusted=trust_checkpoint)
     settings = {
         "trainer.load_path": str(Path(checkpoint).expanduser()),
         "trainer.load_weights_only": True,
@@ -563,7 +561,7 @@ def embed(
 
 
 def _run_dir_of(checkpoint: Path) -> Path:
-    folder = checkpoint.expanduser().resolve().parent
+    folder = Path(os.path.realpath(checkpoint.expanduser())).parent  # a symlink loop is check_checkpoint's to name
     return folder.parent if folder.name == "checkpoints" else folder
 
 
