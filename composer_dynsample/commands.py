@@ -561,7 +561,8 @@ def embed(
 
 
 def _run_dir_of(checkpoint: Path) -> Path:
-    folder = Path(os.path.realpath(checkpoint.expanduser())).parent  # a symlink loop is check_checkpoint's to name
+    # os.path.realpath, unlike Path.resolve, does not raise on a symlink loop: check_checkpoint names it
+    folder = Path(os.path.realpath(checkpoint.expanduser())).parent
     return folder.parent if folder.name == "checkpoints" else folder
 
 
