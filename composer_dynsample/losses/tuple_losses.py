@@ -137,7 +137,8 @@ class _TupleLoss(nn.Module):
         total = counts.sum()
         if not global_mean:
             return (values * counts).sum() / total.clamp_min(1.0)
-        count = all_reduce_sum(total)
+        # In float32 on every rank: a rank whose distances needed float64 must not all-reduce another dtype.
+        count = all_reduce_sum(total.to(torch.float32))
         return (values * counts).sum() * get_world_size() / count.clamp_min(1.0)
 
     @staticmethod
