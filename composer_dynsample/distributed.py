@@ -6,20 +6,27 @@ the same code runs in a plain script, under Composer's launcher and under ``torc
 
 from __future__ import annotations
 
+import hashlib
 import os
+from collections.abc import Callable, Mapping
+from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed as torch_dist
 
 __all__ = [
+    "RankMismatchError",
     "all_gather_embeddings",
     "all_gather_rows",
     "all_reduce_sum",
     "barrier",
     "broadcast_buffers",
+    "check_ranks_agree",
     "get_rank",
     "get_world_size",
     "is_distributed",
+    "stable_hash",
     "unwrap_model",
 ]
 
@@ -180,3 +187,160 @@ def broadcast_buffers(model: torch.nn.Module, src: int = 0) -> None:
         return
     for buffer in unwrap_model(model).buffers():
         torch_dist.broadcast(buffer.data, src=src)
+
+
+class RankMismatchError(ValueError, RuntimeError):
+    """Ranks that must hold the same value (a sampler's epoch plan, a run's config) hold different ones.
+
+    A ``ValueError`` (the ranks were given different inputs) and, as before it existed, a ``RuntimeError``.
+    """
+
+
+def stable_hash(value: object) -> int:
+    """A non-negative 63-bit SHA-256 hash of a value, the same in every process (unlike ``hash``).
+
+    Strings, bytes, integers, floats, ``None``, numpy arrays and tensors (their dtype, shape and
+    contents), and tuples or lists of those.
+
+    Example:
+        >>> stable_hash(np.arange(3)) == stable_hash(torch.arange(3))
+        True
+        >>> stable_hash("a") == stable_hash("b")
+        False
+    """
+    digest = hashlib.sha256()
+    _hash_into(digest, value)
+    return int.from_bytes(digest.digest()[:8], "big") >> 1
+
+
+def _hash_into(digest: Any, value: object) -> None:
+    if isinstance(value, torch.Tensor):
+        value = value.detach().cpu().numpy()
+    if isinstance(value, np.ndarray):
+        array = np.ascontiguousarray(value)
+        digest.update(f"array:{array.dtype.str}:{array.shape}:".encode())
+        digest.update(array.tobytes())
+    elif isinstance(value, (tuple, list)):
+        digest.update(f"seq:{len(value)}:".encode())
+        for item in value:
+            _hash_into(digest, item)
+    elif isinstance(value, (bytes, bytearray)):
+        digest.update(b"bytes:%d:" % len(value) + bytes(value))
+    elif value is None or isinstance(value, (str, int, float, np.integer, np.floating)):
+        text = f"{type(value).__name__}:{value!r}"
+        digest.update(f"{len(text)}:{text}".encode())
+    else:
+        raise TypeError(
+            f"stable_hash takes strings, bytes, numbers, None, arrays, tensors and sequences of them, got "
+            f"a {type(value).__name__}."
+        )
+
+
+def _code(value: object) -> int:
+    """An integer that fits an int64 as itself, anything else as its :func:`stable_hash`."""
+    if isinstance(value, (int, np.integer)) and not isinstance(value, bool) and -(2**63) <= value < 2**63:
+        return int(value)
+    return stable_hash(value)
+
+
+def _collective_device() -> torch.device:
+    """Where the default process group's collectives take their tensors: the current GPU under NCCL."""
+    if torch_dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def check_ranks_agree(
+    values: Mapping[str, object],
+    *,
+    subject: str,
+    advice: str,
+    on: str = "",
+    details: Callable[[], Mapping[str, object]] | None = None,
+    local_error: str | None = None,
+    error: type[Exception] = RankMismatchError,
+) -> None:
+    """Raise the same one-line error on every rank when the ranks hold different ``values``.
+
+    One small ``all_gather`` carries every rank's values (integers as they are, anything else as its
+    :func:`stable_hash`) and whether the rank has a ``local_error``, so a rank that knows it cannot go on
+    says so in the same collective and no rank is left waiting for it in the next one. Only when
+    something is wrong does a second collective run (every rank knows it does): it gathers the failing
+    ranks' errors, or every rank's ``details()``. Every rank then raises ``error`` with the same message,
+    ``"{subject}: rank r cannot go on: {local_error}"`` (the first failing rank's), or ``"{subject}:
+    ranks [...] disagree with rank 0 on {on}{names} ({differences}). {advice}"``, where the differences
+    are the integers that differ and the detail entries that differ, or else the hashes that differ (as
+    ``#`` and 8 hex digits). Every rank must pass the same keys. With one rank or without a process
+    group only ``local_error`` raises.
+
+    Args:
+        values (Mapping[str, object]): What must be equal on every rank, by name (see :func:`stable_hash`).
+        subject (str): What is checked: the start of the message (e.g. ``"SetSamplerEpoch, epoch 0"``).
+        advice (str): The end of the message: what to do.
+        on (str): Put before the names of the values that differ (e.g. ``"the train sampler's "``).
+            Default: ``""``.
+        details (Callable[[], Mapping[str, object]], optional): Called on a mismatch only: named values
+            (say, a config's keys) whose differences the message lists, by their ``repr``. Default: ``None``.
+        local_error (str, optional): Why this rank cannot go on, or ``None``. Default: ``None``.
+        error (type[Exception]): The exception raised. Default: :class:`RankMismatchError`.
+
+    Example:
+        >>> check_ranks_agree({"seed": 0, "labels": np.arange(4)}, subject="demo", advice="")  # one rank
+    """
+    if not is_distributed() or get_world_size() == 1:
+        if local_error is not None:
+            raise error(local_error)
+        return
+    codes = [_code(value) for value in values.values()] + [int(local_error is not None)]
+    table = (
+        all_gather_rows(torch.tensor(codes, dtype=torch.int64, device=_collective_device())).cpu().tolist()
+    )
+    failed = [rank for rank, row in enumerate(table) if row[-1]]
+    if failed:
+        errors = _gather_objects(local_error)
+        raise error(f"{subject}: rank {failed[0]} cannot go on: {errors[failed[0]]}")
+    ranks = [rank for rank, row in enumerate(table) if row != table[0]]
+    if not ranks:
+        return
+    names = list(values)
+    differing = [i for i, name in enumerate(names) if any(row[i] != table[0][i] for row in table)]
+    numbers = [i for i in differing if _is_integer(values[names[i]])]
+    shown = [(names[i], {r: str(table[r][i]) for r in [0, *ranks]}) for i in numbers]
+    if details is not None:
+        found = _gather_objects({key: repr(value) for key, value in details().items()})
+        shown += [item for item in _differences(found, [0, *ranks]) if item[0] not in names]
+    if not shown:  # no number or detail says more: show the hashes that differ
+        hashed = [i for i in differing if i not in numbers]
+        shown += [(names[i], {r: f"#{table[r][i]:016x}"[:9] for r in [0, *ranks]}) for i in hashed]
+    text = "; ".join(
+        f"{key}: " + ", ".join(f"{value} on rank {rank}" for rank, value in list(per_rank.items())[:4])
+        for key, per_rank in shown[:8]
+    )
+    keys = ", ".join(names[i] for i in differing)
+    shown_ranks = str(ranks) if len(ranks) <= 8 else f"[{', '.join(map(str, ranks[:8]))}, ...]"
+    raise error(
+        f"{subject}: ranks {shown_ranks} disagree with rank 0 on {on}{keys} ({text}). {advice}".rstrip()
+    )
+
+
+def _is_integer(value: object) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool) and _code(value) == value
+
+
+def _gather_objects(value: object) -> list[object]:
+    """Every rank's picklable ``value``, in rank order (for the rare second round of a failed check)."""
+    gathered: list[object] = [None] * get_world_size()
+    torch_dist.all_gather_object(gathered, value)
+    return gathered
+
+
+def _differences(found: list[object], ranks: list[int]) -> list[tuple[str, dict[int, str]]]:
+    """The detail entries that differ between ``ranks`` (rank 0 first), with each rank's value."""
+    mappings = {rank: found[rank] if isinstance(found[rank], Mapping) else {} for rank in ranks}
+    keys = sorted(set().union(*mappings.values()))
+    out = []
+    for key in keys:
+        per_rank = {rank: str(mapping.get(key, "(absent)")) for rank, mapping in mappings.items()}
+        if len(set(per_rank.values())) > 1:
+            out.append((key, per_rank))
+    return out

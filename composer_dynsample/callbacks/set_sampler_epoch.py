@@ -11,7 +11,7 @@ import torch
 from composer.core import Callback, DataSpec, State
 from composer.loggers import Logger
 
-from composer_dynsample.distributed import all_gather_rows, get_rank, get_world_size
+from composer_dynsample.distributed import check_ranks_agree, get_rank, get_world_size
 from composer_dynsample.samplers.base import DistributedBatchSampler, SupportsSetEpoch, _ResumePlan
 from composer_dynsample.validation import check_bool, is_int
 
@@ -68,11 +68,17 @@ class SetSamplerEpoch(Callback):
     mid-epoch, where ``Event.EPOCH_START`` does not fire (it also acts at ``Event.FIT_START``). Setting the
     same epoch twice is harmless, so it runs safely beside Composer's own call.
 
-    At every epoch start on more than one rank it gathers ``(epoch, sampler seed, number of batches)``
-    from every rank in one small collective and raises a ``RuntimeError`` naming the ranks that
-    disagree; ranks that disagree train on overlapping or mismatched data, or hang. It warns once when a
-    multi-rank run's train dataloader has nothing that takes an epoch, and logs the epoch it set as
-    ``sampler/epoch``.
+    At fit start and every epoch start on more than one rank the ranks compare, in one small collective,
+    what defines the epoch: its number, the sampler's seed and number of batches and, for a
+    :class:`~composer_dynsample.samplers.DistributedBatchSampler`, hashes of its labels, of its type and
+    options and of the epoch's global batches (its plan, which a model-aware sampler builds from its
+    snapshot), and a model-aware sampler's snapshot. When they differ every rank raises the same one-line
+    :class:`~composer_dynsample.distributed.RankMismatchError` (a ``ValueError`` and a ``RuntimeError``)
+    naming what differs (labels, options with their values, plan, seed...) and the ranks; ranks that
+    disagree train on overlapping or mismatched data, or hang. A rank whose sampler was built for another
+    world says so in the same collective, so every rank raises and none waits. The plan costs one more
+    ``global_batches`` per epoch. It warns once when a multi-rank run's train dataloader has nothing that
+    takes an epoch, and logs the epoch it set as ``sampler/epoch``.
 
     It saves the world size and how many of the epoch's global batches were trained in the checkpoint,
     and resumes elastically: a run resumed mid-epoch on another number of ranks trains each remaining
@@ -96,7 +102,7 @@ class SetSamplerEpoch(Callback):
     builds a loader that needs nothing).
 
     Args:
-        check_ranks (bool): Check that all ranks agree at every epoch start. Default: ``True``.
+        check_ranks (bool): Check that all ranks agree at fit start and every epoch start. Default: ``True``.
 
     Example:
         >>> from composer import Trainer
@@ -237,7 +243,7 @@ class SetSamplerEpoch(Callback):
                 stacklevel=2,
             )
         if self.check_ranks and get_world_size() > 1:
-            _check_ranks_agree(state, epoch, target)
+            _check_ranks_agree(epoch, target)
 
     def _check_microbatch_size(self, state: State) -> None:
         if state.device_train_microbatch_size is not None:
@@ -273,9 +279,9 @@ def _sampler_world_error(target: SupportsSetEpoch | None) -> str | None:
     if num_replicas is None or rank is None or (num_replicas, rank) == (get_world_size(), get_rank()):
         return None
     return (
-        f"SetSamplerEpoch: the train sampler was built with num_replicas={num_replicas}, rank={rank}, but "
-        f"this process is rank {get_rank()} of {get_world_size()}; its shard would overlap the other "
-        "ranks'. Leave num_replicas and rank unset (they default to the launcher's WORLD_SIZE and RANK)."
+        f"its train sampler was built with num_replicas={num_replicas}, rank={rank}, but it is rank "
+        f"{get_rank()} of {get_world_size()}, so its shard would overlap the other ranks'. Leave "
+        "num_replicas and rank unset (they default to the launcher's WORLD_SIZE and RANK)."
     )
 
 
@@ -286,55 +292,57 @@ def _sampler_layout(target: SupportsSetEpoch | None) -> dict[str, int] | None:
     return {"seed": target.seed, "batch_size": target.batch_size, "global_batches": target.num_global_batches}
 
 
-def _snapshot_code(target: SupportsSetEpoch | None) -> int:
-    """The first 63 bits of a model-aware sampler's snapshot hash (``snapshot_fingerprint``), else ``-1``."""
-    fingerprint = getattr(target, "snapshot_fingerprint", None)
-    text = fingerprint() if callable(fingerprint) else ""
-    return int(text[:15], 16) if text else -1
+_AGREEMENT_KEYS = ("epoch", "seed", "batches", "labels", "options", "plan", "snapshot")
 
 
-def _check_ranks_agree(state: State, epoch: int, target: SupportsSetEpoch | None) -> None:
-    """Raise on every rank when the ranks disagree on (epoch, sampler seed, number of batches, snapshot).
+def _agreement_values(target: SupportsSetEpoch | None, epoch: int) -> dict[str, object]:
+    """What every rank's train sampler must agree on at ``epoch``; the same keys for every sampler.
 
-    The snapshot is what a model-aware sampler builds the epoch from (the class centroids of
-    :class:`~composer_dynsample.samplers.HardClassPKBatchSampler`): ranks that hold different ones build
-    different global batch sequences, so their shards overlap.
+    A package sampler adds the hashes of its labels, its type and options, and the epoch's global
+    batches (:meth:`~composer_dynsample.samplers.DistributedBatchSampler.fingerprints`); a model-aware
+    sampler its snapshot (``snapshot_fingerprint``), which the plan also reflects.
     """
     seed = getattr(target, "seed", -1)
     try:
         length = len(target)  # type: ignore[arg-type]
     except TypeError:
         length = -1
-    # A sampler built for another world may be wrong on one rank only: its verdict travels in the same
-    # gather, so every rank raises, and none is left waiting for the others in the next collective.
-    world_error = _sampler_world_error(target)
-    values = [
-        epoch,
-        int(seed) if is_int(seed) else -1,
-        length,
-        _snapshot_code(target),
-        world_error is not None,
-    ]
-    gathered = all_gather_rows(state.device.tensor_to_device(torch.tensor(values, dtype=torch.int64))).cpu()
-    if world_error is not None:
-        raise ValueError(world_error)
-    wrong_world = [rank for rank, flag in enumerate(gathered[:, 4].tolist()) if flag]
-    if wrong_world:
-        raise ValueError(
-            f"SetSamplerEpoch: rank(s) {wrong_world} built the train sampler for another world (their error "
-            "says how); leave num_replicas and rank unset."
-        )
-    rows = gathered[:, :4]
-    if bool((rows == rows[0]).all()):
-        return
-    names = ("epoch", "seed", "batches", "snapshot")
-    table = "; ".join(
-        f"rank {rank}: " + ", ".join(f"{name}={int(value)}" for name, value in zip(names, row))
-        for rank, row in enumerate(rows.tolist())
-    )
-    disagreeing = [rank for rank, row in enumerate(rows) if not bool((row == rows[0]).all())]
-    raise RuntimeError(
-        f"SetSamplerEpoch: ranks {disagreeing} disagree with rank 0 on the train sampler's (epoch, seed, "
-        f"number of batches, snapshot): {table}. Every rank must build its sampler with the same seed, data "
-        "and snapshot, or ranks train on overlapping data and hang when their batch counts differ."
+    fingerprint = getattr(target, "snapshot_fingerprint", None)
+    hashes = target.fingerprints(epoch) if isinstance(target, DistributedBatchSampler) else {}
+    values = {
+        "epoch": epoch,
+        "seed": int(seed) if is_int(seed) else -1,
+        "batches": length,
+        "labels": hashes.get("labels", ""),
+        "options": hashes.get("options", ""),
+        "plan": hashes.get("plan", ""),
+        "snapshot": str(fingerprint()) if callable(fingerprint) else "",
+    }
+    return {key: values[key] for key in _AGREEMENT_KEYS}
+
+
+def _check_ranks_agree(epoch: int, target: SupportsSetEpoch | None) -> None:
+    """Raise the same error on every rank when the ranks' train samplers build different epochs.
+
+    The ranks compare the epoch, the seed, the number of batches, the hashes of the labels, of the
+    sampler's type and options and of the epoch's plan (its global batches), and a model-aware sampler's
+    snapshot, in one gather: a rank whose sampler is wrong on its own (built for another world, or failing
+    to build the plan) says so in the same gather, so every rank raises and none waits for the others.
+    """
+    local_error = _sampler_world_error(target)
+    values: dict[str, object] = dict.fromkeys(_AGREEMENT_KEYS, "")
+    if local_error is None:
+        try:
+            values = _agreement_values(target, epoch)
+        except (ValueError, RuntimeError, TypeError) as error:
+            local_error = f"its train sampler failed to build epoch {epoch}: {type(error).__name__}: {error}"
+    options = target.options if isinstance(target, DistributedBatchSampler) else None
+    check_ranks_agree(
+        values,
+        subject=f"SetSamplerEpoch, epoch {epoch}",
+        on="the train sampler's ",
+        advice="Every rank must build its train sampler from the same labels, with the same type, seed and "
+        "options, or the ranks train on overlapping data and hang when their batch counts differ.",
+        details=options,
+        local_error=local_error,
     )

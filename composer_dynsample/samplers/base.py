@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from torch.utils.data import DistributedSampler, Sampler
 
-from composer_dynsample.distributed import get_rank, get_world_size
+from composer_dynsample.distributed import get_rank, get_world_size, stable_hash
 from composer_dynsample.validation import check_bool, check_int
 
 __all__ = ["DistributedBatchSampler", "SupportsSetEpoch", "epoch_rng"]
@@ -157,6 +157,7 @@ class DistributedBatchSampler(DistributedSampler, abc.ABC):
         self.batch_size = check_int("batch_size", batch_size, minimum=1)
         self.num_indices = num_indices
         self._resume: _ResumePlan | None = None
+        self._labels_hash: int | None = None
 
     @property
     @abc.abstractmethod
@@ -168,7 +169,11 @@ class DistributedBatchSampler(DistributedSampler, abc.ABC):
         """The epoch's batches over all ranks: an int64 array of shape ``(num_global_batches, batch_size)``."""
 
     def _check_enough_batches(self) -> None:
-        """Raise when the epoch has fewer batches than ranks (some rank would get none)."""
+        """Raise when the epoch has fewer batches than ranks (some rank would get none).
+
+        Subclasses call it last in their constructor: it also hashes the labels, now that they are in place.
+        """
+        self._labels_hash = self._hash_labels()
         if self.drop_last and self.num_global_batches < self.num_replicas:
             raise ValueError(
                 f"An epoch has {self.num_global_batches} batches of {self.batch_size} indices, fewer than "
@@ -179,6 +184,63 @@ class DistributedBatchSampler(DistributedSampler, abc.ABC):
             raise ValueError(
                 f"An epoch has no batch of {self.batch_size} indices: use more data or smaller batches."
             )
+
+    def options(self) -> dict[str, object]:
+        """The sampler's type and settings: what, besides the labels and the epoch, decides its batches.
+
+        Every public attribute that holds a number, a string, a boolean or ``None`` (the constructor's
+        options, such as ``classes_per_batch``, ``seed`` and ``drop_last``), except ``rank`` and ``epoch``,
+        and ``"type"``, the class's qualified name. Ranks that build one run's sampler have equal options.
+
+        Example:
+            >>> from composer_dynsample import PKBatchSampler
+            >>> options = PKBatchSampler([0, 0, 1, 1], classes_per_batch=2, samples_per_class=2).options()
+            >>> options["type"], options["classes_per_batch"], options["seed"]
+            ('composer_dynsample.samplers.pk.PKBatchSampler', 2, 0)
+        """
+        settings: dict[str, object] = {"type": f"{type(self).__module__}.{type(self).__qualname__}"}
+        for name, value in sorted(vars(self).items()):
+            scalar = value is None or isinstance(value, (bool, int, float, str, np.integer, np.floating))
+            if scalar and not name.startswith("_") and name not in ("rank", "epoch"):
+                settings[name] = value
+        return settings
+
+    def fingerprints(self, epoch: int | None = None) -> dict[str, str]:
+        """Hashes (16 hex digits) of what defines an epoch's batches: equal on ranks that train the same epoch.
+
+        ``"labels"``: the data the sampler draws from, hashed once when it is built (the arrays it holds
+        then that have one entry per dataset index, such as each index's label, and its public arrays,
+        such as the classes or the index streams). ``"options"``: :meth:`options`. ``"plan"``: the
+        epoch's global batches, :meth:`global_batches` (default: the current epoch), which a model-aware
+        sampler builds from its snapshot too. Computing the plan costs one :meth:`global_batches`.
+
+        Example:
+            >>> from composer_dynsample import PKBatchSampler
+            >>> first, second = (PKBatchSampler([0, 0, 1, 1] * 2, 2, 2, seed=s) for s in (0, 1))
+            >>> first.fingerprints(0)["labels"] == second.fingerprints(0)["labels"]
+            True
+            >>> first.fingerprints(0)["plan"] == second.fingerprints(0)["plan"]
+            False
+        """
+        if self._labels_hash is None:  # a subclass that does not call _check_enough_batches
+            self._labels_hash = self._hash_labels()
+        hashes = {
+            "labels": self._labels_hash,
+            "options": stable_hash(repr(sorted(self.options().items()))),
+            "plan": stable_hash(self.global_batches(self.epoch if epoch is None else epoch)),
+        }
+        return {name: f"{value:016x}" for name, value in hashes.items()}
+
+    def _hash_labels(self) -> int:
+        """The hash of the arrays held now with one entry per dataset index, and of the public arrays."""
+        arrays = [
+            (name, value)
+            for name, value in sorted(vars(self).items())
+            if isinstance(value, np.ndarray)
+            and value.ndim >= 1
+            and (value.shape[0] == self.num_indices or not name.startswith("_"))
+        ]
+        return stable_hash([part for name, value in arrays for part in (name, value)])
 
     def __len__(self) -> int:
         """The number of batches this rank yields per epoch; identical on every rank.
