@@ -171,3 +171,20 @@ def test_text_data_spec_lets_composer_train(splits, tmp_path):
     assert model.seen == [8 + 4] * 3  # each batch whole: 8 sampled rows and the 4 anchors' negatives
     with pytest.raises(TypeError, match="needs a DataLoader whose collate_fn is a TextCollate"):
         text_data_spec(torch.utils.data.DataLoader([1, 2]))
+
+
+def test_given_negatives_serve_as_negatives_of_the_losses(splits):
+    """A negative's label matches no row: losses treat it as a negative of every anchor, never an anchor."""
+    from composer_dynsample.losses import InfoNCELoss, TripletMarginLoss
+
+    batch = TextCollate(splits.train)([0, 1, 2, 3, 4, 5])
+    labels = batch["labels"]
+    negatives = batch["indices"] >= len(splits.train)
+    assert negatives.sum() == 3 and not (labels[negatives, None] == labels[None, :]).sum(1).gt(1).any()
+    torch.manual_seed(0)
+    embeddings = torch.nn.functional.normalize(torch.randn(len(labels), 16), dim=1).requires_grad_()
+    for loss_fn in (InfoNCELoss(), TripletMarginLoss(margin=0.2)):
+        loss = loss_fn(embeddings, labels)
+        (gradient,) = torch.autograd.grad(loss, embeddings)
+        assert torch.isfinite(loss) and torch.isfinite(gradient).all()
+        assert gradient[negatives].abs().sum() > 0  # pushed away from the anchors
