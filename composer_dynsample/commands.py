@@ -274,6 +274,9 @@ def _build(
     # The whole config is checked before anything on disk changes (--overwrite removes a previous run):
     # the cheap checks, no data loaded, at most torch imported.
     check_config(cfg)
+    from composer_dynsample.config.ranks import check_same_config_on_every_rank
+
+    check_same_config_on_every_rank(cfg)  # before the per-rank defaults below, and before any rank writes
     _quiet_defaults(cfg, quiet)
     expand_trainer_paths(cfg.trainer)
     directory = Path(run_dir or cfg.get("run_dir") or default_run_dir(config_path)).expanduser()
