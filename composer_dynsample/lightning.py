@@ -28,12 +28,16 @@ except ImportError as error:  # the optional extra
     ) from error
 
 from composer_dynsample.distributed import check_ranks_agree
-from composer_dynsample.samplers.base import DistributedBatchSampler, SupportsSetEpoch
+from composer_dynsample.samplers.base import (
+    AGREEMENT_KEYS,
+    DistributedBatchSampler,
+    SupportsSetEpoch,
+    agreement_values,
+    sampler_world_error,
+)
 from composer_dynsample.validation import check_bool, is_int
 
 __all__ = ["SetSamplerEpoch"]
-
-_AGREEMENT_KEYS = ("epoch", "seed", "batches", "labels", "options", "plan", "snapshot")
 
 
 class SetSamplerEpoch(pl.Callback):
@@ -210,48 +214,23 @@ def _restart_train_iterators(trainer: pl.Trainer) -> None:
 
 def _sampler_world_error(trainer: pl.Trainer, target: SupportsSetEpoch) -> str | None:
     """Why a sampler was built for another world (say, before Lightning started the process group)."""
-    num_replicas, rank = getattr(target, "num_replicas", None), getattr(target, "rank", None)
-    if (
-        num_replicas is None
-        or rank is None
-        or (num_replicas, rank) == (trainer.world_size, trainer.global_rank)
-    ):
-        return None
-    return (
-        f"its train sampler was built with num_replicas={num_replicas}, rank={rank}, but it is rank "
-        f"{trainer.global_rank} of {trainer.world_size}, so its shard would overlap the other ranks'. Build the "
-        "sampler inside train_dataloader() (of the LightningModule or LightningDataModule), where Lightning "
-        "has started the process group, or pass num_replicas=trainer.world_size, rank=trainer.global_rank."
+    return sampler_world_error(
+        target,
+        trainer.world_size,
+        trainer.global_rank,
+        "Build the sampler inside train_dataloader() (of the LightningModule or LightningDataModule), where "
+        "Lightning has started the process group, or pass num_replicas=trainer.world_size, "
+        "rank=trainer.global_rank.",
     )
-
-
-def _agreement_values(target: SupportsSetEpoch, epoch: int) -> dict[str, object]:
-    """What every rank's train sampler must agree on at ``epoch``; the same keys for every sampler."""
-    seed = getattr(target, "seed", -1)
-    try:
-        length = len(target)  # type: ignore[arg-type]
-    except TypeError:
-        length = -1
-    fingerprint = getattr(target, "snapshot_fingerprint", None)
-    hashes = target.fingerprints(epoch) if isinstance(target, DistributedBatchSampler) else {}
-    return {
-        "epoch": epoch,
-        "seed": int(seed) if is_int(seed) else -1,
-        "batches": length,
-        "labels": hashes.get("labels", ""),
-        "options": hashes.get("options", ""),
-        "plan": hashes.get("plan", ""),
-        "snapshot": str(fingerprint()) if callable(fingerprint) else "",
-    }
 
 
 def _check_ranks_agree(trainer: pl.Trainer, epoch: int, target: SupportsSetEpoch) -> None:
     """Raise the same error on every rank when the ranks' train samplers build different epochs."""
     local_error = _sampler_world_error(trainer, target)
-    values: dict[str, object] = dict.fromkeys(_AGREEMENT_KEYS, "")
+    values: dict[str, object] = dict.fromkeys(AGREEMENT_KEYS, "")
     if local_error is None:
         try:
-            values = _agreement_values(target, epoch)
+            values = agreement_values(target, epoch)
         except (ValueError, RuntimeError, TypeError) as error:
             local_error = f"its train sampler failed to build epoch {epoch}: {type(error).__name__}: {error}"
     check_ranks_agree(

@@ -12,7 +12,14 @@ from composer.core import Callback, DataSpec, State
 from composer.loggers import Logger
 
 from composer_dynsample.distributed import check_ranks_agree, get_rank, get_world_size
-from composer_dynsample.samplers.base import DistributedBatchSampler, SupportsSetEpoch, _ResumePlan
+from composer_dynsample.samplers.base import (
+    AGREEMENT_KEYS,
+    DistributedBatchSampler,
+    SupportsSetEpoch,
+    _ResumePlan,
+    agreement_values,
+    sampler_world_error,
+)
 from composer_dynsample.validation import check_bool, is_int
 
 __all__ = ["SetSamplerEpoch", "find_epoch_target"]
@@ -275,13 +282,11 @@ def _batch_rows(batch: Any) -> int | None:
 
 def _sampler_world_error(target: SupportsSetEpoch | None) -> str | None:
     """Why a sampler was built for another world (say, ``num_replicas=1`` under the launcher), or ``None``."""
-    num_replicas, rank = getattr(target, "num_replicas", None), getattr(target, "rank", None)
-    if num_replicas is None or rank is None or (num_replicas, rank) == (get_world_size(), get_rank()):
-        return None
-    return (
-        f"its train sampler was built with num_replicas={num_replicas}, rank={rank}, but it is rank "
-        f"{get_rank()} of {get_world_size()}, so its shard would overlap the other ranks'. Leave "
-        "num_replicas and rank unset (they default to the launcher's WORLD_SIZE and RANK)."
+    return sampler_world_error(
+        target,
+        get_world_size(),
+        get_rank(),
+        "Leave num_replicas and rank unset (they default to the launcher's WORLD_SIZE and RANK).",
     )
 
 
@@ -290,35 +295,6 @@ def _sampler_layout(target: SupportsSetEpoch | None) -> dict[str, int] | None:
     if not isinstance(target, DistributedBatchSampler):
         return None
     return {"seed": target.seed, "batch_size": target.batch_size, "global_batches": target.num_global_batches}
-
-
-_AGREEMENT_KEYS = ("epoch", "seed", "batches", "labels", "options", "plan", "snapshot")
-
-
-def _agreement_values(target: SupportsSetEpoch | None, epoch: int) -> dict[str, object]:
-    """What every rank's train sampler must agree on at ``epoch``; the same keys for every sampler.
-
-    A package sampler adds the hashes of its labels, its type and options, and the epoch's global
-    batches (:meth:`~composer_dynsample.samplers.DistributedBatchSampler.fingerprints`); a model-aware
-    sampler its snapshot (``snapshot_fingerprint``), which the plan also reflects.
-    """
-    seed = getattr(target, "seed", -1)
-    try:
-        length = len(target)  # type: ignore[arg-type]
-    except TypeError:
-        length = -1
-    fingerprint = getattr(target, "snapshot_fingerprint", None)
-    hashes = target.fingerprints(epoch) if isinstance(target, DistributedBatchSampler) else {}
-    values = {
-        "epoch": epoch,
-        "seed": int(seed) if is_int(seed) else -1,
-        "batches": length,
-        "labels": hashes.get("labels", ""),
-        "options": hashes.get("options", ""),
-        "plan": hashes.get("plan", ""),
-        "snapshot": str(fingerprint()) if callable(fingerprint) else "",
-    }
-    return {key: values[key] for key in _AGREEMENT_KEYS}
 
 
 def _check_ranks_agree(epoch: int, target: SupportsSetEpoch | None) -> None:
@@ -330,10 +306,10 @@ def _check_ranks_agree(epoch: int, target: SupportsSetEpoch | None) -> None:
     to build the plan) says so in the same gather, so every rank raises and none waits for the others.
     """
     local_error = _sampler_world_error(target)
-    values: dict[str, object] = dict.fromkeys(_AGREEMENT_KEYS, "")
+    values: dict[str, object] = dict.fromkeys(AGREEMENT_KEYS, "")
     if local_error is None:
         try:
-            values = _agreement_values(target, epoch)
+            values = agreement_values(target, epoch)
         except (ValueError, RuntimeError, TypeError) as error:
             local_error = f"its train sampler failed to build epoch {epoch}: {type(error).__name__}: {error}"
     options = target.options if isinstance(target, DistributedBatchSampler) else None

@@ -23,9 +23,16 @@ import torch
 from torch.utils.data import DistributedSampler, Sampler
 
 from composer_dynsample.distributed import get_rank, get_world_size, stable_hash
-from composer_dynsample.validation import check_bool, check_int
+from composer_dynsample.validation import check_bool, check_int, is_int
 
-__all__ = ["DistributedBatchSampler", "SupportsSetEpoch", "epoch_rng"]
+__all__ = [
+    "AGREEMENT_KEYS",
+    "DistributedBatchSampler",
+    "SupportsSetEpoch",
+    "agreement_values",
+    "epoch_rng",
+    "sampler_world_error",
+]
 
 
 @runtime_checkable
@@ -319,3 +326,47 @@ class DistributedBatchSampler(DistributedSampler, abc.ABC):
 
     def _warn_overlap(self, message: str) -> None:
         warnings.warn(message, UserWarning, stacklevel=3)
+
+
+#: What every rank's train sampler must agree on at an epoch, in the order the ranks compare them.
+AGREEMENT_KEYS = ("epoch", "seed", "batches", "labels", "options", "plan", "snapshot")
+
+
+def agreement_values(target: SupportsSetEpoch | None, epoch: int) -> dict[str, object]:
+    """What every rank's train sampler must agree on at ``epoch``; the same keys for every sampler.
+
+    The epoch, the seed and the number of batches of any sampler; a package sampler adds the hashes of
+    its labels, its type and options, and the epoch's global batches (:meth:`DistributedBatchSampler.
+    fingerprints`); a model-aware sampler its snapshot (``snapshot_fingerprint``), which the plan also
+    reflects. The Composer and the Lightning ``SetSamplerEpoch`` compare these across ranks.
+    """
+    seed = getattr(target, "seed", -1)
+    try:
+        length = len(target)  # type: ignore[arg-type]
+    except TypeError:
+        length = -1
+    fingerprint = getattr(target, "snapshot_fingerprint", None)
+    hashes = target.fingerprints(epoch) if isinstance(target, DistributedBatchSampler) else {}
+    values = {
+        "epoch": epoch,
+        "seed": int(seed) if is_int(seed) else -1,
+        "batches": length,
+        "labels": hashes.get("labels", ""),
+        "options": hashes.get("options", ""),
+        "plan": hashes.get("plan", ""),
+        "snapshot": str(fingerprint()) if callable(fingerprint) else "",
+    }
+    return {key: values[key] for key in AGREEMENT_KEYS}
+
+
+def sampler_world_error(
+    target: SupportsSetEpoch | None, world_size: int, rank: int, advice: str
+) -> str | None:
+    """Why ``target`` was built for another world than ``rank`` of ``world_size``, or ``None``."""
+    num_replicas, built_rank = getattr(target, "num_replicas", None), getattr(target, "rank", None)
+    if num_replicas is None or built_rank is None or (num_replicas, built_rank) == (world_size, rank):
+        return None
+    return (
+        f"its train sampler was built with num_replicas={num_replicas}, rank={built_rank}, but it is rank "
+        f"{rank} of {world_size}, so its shard would overlap the other ranks'. {advice}"
+    )
