@@ -11,7 +11,6 @@ for a ``float`` argument) fails naming the key, both before the target is called
 
 from __future__ import annotations
 
-import difflib
 import importlib
 import inspect
 import numbers
@@ -20,6 +19,8 @@ import typing
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+from composer_dynsample.validation import did_you_mean
 
 __all__ = [
     "COMPONENT_KEY",
@@ -129,11 +130,6 @@ class Lazy:
         return getattr(importlib.import_module(self.module), self.attribute)
 
 
-def _closest(word: str, options: Sequence[str]) -> str:
-    matches = difflib.get_close_matches(word, list(options), n=1, cutoff=0.6)
-    return f" Did you mean {matches[0]!r}?" if matches else ""
-
-
 def check_keys(path: str, section: Mapping[str, Any], valid: Sequence[str], what: str) -> None:
     """Raise a :class:`ConfigError` for the first key of ``section`` not in ``valid``, with the closest match.
 
@@ -147,7 +143,7 @@ def check_keys(path: str, section: Mapping[str, Any], valid: Sequence[str], what
     if unknown:
         key = str(unknown[0])
         raise ConfigError(
-            f"{path}: unknown key {key!r} for {what}; valid keys: {sorted(valid)}.{_closest(key, valid)}"
+            f"{path}: unknown key {key!r} for {what}; valid keys: {sorted(valid)}.{did_you_mean(key, valid)}"
         )
 
 
@@ -225,7 +221,7 @@ def resolve(
 def lookup(path: str, name: Any, registry: Mapping[str, Registered | Lazy]) -> Registered:
     """The registry entry of ``name``, or a ConfigError with the valid names and the closest one."""
     if not isinstance(name, str) or name not in registry:
-        hint = _closest(name, list(registry)) if isinstance(name, str) else ""
+        hint = did_you_mean(name, list(registry))
         raise ConfigError(
             f"{path}: unknown name {name!r}; valid names: {sorted(registry)}, or a '{COMPONENT_KEY}' "
             f"dotted path such as 'my_package.MyClass'.{hint}"
