@@ -133,7 +133,8 @@ class DataloaderConfig:
         pin_memory (bool, optional): Pin batches for the copy to a GPU; null pins when CUDA is available.
             Default: null.
         persistent_workers (bool): Keep workers between epochs. Default: ``False``.
-        prefetch_factor (int, optional): Batches each worker loads ahead. Default: PyTorch's.
+        prefetch_factor (int, optional): Batches each worker loads ahead, at least 1 (with workers only).
+            Default: PyTorch's.
         timeout (float): Seconds to wait for a worker's batch. Default: ``0`` (forever).
         multiprocessing_context (str, optional): ``"fork"``, ``"spawn"`` or ``"forkserver"``. Default: the
             platform's.
@@ -150,6 +151,14 @@ class DataloaderConfig:
         _checked(
             "dataloader.num_workers", lambda: check_int("dataloader.num_workers", self.num_workers, minimum=0)
         )
+        # PyTorch asserts these only once a worker starts (a bare AssertionError mid-run) or not at all.
+        if self.prefetch_factor is not None:
+            _checked(
+                "dataloader.prefetch_factor",
+                lambda: check_int("dataloader.prefetch_factor", self.prefetch_factor, minimum=1),
+            )
+        if self.timeout < 0:
+            raise ConfigError(f"dataloader.timeout must be a number of seconds >= 0, got {self.timeout!r}.")
         if self.multiprocessing_context is not None:
             _checked(
                 "dataloader.multiprocessing_context",
@@ -194,6 +203,8 @@ def structured(path: str, values: Mapping[str, Any], schema: type[Schema]) -> Sc
     check_keys(path, values, list(fields), path)
     base = OmegaConf.structured(schema)
     for key, value in values.items():
+        if fields[key].type in (float, "float") and isinstance(value, int) and not isinstance(value, bool):
+            value = float(value)  # OmegaConf warns of the implicit conversion (a FutureWarning per key)
         try:
             base[key] = value
         except OmegaConfBaseException as error:
@@ -246,6 +257,7 @@ def load_config(
         container = OmegaConf.to_container(base, resolve=True)
     except OmegaConfBaseException as error:
         raise ConfigError(f"cannot apply the overrides {list(overrides)}: {error}") from error
+    _check_int_range(container, "")
     cfg = OmegaConf.create(container)
     check_keys("the config", {key: None for key in cfg}, list(SECTIONS), "the top level")
     missing = [key for key in REQUIRED_SECTIONS if cfg.get(key) is None]
@@ -263,11 +275,43 @@ def _apply(cfg: DictConfig, override: str) -> None:
     keys belonged to the encoder it named), while ``model.encoder.embedding_dim=32`` changes one key.
     """
     key = override.split("=", 1)[0].strip()
-    value = OmegaConf.select(OmegaConf.from_dotlist([override]), key)
+    try:
+        value = OmegaConf.select(OmegaConf.from_dotlist([override]), key)
+    except yaml.YAMLError as error:
+        problem = " ".join(
+            str(part) for part in (getattr(error, "context", None), getattr(error, "problem", None)) if part
+        )
+        raise ConfigError(
+            f"override {override!r}: the value is not valid YAML ({problem or type(error).__name__}); "
+            "close its brackets and quotes, or quote it whole (e.g. key='a{b')."
+        ) from None
     if isinstance(value, DictConfig):
         OmegaConf.update(cfg, key, value, merge=False)
     else:
         cfg.merge_with(OmegaConf.from_dotlist([override]))
+
+
+#: The integers a config may hold: numpy's and torch's int64, which every size and seed ends up in.
+INT64_RANGE = (-(2**63), 2**63 - 1)
+
+
+def _check_int_range(value: Any, path: str) -> None:
+    """Refuse an integer outside int64 anywhere in the config, naming its key (numpy would overflow later)."""
+    if isinstance(value, Mapping):
+        for key, item in value.items():
+            _check_int_range(item, f"{path}.{key}" if path else str(key))
+    elif isinstance(value, (list, tuple)):
+        for index, item in enumerate(value):
+            _check_int_range(item, f"{path}[{index}]")
+    elif (
+        isinstance(value, int)
+        and not isinstance(value, bool)
+        and not INT64_RANGE[0] <= value <= INT64_RANGE[1]
+    ):
+        raise ConfigError(
+            f"{path} must be an integer in [-2**63, 2**63 - 1] (64 bits), got {value}; sizes, counts and seeds "
+            "are far smaller."
+        )
 
 
 def _read(config: str | os.PathLike[str] | Mapping[str, Any] | DictConfig) -> DictConfig:
