@@ -98,7 +98,7 @@ def rows_per_second(store: TextStore, batches: int) -> float:
     chosen = [batch for _, batch in zip(range(batches), iter(sampler))]
     collate(chosen[0])  # warm-up
     start = time.perf_counter()
-    rows = sum(len(collate(batch)["indices"]) for batch in chosen)
+    rows = sum(len(collate(batch)["index"]) for batch in chosen)
     return rows / (time.perf_counter() - start)
 
 
@@ -131,7 +131,7 @@ def memory_worker(directory: str, num_pairs: int, batches: int) -> None:
     start = time.perf_counter()
     rows = 0
     for _ in range(batches):
-        rows += len(collate(rng.integers(0, len(store), 256))["indices"])
+        rows += len(collate(rng.integers(0, len(store), 256))["index"])
     seconds = time.perf_counter() - start
     after = _rss_kib()
     growth = {

@@ -3,45 +3,100 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
+import numpy as np
 import torch
 from composer.core import Callback, State, get_precision_context
 from composer.loggers import Logger
 from torch import nn
 
 from composer_dynsample.data.store import TensorStore
+from composer_dynsample.data.text_store import TextCollate, TextStore
 from composer_dynsample.distributed import broadcast_buffers, unwrap_model
 from composer_dynsample.validation import check_int
 
-__all__ = ["RetrievalGallery", "embed_store"]
+__all__ = ["RetrievalGallery", "embed_store", "store_labels"]
+
+#: What :func:`embed_store` embeds: feature tensors, or texts (tokenized, gathered by their collate).
+Store = TensorStore | TextStore
+
+
+def _check_rows(store: Store, rows: Sequence[int] | np.ndarray | torch.Tensor | None) -> np.ndarray:
+    """The rows to embed as an int64 array, all of the sampled rows when ``rows`` is ``None``."""
+    if not isinstance(store, (TensorStore, TextStore)):
+        raise TypeError(f"store must be a TensorStore or a TextStore, got {type(store).__name__}.")
+    if rows is None:
+        return np.arange(len(store), dtype=np.int64)
+    array = np.asarray(rows.cpu() if isinstance(rows, torch.Tensor) else rows)
+    if array.ndim != 1 or not (np.issubdtype(array.dtype, np.integer) or array.size == 0):
+        raise ValueError(
+            f"rows must be a 1-D sequence of integers, got shape {array.shape}, dtype {array.dtype}."
+        )
+    if array.size and (array.min() < 0 or array.max() >= len(store)):
+        raise IndexError(f"rows must lie in [0, {len(store) - 1}], the store's {len(store)} rows.")
+    return array.astype(np.int64, copy=False)
+
+
+def store_labels(store: Store, rows: Sequence[int] | np.ndarray | torch.Tensor | None = None) -> torch.Tensor:
+    """The int64 labels of ``rows`` of a store (all of its sampled rows when ``None``)."""
+    return store.labels.index_select(0, torch.from_numpy(_check_rows(store, rows)))
+
+
+def _feature_batches(
+    store: Store, rows: np.ndarray, batch_size: int, transform: Callable[[Any], Any] | None
+) -> Iterator[tuple[np.ndarray, Any]]:
+    """``(positions in rows, features)`` batches; texts are sorted by length so a batch pads little."""
+    if isinstance(store, TextStore):
+        order = np.argsort(store.tokens.lengths()[store.text_ids[rows]], kind="stable")
+        collate = TextCollate(store, negatives=False)
+        for start in range(0, len(rows), batch_size):
+            positions = order[start : start + batch_size]
+            features = collate(rows[positions].tolist())["features"]
+            yield positions, transform(features) if transform is not None else features
+        return
+    for start in range(0, len(rows), batch_size):
+        positions = np.arange(start, min(start + batch_size, len(rows)))
+        features = store.gather(torch.from_numpy(rows[positions]))
+        yield positions, transform(features) if transform is not None else features
+
+
+def _to(features: Any, device: torch.device | str) -> Any:
+    if isinstance(features, Mapping):
+        return {key: value.to(device) for key, value in features.items()}
+    return features.to(device)
 
 
 def embed_store(
     model: nn.Module,
-    store: TensorStore,
+    store: Store,
     *,
+    rows: Sequence[int] | np.ndarray | torch.Tensor | None = None,
     batch_size: int = 1024,
     device: torch.device | str | None = None,
-    transform: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    transform: Callable[[Any], Any] | None = None,
 ) -> torch.Tensor:
-    """Embed every item of a :class:`TensorStore` in batches, under ``no_grad`` and in eval mode.
+    """Embed the items of a :class:`TensorStore` or a :class:`TextStore` in batches, under ``no_grad`` in eval mode.
 
     The model's ``embed(features)`` is used when it has one (as
     :class:`~composer_dynsample.EmbeddingModel` does), else ``eval_forward({"features", "labels"})``.
-    The model's train/eval mode is restored afterwards.
+    The model's train/eval mode is restored afterwards. Texts are gathered and padded by
+    :class:`~composer_dynsample.data.text_store.TextCollate` (without given negatives), sorted by
+    length so that each batch pads little; the result is in the order of ``rows``.
 
     Args:
         model (torch.nn.Module): The model, possibly wrapped in DDP.
-        store (TensorStore): The items to embed.
+        store (TensorStore | TextStore): The items to embed.
+        rows (Sequence[int], optional): Which rows, in this order. Default: all the sampled rows
+            (``range(len(store))``).
         batch_size (int): Items per forward pass. Default: ``1024``.
         device (torch.device | str, optional): Where to run. Default: the model's parameters' device.
         transform (Callable, optional): Applied to each batch of features first (as in
             :class:`~composer_dynsample.data.GatherCollate`). Default: ``None``.
 
     Returns:
-        torch.Tensor: ``(len(store), D)`` float32 embeddings on ``device``.
+        torch.Tensor: ``(len(rows), D)`` float32 embeddings on ``device``.
 
     Raises:
         ValueError: If ``batch_size`` is not a positive integer.
@@ -53,33 +108,31 @@ def embed_store(
         torch.Size([10, 3])
     """
     batch_size = check_int("batch_size", batch_size, minimum=1)
+    rows_array = _check_rows(store, rows)
     inner = unwrap_model(model)
     if device is None:
         parameter = next(inner.parameters(), None)
         device = parameter.device if parameter is not None else torch.device("cpu")
     modes = [(module, module.training) for module in inner.modules()]  # e.g. a frozen BatchNorm stays in eval
     inner.eval()
-    chunks = []
+    out: torch.Tensor | None = None
     try:
         with torch.no_grad():
-            for start in range(0, len(store), batch_size):
-                features = store.features[start : start + batch_size]
-                if transform is not None:
-                    features = transform(features)
-                features = features.to(device)
+            for positions, features in _feature_batches(store, rows_array, batch_size, transform):
+                features = _to(features, device)
                 embed = getattr(inner, "embed", None)
                 if callable(embed):
-                    out = embed(features)
+                    chunk = embed(features)
                 else:
-                    labels = store.labels[start : start + batch_size].to(device)
-                    out = inner.eval_forward({"features": features, "labels": labels})
-                chunks.append(out.float())
+                    labels = store.labels.index_select(0, torch.from_numpy(rows_array[positions]))
+                    chunk = inner.eval_forward({"features": features, "labels": labels.to(device)})
+                if out is None:
+                    out = torch.empty(len(rows_array), chunk.shape[1], device=chunk.device)
+                out[torch.from_numpy(positions).to(chunk.device)] = chunk.float()
     finally:
         for module, training in modes:
             module.training = training
-    if not chunks:
-        return torch.empty(0, 0, device=device)
-    return torch.cat(chunks)
+    return out if out is not None else torch.empty(0, 0, device=device)
 
 
 class RetrievalGallery(Callback):
@@ -100,7 +153,10 @@ class RetrievalGallery(Callback):
     :class:`~composer_dynsample.metrics.RetrievalMetrics` gives ``name/key`` entries.
 
     Args:
-        gallery (TensorStore): The gallery items, e.g. the train split.
+        gallery (TensorStore | TextStore): The gallery items, e.g. the train split, or the texts of a
+            pair split.
+        rows (Sequence[int], optional): The gallery's rows of ``gallery`` (the passages of a pair split:
+            its rows that are not queries). Default: all its sampled rows.
         evaluator_label (str): The label of the evaluator whose metrics get the gallery. Default: ``"test"``.
         batch_size (int): Gallery items embedded per forward pass. Default: ``1024``.
         transform (Callable, optional): Applied to each batch of gallery features. Default: ``None``.
@@ -117,15 +173,17 @@ class RetrievalGallery(Callback):
 
     def __init__(
         self,
-        gallery: TensorStore,
+        gallery: Store,
         *,
+        rows: Sequence[int] | np.ndarray | None = None,
         evaluator_label: str = "test",
         batch_size: int = 1024,
-        transform: Callable[[torch.Tensor], torch.Tensor] | None = None,
+        transform: Callable[[Any], Any] | None = None,
     ) -> None:
-        if not isinstance(gallery, TensorStore):
-            raise TypeError(f"gallery must be a TensorStore, got {type(gallery).__name__}.")
-        if len(gallery) == 0:
+        if not isinstance(gallery, (TensorStore, TextStore)):
+            raise TypeError(f"gallery must be a TensorStore or a TextStore, got {type(gallery).__name__}.")
+        self.rows = _check_rows(gallery, rows)
+        if len(self.rows) == 0:
             raise ValueError("gallery must hold at least one item, got 0.")
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}.")
@@ -143,10 +201,11 @@ class RetrievalGallery(Callback):
             embeddings = embed_store(
                 state.model,
                 self.gallery,
+                rows=self.rows,
                 batch_size=self.batch_size,
                 transform=self.transform,
             )
-        labels = self.gallery.labels.to(embeddings.device)
+        labels = store_labels(self.gallery, self.rows).to(embeddings.device)
         for metric in state.eval_metrics.get(self.evaluator_label, {}).values():
             if hasattr(metric, "set_gallery"):
                 metric.set_gallery(embeddings.float(), labels)

@@ -16,10 +16,10 @@ anchors that list them. The index-only pipeline is unchanged: ``IndexDataset(sto
     )
     batch = next(iter(loader))
     # {"features": {"input_ids": int64 (B, L), "attention_mask": int64 (B, L), "is_query": bool (B,)},
-    #  "labels": int64 (B,), "indices": int64 (B,), "text_hash": int64 (B,)}
+    #  "labels": int64 (B,), "index": int64 (B,), "text_hash": int64 (B,)}
 
 ``L`` is the longest text of the batch, not ``max_length``. With given negatives, ``B`` is the
-sampled rows followed by the negatives of the batch's anchors (their store rows as ``indices``, each a
+sampled rows followed by the negatives of the batch's anchors (their store rows as ``index``, each a
 label of its own, so it matches no other row), which is why Composer needs :func:`text_data_spec` to
 count a batch's samples and keep it whole.
 """
@@ -40,6 +40,7 @@ from composer_dynsample.data.tokenized import TokenStore
 from composer_dynsample.validation import check_bool, check_int
 
 __all__ = [
+    "QUERIES_VS_PASSAGES",
     "CountSampledRows",
     "SplitTextBatch",
     "TextCollate",
@@ -48,6 +49,10 @@ __all__ = [
     "TextStore",
     "text_data_spec",
 ]
+
+
+#: The test protocol of pairs: each test anchor (query) ranked against the test split's positives (passages).
+QUERIES_VS_PASSAGES = "queries_vs_passages"
 
 
 def _int_array(name: str, values: Any, length: int | None = None) -> np.ndarray:
@@ -241,7 +246,7 @@ class TextCollate:
                 "is_query": torch.from_numpy(store.is_query[rows]),
             },
             "labels": torch.from_numpy(store.row_labels[rows]),
-            "indices": torch.from_numpy(rows),
+            "index": torch.from_numpy(rows),
             "text_hash": torch.from_numpy(store.text_hash[rows]),
         }
 
@@ -257,7 +262,7 @@ class CountSampledRows:
         self.num_sampled = int(num_sampled)
 
     def __call__(self, batch: dict[str, Any]) -> int:
-        return int((batch["indices"] < self.num_sampled).sum())
+        return int((batch["index"] < self.num_sampled).sum())
 
 
 class SplitTextBatch:
@@ -278,7 +283,7 @@ class SplitTextBatch:
         from composer.core.data_spec import default_split_batch
 
         sampled = self.count(batch)
-        if sampled == len(batch["indices"]):
+        if sampled == len(batch["index"]):
             return default_split_batch(batch, microbatch_size)
         if microbatch_size >= sampled:
             return [batch]
@@ -392,12 +397,27 @@ class TextSplits(DatasetSplits):
     Labels are global: the test split's labels follow the training split's, so a label never names two
     classes, and ``num_classes`` counts every label of both splits (a given negative's included).
 
+    Labelled texts get ``class_names``, their labels' original values as strings, when none are given.
+
     Attributes:
         info (TextInfo): The tokenizer, caches and counts.
-        test_protocol (str): ``"leave_one_out"``: each test row queries the other test rows.
+        test_protocol (str): How an evaluation scores the test split. ``"queries_vs_passages"`` when
+            the test split has queries (pairs): its queries (anchors) are ranked against its other sampled
+            rows (the positives, their passages). ``"leave_one_out"`` otherwise (labelled texts): each
+            test row queries the other test rows. Default: chosen from the test split's ``is_query``.
     """
 
     train: TextStore  # type: ignore[assignment]
     test: TextStore  # type: ignore[assignment]
     info: TextInfo
-    test_protocol: str = "leave_one_out"
+    test_protocol: str = ""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not self.test_protocol:
+            has_queries = bool(self.test.is_query[: len(self.test)].any())
+            protocol = QUERIES_VS_PASSAGES if has_queries else "leave_one_out"
+            object.__setattr__(self, "test_protocol", protocol)
+        names = self.info.label_names
+        if self.class_names is None and names is not None and len(names) == self.num_classes:
+            object.__setattr__(self, "class_names", tuple(str(name) for name in names))

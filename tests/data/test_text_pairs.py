@@ -78,13 +78,13 @@ def test_the_sampler_draws_no_negative_and_the_collate_appends_them(small):
     assert all(max(batch) < len(store) for batch in batches)
     collate = TextCollate(store)
     batch = collate([(0, 0), (1, 0), (4, 2), (5, 2)])
-    assert batch["indices"].tolist() == [0, 1, 4, 5, 6, 7]  # "p0", pair 2's negative, is already row 1
+    assert batch["index"].tolist() == [0, 1, 4, 5, 6, 7]  # "p0", pair 2's negative, is already row 1
     assert batch["labels"].tolist() == [0, 0, 2, 2, 3, 4]
     assert batch["features"]["is_query"].tolist() == [True, False, True, False, False, False]
-    assert collate([4, 5])["indices"].tolist() == [4, 5, 8]  # without pair 0, "p0" is a negative again
-    assert collate([2, 3])["indices"].tolist() == [2, 3]
-    assert TextCollate(store, negatives=False)([0, 1])["indices"].tolist() == [0, 1]
-    assert TextCollate(store, max_negatives_per_anchor=1)([0, 1])["indices"].tolist() == [0, 1, 6]
+    assert collate([4, 5])["index"].tolist() == [4, 5, 8]  # without pair 0, "p0" is a negative again
+    assert collate([2, 3])["index"].tolist() == [2, 3]
+    assert TextCollate(store, negatives=False)([0, 1])["index"].tolist() == [0, 1]
+    assert TextCollate(store, max_negatives_per_anchor=1)([0, 1])["index"].tolist() == [0, 1, 6]
 
 
 def test_text_hash_marks_identical_texts(small):

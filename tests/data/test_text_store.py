@@ -47,9 +47,9 @@ def test_batch_contract(splits):
     store = splits.train
     batch = TextCollate(store)([0, 1, 2, 3])
     features = batch["features"]
-    assert set(batch) == {"features", "labels", "indices", "text_hash"}
+    assert set(batch) == {"features", "labels", "index", "text_hash"}
     assert set(features) == {"input_ids", "attention_mask", "is_query"}
-    size = len(batch["indices"])
+    size = len(batch["index"])
     assert size == 6  # two pairs and the anchors' two given negatives
     assert features["input_ids"].dtype == torch.int64 and features["attention_mask"].dtype == torch.int64
     assert (
@@ -57,9 +57,9 @@ def test_batch_contract(splits):
         and features["input_ids"].shape[0] == size
     )
     assert features["is_query"].dtype == torch.bool and features["is_query"].shape == (size,)
-    for key in ("labels", "indices", "text_hash"):
+    for key in ("labels", "index", "text_hash"):
         assert batch[key].dtype == torch.int64 and batch[key].shape == (size,)
-    lengths = store.tokens.lengths()[store.text_ids[batch["indices"].numpy()]]
+    lengths = store.tokens.lengths()[store.text_ids[batch["index"].numpy()]]
     assert features["input_ids"].shape[1] == lengths.max() <= 12  # the batch's longest row, not max_length
     assert features["attention_mask"].sum(1).tolist() == lengths.tolist()
     padded = features["input_ids"][features["attention_mask"] == 0]
@@ -102,7 +102,7 @@ def test_workers_give_the_same_batches(splits, capfd):
     serial, parallel = _batches(loader(0)), _batches(loader(2))
     assert len(serial) == len(parallel) == 96 // 8
     for one, two in zip(serial, parallel):
-        assert torch.equal(one["indices"], two["indices"])
+        assert torch.equal(one["index"], two["index"])
         assert torch.equal(one["features"]["input_ids"], two["features"]["input_ids"])
     assert "huggingface/tokenizers" not in capfd.readouterr().err  # workers never touch the tokenizer
 
@@ -126,7 +126,7 @@ def test_counting_and_splitting_for_composer(splits):
         split(batch, 2)
     plain = TextCollate(store, negatives=False)([0, 1, 2, 3])
     halves = split(plain, 2)
-    assert [part["indices"].tolist() for part in halves] == [[0, 1], [2, 3]]
+    assert [part["index"].tolist() for part in halves] == [[0, 1], [2, 3]]
     assert halves[1]["features"]["input_ids"].shape[0] == 2
 
 
@@ -179,7 +179,7 @@ def test_given_negatives_serve_as_negatives_of_the_losses(splits):
 
     batch = TextCollate(splits.train)([0, 1, 2, 3, 4, 5])
     labels = batch["labels"]
-    negatives = batch["indices"] >= len(splits.train)
+    negatives = batch["index"] >= len(splits.train)
     assert negatives.sum() == 3 and not (labels[negatives, None] == labels[None, :]).sum(1).gt(1).any()
     torch.manual_seed(0)
     embeddings = torch.nn.functional.normalize(torch.randn(len(labels), 16), dim=1).requires_grad_()

@@ -413,7 +413,7 @@ class PairDataset(Dataset):
         return {
             "features": {key: value[index] for key, value in self.features.items()},
             "labels": self.labels[index],
-            "indices": index,
+            "index": index,
             "text_hash": index * 7919,
         }
 

@@ -22,7 +22,6 @@ from composer.loggers import Logger
 
 from composer_dynsample.callbacks.retrieval_gallery import embed_store
 from composer_dynsample.checkpoints import CheckpointError
-from composer_dynsample.data.store import TensorStore
 from composer_dynsample.distributed import (
     all_gather_embeddings,
     broadcast_buffers,
@@ -176,6 +175,7 @@ class EmbeddingTable(Algorithm):
         self.rows: torch.Tensor | None = None
         self.written_at: torch.Tensor | None = None
         self._sampler: Any = None  # the train batch sampler that takes class centroids, if any
+        self._num_sampled: int | None = None  # a TextStore's sampled rows; its given negatives come after
         self._saved_sampler_state: dict[str, Any] | None = None
 
     # ----------------------------------------------------------------------------------- the table itself
@@ -248,6 +248,8 @@ class EmbeddingTable(Algorithm):
                     f"{type(embeddings).__name__}."
                 )
             indices = _batch_indices(state, self.index_key)
+            if self._num_sampled is not None:  # a text batch's given negatives have no row: skipped
+                indices = torch.where(indices < self._num_sampled, indices, -1)
             gathered, gathered_indices, _ = all_gather_embeddings(
                 embeddings.detach(), indices, with_grad=False
             )
@@ -255,6 +257,8 @@ class EmbeddingTable(Algorithm):
 
     def _fit_start(self, state: State) -> None:
         """Size the table, find the sampler to feed, and give it back its snapshot when resuming."""
+        store = getattr(getattr(_train_loader(state), "collate_fn", None), "store", None)
+        self._num_sampled = getattr(store, "num_sampled", None)
         if not self._size_given:
             # Composer loads a checkpoint before FIT_START: its table must fit the dataset read off now.
             length = _dataset_length(state)
@@ -413,6 +417,5 @@ def _embed_rows(
     if indices.numel() == 0:
         parameter = next(unwrap_model(model).parameters(), None)
         return torch.empty(0, dim, device=parameter.device if parameter is not None else "cpu")
-    store = collate.store
-    subset = TensorStore(store.gather(indices.cpu()), store.labels.index_select(0, indices.cpu()))
-    return embed_store(model, subset, batch_size=batch_size, transform=collate.transform)
+    transform = getattr(collate, "transform", None)
+    return embed_store(model, collate.store, rows=indices.cpu(), batch_size=batch_size, transform=transform)
