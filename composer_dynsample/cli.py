@@ -2,7 +2,8 @@
 
 Nothing heavy is imported until a command runs, so ``--help``, ``--version`` and config errors answer at
 once; every expected error (a config key, a checkpoint, the run directory) ends in one line on stderr
-and exit status 2.
+and exit status 2. A training run stopped by ``SIGINT`` or ``SIGTERM`` says in one line where its checkpoint
+is and how to resume, with exit status ``128 + signal``.
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ A mapping replaces a whole section: model.loss={_component_: my_losses.MyLoss, s
 Writes RUN_DIR/config.yaml, metrics.json, embeddings.png and checkpoints/. Resume with
 trainer.load_path=RUN_DIR/checkpoints/latest-rank0.pt and a larger trainer.max_duration, or set
 trainer.autoresume=true: rerunning the same command then continues from the run's latest checkpoint.
+Ctrl-C (or SIGTERM) saves a checkpoint at the batch reached and prints the command that resumes it
+(exit status 130, or 143). One train at a time uses a run directory (RUN_DIR/train.lock).
 The progress bar is off when stdout is not a terminal (or with --quiet) unless the config sets
 trainer.progress_bar.
 """
@@ -156,3 +159,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     ) as error:
         print(f"composer-dynsample {args.command}: error: {error}", file=sys.stderr)
         raise SystemExit(2) from None
+    except commands.Interrupted as stop:
+        print(f"composer-dynsample {args.command}: {stop}", file=sys.stderr)
+        raise SystemExit(stop.exit_code) from None
+    except KeyboardInterrupt:
+        print(
+            f"composer-dynsample {args.command}: interrupted; nothing saved since the last checkpoint",
+            file=sys.stderr,
+        )
+        raise SystemExit(130) from None

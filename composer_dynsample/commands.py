@@ -7,16 +7,33 @@ line (:mod:`composer_dynsample.cli`) parses arguments and turns the errors raise
 
 from __future__ import annotations
 
+import functools
 import os
-import shutil
 import sys
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from composer_dynsample.resume import (
+    autoresume_enabled,
+    checked_load_path,
+    interrupt_message,
+    resume_command,
+    save_checkpoint_now,
+)
+from composer_dynsample.run_dir import (
+    RUN_OUTPUTS,
+    RunDirError,
+    RunDirLock,
+    RunOutputs,
+    is_rank_zero,
+    prepare_run_dir,
+)
+
 __all__ = [
     "RUN_OUTPUTS",
+    "Interrupted",
     "OutputError",
     "RunDirError",
     "embed",
@@ -27,24 +44,22 @@ __all__ = [
     "train",
 ]
 
-#: The files and folders a training run writes into its run directory.
-RUN_OUTPUTS = (
-    "metrics.json",
-    "config.yaml",
-    "embeddings.png",
-    "retrievals.png",
-    "checkpoints",
-    "eval.json",
-    "eval-retrievals.png",
-)
-
-
-class RunDirError(ValueError):
-    """The run directory cannot be used: it is under a file, or holds a previous run."""
-
 
 class OutputError(ValueError):
     """An ``--out`` path cannot be written: it is a directory, or under a file."""
+
+
+class Interrupted(Exception):
+    """``train`` stopped on ``SIGINT`` or ``SIGTERM`` after saving a checkpoint; the message says how to resume.
+
+    Attributes:
+        exit_code (int): ``128 + signal``: ``130`` for ``SIGINT`` (Ctrl-C), ``143`` for ``SIGTERM``.
+        checkpoint (str | None): The checkpoint saved (on rank 0).
+    """
+
+    def __init__(self, message: str, exit_code: int, checkpoint: str | None = None) -> None:
+        super().__init__(message)
+        self.exit_code, self.checkpoint = exit_code, checkpoint
 
 
 def set_cpu_threads() -> int | None:
@@ -66,104 +81,6 @@ def set_cpu_threads() -> int | None:
     threads = share if share >= 4 else 1
     torch.set_num_threads(threads)
     return threads
-
-
-def prepare_run_dir(
-    run_dir: Path, *, overwrite: bool, load_path: Any = None, autoresume: bool = False
-) -> None:
-    """Refuse a run directory under a file, or one holding a previous run, unless told to replace it.
-
-    A run that resumes from a checkpoint inside ``run_dir``, or with ``autoresume`` (Composer's
-    ``trainer.autoresume``: it continues from the run's own latest checkpoint, if any), continues that run
-    and may write there. With ``overwrite`` the previous run's outputs (:data:`RUN_OUTPUTS`, nothing else)
-    are removed, so no stale checkpoint or plot survives next to the new run's.
-
-    Rank 0 alone decides (the other ranks could already see what rank 0 writes for the new run); when it
-    refuses it exits, and the launcher (Composer's or ``torchrun``) stops the other ranks.
-    """
-    if not _is_rank_zero():
-        return
-    for parent in (run_dir, *run_dir.parents):
-        if parent.exists() and not parent.is_dir():
-            raise RunDirError(f"--run-dir {str(run_dir)!r}: {str(parent)!r} is a file, not a directory.")
-    previous = [name for name in RUN_OUTPUTS if (run_dir / name).exists()]
-    if not previous:
-        return
-    resuming = autoresume or (load_path is not None and _is_inside(Path(str(load_path)), run_dir))
-    if resuming:
-        return
-    if not overwrite:
-        raise RunDirError(
-            f"{str(run_dir)!r} holds a previous run ({', '.join(previous)}); pass --overwrite to replace it, "
-            "choose another --run-dir, or resume it with trainer.load_path=<its checkpoint>."
-        )
-    for name in previous:
-        target = run_dir / name
-        shutil.rmtree(target) if target.is_dir() else target.unlink()
-
-
-def _is_inside(path: Path, folder: Path) -> bool:
-    try:
-        path.expanduser().resolve().relative_to(folder.expanduser().resolve())
-    except ValueError:
-        return False
-    return True
-
-
-def _is_rank_zero() -> bool:
-    return int(os.environ.get("RANK", "0") or 0) == 0
-
-
-def _checked_load_path(cfg: Any, trust_checkpoint: bool) -> Any:
-    """Check ``trainer.load_path`` (a local file) before Composer unpickles it."""
-    from composer_dynsample.checkpoints import check_checkpoint
-
-    load_path = cfg.trainer.get("load_path") if "trainer" in cfg else None
-    if load_path is not None and "://" not in str(load_path):
-        check_checkpoint(load_path, trusted=trust_checkpoint)  # trusted: a regular file, not read
-    return load_path
-
-
-def _autoresume(cfg: Any, run_dir: Path, *, overwrite: bool, trust_checkpoint: bool) -> bool:
-    """Whether ``trainer.autoresume`` is on; then check the checkpoint Composer will resume from, if any.
-
-    Composer resumes from ``save_folder/save_latest_filename`` (``RUN_DIR/checkpoints/latest-rank0.pt``
-    by default) when that file exists, else it starts afresh (or from ``trainer.load_path``).
-    """
-    from composer_dynsample.config.registry import ConfigError
-
-    autoresume = cfg.trainer.get("autoresume", False)
-    if not isinstance(autoresume, bool):
-        raise ConfigError(f"trainer.autoresume must be true or false, got {autoresume!r}.")
-    if not autoresume:
-        return False
-    if overwrite:
-        raise RunDirError(
-            "--overwrite would remove the checkpoints that trainer.autoresume=true resumes from; drop one: "
-            "autoresume continues the run in its --run-dir, --overwrite starts it afresh."
-        )
-    from composer.utils import format_name_with_dist
-
-    from composer_dynsample.checkpoints import check_checkpoint
-    from composer_dynsample.config.run import trainer_defaults
-
-    settings = {**trainer_defaults(run_dir), **cfg.trainer}
-    folder, latest = settings.get("save_folder"), settings.get("save_latest_filename", "latest-rank{rank}.pt")
-    if folder is None or latest is None or "://" in str(folder):
-        return True  # Composer says what is missing; a remote folder is Composer's to download
-    run_name = str(settings["run_name"])
-    path = Path(format_name_with_dist(str(folder), run_name)) / format_name_with_dist(str(latest), run_name)
-    # Composer loads rank 0's file on every rank; rank 0 checks it before any rank can reach the load (the
-    # Trainer's process group waits for rank 0, which exits when it refuses).
-    if not path.exists():
-        return True  # the first attempt: Composer starts afresh (or from trainer.load_path)
-    if "#" in str(path) or "?" in str(path):
-        raise RunDirError(
-            f"trainer.autoresume cannot resume from {str(path)!r}: Composer reads '#' and '?' in a path as "
-            "URL syntax. Resume with trainer.load_path=<that checkpoint> instead, or use a --run-dir without them."
-        )
-    check_checkpoint(path, trusted=trust_checkpoint)
-    return True
 
 
 def _out_path(out: str | os.PathLike[str], example: str, suffix: str | None = None) -> Path:
@@ -238,20 +155,20 @@ def evaluate_run(run: Any) -> tuple[dict[str, float], Any]:
     return result, queries.cpu()
 
 
-def _build(
+def _prepare(
     config: str | os.PathLike[str] | Mapping[str, Any],
     overrides: Sequence[str],
     run_dir: str | os.PathLike[str] | None,
     *,
     quiet: bool,
     trust_checkpoint: bool,
-    overwrite: bool | None,
     settings: Mapping[str, Any] | None = None,
-) -> tuple[Any, Path | None]:
-    """Load the config, check it, any checkpoint and the run directory, and build the run.
+) -> tuple[Any, Path | None, Path, Any]:
+    """Load the config and check it and any checkpoint: ``(cfg, config path, run directory, load_path)``.
 
-    ``settings`` (``{"trainer.load_path": path}``) are set on the loaded config as they are, after the
-    overrides: unlike an override, a value is not parsed as YAML (a path may hold ``#`` or ``: ``).
+    Nothing on disk changes here. ``settings`` (``{"trainer.load_path": path}``) are set on the loaded
+    config as they are, after the overrides: unlike an override, a value is not parsed as YAML (a path
+    may hold ``#`` or ``: ``).
     """
     from omegaconf import OmegaConf
 
@@ -280,16 +197,17 @@ def _build(
     _quiet_defaults(cfg, quiet)
     expand_trainer_paths(cfg.trainer)
     directory = Path(run_dir or cfg.get("run_dir") or default_run_dir(config_path)).expanduser()
-    load_path = _checked_load_path(cfg, trust_checkpoint)
-    if overwrite is not None:
-        autoresume = _autoresume(cfg, directory, overwrite=overwrite, trust_checkpoint=trust_checkpoint)
-        prepare_run_dir(directory, overwrite=overwrite, load_path=load_path, autoresume=autoresume)
-    threads = set_cpu_threads()
-    if threads is not None and _is_rank_zero():
-        print(f"torch: {threads} intra-op thread(s) per process (OMP_NUM_THREADS unset; set it to choose)")
-    from composer_dynsample.config.run import build_run  # Composer and torch, once the config reads well
+    return cfg, config_path, directory, checked_load_path(cfg, trust_checkpoint)
 
-    return build_run(cfg, directory), config_path
+
+def _build(cfg: Any, directory: Path, callbacks: Sequence[Any] = ()) -> Any:
+    """Choose the CPU threads and build the run (Composer and torch are imported here)."""
+    threads = set_cpu_threads()
+    if threads is not None and is_rank_zero():
+        print(f"torch: {threads} intra-op thread(s) per process (OMP_NUM_THREADS unset; set it to choose)")
+    from composer_dynsample.config.run import build_run
+
+    return build_run(cfg, directory, callbacks=callbacks)
 
 
 def train(
@@ -303,12 +221,17 @@ def train(
 ) -> dict[str, Any]:
     """Build a run from a config, train it, evaluate it and write its report.
 
-    Every rank builds and trains; rank 0 alone writes ``RUN_DIR/config.yaml`` (before training),
-    ``metrics.json`` and ``embeddings.png`` and prints the metrics table. Checkpoints go to
+    Every rank builds and trains; rank 0 alone writes ``RUN_DIR/config.yaml`` (once the Trainer is
+    built), ``metrics.json`` and ``embeddings.png`` and prints the metrics table. Checkpoints go to
     ``RUN_DIR/checkpoints`` (Composer's ``save_folder``); ``trainer.load_path`` resumes from one, after
     :func:`~composer_dynsample.checkpoints.check_checkpoint` unless ``trust_checkpoint``, and
     ``trainer.autoresume=true`` continues the run in ``run_dir`` from its latest one, when there is one.
-    The whole config is checked before a previous run is removed (``overwrite``).
+
+    The whole config is checked before a previous run is removed (``overwrite``). Rank 0 holds a lock on
+    the run directory for the whole run (:class:`~composer_dynsample.run_dir.RunDirLock`): a second
+    ``train`` on it is refused. A run that fails before its first checkpoint removes what it wrote. On
+    ``SIGINT`` (Ctrl-C) or ``SIGTERM`` every rank saves a checkpoint at the next batch end and
+    :class:`Interrupted` says the command that resumes it.
 
     Args:
         config (str | os.PathLike | Mapping): A YAML file or the config itself.
@@ -325,15 +248,52 @@ def train(
     Raises:
         ConfigError: If the config is wrong, or a resumed run has nothing left to train.
         CheckpointError: If ``trainer.load_path`` is unsafe or broken.
-        RunDirError: If the run directory cannot be used.
+        RunDirError: If the run directory cannot be used, or another ``train`` is using it.
+        Interrupted: If a signal stopped training (a checkpoint was saved).
     """
-    from composer_dynsample.config.loading import save_config
-
     started = time.perf_counter()
-    run, config_path = _build(
-        config, overrides, run_dir, quiet=quiet, trust_checkpoint=trust_checkpoint, overwrite=overwrite
+    cfg, config_path, directory, load_path = _prepare(
+        config, overrides, run_dir, quiet=quiet, trust_checkpoint=trust_checkpoint
     )
+    autoresume = autoresume_enabled(cfg, directory, overwrite=overwrite, trust_checkpoint=trust_checkpoint)
+    lock = RunDirLock(directory)
+    lock.acquire()
+    outputs = None
+    try:
+        prepare_run_dir(directory, overwrite=overwrite, load_path=load_path, autoresume=autoresume)
+        outputs = RunOutputs(directory, created_dir=lock.created_dir)
+        from composer_dynsample.callbacks.checkpoint_on_interrupt import CheckpointOnInterrupt
+
+        interrupt = CheckpointOnInterrupt()
+        run = _build(cfg, directory, callbacks=[interrupt])
+        interrupt.save = functools.partial(save_checkpoint_now, run)
+        resume = functools.partial(resume_command, config, overrides, quiet=quiet, trust=trust_checkpoint)
+        metrics = _fit_and_report(run, interrupt, resume, config_path, overrides, started, quiet=quiet)
+        outputs = None  # the run is complete: nothing to undo
+        return metrics
+    finally:
+        if outputs is not None:
+            outputs.remove_new()  # keeps everything when a checkpoint was saved (an interrupted run)
+        lock.release()
+        if outputs is not None:
+            outputs.remove_empty_dir()
+
+
+def _fit_and_report(
+    run: Any,
+    interrupt: Any,
+    resume: Any,
+    config_path: Path | None,
+    overrides: Sequence[str],
+    started: float,
+    *,
+    quiet: bool,
+) -> dict[str, Any]:
+    """Write the config, fit (turning a signal into :class:`Interrupted`), evaluate and report."""
     from composer.utils import dist
+
+    from composer_dynsample.callbacks.checkpoint_on_interrupt import TrainingInterrupted
+    from composer_dynsample.config.loading import save_config
 
     _check_duration_left(run)
     if dist.get_global_rank() == 0:
@@ -341,7 +301,13 @@ def train(
     state = run.trainer.state
     start_batch, start_epoch = int(state.timestamp.batch), int(state.timestamp.epoch)
     fit_start = time.perf_counter()
-    run.trainer.fit()
+    try:
+        with interrupt.catching_signals():
+            run.trainer.fit()
+    except TrainingInterrupted as stop:
+        run.trainer.close()
+        command = resume(stop.checkpoint, run.run_dir, dist.get_world_size()) if stop.checkpoint else None
+        raise Interrupted(interrupt_message(stop, command), stop.exit_code, stop.checkpoint) from None
     fit_seconds = time.perf_counter() - fit_start
     final, test_embeddings = evaluate_run(run)
     run.trainer.logger.log_metrics({f"final/{name}": value for name, value in final.items()})
@@ -366,7 +332,7 @@ def _run_record(
     from composer.utils import dist
 
     state = run.trainer.state
-    saved = [str(path) for path in getattr(run.trainer, "saved_checkpoints", [])]
+    saved = [str(run.local_path(path)) for path in getattr(run.trainer, "saved_checkpoints", [])]
     return {
         "seed": run.seed,
         "epochs": int(state.timestamp.epoch),
@@ -463,10 +429,10 @@ def _checkpoint_run(
         "trainer.save_folder": None,
         "evaluation.interval": None,
     }
-    run, _ = _build(
-        config, overrides, run_dir, quiet=True, trust_checkpoint=True, overwrite=None, settings=settings
+    cfg, _, directory, _ = _prepare(
+        config, overrides, run_dir, quiet=True, trust_checkpoint=True, settings=settings
     )
-    return run
+    return _build(cfg, directory)
 
 
 def evaluate(
@@ -507,7 +473,7 @@ def evaluate(
 
     final, test_embeddings = evaluate_run(run)
     result = {**final, "checkpoint": str(checkpoint), "dataset": run.splits.name}
-    if _is_rank_zero():
+    if is_rank_zero():
         write_json(path, result)
         _plot_retrievals(run, test_embeddings, plot, Path(checkpoint).name)
         print(format_metrics_table(final, title=f"{run.splits.name}: {Path(checkpoint).name}"))
@@ -551,7 +517,7 @@ def embed(
     run = _checkpoint_run(config, checkpoint, overrides, None, trust_checkpoint)
     store = run.splits.test if split == "test" else run.splits.train
     embeddings = embed_store(run.trainer.state.model, store).cpu()
-    if _is_rank_zero():
+    if is_rank_zero():
         path.parent.mkdir(parents=True, exist_ok=True)
         np.savez(
             path,

@@ -5,13 +5,13 @@ from __future__ import annotations
 import contextlib
 import os
 import tempfile
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from composer import Trainer
-from composer.core import Evaluator
+from composer.core import Callback, Evaluator
 from composer.utils import reproducibility
 from omegaconf import DictConfig
 from torch.utils.data import DataLoader
@@ -43,17 +43,18 @@ from composer_dynsample.config.registry import ConfigError, check_keys, paramete
 from composer_dynsample.data import DatasetSplits
 from composer_dynsample.models.embedding_model import EmbeddingModel
 
-__all__ = ["TrainingRun", "build_run", "default_run_dir", "trainer_defaults"]
+__all__ = ["TrainingRun", "build_run", "composer_reads_as_path", "default_run_dir", "trainer_defaults"]
 
 
-def trainer_defaults(run_dir: Path) -> dict[str, Any]:
+def trainer_defaults(run_dir: Path, *, folder: Path | None = None) -> dict[str, Any]:
     """The ``composer.Trainer`` arguments the run sets unless the ``trainer`` section does.
 
     ``save_folder`` and ``run_name`` are also what ``trainer.autoresume`` needs: Composer resumes from
-    ``RUN_DIR/checkpoints/latest-rank0.pt`` when it exists.
+    ``RUN_DIR/checkpoints/latest-rank0.pt`` when it exists. ``folder`` is the path Composer is given for
+    ``run_dir`` (see :func:`composer_reads_as_path`). Default: ``run_dir`` itself.
     """
     return {
-        "save_folder": str(run_dir / "checkpoints"),
+        "save_folder": str((folder or run_dir) / "checkpoints"),
         # Whether a run directory may be reused is decided before this (the CLI refuses a previous run
         # unless --overwrite, which first removes its outputs, a resume from a checkpoint inside it, or
         # trainer.autoresume); a run resumed in its own directory must then be free to replace
@@ -65,25 +66,67 @@ def trainer_defaults(run_dir: Path) -> dict[str, Any]:
     }
 
 
-def _trainer_kwargs(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
+def composer_reads_as_path(path: str) -> bool:
+    """Whether Composer reads ``path``, given as a ``save_folder``, ``load_path`` or file name, as itself.
+
+    Composer formats these strings (``{rank}``, ``{run_name}``) and parses them as URLs: ``#`` starts a
+    fragment, ``?`` a query, ``a:b`` names a scheme, ``//a`` a host, tabs and newlines are dropped and
+    leading spaces stripped. A path for which any of that changes something is not read as itself.
+
+    Example:
+        >>> composer_reads_as_path("runs/exp-1"), composer_reads_as_path("runs/exp#1")
+        (True, False)
+        >>> composer_reads_as_path("runs/{rank}"), composer_reads_as_path("exp:1/run")
+        (False, False)
+    """
+    from urllib.parse import urlparse
+
+    if any(char in "{}" or ord(char) < 32 or ord(char) == 127 for char in path):
+        return False
+    parsed = urlparse(path)
+    return not parsed.scheme and not parsed.netloc and parsed.path == path and not path[:1].isspace()
+
+
+def _composer_run_dir(cfg: DictConfig, directory: Path) -> tuple[Path, tempfile.TemporaryDirectory | None]:
+    """The path Composer writes ``directory`` through, and the temporary folder that holds it, if any.
+
+    A run directory that Composer would not read as itself (``exp#1``, ``{rank}``, a tab) is given to
+    Composer as a symbolic link to it in a temporary folder: its checkpoints and logs still land inside
+    the run directory, never in another (``exp#1`` and ``exp#2`` both writing to ``exp/``). Only when
+    Composer writes there: the default ``save_folder``, or a ``file`` logger.
+    """
+    trainer, loggers = section(cfg, "trainer", "trainer"), section(cfg, "loggers", "loggers")
+    writes = "save_folder" not in trainer or "file" in loggers
+    if not writes or all(
+        composer_reads_as_path(str(path)) for path in (directory, directory / "checkpoints")
+    ):
+        return directory, None
+    directory.mkdir(parents=True, exist_ok=True)
+    folder = tempfile.TemporaryDirectory(prefix="composer-dynsample-")
+    link = Path(folder.name) / "run"
+    link.symlink_to(directory.resolve(), target_is_directory=True)
+    return link, folder
+
+
+def _trainer_kwargs(cfg: DictConfig, run_dir: Path, composer_dir: Path) -> dict[str, Any]:
     values = section(cfg, "trainer", "trainer")
     _check_trainer_basics(values)
     valid = [key for key in parameters(Trainer) if key not in TRAINER_OWNED]
     check_keys("trainer", values, valid, "composer.Trainer")
     expand_trainer_paths(values)
-    return {**trainer_defaults(run_dir), **values}
+    return {**trainer_defaults(run_dir, folder=composer_dir), **values}
 
 
 @contextlib.contextmanager
 def _composer_load_path(trainer_kwargs: dict[str, Any]) -> Iterator[dict[str, Any]]:
     """The Trainer's arguments, with a local ``load_path`` that Composer reads as the file it names.
 
-    Composer parses ``load_path`` as a URL, so ``#`` or ``?`` in a local path would cut it short (and
-    load another file than the one checked): such a file is loaded through a symbolic link in a
-    temporary folder, removed once the Trainer has loaded it.
+    Composer parses ``load_path`` as a URL (and formats ``{rank}`` in it), so ``#`` or ``?`` in a local
+    path would cut it short (and load another file than the one checked): such a file is loaded through
+    a symbolic link in a temporary folder, removed once the Trainer has loaded it.
     """
     path = trainer_kwargs.get("load_path")
-    if not isinstance(path, str) or "://" in path or not ("#" in path or "?" in path):
+    if not isinstance(path, str) or "://" in path or composer_reads_as_path(path):
         yield trainer_kwargs
         return
     with tempfile.TemporaryDirectory(prefix="composer-dynsample-") as folder:
@@ -126,6 +169,9 @@ class TrainingRun:
         gallery (RetrievalGallery | None): The callback that attaches the train gallery at ``EVAL_START``
             (``None`` when the test split is scored leave-one-out, or without evaluation).
         seed (int): The run's seed.
+        composer_run_dir (Path | None): The path Composer writes ``run_dir`` through when it would not read
+            ``run_dir`` itself as a local path (a symbolic link to it, see
+            :func:`composer_reads_as_path`); ``None`` when it is ``run_dir``.
     """
 
     config: DictConfig
@@ -139,15 +185,27 @@ class TrainingRun:
     gallery: RetrievalGallery | None = None
     seed: int = 0
     leave_one_out: bool = False
+    composer_run_dir: Path | None = None
+    link_folder: Any = field(default=None, repr=False)  # keeps the link's temporary folder alive
+
+    def local_path(self, path: str | os.PathLike[str]) -> Path:
+        """A path Composer reported (a saved checkpoint) as a path inside :attr:`run_dir`."""
+        if self.composer_run_dir is not None:
+            with contextlib.suppress(ValueError):
+                return self.run_dir / Path(path).relative_to(self.composer_run_dir)
+        return Path(path)
 
 
-def build_run(cfg: DictConfig, run_dir: str | os.PathLike[str] | None = None) -> TrainingRun:
+def build_run(
+    cfg: DictConfig, run_dir: str | os.PathLike[str] | None = None, *, callbacks: Sequence[Callback] = ()
+) -> TrainingRun:
     """Build the data, model, loaders, optimizer, scheduler, algorithms, callbacks and the ``Trainer``.
 
     Args:
         cfg (DictConfig): A config from :func:`~composer_dynsample.config.load_config`.
         run_dir (str | os.PathLike, optional): Output directory; overrides the config's ``run_dir``.
             Default: the config's ``run_dir``, else ``runs/default``.
+        callbacks (Sequence[Callback]): Callbacks added after the config's. Default: none.
 
     Returns:
         TrainingRun: The trainer and what it was built from. Nothing is written to disk yet, except what
@@ -172,9 +230,10 @@ def build_run(cfg: DictConfig, run_dir: str | os.PathLike[str] | None = None) ->
     optimizer = build_optimizer(cfg, model)
     scheduler = build_scheduler(cfg)
     algorithms = build_algorithms(cfg)
-    callbacks = build_callbacks(cfg)
-    loggers = build_loggers(cfg, directory)
-    trainer_kwargs = _trainer_kwargs(cfg, directory)
+    all_callbacks = [*build_callbacks(cfg), *callbacks]
+    composer_dir, link_folder = _composer_run_dir(cfg, directory)
+    loggers = build_loggers(cfg, composer_dir)
+    trainer_kwargs = _trainer_kwargs(cfg, directory, composer_dir)
 
     gallery = None
     eval_kwargs: dict[str, Any] = {}
@@ -186,7 +245,7 @@ def build_run(cfg: DictConfig, run_dir: str | os.PathLike[str] | None = None) ->
             gallery = RetrievalGallery(
                 splits.train, evaluator_label="test", batch_size=evaluation.gallery_batch_size
             )
-            callbacks.append(gallery)
+            all_callbacks.append(gallery)
         eval_kwargs = {
             "eval_dataloader": Evaluator(
                 label="test", dataloader=build_eval_dataloader(splits.test, evaluation.batch_size)
@@ -201,7 +260,7 @@ def build_run(cfg: DictConfig, run_dir: str | os.PathLike[str] | None = None) ->
                 optimizers=optimizer,
                 schedulers=scheduler,
                 algorithms=algorithms,
-                callbacks=callbacks,
+                callbacks=all_callbacks,
                 loggers=loggers,
                 seed=options.seed,
                 **eval_kwargs,
@@ -212,7 +271,8 @@ def build_run(cfg: DictConfig, run_dir: str | os.PathLike[str] | None = None) ->
             f"trainer: composer.Trainer rejected the config {section(cfg, 'trainer', 'trainer')}: {error}"
         ) from error
     except RuntimeError as error:  # load_state_dict: the checkpoint's weights do not fit the model
-        mismatch = _mismatch(error, trainer_kwargs)
+        shown = trainer_defaults(directory) if link_folder is not None else {}
+        mismatch = _mismatch(error, {**trainer_kwargs, **shown, **section(cfg, "trainer", "trainer")})
         if mismatch is None:
             raise
         raise mismatch from error
@@ -220,4 +280,6 @@ def build_run(cfg: DictConfig, run_dir: str | os.PathLike[str] | None = None) ->
         cfg, directory, trainer, model, splits, train_loader, tuple(evaluation.ks), evaluation.distance
     )
     run.gallery, run.seed, run.leave_one_out = gallery, options.seed, leave_one_out
+    if link_folder is not None:
+        run.composer_run_dir, run.link_folder = composer_dir, link_folder
     return run
