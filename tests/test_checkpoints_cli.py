@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -110,3 +111,15 @@ def test_weights_that_are_not_finite_are_refused_naming_the_parameter(checkpoint
     torch.save(state, path)
     line = refusal(["eval", DIGITS, "--checkpoint", str(path), "--out", str(tmp_path / "eval.json")], capsys)
     assert str(path) in line and f"model parameter {name!r} has 1 NaN or infinite value(s)" in line, line
+
+
+@pytest.mark.parametrize("name", ["ck{rank}.pt", "ck{run_name}.pt", "ck{unknown}.pt", "ck{.pt"])
+def test_format_fields_in_a_checkpoint_path_are_taken_as_they_are(checkpoint, tmp_path, capsys, name):
+    """Composer reads '{rank}' and the like in load_path as format fields: the file checked is the one loaded."""
+    path = Path(shutil.copy(checkpoint, tmp_path / name))
+    decoy = tmp_path / "ck0.pt"  # what '{rank}' would become on rank 0
+    decoy.write_bytes(b"not the file that was checked")
+    out = tmp_path / "eval.json"
+    main(["eval", DIGITS, "--checkpoint", str(path), "--out", str(out)])
+    assert out.is_file()
+    capsys.readouterr()
