@@ -13,6 +13,9 @@ consumes it in its ``loss`` as::
 
 which is exactly the call signature of pytorch-metric-learning losses (``indices_tuple``, ``ref_emb``,
 ``ref_labels``), so those work unchanged, and of the losses in :mod:`composer_dynsample.losses`.
+With duplicate ids (``HardNegativeMining(duplicate_key=...)``), a loss that takes every pool row as a
+negative also needs them: :class:`~composer_dynsample.InfoNCELoss` takes ``duplicate_ids=`` and
+``ref_duplicate_ids=`` keywords, which ``EmbeddingModel`` passes when the loss accepts them.
 ``eval_forward`` and train metrics receive the same object: use :attr:`MinedBatch.outputs` for what
 the forward pass returned.
 """
@@ -47,6 +50,11 @@ class MinedBatch:
             of one process on the concatenated batch.
         outputs (Any): What the model's forward returned, untouched.
         stats (dict[str, float]): What the algorithm logged for this step.
+        duplicate_ids (torch.Tensor | None): This rank's ``(B,)`` duplicate ids (e.g. ``text_hash``), when
+            the algorithm reads them (``duplicate_key``): equal ids mark the same sample under different
+            labels, which must not serve as each other's negatives
+            (:mod:`composer_dynsample.mining.duplicates`). The mined tuples already leave such negatives out.
+        ref_duplicate_ids (torch.Tensor | None): The pool's duplicate ids, set with ``ref_embeddings``.
     """
 
     embeddings: torch.Tensor
@@ -58,6 +66,8 @@ class MinedBatch:
     global_mean: bool = False
     outputs: Any = None
     stats: dict[str, float] = field(default_factory=dict)
+    duplicate_ids: torch.Tensor | None = None
+    ref_duplicate_ids: torch.Tensor | None = None
 
     @property
     def pool_embeddings(self) -> torch.Tensor:

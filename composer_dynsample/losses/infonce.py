@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from composer_dynsample.distances import distance_matrix
 from composer_dynsample.distributed import all_gather_embeddings, get_world_size
 from composer_dynsample.losses.tuple_losses import _TupleLoss
+from composer_dynsample.mining.duplicates import duplicate_negatives
 from composer_dynsample.validation import check_bool, check_choice, check_float, check_labels, check_pool
 
 __all__ = ["NEGATIVES", "InfoNCELoss", "info_nce_masks"]
@@ -45,6 +46,19 @@ class InfoNCELoss(_TupleLoss):
     other ranks' rows of a cross-rank pool, the cross-batch memory); with ``"mined"`` only the distinct
     rows the tuple names as that anchor's negatives (every other-label row when there is no tuple).
     A positive pair whose anchor has no negative costs zero and still counts in the mean, as in PML.
+
+    **Duplicates.** ``duplicate_ids=`` (``(B,)``, e.g. the ``text_hash`` of text batches) and, with
+    ``ref_emb``, ``ref_duplicate_ids=`` (``(M,)``) mark the same sample under different labels (the same
+    passage answering two queries). A row of another label is then no negative of an anchor when the
+    batch or pool holds the row's id under the anchor's label or the anchor's id under the row's: it
+    repeats the anchor or one of its positives, or the anchor repeats one of its positives (see
+    :mod:`composer_dynsample.mining.duplicates`). Without that, a passage's copy under another label
+    sits in the softmax beside the positive it repeats and the pair costs at least ``log 2``. Negative
+    ids match nothing. The relation is symmetric, so the reverse direction uses the same mask, column
+    by column, and with ``global_mean`` each rank masks its own anchors' rows. Without ids the loss is
+    unchanged.
+    :class:`~composer_dynsample.EmbeddingModel` passes them from
+    ``HardNegativeMining(duplicate_key=...)``.
 
     ``symmetric=True`` adds the reverse direction, as CLIP and sentence-transformers'
     ``MultipleNegativesSymmetricRankingLoss`` do, and averages the two: for a pair ``(a, p)`` the
@@ -94,7 +108,44 @@ class InfoNCELoss(_TupleLoss):
         self.symmetric = check_bool("symmetric", symmetric)
         self.negatives = check_choice("negatives", negatives, NEGATIVES)
 
-    def _loss(self, embeddings, labels, indices_tuple, ref_emb, ref_labels, global_mean):
+    def forward(
+        self,
+        embeddings: torch.Tensor,
+        labels: torch.Tensor,
+        indices_tuple: tuple[torch.Tensor, ...] | None = None,
+        ref_emb: torch.Tensor | None = None,
+        ref_labels: torch.Tensor | None = None,
+        *,
+        global_mean: bool = False,
+        duplicate_ids: torch.Tensor | None = None,
+        ref_duplicate_ids: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """The loss; ``duplicate_ids``/``ref_duplicate_ids`` as in the class docstring. Default: none."""
+        if (ref_emb is None) != (ref_labels is None):
+            raise ValueError("ref_emb and ref_labels must be given together.")
+        loss = self._loss(
+            embeddings,
+            labels,
+            indices_tuple,
+            ref_emb,
+            ref_labels,
+            global_mean,
+            duplicate_ids,
+            ref_duplicate_ids,
+        )
+        return loss + self._attached_zero(embeddings, ref_emb)
+
+    def _loss(
+        self,
+        embeddings,
+        labels,
+        indices_tuple,
+        ref_emb,
+        ref_labels,
+        global_mean,
+        duplicate_ids=None,
+        ref_duplicate_ids=None,
+    ):
         checked = check_pool((embeddings, labels), (ref_emb, ref_labels), _NAMES, finite=False)
         pool, pool_labels = (embeddings, labels) if checked is None else checked
         if self.symmetric and global_mean and ref_emb is None:
@@ -103,7 +154,12 @@ class InfoNCELoss(_TupleLoss):
                 "(cross-rank mining passes it); without it the ranks' columns are different samples."
             )
         positive, negative = info_nce_masks(
-            labels, None if ref_emb is None else pool_labels, indices_tuple, self.negatives
+            labels,
+            None if ref_emb is None else pool_labels,
+            indices_tuple,
+            self.negatives,
+            duplicate_ids=duplicate_ids,
+            ref_duplicate_ids=ref_duplicate_ids,
         )
         logits = distance_matrix(embeddings, pool, self.distance).neg() / self.temperature
         floor = torch.finfo(logits.dtype).min  # finite: a row without negatives gives 0, never NaN
@@ -122,6 +178,9 @@ def info_nce_masks(
     ref_labels: torch.Tensor | None,
     indices_tuple: tuple[torch.Tensor, ...] | None,
     negatives: str = "pool",
+    *,
+    duplicate_ids: torch.Tensor | None = None,
+    ref_duplicate_ids: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The ``(B, M)`` boolean masks of positive pairs and of negatives that :class:`InfoNCELoss` uses.
 
@@ -133,6 +192,11 @@ def info_nce_masks(
             ``(a1, p, a2, n)``; ``None`` for every pair.
         negatives (str): ``"pool"`` (every other-label row) or ``"mined"`` (the tuple's negatives).
             Default: ``"pool"``.
+        duplicate_ids (torch.Tensor, optional): ``(B,)`` the anchors' duplicate ids; rows repeating an
+            anchor or one of its positives (see :func:`~composer_dynsample.mining.duplicate_negatives`)
+            are then no negatives of it. Default: none.
+        ref_duplicate_ids (torch.Tensor, optional): ``(M,)`` the pool's, needed with ``duplicate_ids``
+            and ``ref_labels``. Default: none.
 
     Returns:
         ``(positive, negative)``: repeated pairs in the tuple count once.
@@ -145,6 +209,8 @@ def info_nce_masks(
         >>> tuples = (torch.tensor([0, 0]), torch.tensor([1, 1]), torch.tensor([2, 2]))
         >>> [m.int().tolist() for m in info_nce_masks(labels, None, tuples, "mined")]
         [[[0, 1, 0], [0, 0, 0], [0, 0, 0]], [[0, 0, 1], [0, 0, 0], [0, 0, 0]]]
+        >>> info_nce_masks(labels, None, None, duplicate_ids=torch.tensor([5, 6, 6]))[1].int().tolist()
+        [[0, 0, 0], [0, 0, 0], [0, 0, 0]]
     """
     check_choice("negatives", negatives, NEGATIVES)
     ref = labels if ref_labels is None else ref_labels
@@ -153,15 +219,47 @@ def info_nce_masks(
         positive = ~different
         if ref_labels is None:
             positive.fill_diagonal_(False)
-        return positive, different
-    anchors, positives, negative_anchors, negative_rows = _split_tuple(indices_tuple)
-    positive = torch.zeros_like(different)
-    positive[anchors, positives] = True
-    if negatives == "pool":
-        return positive, different
-    mined = torch.zeros_like(different)
-    mined[negative_anchors, negative_rows] = True
-    return positive, mined
+        negative = different
+    else:
+        anchors, positives, negative_anchors, negative_rows = _split_tuple(indices_tuple)
+        positive = torch.zeros_like(different)
+        positive[anchors, positives] = True
+        negative = different
+        if negatives == "mined":
+            negative = torch.zeros_like(different)
+            negative[negative_anchors, negative_rows] = True
+    ids = _pool_duplicate_ids(labels, ref_labels, duplicate_ids, ref_duplicate_ids)
+    if ids is None:
+        return positive, negative
+    return positive, negative & ~duplicate_negatives(labels, ids[0], ref, ids[1])
+
+
+def _pool_duplicate_ids(
+    labels: torch.Tensor,
+    ref_labels: torch.Tensor | None,
+    duplicate_ids: torch.Tensor | None,
+    ref_duplicate_ids: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The anchors' and the pool's duplicate ids, checked, or ``None`` when none were given."""
+    if duplicate_ids is None:
+        if ref_duplicate_ids is not None:
+            raise ValueError("ref_duplicate_ids was given without duplicate_ids; pass both or neither.")
+        return None
+    duplicate_ids = check_labels("duplicate_ids", duplicate_ids, labels.shape[0], "labels")
+    if ref_labels is None:
+        if ref_duplicate_ids is not None:
+            raise ValueError(
+                "ref_duplicate_ids was given without ref_emb: the pool is then the batch, whose ids are "
+                "duplicate_ids; pass ref_duplicate_ids only with ref_emb."
+            )
+        return duplicate_ids, duplicate_ids
+    if ref_duplicate_ids is None:
+        raise ValueError(
+            "duplicate_ids with ref_emb needs ref_duplicate_ids, the pool rows' ids (-1 for a row without one)."
+        )
+    return duplicate_ids, check_labels(
+        "ref_duplicate_ids", ref_duplicate_ids, ref_labels.shape[0], "ref_labels"
+    )
 
 
 def _split_tuple(indices_tuple: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:

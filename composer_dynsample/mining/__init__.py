@@ -13,7 +13,8 @@ pytorch-metric-learning's format, so its output can be passed to any PML loss:
 
 Beside them, the two pure steps around a miner in training: :func:`assemble_pool` builds the
 :class:`Pool` a batch is mined against (the batch, other ranks' rows, a memory), and
-:func:`mining_statistics` summarises the mined tuples for logging.
+:func:`mining_statistics` summarises the mined tuples for logging; :func:`drop_duplicate_negatives`
+leaves out negatives that repeat the anchor's sample under another label (duplicate ids).
 
 The miners run under ``torch.no_grad()``, are vectorised over anchors, and compute the distance matrix
 in chunks of anchors so that memory stays ``O(chunk x M)``. No Composer import is needed here.
@@ -29,6 +30,7 @@ Example:
 
 from composer_dynsample.distances import DISTANCES, pairwise_distance
 from composer_dynsample.mining._common import MiningInputs, validate_mining_inputs
+from composer_dynsample.mining.duplicates import drop_duplicate_negatives, duplicate_negatives
 from composer_dynsample.mining.miners import (
     SEMI_HARD_FALLBACKS,
     batch_hard,
@@ -49,6 +51,8 @@ __all__ = [
     "assemble_pool",
     "batch_hard",
     "distance_weighted",
+    "drop_duplicate_negatives",
+    "duplicate_negatives",
     "hard_topk",
     "mining_statistics",
     "multi_similarity",

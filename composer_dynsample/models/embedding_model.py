@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager, nullcontext
 from typing import Any
@@ -27,6 +28,8 @@ class EmbeddingModel(ComposerModel):
     calls ``loss(embeddings, labels, indices_tuple, ref_emb, ref_labels)``, the signature of
     pytorch-metric-learning losses, which therefore work unchanged; without the algorithm it receives the
     embeddings and calls ``loss(embeddings, labels)`` (the loss then uses every tuple of the batch).
+    When the algorithm reads duplicate ids (``duplicate_key``) and the loss's ``forward`` takes
+    ``duplicate_ids``, it also passes ``duplicate_ids=`` and ``ref_duplicate_ids=``.
 
     Batches are dicts (``features_key``/``labels_key``, default ``"features"``/``"labels"``, what
     :class:`~composer_dynsample.data.GatherCollate` produces) or ``(features, labels)`` sequences.
@@ -152,6 +155,8 @@ class EmbeddingModel(ComposerModel):
     def loss(self, outputs: Any, batch: Any, *args: Any, **kwargs: Any) -> torch.Tensor:
         if isinstance(outputs, MinedBatch):
             extra = {"global_mean": outputs.global_mean} if isinstance(self.loss_fn, _TupleLoss) else {}
+            if outputs.duplicate_ids is not None and _takes_duplicate_ids(self.loss_fn):
+                extra.update(duplicate_ids=outputs.duplicate_ids, ref_duplicate_ids=outputs.ref_duplicate_ids)
             return self.loss_fn(
                 outputs.embeddings,
                 outputs.labels,
@@ -232,6 +237,14 @@ def _split_features(features: Any, count: int) -> list[Any]:
         return list(features.tensor_split(count))
     parts = {key: value.tensor_split(count) for key, value in features.items()}
     return [dict(zip(parts, chunk)) for chunk in zip(*parts.values())]
+
+
+def _takes_duplicate_ids(loss: nn.Module) -> bool:
+    """Whether the loss takes ``duplicate_ids`` (as :class:`~composer_dynsample.InfoNCELoss` does)."""
+    try:
+        return "duplicate_ids" in inspect.signature(loss.forward).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 def _has_batch_norm(module: nn.Module) -> bool:

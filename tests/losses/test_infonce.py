@@ -9,6 +9,7 @@ from pytorch_metric_learning import losses as pml_losses
 from composer_dynsample import InfoNCELoss
 from composer_dynsample.losses import all_pairs
 from composer_dynsample.mining import batch_hard, hard_topk, multi_similarity, semi_hard
+from tests.algorithms.test_duplicates import reference_duplicates
 
 
 def _batch(seed: int, size: int = 12, dim: int = 5, classes: int = 3, dtype=torch.float64):
@@ -23,8 +24,9 @@ def _pool(seed: int, size: int = 9, dim: int = 5, classes: int = 3):
 
 
 def reference(embeddings, labels, tuples=None, ref=None, ref_labels=None, *, temperature=0.07,
-              negatives="pool", symmetric=False, distance="cosine"):  # fmt: skip
-    """The definition, one positive pair at a time, with Python sets, in float64."""
+              negatives="pool", symmetric=False, distance="cosine", duplicates=None):  # fmt: skip
+    """The definition, one positive pair at a time, with Python sets, in float64; ``duplicates[a][n]``
+    (a list of lists) takes ``(a, n)`` out of the negatives."""
     pool = embeddings if ref is None else ref
     pool_labels = labels if ref_labels is None else ref_labels
     x, y = embeddings.double(), pool.double()
@@ -44,6 +46,8 @@ def reference(embeddings, labels, tuples=None, ref=None, ref_labels=None, *, tem
         a1, p, a2, n = tuples if len(tuples) == 4 else (tuples[0], tuples[1], tuples[0], tuples[2])
         positive = set(zip(a1.tolist(), p.tolist()))
         negative = other if negatives == "pool" else set(zip(a2.tolist(), n.tolist()))
+    if duplicates is not None:
+        negative = {(a, n) for a, n in negative if not duplicates[a][n]}
     losses = []
     for a, p in sorted(positive):
         forward = [logits[a, p]] + [logits[a, n] for n in cols if (a, n) in negative]
@@ -256,3 +260,77 @@ def test_the_yaml_name_builds_the_loss():
     )
     loss = build_loss(cfg)
     assert isinstance(loss, InfoNCELoss) and loss.temperature == 0.1 and loss.negatives == "mined"
+
+
+# Duplicate ids: a row repeating the anchor's sample (or one of its positives') under another label is
+# no negative of it.
+
+
+def _ids(seed: int, size: int, texts: int = 6) -> torch.Tensor:
+    """Few distinct ids, so that equal ids under different labels are common; ``-1`` is no id."""
+    return torch.randint(-1, texts, (size,), generator=torch.Generator().manual_seed(seed + 500))
+
+
+@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("negatives", ["pool", "mined"])
+@pytest.mark.parametrize("symmetric", [False, True])
+@pytest.mark.parametrize("case", ["batch", "pool", "mined-batch", "mined-pool"])
+def test_duplicate_ids_mask_equals_the_brute_force_definition(seed, negatives, symmetric, case):
+    embeddings, labels = _batch(seed, size=16)
+    ids = _ids(seed, 16)
+    ref, ref_labels, ref_ids = (None, None, None)
+    if case.endswith("pool"):
+        (ref, ref_labels), ref_ids = _pool(seed, size=10), _ids(seed + 1, 10)
+    tuples = semi_hard(embeddings, labels, ref, ref_labels, margin=0.5) if case.startswith("mined") else None
+    duplicates = reference_duplicates(labels, ids, *(() if ref is None else (ref_labels, ref_ids)))
+    assert any(map(any, duplicates))  # the batch does hold duplicates under other labels
+    loss = InfoNCELoss(0.2, negatives=negatives, symmetric=symmetric)
+    ours = loss(embeddings, labels, tuples, ref, ref_labels, duplicate_ids=ids, ref_duplicate_ids=ref_ids)
+    expected = reference(embeddings, labels, tuples, ref, ref_labels, temperature=0.2, negatives=negatives,
+                         symmetric=symmetric, duplicates=duplicates)  # fmt: skip
+    assert torch.allclose(ours, expected, atol=1e-9), (ours, expected)
+    assert not torch.allclose(ours, loss(embeddings, labels, tuples, ref, ref_labels), atol=1e-6)
+
+
+def test_without_duplicates_the_ids_change_nothing():
+    embeddings, labels = _batch(1, size=12)
+    ref, ref_labels = _pool(1, size=8)
+    loss = InfoNCELoss(0.1, symmetric=True)
+    plain = loss(embeddings, labels, None, ref, ref_labels)
+    for ids, ref_ids in (
+        (torch.arange(12), torch.arange(12, 20)),
+        (torch.full((12,), -1), torch.full((8,), -1)),
+    ):
+        with_ids = loss(
+            embeddings, labels, None, ref, ref_labels, duplicate_ids=ids, ref_duplicate_ids=ref_ids
+        )
+        assert torch.equal(with_ids, plain)
+
+
+def test_a_copy_of_the_positive_under_another_label_no_longer_costs_log_two():
+    # Pairs (q1, P) and (q2, P): P's copy has exactly the positive's similarity, so unmasked, the anchor
+    # q1 cannot do better than log 2 however well it matches P.
+    e1, e2 = torch.tensor([1.0, 0.0]), torch.tensor([0.0, 1.0])
+    embeddings, labels = torch.stack([e1, e1, e2, e1]), torch.tensor([0, 0, 1, 1])
+    ids = torch.tensor([11, 20, 12, 20])  # q1 P q2 P
+    tuples = (torch.tensor([0]), torch.tensor([1]), torch.tensor([2]))  # the pair (q1, P) only
+    unmasked = InfoNCELoss(0.1)(embeddings, labels, tuples)
+    masked = InfoNCELoss(0.1)(embeddings, labels, tuples, duplicate_ids=ids)
+    assert torch.allclose(unmasked, torch.log(torch.tensor(2.0)), atol=1e-4)
+    assert masked < 1e-4
+
+
+def test_bad_duplicate_ids_are_named():
+    embeddings, labels = _batch(0, size=6)
+    ref, ref_labels = _pool(0, size=4)
+    ids, loss = torch.arange(6), InfoNCELoss()
+    with pytest.raises(ValueError, match="ref_duplicate_ids was given without duplicate_ids"):
+        loss(embeddings, labels, ref_duplicate_ids=ids)
+    with pytest.raises(ValueError, match="ref_duplicate_ids was given without ref_emb"):
+        loss(embeddings, labels, duplicate_ids=ids, ref_duplicate_ids=ids)
+    with pytest.raises(ValueError, match="duplicate_ids with ref_emb needs ref_duplicate_ids"):
+        loss(embeddings, labels, None, ref, ref_labels, duplicate_ids=ids)
+    with pytest.raises(ValueError, match="duplicate_ids has 5 entries but labels has 6 rows"):
+        loss(embeddings, labels, duplicate_ids=ids[:5])
+    with pytest.raises(TypeError, match="ref_duplicate_ids must be a 1-D integer tensor"):
+        loss(embeddings, labels, None, ref, ref_labels, duplicate_ids=ids, ref_duplicate_ids=ref[:, 0])

@@ -1,7 +1,8 @@
 """The checks and warnings of :class:`~composer_dynsample.HardNegativeMining`, as functions of their own.
 
 :func:`check_strategy` and :func:`parse_schedule` validate what the algorithm is built with;
-:class:`NothingMinedWatch` watches what it finds while training.
+:func:`find_tensor`, :func:`check_embeddings_and_labels` and :func:`check_duplicate_ids` what it reads
+from ``State``; :class:`NothingMinedWatch` watches what it finds while training.
 """
 
 from __future__ import annotations
@@ -9,13 +10,22 @@ from __future__ import annotations
 import logging
 import warnings
 from collections.abc import Collection, Mapping
+from typing import Any
 
 import torch
 from composer.core import Time, TimeUnit
 
 from composer_dynsample.validation import did_you_mean, parse_time
 
-__all__ = ["NOTHING_MINED_PATIENCE", "NothingMinedWatch", "check_strategy", "parse_schedule"]
+__all__ = [
+    "NOTHING_MINED_PATIENCE",
+    "NothingMinedWatch",
+    "check_duplicate_ids",
+    "check_embeddings_and_labels",
+    "check_strategy",
+    "find_tensor",
+    "parse_schedule",
+]
 
 log = logging.getLogger(__name__)
 
@@ -157,3 +167,71 @@ def _likely_cause(labels: torch.Tensor, pool_labels: torch.Tensor | None, strate
         "margin or epsilon may be met everywhere (for semi_hard with fallback='none', the negatives all "
         "lie beyond the margin); a larger margin or another strategy (batch_hard) keeps training."
     )
+
+
+def find_tensor(
+    container: Any,
+    key: str | int | None,
+    where: str,
+    option: str,
+    default_key: str | None = None,
+    default_index: int | None = None,
+) -> torch.Tensor:
+    """Pull a tensor out of outputs or a batch, with an error that names what was looked for.
+
+    Example:
+        >>> find_tensor({"labels": torch.tensor([1])}, "label", "state.batch", "labels_key")
+        Traceback (most recent call last):
+            ...
+        ValueError: HardNegativeMining looked for a tensor at state.batch['label'] and found NoneType; state.batch is a dict with keys ['labels']. Set labels_key to where it is.
+    """
+    if key is None and isinstance(container, torch.Tensor) and default_key is None:
+        return container
+    if key is None:
+        key = default_key if isinstance(container, Mapping) else default_index
+    try:
+        value = container[key] if key is not None else None
+    except (KeyError, IndexError, TypeError):
+        value = None
+    if isinstance(value, torch.Tensor):
+        return value
+    shape = (
+        f"a dict with keys {sorted(map(str, container))}"
+        if isinstance(container, Mapping)
+        else type(container).__name__
+    )
+    raise ValueError(
+        f"HardNegativeMining looked for a tensor at {where}[{key!r}] and found {type(value).__name__}; "
+        f"{where} is {shape}. Set {option} to where it is."
+    )
+
+
+def check_embeddings_and_labels(embeddings: torch.Tensor, labels: torch.Tensor) -> None:
+    """Raise a ``ValueError`` unless the embeddings are ``(B, D)`` floats and the labels ``B`` integers."""
+    if embeddings.ndim != 2 or not embeddings.is_floating_point():
+        raise ValueError(
+            f"HardNegativeMining needs (batch, dim) float embeddings, got shape {tuple(embeddings.shape)} and dtype {embeddings.dtype}."
+        )
+    if labels.ndim != 1 or labels.is_floating_point() or labels.dtype == torch.bool:
+        raise ValueError(
+            f"labels must be a 1-D integer tensor, got shape {tuple(labels.shape)} and dtype {labels.dtype}."
+        )
+    if labels.shape[0] != embeddings.shape[0]:
+        raise ValueError(
+            f"labels ({labels.shape[0]}) and embeddings ({embeddings.shape[0]}) must have the same length."
+        )
+
+
+def check_duplicate_ids(ids: torch.Tensor, labels: torch.Tensor, key: str | int) -> torch.Tensor:
+    """Return the batch's duplicate ids if they are a 1-D integer tensor of the labels' length."""
+    if ids.ndim != 1 or ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool:
+        raise ValueError(
+            f"the duplicate ids at state.batch[{key!r}] (duplicate_key) must be a 1-D integer tensor, got "
+            f"shape {tuple(ids.shape)} and dtype {ids.dtype}."
+        )
+    if ids.shape[0] != labels.shape[0]:
+        raise ValueError(
+            f"the duplicate ids at state.batch[{key!r}] (duplicate_key) have {ids.shape[0]} entries but the "
+            f"labels {labels.shape[0]}; they must match."
+        )
+    return ids

@@ -20,13 +20,17 @@ from composer_dynsample import mining
 from composer_dynsample.algorithms._batch import batch_tensor
 from composer_dynsample.algorithms.hard_negative_mining.checks import (
     NothingMinedWatch,
+    check_duplicate_ids,
+    check_embeddings_and_labels,
     check_strategy,
+    find_tensor,
     parse_schedule,
 )
 from composer_dynsample.algorithms.hard_negative_mining.memory import CrossBatchMemory
 from composer_dynsample.distances import paired_distance
 from composer_dynsample.distributed import all_reduce_sum, get_world_size, unwrap_model
 from composer_dynsample.mined import MinedBatch
+from composer_dynsample.mining.duplicates import drop_duplicate_negatives
 from composer_dynsample.mining.pool import Pool, assemble_pool
 from composer_dynsample.mining.statistics import mining_statistics
 from composer_dynsample.validation import check_bool, check_choice, check_float, check_int, parse_time
@@ -144,6 +148,14 @@ class HardNegativeMining(Algorithm):
             the outputs are the embeddings tensor, else a dict key or a tuple index. Default: ``None``.
         labels_key (str | int, optional): Where the labels are in ``state.batch``. Default: ``"labels"``
             for a dict batch, index ``1`` for a tuple or list batch.
+        duplicate_key (str | int, optional): Where a duplicate id per row is in ``state.batch`` (e.g.
+            ``"text_hash"`` of text batches): rows of equal id are the same sample under different labels
+            and never serve as each other's negatives. Mined tuples whose negative repeats the anchor or
+            one of its positives are dropped (logged as ``mining/duplicate_negatives_dropped``), the ids
+            travel with the labels through the cross-rank pool and the memory, and the
+            :class:`~composer_dynsample.MinedBatch` carries them to the loss
+            (:class:`~composer_dynsample.InfoNCELoss` masks such rows out of its negatives).
+            Default: ``None`` (off).
         cross_rank (bool): Mine against the global batch over all ranks. Default: ``False``.
         gather (str, optional): With ``cross_rank``, how the other ranks' embeddings join the pool, to be
             chosen explicitly: ``"autograd"`` (gradients flow to every rank; with the losses of
@@ -179,6 +191,7 @@ class HardNegativeMining(Algorithm):
         miner_kwargs: Mapping[str, Mapping[str, Any]] | None = None,
         embeddings_key: str | int | None = None,
         labels_key: str | int | None = None,
+        duplicate_key: str | int | None = None,
         cross_rank: bool = False,
         gather: str | None = None,
         memory_size: int = 0,
@@ -196,6 +209,13 @@ class HardNegativeMining(Algorithm):
         for name, kwargs in self.miner_kwargs.items():
             _check_miner_kwargs(name, kwargs, distance)
         self.embeddings_key, self.labels_key = embeddings_key, labels_key
+        if duplicate_key is not None and (
+            isinstance(duplicate_key, bool) or not isinstance(duplicate_key, (str, int))
+        ):
+            raise ValueError(
+                f"duplicate_key must be a batch key (a string or an index) or None, got {duplicate_key!r}."
+            )
+        self.duplicate_key = duplicate_key
         cross_rank = check_bool("cross_rank", cross_rank)
         if cross_rank and gather not in _GATHERS:
             raise ValueError(
@@ -229,12 +249,13 @@ class HardNegativeMining(Algorithm):
         if event == Event.AFTER_DATALOADER:  # labels that are not there yet are looked for at AFTER_FORWARD
             self._device_rows = _rows(batch_tensor(state, self.labels_key, "labels", 1)[0])
             return
-        embeddings = _find(state.outputs, self.embeddings_key, "state.outputs", "embeddings_key")
+        embeddings = find_tensor(state.outputs, self.embeddings_key, "state.outputs", "embeddings_key")
         labels = self._labels(state)
-        _check_embeddings_and_labels(embeddings, labels)
+        check_embeddings_and_labels(embeddings, labels)
+        ids = self._duplicate_ids(state, labels)
         self._check_microbatch(labels.shape[0], state)
         strategy = self.strategy_at(state)
-        embeddings, pool, tuples, stats = self._mine_or_skip(embeddings, labels, strategy, state)
+        embeddings, pool, tuples, stats = self._mine_or_skip(embeddings, labels, ids, strategy, state)
         values = dict(zip(stats, torch.stack(list(stats.values())).tolist()))  # the statistics' one host sync
         logger.log_metrics({f"mining/{name}": value for name, value in values.items()})
         self._check_collapse(values, state)
@@ -259,14 +280,21 @@ class HardNegativeMining(Algorithm):
             global_mean=self.cross_rank and get_world_size() > 1 and uses_pool,
             outputs=state.outputs,
             stats=values,
+            duplicate_ids=ids,
+            ref_duplicate_ids=pool.duplicate_ids if uses_pool else None,
         )
 
     def _mine_or_skip(
-        self, embeddings: torch.Tensor, labels: torch.Tensor, strategy: str, state: State
+        self,
+        embeddings: torch.Tensor,
+        labels: torch.Tensor,
+        ids: torch.Tensor | None,
+        strategy: str,
+        state: State,
     ) -> tuple[torch.Tensor, Pool, tuple[torch.Tensor, ...], dict[str, torch.Tensor]]:
         """Mine when every rank's embeddings are finite; else raise or skip the step on every rank alike."""
         if _all_ranks_finite(embeddings):
-            pool, tuples = self._mine(embeddings, labels, strategy, state)
+            pool, tuples, dropped = self._mine(embeddings, labels, ids, strategy, state)
             stats = mining_statistics(
                 embeddings.detach(),
                 pool.embeddings.detach(),
@@ -274,6 +302,8 @@ class HardNegativeMining(Algorithm):
                 distance=self.distance,
                 margin=self.log_margin,
             )
+            if dropped is not None:  # joins the one stacked host sync of the statistics
+                stats["duplicate_negatives_dropped"] = dropped.to(stats["num_tuples"])
             return embeddings, pool, tuples, stats
         if self.on_nonfinite == "raise":
             raise ValueError(
@@ -292,12 +322,28 @@ class HardNegativeMining(Algorithm):
         value, key = batch_tensor(state, self.labels_key, "labels", 1)
         if value is not None:
             return value
-        return _find(state.batch, key, "state.batch", "labels_key")  # raises the error naming labels_key
+        # Not a tensor there: this raises the error that names labels_key.
+        return find_tensor(state.batch, key, "state.batch", "labels_key")
+
+    def _duplicate_ids(self, state: State, labels: torch.Tensor) -> torch.Tensor | None:
+        """The batch's duplicate ids at ``duplicate_key``, checked, or ``None`` when the option is off."""
+        if self.duplicate_key is None:
+            return None
+        value, key = batch_tensor(state, self.duplicate_key, "", 0)
+        if value is None:
+            value = find_tensor(state.batch, key, "state.batch", "duplicate_key")  # raises, naming the option
+        return check_duplicate_ids(value, labels, key)
 
     def _mine(
-        self, embeddings: torch.Tensor, labels: torch.Tensor, strategy: str, state: State
-    ) -> tuple[Pool, tuple[torch.Tensor, ...]]:
-        """Assemble the pool (all ranks take part in its collectives), mine, then enqueue into the memory."""
+        self,
+        embeddings: torch.Tensor,
+        labels: torch.Tensor,
+        ids: torch.Tensor | None,
+        strategy: str,
+        state: State,
+    ) -> tuple[Pool, tuple[torch.Tensor, ...], torch.Tensor | None]:
+        """Assemble the pool (all ranks take part in its collectives), mine, drop duplicate negatives when
+        ``ids`` are given (their count is returned), then enqueue into the memory."""
         memory = self.memory if self.memory is not None and _reached(state, self.memory_start) else None
         stored = memory is not None and len(memory) > 0
         if stored:
@@ -310,6 +356,8 @@ class HardNegativeMining(Algorithm):
             memory_embeddings=memory.embeddings if stored else None,
             memory_labels=memory.labels if stored else None,
             enqueue=memory is not None,
+            duplicate_ids=ids,
+            memory_duplicate_ids=memory.duplicate_ids if stored else None,
         )
         uses_pool = pool.offset is not None
         tuples = mine(
@@ -322,9 +370,18 @@ class HardNegativeMining(Algorithm):
             distance=self.distance,
             **self.miner_kwargs.get(strategy, {}),
         )
+        dropped = None
+        if ids is not None:
+            tuples, dropped = drop_duplicate_negatives(
+                tuples,
+                labels,
+                ids,
+                pool.labels if uses_pool else None,
+                pool.duplicate_ids if uses_pool else None,
+            )
         if memory is not None:
-            memory.enqueue(pool.enqueue_embeddings, pool.enqueue_labels)
-        return pool, tuples
+            memory.enqueue(pool.enqueue_embeddings, pool.enqueue_labels, pool.enqueue_duplicate_ids)
+        return pool, tuples, dropped
 
     def strategy_at(self, state: State) -> str:
         """The strategy the schedule gives for the current time."""
@@ -403,51 +460,6 @@ class HardNegativeMining(Algorithm):
 
 def _reached(state: State, time: Time) -> bool:
     return int(state.timestamp.get(time.unit)) >= int(time.value)
-
-
-def _find(
-    container: Any,
-    key: str | int | None,
-    where: str,
-    option: str,
-    default_key: str | None = None,
-    default_index: int | None = None,
-) -> torch.Tensor:
-    """Pull a tensor out of outputs or a batch, with an error that names what was looked for."""
-    if key is None and isinstance(container, torch.Tensor) and default_key is None:
-        return container
-    if key is None:
-        key = default_key if isinstance(container, Mapping) else default_index
-    try:
-        value = container[key] if key is not None else None
-    except (KeyError, IndexError, TypeError):
-        value = None
-    if isinstance(value, torch.Tensor):
-        return value
-    shape = (
-        f"a dict with keys {sorted(map(str, container))}"
-        if isinstance(container, Mapping)
-        else type(container).__name__
-    )
-    raise ValueError(
-        f"HardNegativeMining looked for a tensor at {where}[{key!r}] and found {type(value).__name__}; "
-        f"{where} is {shape}. Set {option} to where it is."
-    )
-
-
-def _check_embeddings_and_labels(embeddings: torch.Tensor, labels: torch.Tensor) -> None:
-    if embeddings.ndim != 2 or not embeddings.is_floating_point():
-        raise ValueError(
-            f"HardNegativeMining needs (batch, dim) float embeddings, got shape {tuple(embeddings.shape)} and dtype {embeddings.dtype}."
-        )
-    if labels.ndim != 1 or labels.is_floating_point() or labels.dtype == torch.bool:
-        raise ValueError(
-            f"labels must be a 1-D integer tensor, got shape {tuple(labels.shape)} and dtype {labels.dtype}."
-        )
-    if labels.shape[0] != embeddings.shape[0]:
-        raise ValueError(
-            f"labels ({labels.shape[0]}) and embeddings ({embeddings.shape[0]}) must have the same length."
-        )
 
 
 def _all_ranks_finite(embeddings: torch.Tensor) -> bool:
