@@ -115,6 +115,17 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _one_line_errors(*known: type[BaseException]) -> tuple[type[BaseException], ...]:
+    """The errors printed as one line. Evaluated only when an error reaches ``except``, so a module not
+    loaded yet (the distributed helpers, which import torch) adds its error class only once it is loaded:
+    an error of that class cannot exist before."""
+    classes = [*known, FileNotFoundError]
+    distributed = sys.modules.get("composer_dynsample.distributed")
+    if distributed is not None:
+        classes.append(distributed.RankMismatchError)  # ranks built different samplers: every rank says so
+    return tuple(classes)
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     """Entry point of ``composer-dynsample`` and ``python -m composer_dynsample``."""
     parser = build_parser()
@@ -150,12 +161,8 @@ def main(argv: Sequence[str] | None = None) -> None:
                 split=args.split,
                 trust_checkpoint=args.trust_checkpoint,
             )
-    except (
-        ConfigError,
-        CheckpointError,
-        commands.RunDirError,
-        commands.OutputError,
-        FileNotFoundError,
+    except _one_line_errors(
+        ConfigError, CheckpointError, commands.RunDirError, commands.OutputError
     ) as error:
         print(f"composer-dynsample {args.command}: error: {error}", file=sys.stderr)
         raise SystemExit(2) from None

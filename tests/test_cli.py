@@ -151,3 +151,21 @@ def test_section_errors_answer_before_composer_is_imported_or_data_loaded(overri
     )
     assert message in result.stderr and "exit 2" in result.stderr, result.stderr[-3000:]
     assert "heavy: []" in result.stderr, result.stderr[-3000:]
+
+
+def test_ranks_that_built_different_samplers_end_in_one_line(monkeypatch, capsys):
+    """SetSamplerEpoch raises RankMismatchError on every rank mid-fit; the command prints it as one line."""
+    from composer_dynsample import commands
+    from composer_dynsample.distributed import RankMismatchError
+
+    def disagree(*args, **kwargs):
+        raise RankMismatchError("SetSamplerEpoch, epoch 0: ranks [1] disagree with rank 0 on the labels")
+
+    monkeypatch.setattr(commands, "train", disagree)
+    with pytest.raises(SystemExit) as exit:
+        main(["train", "yamls/digits_quick.yaml"])
+    assert exit.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        "composer-dynsample train: error: SetSamplerEpoch, epoch 0: ranks [1] disagree with rank 0 on the labels"
+    ]
