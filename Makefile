@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed
 TEST_STAMP := $(VENV)/.installed-test
 RUN_DIR ?= runs/default
 
-.PHONY: install train test test-unit test-distributed lint bench constraints clean
+.PHONY: install train test test-unit test-distributed lint bench gpu-check constraints clean
 
 install: $(STAMP)
 
@@ -58,6 +58,12 @@ bench: $(TEST_STAMP)
 	$(PY) benchmarks/quality_glyphs.py --group sampling_glyphs
 	$(PY) benchmarks/quality_glyphs.py --group contrastive_glyphs
 	$(PY) benchmarks/report.py
+
+# On a CUDA machine: the miners on the GPU against the CPU, AMP training through the CLI, pin_memory, the
+# transformer encoder's step rate and (2+ GPUs) a cross-rank NCCL step; results in benchmarks/results/gpu.*.
+# Without CUDA it lists what it skipped and why, writes gpu_cpu_only.* and exits 0.
+gpu-check: $(TEST_STAMP)
+	$(PY) benchmarks/gpu.py
 
 # Refresh the pins on purpose: install the newest allowed versions in a scratch venv, test, then freeze.
 constraints:
