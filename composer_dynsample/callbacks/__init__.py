@@ -1,6 +1,7 @@
 """Composer callbacks: one file each."""
 
+from composer_dynsample.callbacks.checkpoint_on_interrupt import CheckpointOnInterrupt
 from composer_dynsample.callbacks.retrieval_gallery import RetrievalGallery, embed_store
 from composer_dynsample.callbacks.set_sampler_epoch import SetSamplerEpoch, find_epoch_target
 
-__all__ = ["RetrievalGallery", "SetSamplerEpoch", "embed_store", "find_epoch_target"]
+__all__ = ["CheckpointOnInterrupt", "RetrievalGallery", "SetSamplerEpoch", "embed_store", "find_epoch_target"]
