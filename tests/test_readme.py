@@ -32,5 +32,6 @@ def test_readme_python_examples_run(tmp_path: Path, monkeypatch: pytest.MonkeyPa
             exec(compile(block, f"README.md python block {number}", "exec"), namespace)
         except Exception as error:  # pragma: no cover - the message says which block failed
             pytest.fail(f"README python block {number} failed: {type(error).__name__}: {error}\n{block}")
+    assert namespace["lightning_trainer"].current_epoch == 2  # the Lightning example trained its two epochs
     trainer = namespace["trainer"]
     assert int(trainer.state.timestamp.epoch) == 4  # the last example trained its four epochs
