@@ -1,0 +1,428 @@
+"""Pair batches with corpus negatives mined by the current model: ANCE inside the trainer.
+
+ANCE (Xiong et al. 2020) and RocketQA train a retriever on negatives taken from the corpus by an index
+of the model being trained, refreshed every few thousand steps by a second job. Here the index is
+:class:`~composer_dynsample.EmbeddingTable`, which the forward pass keeps up to date and hands to
+:class:`MinedNegativesPKBatchSampler` at every epoch start: identical on every rank, part of the
+checkpoint, with the false-negative guards of the field (a rank window, a margin relative to the
+positive, no identical texts).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from composer_dynsample.samplers._corpus_search import (
+    GUARDS,
+    CorpusCandidates,
+    corpus_candidates,
+    dense_ids,
+    pair_layout,
+)
+from composer_dynsample.samplers.base import DistributedBatchSampler, epoch_rng
+from composer_dynsample.samplers.neighbours import check_search
+from composer_dynsample.samplers.pk import PKBatchSampler
+from composer_dynsample.validation import check_float, check_int
+
+__all__ = ["CorpusCandidates", "MinedNegativesPKBatchSampler", "corpus_candidates"]
+
+#: What :meth:`MinedNegativesPKBatchSampler.guard_counts` reports: the search's guards, then the plan's.
+PLAN_COUNTS = (*GUARDS, "in_batch", "random", "no_embedding")
+_DRAWS_PER_BLOCK = 4096  # random passages drawn at a time; a fixed size keeps the plan a pure function
+_DRAWS_BEFORE_SCAN = 64  # rejected random draws for one slot before the valid passages are listed
+
+
+class MinedNegativesPKBatchSampler(DistributedBatchSampler):
+    """P pairs per batch, as :class:`~composer_dynsample.PKBatchSampler` with K = 2, and each anchor's
+    nearest passages of other pairs in the embedding table as its negatives.
+
+    A batch holds ``pairs_per_batch`` pairs (anchor and positive, contiguous, exactly the batches of
+    ``PKBatchSampler(labels, pairs_per_batch, 2, seed=seed)``), followed by ``negatives_per_anchor``
+    negatives for each anchor, in the order of the anchors: ``pairs_per_batch x (2 +
+    negatives_per_anchor)`` rows. Every guarantee of ``PKBatchSampler`` holds for the pairs: each pair
+    at most once an epoch, disjoint shards, equal lengths on every rank, ``drop_last`` as there.
+
+    Negatives come from the snapshot handed over with :meth:`update_neighbours` (from
+    :class:`~composer_dynsample.EmbeddingTable`, from the next :meth:`set_epoch` on): each anchor's
+    passages of other pairs ranked by cosine similarity, the ``skip_top`` nearest skipped, the next
+    ``window`` passed through the guards of :func:`corpus_candidates` (identical texts, another answer
+    of the same query, the margin ``max_relative_similarity`` x sim(anchor, positive)). Each epoch an
+    anchor takes its survivors in a random order (so negatives vary across epochs;
+    ``window=negatives_per_anchor`` takes the hardest ones), skipping any whose text is already in the
+    batch (a pair's row or an earlier negative). Slots left over, every slot before the first
+    snapshot, and the slots of an anchor without an embedding take random passages of other pairs
+    under the same rules, so the batch size never changes. The batches are a pure function of
+    ``(seed, epoch, snapshot)``: every rank computes the same plan and takes its shard.
+
+    Args:
+        labels (Sequence[int] | numpy.ndarray | torch.Tensor): The pair of every row: each label exactly
+            twice, an anchor and its positive (the pairs data's ``store.labels``).
+        pairs_per_batch (int): P, the pairs of a batch, at least 2.
+        negatives_per_anchor (int): Mined negatives per anchor, at least 1.
+        is_passage (Sequence[bool] | numpy.ndarray | torch.Tensor): Which rows are passages (positives);
+            the other row of each pair is its anchor (``~store.is_query[:len(store)]``).
+        duplicate_ids (Sequence[int] | numpy.ndarray | torch.Tensor, optional): Every row's text id, equal
+            for equal texts (``store.text_hash[:len(store)]``). Default: none (every row its own text).
+        skip_top (int): The nearest passages skipped (the rank window). Default: ``0``.
+        window (int, optional): The candidates looked at after them, at least ``negatives_per_anchor``.
+            Default: ``negatives_per_anchor`` (the hardest ones).
+        max_relative_similarity (float, optional): Drop candidates more similar to the anchor than this
+            times the anchor's similarity to its positive; ``None`` turns the guard off. Default: ``0.95``.
+        search (str): ``"exact"`` (torch), ``"faiss"`` (exact, the same lists) or ``"faiss_ivf"``
+            (approximate, for large corpora); the faiss ones need the ``faiss`` extra. Default: ``"exact"``.
+        num_replicas, rank, seed, drop_last: As for :class:`~composer_dynsample.PKBatchSampler`.
+
+    Example:
+        >>> labels = torch.arange(40) // 2  # rows 2k and 2k + 1 are pair k
+        >>> is_passage = torch.arange(40) % 2 == 1
+        >>> sampler = MinedNegativesPKBatchSampler(labels, 4, 2, is_passage=is_passage)
+        >>> sampler.batch_size, len(sampler)
+        (16, 5)
+        >>> sampler.update_neighbours(torch.randn(40, 8, generator=torch.Generator().manual_seed(0)))
+        >>> sampler.set_epoch(1)
+        >>> batch = next(iter(sampler))
+        >>> bool(is_passage[batch[8:]].all()), len(set(labels[batch].tolist()))
+        (True, 12)
+    """
+
+    def __init__(
+        self,
+        labels: Sequence[int] | np.ndarray | torch.Tensor,
+        pairs_per_batch: int,
+        negatives_per_anchor: int,
+        *,
+        is_passage: Sequence[bool] | np.ndarray | torch.Tensor,
+        duplicate_ids: Sequence[int] | np.ndarray | torch.Tensor | None = None,
+        skip_top: int = 0,
+        window: int | None = None,
+        max_relative_similarity: float | None = 0.95,
+        search: str = "exact",
+        num_replicas: int | None = None,
+        rank: int | None = None,
+        seed: int = 0,
+        drop_last: bool = True,
+    ) -> None:
+        self.labels = _row_array("labels", labels, None)
+        self.is_passage = _row_array("is_passage", is_passage, self.labels.size, bool)
+        self.duplicate_ids = (
+            None if duplicate_ids is None else _row_array("duplicate_ids", duplicate_ids, self.labels.size)
+        )
+        self._anchors, self._positives, self._pair_of = pair_layout(self.labels, self.is_passage)
+        self.pairs_per_batch = check_int("pairs_per_batch", pairs_per_batch, minimum=2)
+        self.negatives_per_anchor = check_int("negatives_per_anchor", negatives_per_anchor, minimum=1)
+        self.skip_top = check_int("skip_top", skip_top, minimum=0)
+        self.window = check_int(
+            "window", negatives_per_anchor if window is None else window, minimum=self.negatives_per_anchor
+        )
+        self.max_relative_similarity = (
+            None
+            if max_relative_similarity is None
+            else check_float(
+                "max_relative_similarity", max_relative_similarity, minimum=0, strict_minimum=True
+            )
+        )
+        self.search = check_search(search)
+        group = 2 + self.negatives_per_anchor
+        super().__init__(
+            self.labels.size,
+            self.pairs_per_batch * group,
+            num_replicas=num_replicas,
+            rank=rank,
+            seed=seed,
+            drop_last=drop_last,
+        )
+        self._texts = dense_ids(self.duplicate_ids, self.labels.size)
+        self._check_enough_passages()
+        self._pair_batches = PKBatchSampler(
+            self.labels, self.pairs_per_batch, 2, num_replicas=1, rank=0, seed=seed
+        )
+        self._pending: CorpusCandidates | None = None
+        self._snapshot: CorpusCandidates | None = None  # what the current epoch's negatives come from
+        self._version = 0  # counts snapshots applied: the key of the cached plan
+        self._cached: tuple[tuple[int, int], np.ndarray, dict[str, int]] | None = None
+        self.last_skipped: dict[str, int] = dict.fromkeys(GUARDS, 0)
+        self._check_enough_batches()
+
+    @classmethod
+    def from_store(
+        cls, store: Any, pairs_per_batch: int, negatives_per_anchor: int, **options: Any
+    ) -> MinedNegativesPKBatchSampler:
+        """The sampler of a pairs :class:`~composer_dynsample.data.TextStore`: its labels, its passages
+        (rows that are not queries) and its text hashes as duplicate ids; ``options`` as for the class."""
+        size = len(store)
+        return cls(
+            store.labels,
+            pairs_per_batch,
+            negatives_per_anchor,
+            is_passage=~np.asarray(store.is_query[:size], dtype=bool),
+            duplicate_ids=np.asarray(store.text_hash[:size]),
+            **options,
+        )
+
+    def _check_enough_passages(self) -> None:
+        """Refuse data whose passages cannot fill a batch with distinct texts, whatever the draw."""
+        passage_texts = self._texts[self._positives]
+        anchor_texts = self._texts[self._anchors]
+        most_answers = int(np.unique(anchor_texts, return_counts=True)[1].max())  # pairs of one query
+        distinct = int(np.unique(passage_texts).size)
+        # A slot excludes the batch's texts, the other answers of its query and its dropped candidates.
+        needed = self.batch_size + most_answers - 1 + self.skip_top + self.window
+        if distinct < needed:
+            raise ValueError(
+                f"pairs_per_batch={self.pairs_per_batch} x (2 + negatives_per_anchor="
+                f"{self.negatives_per_anchor}) with skip_top={self.skip_top} and window={self.window} needs "
+                f"at least {needed} passages of distinct texts, and the pairs hold {distinct}; use fewer "
+                "pairs per batch, fewer negatives per anchor or a smaller window."
+            )
+
+    @property
+    def num_global_batches(self) -> int:
+        """The number of batches in one epoch over all ranks: ``PKBatchSampler``'s with K = 2."""
+        return self._pair_batches.num_global_batches
+
+    # ------------------------------------------------------------------------------------------ snapshot
+    def update_neighbours(self, embeddings: torch.Tensor, valid: torch.Tensor | None = None) -> None:
+        """Search every anchor's candidate negatives in ``(N, D)`` embeddings (e.g. the table's rows);
+        they apply from the next :meth:`set_epoch`. ``valid`` marks rows that hold an embedding.
+
+        The name is :class:`~composer_dynsample.EmbeddingTable`'s protocol for samplers that take the
+        rows themselves; what each guard dropped over all anchors is left in ``last_skipped``.
+        """
+        if (
+            not isinstance(embeddings, torch.Tensor)
+            or embeddings.ndim != 2
+            or embeddings.shape[0] != self.num_indices
+        ):
+            shape = (
+                tuple(embeddings.shape) if isinstance(embeddings, torch.Tensor) else type(embeddings).__name__
+            )
+            raise ValueError(
+                f"embeddings must be ({self.num_indices}, dim), one row per sample, got {shape}."
+            )
+        self._pending = corpus_candidates(
+            embeddings,
+            self.labels,
+            self.is_passage,
+            self.window,
+            skip_top=self.skip_top,
+            max_relative_similarity=self.max_relative_similarity,
+            duplicate_ids=self.duplicate_ids,
+            valid=valid,
+            search=self.search,
+        )
+        totals = self._pending.dropped.sum(axis=0).tolist()
+        self.last_skipped = {name: int(count) for name, count in zip(GUARDS, totals)}
+
+    def set_epoch(self, epoch: int) -> None:
+        """Set the epoch; a snapshot handed over since the last call applies from this epoch on."""
+        super().set_epoch(epoch)
+        if self._pending is not None:
+            self._activate(self._pending)
+            self._pending = None
+
+    def _activate(self, snapshot: CorpusCandidates | None) -> None:
+        self._snapshot = snapshot
+        self._version += 1
+        self._cached = None
+
+    def snapshot_fingerprint(self) -> str:
+        """A SHA-256 of the candidate lists the current epoch uses (``""`` before any)."""
+        if self._snapshot is None:
+            return ""
+        digest = hashlib.sha256()
+        for array in (self._snapshot.ranked, self._snapshot.kept, self._snapshot.searched):
+            digest.update(np.ascontiguousarray(array).tobytes())
+        return digest.hexdigest()
+
+    def state_dict(self) -> dict[str, Any]:
+        """The epoch and the candidate lists its batches are built from, for an exact resume."""
+        return {"epoch": self.epoch, "snapshot": _as_dict(self._snapshot), "pending": _as_dict(self._pending)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict`: the resumed epoch yields the interrupted epoch's batches."""
+        self.epoch = int(state["epoch"])
+        snapshot, pending = state.get("snapshot"), state.get("pending")
+        self._activate(None if snapshot is None else CorpusCandidates(**snapshot))
+        self._pending = None if pending is None else CorpusCandidates(**pending)
+
+    # ----------------------------------------------------------------------------------------- batches
+    def global_batches(self, epoch: int) -> np.ndarray:
+        """The epoch's batches over all ranks: ``(num_global_batches, P * (2 + negatives_per_anchor))``."""
+        return self._plan(epoch)[0]
+
+    def guard_counts(self, epoch: int | None = None) -> dict[str, int]:
+        """What the guards dropped in an epoch's plan (default: the current epoch), for logging.
+
+        Over the epoch's anchors: the search's guards of :data:`GUARDS` (``rank_window``: candidates
+        skipped at the top; ``duplicate``; ``same_query``; ``margin``), then the plan's: ``in_batch``
+        (survivors skipped because their text was in the batch already), ``random`` (negatives drawn at
+        random) and ``no_embedding`` (anchors without candidates: before the first snapshot, every one).
+        """
+        return dict(self._plan(self.epoch if epoch is None else epoch)[1])
+
+    def _plan(self, epoch: int) -> tuple[np.ndarray, dict[str, int]]:
+        key = (int(epoch), self._version)
+        if self._cached is None or self._cached[0] != key:
+            self._cached = (key, *self._build(epoch))
+        return self._cached[1], self._cached[2]
+
+    def _build(self, epoch: int) -> tuple[np.ndarray, dict[str, int]]:
+        pairs = self._pair_batches.global_batches(epoch)  # (n, 2P): PKBatchSampler's, untouched
+        n, p = pairs.shape[0], self.pairs_per_batch
+        chunks = pairs.reshape(n, p, 2)
+        first_is_anchor = ~self.is_passage[chunks[:, :, 0]]
+        anchor_rows = np.where(first_is_anchor, chunks[:, :, 0], chunks[:, :, 1]).reshape(-1)
+        own = self._pair_of[anchor_rows]
+        rng = epoch_rng(self.seed, epoch, stream=4)
+        counts = dict.fromkeys(PLAN_COUNTS, 0)
+        ordered, forbidden = self._ordered_candidates(own, rng, counts)
+        planner = _NegativePlanner(
+            self._texts, self._positives, self._texts[self._anchors], self.negatives_per_anchor, rng
+        )
+        negatives = np.empty((n, p * self.negatives_per_anchor), dtype=np.int64)
+        anchor_texts = self._texts[anchor_rows].reshape(n, p)
+        for b in range(n):
+            batch_texts = self._texts[pairs[b]].tolist()
+            excluded = None if forbidden is None else forbidden[b]
+            negatives[b] = planner.batch(batch_texts, anchor_texts[b].tolist(), ordered[b], excluded)
+        counts["in_batch"], counts["random"] = planner.in_batch, planner.random
+        batches = np.concatenate([pairs, negatives], axis=1)
+        batches.flags.writeable = False  # cached: shared by every caller of this epoch's plan
+        return batches, counts
+
+    def _ordered_candidates(
+        self, own: np.ndarray, rng: np.random.Generator, counts: dict[str, int]
+    ) -> tuple[np.ndarray, np.ndarray | None]:
+        """The epoch's anchors' kept candidates, each row in a random order with ``-1`` last, and the
+        candidates they must not take (examined and not kept; ``None`` before a snapshot), both ``(n, P,
+        skip_top + window)``; the snapshot's guard counts over these anchors are added to ``counts``."""
+        width = self.skip_top + self.window
+        shape = (own.size // self.pairs_per_batch, self.pairs_per_batch, width)
+        keys = rng.random((own.size, width))
+        if self._snapshot is None:
+            counts["no_embedding"] = int(own.size)
+            return np.full(shape, -1, dtype=np.int64), None
+        snapshot = self._snapshot
+        for name, total in zip(GUARDS, snapshot.dropped[own].sum(axis=0).tolist()):
+            counts[name] = int(total)
+        counts["no_embedding"] = int((~snapshot.searched[own]).sum())
+        ranked, kept = snapshot.ranked[own], snapshot.kept[own]
+        order = np.argsort(np.where(kept, keys, 2.0), axis=1, kind="stable")
+        ordered = np.take_along_axis(np.where(kept, ranked, -1), order, axis=1)
+        return ordered.reshape(shape), np.where(kept, -1, ranked).reshape(shape)
+
+
+class _NegativePlanner:
+    """Fills one batch's negative slots: each anchor's candidates in order, then random passages.
+
+    A negative is never a text already in the batch (a pair's row or an earlier negative), and a random
+    one never a passage of a pair whose anchor has the anchor's text (that includes the anchor's own)
+    nor one of the anchor's candidates that the rank window or a guard dropped.
+    """
+
+    def __init__(
+        self,
+        texts: np.ndarray,
+        positives: np.ndarray,
+        query_texts: np.ndarray,
+        per_anchor: int,
+        rng: np.random.Generator,
+    ) -> None:
+        self.texts, self.positives, self.query_texts = texts, positives, query_texts
+        self.passage_texts = texts[positives]
+        self.per_anchor, self.rng = per_anchor, rng
+        self.in_batch = self.random = 0
+        self._draws: list[tuple[int, int, int]] = []
+
+    def batch(
+        self,
+        batch_texts: list[int],
+        anchor_texts: list[int],
+        ordered: np.ndarray,
+        forbidden: np.ndarray | None,
+    ) -> list[int]:
+        """The negatives of one batch, anchor after anchor: ``ordered`` holds each anchor's candidates in
+        the order to take them, ``forbidden`` the ones it must not take (both ``(P, width)``, ``-1`` empty;
+        ``None``: no snapshot)."""
+        texts = set(batch_texts)
+        out: list[int] = []
+        rows, row_texts = ordered.tolist(), self.texts[np.maximum(ordered, 0)].tolist()
+        excluded_rows = None if forbidden is None else forbidden.tolist()
+        for j, anchor_text in enumerate(anchor_texts):
+            taken = 0
+            for row, text in zip(rows[j], row_texts[j]):
+                if row < 0 or taken == self.per_anchor:
+                    break
+                if text in texts:
+                    self.in_batch += 1
+                    continue
+                texts.add(text)
+                out.append(row)
+                taken += 1
+            if taken < self.per_anchor:
+                excluded = set() if excluded_rows is None else set(excluded_rows[j])  # -1 is no row
+                self._fill(out, texts, anchor_text, excluded, self.per_anchor - taken)
+        return out
+
+    def _fill(
+        self, out: list[int], texts: set[int], anchor_text: int, excluded: set[int], count: int
+    ) -> None:
+        """Append ``count`` random passages whose text is not in the batch, whose query is not the
+        anchor's and which are not ``excluded``."""
+        self.random += count
+        rejected = 0
+        while count:
+            if not self._draws:
+                pairs = self.rng.integers(0, self.positives.size, size=_DRAWS_PER_BLOCK)
+                block = zip(
+                    self.positives[pairs].tolist(),
+                    self.passage_texts[pairs].tolist(),
+                    self.query_texts[pairs].tolist(),
+                )
+                self._draws = list(block)[::-1]  # popped from the end: drawn in order
+            row, text, query_text = self._draws.pop()
+            if text in texts or query_text == anchor_text or row in excluded:
+                rejected += 1
+                if rejected < _DRAWS_BEFORE_SCAN:
+                    continue
+                row, text = self._scan(texts, anchor_text, excluded)
+            texts.add(text)
+            out.append(row)
+            count, rejected = count - 1, 0
+
+    def _scan(self, texts: set[int], anchor_text: int, excluded: set[int]) -> tuple[int, int]:
+        """One of the passages allowed for the slot, at random: few are left, so they are listed (the
+        sampler's constructor made sure there is one)."""
+        allowed = ~np.isin(self.passage_texts, np.fromiter(texts, dtype=np.int64))
+        allowed &= self.query_texts != anchor_text
+        allowed &= ~np.isin(self.positives, np.fromiter(excluded, dtype=np.int64))
+        choices = np.flatnonzero(allowed)
+        pair = int(choices[self.rng.integers(0, choices.size)])
+        return int(self.positives[pair]), int(self.passage_texts[pair])
+
+
+def _as_dict(found: CorpusCandidates | None) -> dict[str, np.ndarray] | None:
+    return None if found is None else found._asdict()
+
+
+def _row_array(
+    name: str, values: Sequence[Any] | np.ndarray | torch.Tensor, size: int | None, dtype: type | None = None
+) -> np.ndarray:
+    """A 1-D numpy array, with ``size`` entries when given: bool (``dtype=bool``) or integers, else a clear error."""
+    array = values.detach().cpu().numpy() if isinstance(values, torch.Tensor) else np.asarray(values)
+    if size is None and (array.ndim != 1 or array.size == 0):
+        raise ValueError(f"{name} must be a non-empty 1-D sequence, got shape {array.shape}.")
+    if size is not None and array.shape != (size,):
+        raise ValueError(f"{name} must have one entry per row of labels ({size},), got shape {array.shape}.")
+    if dtype is bool:
+        if array.dtype != np.bool_:
+            raise ValueError(f"{name} must hold booleans, got dtype {array.dtype}.")
+        return array.astype(bool, copy=False)
+    if not np.issubdtype(array.dtype, np.integer):
+        raise ValueError(f"{name} must hold integers, got dtype {array.dtype}.")
+    return array.astype(np.int64, copy=False)
