@@ -7,6 +7,7 @@ does the same for any sampler with ``set_epoch`` and on resume.
 
 from composer_dynsample.samplers.base import DistributedBatchSampler, SupportsSetEpoch, epoch_rng
 from composer_dynsample.samplers.hard_class import HardClassPKBatchSampler
+from composer_dynsample.samplers.mined_negatives import MinedNegativesPKBatchSampler
 from composer_dynsample.samplers.neighbours import NeighbourBatchSampler
 from composer_dynsample.samplers.pk import PKBatchSampler
 from composer_dynsample.samplers.two_stream import TwoStreamBatchSampler
@@ -14,6 +15,7 @@ from composer_dynsample.samplers.two_stream import TwoStreamBatchSampler
 __all__ = [
     "DistributedBatchSampler",
     "HardClassPKBatchSampler",
+    "MinedNegativesPKBatchSampler",
     "NeighbourBatchSampler",
     "PKBatchSampler",
     "SupportsSetEpoch",
