@@ -6,10 +6,12 @@ use live in the registries below, and any other class or function is reachable b
 itself (a sampler's labels, the optimizer's parameters, an encoder's input sizes read off the data) is
 the same for a registered name and for a ``_component_``:
 
-- ``data``: ``target(**keys)`` returns a :class:`~composer_dynsample.data.DatasetSplits`.
+- ``data``: ``target(**keys)`` returns a :class:`~composer_dynsample.data.DatasetSplits`; a text
+  loader's tokenizer is the run's ``RUN_DIR/tokenizer.json`` when it has one (see :func:`build_data`).
 - ``model.encoder``: ``target(**keys)``; ``in_features``, ``in_channels``, ``input_length`` and
-  ``input_size`` are filled from the data's item shape when the target takes them and the config
-  leaves them out.
+  ``input_size`` are filled from the data's item shape, and a text encoder's ``vocab_size`` from the
+  tokenizer, when the target takes them and the config leaves them out; ``two_tower`` builds its
+  ``query_encoder`` and ``passage_encoder`` sections as ``model.encoder`` sections.
 - ``model.loss``: ``target(**keys)``, e.g. ``pytorch_metric_learning.losses.ArcFaceLoss``; a loss
   with parameters trains them (the model holds it as ``loss_fn``).
 - ``sampler``: ``target(train_labels, **keys)``, with ``seed`` from the top level when it takes one.
@@ -22,12 +24,13 @@ the same for a registered name and for a ``_component_``:
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from omegaconf import DictConfig
 
+from composer_dynsample.config.evaluation import build_eval_dataloader, eval_metrics
 from composer_dynsample.config.loading import dataloader_config, evaluation_config, run_options, section
 from composer_dynsample.config.registry import (
     COMPONENT_KEY,
@@ -41,6 +44,7 @@ from composer_dynsample.config.registry import (
     parameters,
     resolve,
 )
+from composer_dynsample.config.run_tokenizer import run_tokenizer
 from composer_dynsample.config.signatures import SourceRegistry, source_signature
 from composer_dynsample.validation import check_time
 
@@ -49,7 +53,7 @@ if TYPE_CHECKING:
     from composer.core import DataSpec
     from torch.utils.data import DataLoader
 
-    from composer_dynsample.data import DatasetSplits, TensorStore
+    from composer_dynsample.data import DatasetSplits, TensorStore, TextStore
     from composer_dynsample.models.embedding_model import EmbeddingModel
 
 __all__ = [
@@ -74,6 +78,7 @@ __all__ = [
     "build_sampler",
     "build_scheduler",
     "build_train_dataloader",
+    "composer_dataloader",
 ]
 
 _SAMPLER = {"reserved": ("labels", "num_replicas", "rank"), "inferred": ("seed",)}
@@ -88,13 +93,25 @@ def _from(module: str, pairs: str) -> dict[str, Lazy]:
 DATASETS: dict[str, Registered | Lazy] = {
     **_from("composer_dynsample.data", "mnist1d=load_mnist1d digits=load_digits file=load_file"),
     "glyphs": Lazy("composer_dynsample.data.glyphs", "load_glyphs"),
+    "pairs": Lazy("composer_dynsample.data.pairs", "load_pairs"),
+    "texts": Lazy("composer_dynsample.data.texts", "load_texts"),
+    "code_search": Lazy("composer_dynsample.data.code_search_pairs", "load_code_search"),
 }
-_ENCODERS = "composer_dynsample.models.encoders"
+_ENCODERS, _TEXT = "composer_dynsample.models.encoders", "composer_dynsample.models.text"
 ENCODERS: dict[str, Registered | Lazy] = {
     "conv1d": Lazy(_ENCODERS, "Conv1dEncoder", inferred=("input_length", "in_channels")),
     "mlp": Lazy(_ENCODERS, "MLPEncoder", inferred=("in_features",)),
     "conv2d": Lazy(_ENCODERS, "Conv2dEncoder", inferred=("input_size", "in_channels")),
+    "transformer": Lazy(_TEXT, "TransformerEncoder", inferred=("vocab_size",)),
+    "bag_of_tokens": Lazy(_TEXT, "BagOfTokensEncoder", inferred=("vocab_size",)),
+    "text_cnn": Lazy(_TEXT, "TextCNNEncoder", inferred=("vocab_size",)),
+    # Its towers are model.encoder sections of their own, which the builder builds first.
+    "two_tower": Lazy(_TEXT, "TwoTowerEncoder"),
 }
+_TOWERS = ("query_encoder", "passage_encoder")
+# What an encoder takes tells the data it reads: feature tensors of a shape, or token ids.
+_TENSOR_INPUTS = ("in_features", "in_channels", "input_length", "input_size")
+_TEXT_INPUTS = ("vocab_size",)
 LOSSES: dict[str, Registered | Lazy] = _from(
     "composer_dynsample.losses",
     "triplet_margin=TripletMarginLoss contrastive=ContrastiveLoss multi_similarity=MultiSimilarityLoss info_nce=InfoNCELoss",
@@ -178,20 +195,34 @@ def _entry(
     return entry, name, {key: value for key, value in values.items() if key not in entry.extra}, extras
 
 
-def _peek(values: dict[str, Any], registry: Mapping[str, Any]) -> Any:
+def _peek(path: str, values: dict[str, Any], registry: Mapping[str, Any]) -> Any:
     """The target a section names, without consuming its keys (for choices that depend on the target)."""
-    return resolve("section", dict(values), registry)[0].target
+    return resolve(path, dict(values), registry)[0].target
 
 
 def build_data(cfg: DictConfig) -> DatasetSplits:
-    """Load the dataset the ``data`` section names, with its other keys."""
+    """Load the dataset the ``data`` section names, with its other keys.
+
+    A text loader left without a ``tokenizer`` reads the one of the run it continues (see
+    :func:`~composer_dynsample.config.run_tokenizer.run_tokenizer`), so a resumed, evaluated or exported model meets the ids it was trained on.
+    An error of the loader about the data (a file, its line and column) is one line naming ``data``.
+    """
     from composer_dynsample.data import DatasetSplits
 
     entry, name, kwargs, _ = _entry("data", section(cfg, "data", "data"), DATASETS)
+    if "tokenizer" in parameters(entry.target) and kwargs.get("tokenizer") is None:
+        found = run_tokenizer(cfg)
+        if found is not None:
+            kwargs["tokenizer"] = str(found)
     try:
         splits = call("data", entry, kwargs)
     except FileNotFoundError as error:
         raise ConfigError(f"data: {error}") from error
+    except ConfigError as error:
+        cause = error.__cause__
+        if type(cause) is not ValueError and not isinstance(cause, FileNotFoundError):
+            raise
+        raise ConfigError(f"data: {cause}") from cause  # the loader names the file, line and column
     if not isinstance(splits, DatasetSplits):
         raise ConfigError(
             f"data: {name} returned {type(splits).__name__}, not composer_dynsample.data.DatasetSplits."
@@ -199,24 +230,76 @@ def build_data(cfg: DictConfig) -> DatasetSplits:
     return splits
 
 
-def build_encoder(cfg: DictConfig, feature_shape: tuple[int, ...]) -> torch.nn.Module:
-    """Build ``model.encoder``, filling the input sizes it takes from the data's ``feature_shape``."""
-    path = "model.encoder"
-    values = section(section(cfg, "model", "model"), "encoder", path)
+def build_encoder(cfg: DictConfig, splits: DatasetSplits) -> torch.nn.Module:
+    """Build ``model.encoder``, filling the inputs it takes from the data: its item shape, or its vocabulary."""
+    return _build_encoder(
+        "model.encoder", section(section(cfg, "model", "model"), "encoder", "model.encoder"), splits
+    )
+
+
+def _data_inputs(path: str, values: dict[str, Any], splits: DatasetSplits) -> dict[str, Any]:
+    """What an encoder may read off the data: a text tokenizer's ``vocab_size``, or the items' sizes."""
+    from composer_dynsample.data import TextStore
+
+    if isinstance(splits.train, TextStore):
+        return {"vocab_size": splits.train.vocab_size}
+    feature_shape = splits.train.feature_shape
     inferred = {
         "in_features": int(math.prod(feature_shape)),
         "in_channels": feature_shape[0] if len(feature_shape) >= 2 else 1,
         "input_length": feature_shape[-1],
         "input_size": list(feature_shape[1:]) if len(feature_shape) >= 3 else feature_shape[-1],
     }
-    if len(feature_shape) == 2 and "input_size" in parameters(_peek(values, ENCODERS)):
+    if len(feature_shape) == 2 and "input_size" in parameters(_peek(path, values, ENCODERS)):
         inferred["in_channels"], inferred["input_size"] = 1, list(feature_shape)  # (H, W) images
+    return inferred
+
+
+def _check_reads_the_data(path: str, values: dict[str, Any], splits: DatasetSplits) -> None:
+    """A text encoder on feature tensors, or a tensor encoder on texts, is refused in one line."""
+    from composer_dynsample.data import TextStore
+
+    takes = parameters(_peek(path, values, ENCODERS))
+    reads_text = any(key in takes for key in _TEXT_INPUTS) or all(key in takes for key in _TOWERS)
+    reads_tensors = any(key in takes for key in _TENSOR_INPUTS)
+    named = values.get(COMPONENT_KEY, values.get("name"))
+    if isinstance(splits.train, TextStore) and reads_tensors and not reads_text:
+        raise ConfigError(
+            f"{path}: {named!r} reads feature tensors, but data {splits.name!r} holds texts (token ids); use "
+            "a text encoder: 'transformer', 'bag_of_tokens', 'text_cnn' or 'two_tower'."
+        )
+    if not isinstance(splits.train, TextStore) and reads_text:
+        raise ConfigError(
+            f"{path}: {named!r} reads token ids, but data {splits.name!r} holds feature tensors of shape "
+            f"{splits.train.feature_shape}; use 'mlp', 'conv1d' or 'conv2d', or text data "
+            "('pairs', 'texts', 'code_search')."
+        )
+
+
+def _tower_section(path: str, tower: str, value: Any) -> dict[str, Any]:
+    if not isinstance(value, Mapping):
+        raise ConfigError(
+            f"{path}.{tower} must be an encoder section (name: bag_of_tokens, ... or _component_: ...), "
+            f"got {value!r}."
+        )
+    return dict(value)
+
+
+def _build_encoder(path: str, values: dict[str, Any], splits: DatasetSplits) -> torch.nn.Module:
+    _check_reads_the_data(path, values, splits)
+    inferred = _data_inputs(path, values, splits)
     entry, name, kwargs, _ = _entry(path, values, ENCODERS, supplied=inferred)
+    feature_shape = getattr(splits.train, "feature_shape", ())
     if name == "conv1d" and len(feature_shape) not in (1, 2):
         raise ConfigError(
             f"{path}: 'conv1d' needs sequences (N, L) or (N, C, L), but the data's items have shape "
             f"{feature_shape}; use 'mlp' for other data."
         )
+    if all(key in parameters(entry.target) for key in _TOWERS):  # two towers: each its own section
+        for tower in _TOWERS:
+            kwargs[tower] = _build_encoder(
+                f"{path}.{tower}", _tower_section(path, tower, kwargs[tower]), splits
+            )
     encoder = call(path, entry, kwargs)
     import torch
 
@@ -237,8 +320,11 @@ def build_loss(cfg: DictConfig) -> torch.nn.Module:
 
 
 def build_model(cfg: DictConfig, splits: DatasetSplits) -> EmbeddingModel:
-    """Build the :class:`~composer_dynsample.EmbeddingModel` with its retrieval eval metrics."""
-    from composer_dynsample.metrics import MeanAveragePrecisionAtR, RetrievalRecallAtK, RPrecision
+    """Build the :class:`~composer_dynsample.EmbeddingModel` with the eval metrics of the data's protocol.
+
+    See :mod:`composer_dynsample.config.evaluation`: Recall@K, MAP@R and R-precision, or for text pairs
+    MRR, MRR@10, Recall@K, nDCG@10 and CodeSearchNet's MRR.
+    """
     from composer_dynsample.models.embedding_model import EmbeddingModel
 
     model = section(cfg, "model", "model")
@@ -248,31 +334,11 @@ def build_model(cfg: DictConfig, splits: DatasetSplits) -> EmbeddingModel:
         raise ConfigError(
             f"model needs an 'encoder' section; valid names: {sorted(ENCODERS)}, or a '_component_' dotted path."
         )
-    encoder = build_encoder(cfg, splits.train.feature_shape)
+    encoder = build_encoder(cfg, splits)
     loss = build_loss(cfg)
-    evaluation = evaluation_config(cfg)
-    _check_ks_fit_the_gallery(evaluation.ks, splits)
-    metrics: dict[str, Any] = {
-        f"recall_at_{k}": RetrievalRecallAtK(k, evaluation.distance) for k in evaluation.ks
-    }
-    metrics["map_at_r"] = MeanAveragePrecisionAtR(evaluation.distance)
-    metrics["r_precision"] = RPrecision(evaluation.distance)
+    metrics = eval_metrics(evaluation_config(cfg), splits)
     kwargs = {key: value for key, value in model.items() if key not in ("encoder", "loss")}
     return call("model", Registered(EmbeddingModel), {**kwargs, "eval_metrics": metrics}, encoder, loss)
-
-
-def _check_ks_fit_the_gallery(ks: list[int], splits: DatasetSplits) -> None:
-    """Refuse a Recall@K whose K exceeds the gallery: it would count every query a hit (Recall@K = 1)."""
-    if getattr(splits, "test_protocol", None) == "leave_one_out":
-        gallery, what = len(splits.test) - 1, "the other test items, leave-one-out"
-    else:
-        gallery, what = len(splits.train), "the train split"
-    too_large = [k for k in ks if k > gallery]
-    if too_large:
-        raise ConfigError(
-            f"evaluation.ks={list(ks)}: Recall@{too_large[0]} needs at least {too_large[0]} gallery items, but "
-            f"the gallery holds {gallery} ({what}); use ks of at most {gallery}."
-        )
 
 
 def build_sampler(cfg: DictConfig, labels: torch.Tensor, seed: int) -> Any:
@@ -292,9 +358,12 @@ def build_sampler(cfg: DictConfig, labels: torch.Tensor, seed: int) -> Any:
     return call("sampler", entry, kwargs, primary, secondary)
 
 
-def build_train_dataloader(cfg: DictConfig, store: TensorStore, seed: int) -> DataLoader:
-    """The train loader: ``IndexDataset`` + the sampler + ``GatherCollate`` over the store."""
-    from composer_dynsample.data import GatherCollate, IndexDataset
+def build_train_dataloader(cfg: DictConfig, store: TensorStore | TextStore, seed: int) -> DataLoader:
+    """The train loader: ``IndexDataset`` + the sampler + ``GatherCollate`` (``TextCollate`` for texts) over the store.
+
+    Give the Trainer :func:`composer_dataloader` of it: Composer cannot size a text batch by itself.
+    """
+    from composer_dynsample.data import GatherCollate, IndexDataset, TextCollate, TextStore
     from composer_dynsample.samplers.dataloader import BatchSamplerDataLoader
 
     sampler = build_sampler(cfg, store.labels, seed)
@@ -305,39 +374,17 @@ def build_train_dataloader(cfg: DictConfig, store: TensorStore, seed: int) -> Da
         entry = Registered(import_component("dataloader._component_", component), reserved=_LOADER_OWNED)
         if not entry.accepts_any_key():
             check_keys("dataloader", kwargs, entry.valid_keys(), component)
-    kwargs = {**kwargs, "collate_fn": GatherCollate(store)}
+    collate = TextCollate(store) if isinstance(store, TextStore) else GatherCollate(store)
+    kwargs = {**kwargs, "collate_fn": collate}
     return call("dataloader", entry, kwargs, IndexDataset(store.labels), sampler)
 
 
-def build_eval_dataloader(store: TensorStore, batch_size: int) -> DataSpec:
-    """The query loader: the test split, sharded over ranks without shuffling (Composer drops the padding).
+def composer_dataloader(loader: DataLoader) -> DataLoader | DataSpec:
+    """What the Trainer gets for a train loader: a text loader's :func:`~composer_dynsample.data.text_data_spec`
+    (which sizes its batches and keeps given negatives whole), any other loader as it is."""
+    from composer_dynsample.data import TextCollate, text_data_spec
 
-    It is a ``DataSpec`` whose batches are split into microbatches as Composer's default does, except that
-    a batch no larger than the microbatch size (the last, shorter batch of the test split) stays whole
-    without Composer's "Cannot split tensor of length N into batches of size M" warning.
-    """
-    from composer.core import DataSpec
-    from composer.utils import dist
-    from torch.utils.data import DataLoader
-
-    from composer_dynsample.data import GatherCollate, IndexDataset
-
-    dataset = IndexDataset(store.labels)
-    sampler = dist.get_sampler(dataset, drop_last=False, shuffle=False)
-    # No larger than one rank's share: Composer's eval microbatch size is the loader's batch size.
-    batch_size = max(1, min(batch_size, math.ceil(len(dataset) / dist.get_world_size())))
-    loader = DataLoader(dataset, batch_size=batch_size, sampler=sampler, collate_fn=GatherCollate(store))
-    return DataSpec(loader, split_batch=_split_unless_short)
-
-
-def _split_unless_short(batch: Any, microbatch_size: int | float) -> Sequence[Any]:
-    """Composer's default microbatch split, with a batch of at most ``microbatch_size`` rows kept whole."""
-    from composer.core.data_spec import default_split_batch
-
-    rows = batch["labels"].shape[0] if isinstance(batch, Mapping) and "labels" in batch else None
-    if rows is not None and rows <= microbatch_size:
-        return [batch]
-    return default_split_batch(batch, microbatch_size)
+    return text_data_spec(loader) if isinstance(getattr(loader, "collate_fn", None), TextCollate) else loader
 
 
 def build_optimizer(cfg: DictConfig, model: torch.nn.Module) -> torch.optim.Optimizer:
@@ -413,7 +460,7 @@ TRAINER_OWNED = {
     "seed": "seed (top level)",
 }
 # Values the encoder builder fills in from the data; stand-ins while the data is not loaded yet.
-_SHAPE_STAND_INS = {"in_features": 1, "in_channels": 1, "input_length": 1, "input_size": 1}
+_SHAPE_STAND_INS = {"in_features": 1, "in_channels": 1, "input_length": 1, "input_size": 1, "vocab_size": 1}
 
 
 def check_config(cfg: DictConfig) -> None:
@@ -433,7 +480,6 @@ def check_config(cfg: DictConfig) -> None:
     model = section(cfg, "model", "model")
     sections = [
         ("data", section(cfg, "data", "data"), DATASETS, {}, {}),
-        ("model.encoder", section(model, "encoder", "model.encoder"), ENCODERS, _SHAPE_STAND_INS, {}),
         ("model.loss", section(model, "loss", "model.loss"), LOSSES, {}, {}),
         ("sampler", section(cfg, "sampler", "sampler"), SAMPLERS, {}, {"reserved": _SAMPLER_RESERVED}),
         ("optimizer", section(cfg, "optimizer", "optimizer"), OPTIMIZERS, {}, {"reserved": ("params",)}),
@@ -442,8 +488,20 @@ def check_config(cfg: DictConfig) -> None:
         if values:
             entry, _, kwargs, _ = _entry(path, values, registry, supplied=supplied, **options)
             check_types(path, entry, kwargs)
+    _check_encoder("model.encoder", section(model, "encoder", "model.encoder"))
     dataloader_config(cfg)
     _check_from_source(cfg, model)
+
+
+def _check_encoder(path: str, values: dict[str, Any]) -> None:
+    """The keys and value types of an encoder section, and of each tower's of a two-tower encoder."""
+    if not values:
+        return
+    entry, _, kwargs, _ = _entry(path, values, ENCODERS, supplied=_SHAPE_STAND_INS)
+    if all(key in parameters(entry.target) for key in _TOWERS):
+        for tower in _TOWERS:
+            _check_encoder(f"{path}.{tower}", _tower_section(path, tower, kwargs.pop(tower)))
+    check_types(path, entry, kwargs)
 
 
 def _check_from_source(cfg: DictConfig, model: Mapping[str, Any]) -> None:

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from composer import Trainer
-from composer.core import Callback, Evaluator
+from composer.core import Callback
 from composer.utils import reproducibility
 from omegaconf import DictConfig
 from torch.utils.data import DataLoader
@@ -24,13 +24,14 @@ from composer_dynsample.config.builders import (
     build_algorithms,
     build_callbacks,
     build_data,
-    build_eval_dataloader,
     build_loggers,
     build_model,
     build_optimizer,
     build_scheduler,
     build_train_dataloader,
+    composer_dataloader,
 )
+from composer_dynsample.config.evaluation import LEAVE_ONE_OUT, build_evaluation, protocol_of
 from composer_dynsample.config.loading import (
     default_run_dir,
     evaluation_config,
@@ -166,8 +167,9 @@ class TrainingRun:
         train_dataloader (DataLoader): The P x K train loader.
         ks (tuple[int, ...]): The ``K`` of Recall@K.
         distance (str): The evaluation distance.
-        gallery (RetrievalGallery | None): The callback that attaches the train gallery at ``EVAL_START``
-            (``None`` when the test split is scored leave-one-out, or without evaluation).
+        gallery (RetrievalGallery | None): The callback that attaches the gallery at ``EVAL_START``: the
+            train split, or a pair split's test passages (``None`` when the test split is scored
+            leave-one-out, or without evaluation).
         seed (int): The run's seed.
         composer_run_dir (Path | None): The path Composer writes ``run_dir`` through when it would not read
             ``run_dir`` itself as a local path (a symbolic link to it, see
@@ -238,25 +240,18 @@ def build_run(
     gallery = None
     eval_kwargs: dict[str, Any] = {}
     # Data whose test classes are not in the train split (glyphs) scores each test item against the
-    # other test items; the eval metrics do that when no gallery is attached.
-    leave_one_out = getattr(splits, "test_protocol", None) == "leave_one_out"
+    # other test items; the eval metrics do that when no gallery is attached. See config/evaluation.py.
+    leave_one_out = protocol_of(splits) == LEAVE_ONE_OUT
     if evaluation.interval is not None:
-        if not leave_one_out:
-            gallery = RetrievalGallery(
-                splits.train, evaluator_label="test", batch_size=evaluation.gallery_batch_size
-            )
-            all_callbacks.append(gallery)
-        eval_kwargs = {
-            "eval_dataloader": Evaluator(
-                label="test", dataloader=build_eval_dataloader(splits.test, evaluation.batch_size)
-            ),
-            "eval_interval": evaluation.interval,
-        }
+        planned = build_evaluation(evaluation, splits)
+        gallery = planned.gallery
+        all_callbacks += [gallery] if gallery is not None else []
+        eval_kwargs = {"eval_dataloader": planned.evaluator, "eval_interval": evaluation.interval}
     try:
         with _composer_load_path(trainer_kwargs) as composer_kwargs:
             trainer = Trainer(
                 model=model,
-                train_dataloader=train_loader,
+                train_dataloader=composer_dataloader(train_loader),  # a DataSpec for texts
                 optimizers=optimizer,
                 schedulers=scheduler,
                 algorithms=algorithms,

@@ -17,8 +17,16 @@ whole batch from a preloaded :class:`TensorStore` in one indexing operation::
 Loaders (:func:`load_mnist1d`, :func:`load_digits`, :func:`load_glyphs`, :func:`load_file`,
 :func:`load_image_folder`) return a :class:`DatasetSplits`; the file formats are described in
 :mod:`composer_dynsample.data.datasets`.
+
+Texts take the same path with a :class:`TextStore` (token ids in memory-mapped files) and
+:class:`TextCollate`, whose batches are ``{"index", "features": {"input_ids", "attention_mask",
+"is_query"}, "labels", "text_hash"}``; Composer sizes them through :func:`text_data_spec`. The text
+loaders return :class:`TextSplits`: :func:`load_pairs` (anchor/positive/negative pairs),
+:func:`load_texts` (labelled texts) and :func:`load_code_search` (docstring -> code pairs of the
+Python installed here).
 """
 
+from composer_dynsample.data.code_search_pairs import load_code_search
 from composer_dynsample.data.datasets import (
     DatasetSplits,
     default_cache_dir,
@@ -29,7 +37,10 @@ from composer_dynsample.data.datasets import (
 )
 from composer_dynsample.data.glyphs import GlyphCacheError, GlyphInfo, GlyphSplits, load_glyphs
 from composer_dynsample.data.images import load_image_folder
+from composer_dynsample.data.pairs import load_pairs
 from composer_dynsample.data.store import GatherCollate, IndexDataset, TensorStore, Unsqueeze
+from composer_dynsample.data.text_store import TextCollate, TextInfo, TextSplits, TextStore, text_data_spec
+from composer_dynsample.data.texts import load_texts
 
 __all__ = [
     "DatasetSplits",
@@ -39,12 +50,20 @@ __all__ = [
     "GlyphSplits",
     "IndexDataset",
     "TensorStore",
+    "TextCollate",
+    "TextInfo",
+    "TextSplits",
+    "TextStore",
     "Unsqueeze",
     "default_cache_dir",
+    "load_code_search",
     "load_digits",
     "load_file",
     "load_glyphs",
     "load_image_folder",
     "load_mnist1d",
+    "load_pairs",
+    "load_texts",
     "stratified_split",
+    "text_data_spec",
 ]

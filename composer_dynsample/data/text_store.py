@@ -35,7 +35,7 @@ import numpy as np
 import torch
 
 from composer_dynsample.data.datasets import DatasetSplits
-from composer_dynsample.data.text_tokenizer import TextTokenizer
+from composer_dynsample.data.text_tokenizer import TextTokenizer, load_tokenizer
 from composer_dynsample.data.tokenized import TokenStore
 from composer_dynsample.validation import check_bool, check_int
 
@@ -364,6 +364,10 @@ class TextInfo:
     num_train_classes: int = 0
     num_negatives: tuple[int, int] = (0, 0)
     num_missing_negatives: int = 0
+
+    def load_tokenizer(self) -> TextTokenizer:
+        """The tokenizer the texts were tokenized with, read back from ``tokenizer_path`` (or its folder)."""
+        return load_tokenizer(self.tokenizer_path if self.tokenizer_path is not None else self.tokenizer)
 
     @classmethod
     def describe(

@@ -1,4 +1,4 @@
-"""Retrieval metrics for metric learning: Recall@K, MAP@R and R-precision.
+"""Retrieval metrics for metric learning: Recall@K, MAP@R and R-precision; ranking metrics of queries.
 
 Functional forms (:func:`retrieval_metrics`, :func:`retrieval_recall_at_k`,
 :func:`mean_average_precision_at_r`, :func:`r_precision`) score query embeddings against a gallery,
@@ -8,6 +8,10 @@ or each item against all others (leave-one-out) when no gallery is given. The to
 gallery (e.g. the train set) is attached with ``set_gallery``. Definitions, tie handling and the Composer
 pattern are documented in :mod:`composer_dynsample.metrics.functional` and
 :mod:`composer_dynsample.metrics.retrieval`.
+
+Queries against a corpus (text pairs: anchors against their passages) are scored by
+:func:`ranking_metrics` and :class:`RankingMetrics` (:class:`RankingScore`: one of its values): MRR, MRR@k, Recall@k, nDCG@k and CodeSearchNet's
+MRR (:mod:`composer_dynsample.metrics.ranking`).
 
 Example:
     >>> import torch
@@ -23,6 +27,8 @@ from composer_dynsample.metrics.functional import (
     retrieval_metrics,
     retrieval_recall_at_k,
 )
+from composer_dynsample.metrics.ranking import RankingMetrics, ranking_metrics
+from composer_dynsample.metrics.ranking_score import RankingScore
 from composer_dynsample.metrics.retrieval import (
     MeanAveragePrecisionAtR,
     RetrievalMetrics,
@@ -33,11 +39,14 @@ from composer_dynsample.metrics.retrieval import (
 __all__ = [
     "MeanAveragePrecisionAtR",
     "RPrecision",
+    "RankingMetrics",
+    "RankingScore",
     "RetrievalMetrics",
     "RetrievalRecallAtK",
     "count_queries_without_positive",
     "mean_average_precision_at_r",
     "r_precision",
+    "ranking_metrics",
     "retrieval_metrics",
     "retrieval_recall_at_k",
 ]

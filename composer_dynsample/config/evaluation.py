@@ -1,0 +1,283 @@
+"""How a run scores its test split: one protocol per kind of data, for the evaluator and at the end.
+
+The data says which (``splits.test_protocol``):
+
+- ``"train_gallery"`` (data without a protocol: the test classes are the train split's, as in
+  mnist1d or digits): every test item queries the train split. Recall@K, MAP@R, R-precision.
+- ``"leave_one_out"`` (glyphs, labelled texts: test classes never seen in training): every test item
+  queries the other test items. Recall@K, MAP@R, R-precision.
+- ``"queries_vs_passages"`` (text pairs): the test split's queries (anchors) rank its passages (the
+  positives; given negatives are left out of the gallery): MRR, MRR@10, Recall@K, nDCG@10 and
+  CodeSearchNet's MRR (:class:`~composer_dynsample.metrics.RankingMetrics`).
+
+During training a Composer ``Evaluator`` streams the queries (:func:`build_evaluation`) and a
+:class:`~composer_dynsample.callbacks.RetrievalGallery` attaches the gallery; at the end
+:func:`final_metrics` computes the same numbers in one pass.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from composer_dynsample.config.loading import EvaluationConfig
+from composer_dynsample.config.registry import ConfigError
+
+if TYPE_CHECKING:
+    import torch
+    from composer.core import DataSpec, Evaluator
+
+    from composer_dynsample.callbacks.retrieval_gallery import RetrievalGallery, Store
+    from composer_dynsample.data import DatasetSplits
+
+__all__ = [
+    "LEAVE_ONE_OUT",
+    "QUERIES_VS_PASSAGES",
+    "TRAIN_GALLERY",
+    "build_eval_dataloader",
+    "build_evaluation",
+    "check_ks_fit_the_gallery",
+    "describe_protocol",
+    "eval_metrics",
+    "final_metrics",
+    "gallery_rows",
+    "protocol_of",
+    "query_rows",
+]
+
+TRAIN_GALLERY = "train_gallery"
+LEAVE_ONE_OUT = "leave_one_out"
+QUERIES_VS_PASSAGES = "queries_vs_passages"
+_GALLERY_WORDS = {
+    TRAIN_GALLERY: "the train split",
+    LEAVE_ONE_OUT: "the other test items, leave-one-out",
+    QUERIES_VS_PASSAGES: "the test passages",
+}
+#: The ``k`` of MRR@k and nDCG@k for pairs (Recall@k takes ``evaluation.ks``).
+RANKING_KS = (10,)
+
+
+def protocol_of(splits: DatasetSplits) -> str:
+    """The test protocol of ``splits`` (see the module docstring)."""
+    protocol = getattr(splits, "test_protocol", None) or TRAIN_GALLERY
+    if protocol not in (TRAIN_GALLERY, LEAVE_ONE_OUT, QUERIES_VS_PASSAGES):
+        raise ConfigError(
+            f"data: {splits.name} has test_protocol {protocol!r}; the run knows "
+            f"{[TRAIN_GALLERY, LEAVE_ONE_OUT, QUERIES_VS_PASSAGES]}."
+        )
+    return protocol
+
+
+def _is_query(splits: DatasetSplits) -> np.ndarray:
+    return np.asarray(splits.test.is_query[: len(splits.test)], dtype=bool)  # type: ignore[attr-defined]
+
+
+def query_rows(splits: DatasetSplits) -> np.ndarray:
+    """The test rows that query: the anchors of pairs, else every test row."""
+    if protocol_of(splits) == QUERIES_VS_PASSAGES:
+        return np.flatnonzero(_is_query(splits))
+    return np.arange(len(splits.test), dtype=np.int64)
+
+
+def gallery_rows(splits: DatasetSplits) -> np.ndarray | None:
+    """The test rows of the gallery for pairs (the passages), else ``None`` (the train split, or leave-one-out)."""
+    if protocol_of(splits) == QUERIES_VS_PASSAGES:
+        return np.flatnonzero(~_is_query(splits))
+    return None
+
+
+def describe_protocol(splits: DatasetSplits) -> tuple[str, int]:
+    """``(what the queries are scored against, the gallery's size)``, for reports and ``metrics.json``."""
+    protocol = protocol_of(splits)
+    if protocol == QUERIES_VS_PASSAGES:
+        return "test queries vs test passages", len(gallery_rows(splits))  # type: ignore[arg-type]
+    if protocol == LEAVE_ONE_OUT:
+        return "leave-one-out among the test items", len(splits.test) - 1
+    return "test queries vs train gallery", len(splits.train)
+
+
+def check_ks_fit_the_gallery(ks: Sequence[int], splits: DatasetSplits) -> None:
+    """Refuse a Recall@K whose K reaches the gallery: it would count every query a hit."""
+    _, gallery = describe_protocol(splits)
+    what = _GALLERY_WORDS[protocol_of(splits)]
+    # A query's passage is always in its gallery: Recall@K of all the passages would be 1 for every query.
+    passages = protocol_of(splits) == QUERIES_VS_PASSAGES
+    largest = gallery - 1 if passages else gallery
+    too_large = [k for k in ks if k > largest]
+    if too_large:
+        needs = f"more than {too_large[0]}" if passages else f"at least {too_large[0]}"
+        raise ConfigError(
+            f"evaluation.ks={list(ks)}: Recall@{too_large[0]} needs {needs} gallery items, but "
+            f"the gallery holds {gallery} ({what}); use ks of at most {max(largest, 1)}."
+        )
+
+
+def eval_metrics(evaluation: EvaluationConfig, splits: DatasetSplits) -> dict[str, Any]:
+    """The model's eval metrics for the data's protocol, scalar each (Composer logs them by name)."""
+    from composer_dynsample.metrics import (
+        MeanAveragePrecisionAtR,
+        RankingScore,
+        RetrievalRecallAtK,
+        RPrecision,
+    )
+
+    check_ks_fit_the_gallery(evaluation.ks, splits)
+    distance = evaluation.distance
+    if protocol_of(splits) == QUERIES_VS_PASSAGES:
+        options = {
+            "distance": distance,
+            "recall_ks": evaluation.ks,
+            "mrr_ks": RANKING_KS,
+            "ndcg_ks": RANKING_KS,
+        }
+        return {_metric_key(name): RankingScore(name, **options) for name in _ranking_names(evaluation.ks)}
+    metrics: dict[str, Any] = {f"recall_at_{k}": RetrievalRecallAtK(k, distance) for k in evaluation.ks}
+    metrics["map_at_r"] = MeanAveragePrecisionAtR(distance)
+    metrics["r_precision"] = RPrecision(distance)
+    return metrics
+
+
+def _ranking_names(ks: Sequence[int]) -> list[str]:
+    """The ranking values of pairs, in the order they are reported."""
+    names = ["mrr", *(f"mrr@{k}" for k in RANKING_KS), *(f"recall@{k}" for k in ks)]
+    return [*names, *(f"ndcg@{k}" for k in RANKING_KS), "csn_mrr"]
+
+
+def _metric_key(name: str) -> str:
+    """``recall@1`` as ``recall_at_1``: the names of every protocol's results read alike."""
+    return name.replace("@", "_at_")
+
+
+class _Rows:
+    """A dataset of ``(row, label)`` items over chosen rows of a store (the queries of a pair split)."""
+
+    def __init__(self, rows: np.ndarray, labels: torch.Tensor) -> None:
+        self.rows, self.labels = rows.tolist(), labels.tolist()
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, index: int) -> tuple[int, int]:
+        return self.rows[index], self.labels[index]
+
+
+def _rows_in_batch(batch: Mapping[str, Any]) -> int:
+    return int(batch["labels"].shape[0])
+
+
+def build_eval_dataloader(store: Store, batch_size: int, rows: np.ndarray | None = None) -> DataSpec:
+    """The query loader: ``rows`` of the store (default: all), sharded over ranks without shuffling.
+
+    Composer drops the sampler's padding. A ``DataSpec`` whose batches are split into microbatches as
+    Composer's default does, except that a batch no larger than the microbatch size (the last, shorter
+    batch) stays whole without Composer's "Cannot split tensor of length N into batches of size M"
+    warning; text batches (features a mapping) are sized by their labels.
+    """
+    import torch
+    from composer.core import DataSpec
+    from composer.utils import dist
+    from torch.utils.data import DataLoader
+
+    from composer_dynsample.data import GatherCollate, IndexDataset, TextCollate, TextStore
+    from composer_dynsample.data.text_store import count_tokens
+
+    if isinstance(store, TextStore):
+        chosen = np.arange(len(store)) if rows is None else np.asarray(rows, dtype=np.int64)
+        dataset: Any = _Rows(chosen, store.labels.index_select(0, torch.from_numpy(chosen)))
+        collate: Any = TextCollate(store, negatives=False)
+        extra: dict[str, Any] = {
+            "get_num_samples_in_batch": _rows_in_batch,
+            "get_num_tokens_in_batch": count_tokens,
+        }
+    else:
+        dataset, collate, extra = IndexDataset(store.labels), GatherCollate(store), {}
+    sampler = dist.get_sampler(dataset, drop_last=False, shuffle=False)
+    # No larger than one rank's share: Composer's eval microbatch size is the loader's batch size.
+    batch_size = max(1, min(batch_size, math.ceil(len(dataset) / dist.get_world_size())))
+    loader = DataLoader(dataset, batch_size=batch_size, sampler=sampler, collate_fn=collate)
+    return DataSpec(loader, split_batch=_split_unless_short, **extra)
+
+
+def _split_unless_short(batch: Any, microbatch_size: int | float) -> Sequence[Any]:
+    """Composer's default microbatch split, with a batch of at most ``microbatch_size`` rows kept whole."""
+    from composer.core.data_spec import default_split_batch
+
+    rows = batch["labels"].shape[0] if isinstance(batch, Mapping) and "labels" in batch else None
+    if rows is not None and rows <= microbatch_size:
+        return [batch]
+    return default_split_batch(batch, microbatch_size)
+
+
+@dataclass
+class Evaluation:
+    """What :func:`build_evaluation` made: the evaluator and the callback that attaches its gallery.
+
+    Attributes:
+        evaluator (composer.core.Evaluator): The test queries, labelled ``"test"``.
+        gallery (RetrievalGallery | None): ``None`` when the test items are scored leave-one-out.
+        protocol (str): The data's test protocol.
+    """
+
+    evaluator: Evaluator
+    gallery: RetrievalGallery | None
+    protocol: str
+
+
+def build_evaluation(evaluation: EvaluationConfig, splits: DatasetSplits) -> Evaluation:
+    """The ``"test"`` evaluator of the data's protocol and its gallery callback (add it to the callbacks)."""
+    from composer.core import Evaluator
+
+    from composer_dynsample.callbacks.retrieval_gallery import RetrievalGallery
+
+    protocol = protocol_of(splits)
+    gallery = None
+    if protocol == QUERIES_VS_PASSAGES:
+        gallery = RetrievalGallery(
+            splits.test, rows=gallery_rows(splits), batch_size=evaluation.gallery_batch_size
+        )
+    elif protocol == TRAIN_GALLERY:
+        gallery = RetrievalGallery(splits.train, batch_size=evaluation.gallery_batch_size)
+    loader = build_eval_dataloader(splits.test, evaluation.batch_size, rows=query_rows(splits))
+    return Evaluation(Evaluator(label="test", dataloader=loader), gallery, protocol)
+
+
+def final_metrics(
+    model: torch.nn.Module, splits: DatasetSplits, ks: Sequence[int], distance: str
+) -> tuple[dict[str, float], torch.Tensor]:
+    """Score the test split with ``model`` by the data's protocol, in one pass: ``(metrics, query embeddings)``.
+
+    Every rank computes the same result (each embeds the whole split). The metrics are those of
+    :func:`eval_metrics` by the same names, ``queries_without_positive`` (the queries every metric
+    leaves out) and ``num_queries``.
+    """
+    from composer_dynsample.callbacks.retrieval_gallery import embed_store, store_labels
+    from composer_dynsample.metrics import count_queries_without_positive, ranking_metrics, retrieval_metrics
+
+    protocol, test = protocol_of(splits), splits.test
+    rows = query_rows(splits)
+    queries = embed_store(model, test, rows=rows)
+    labels = store_labels(test, rows).to(queries.device)
+    result: dict[str, float]
+    if protocol == QUERIES_VS_PASSAGES:
+        passages = gallery_rows(splits)
+        gallery = embed_store(model, test, rows=passages)
+        values = ranking_metrics(
+            queries, labels, gallery, store_labels(test, passages).to(gallery.device),
+            distance=distance, recall_ks=list(ks), mrr_ks=RANKING_KS, ndcg_ks=RANKING_KS,
+        )  # fmt: skip
+        result = {_metric_key(name): values[name] for name in _ranking_names(ks)}
+        result["queries_without_positive"] = values["queries_without_positive"]
+    else:
+        gallery, gallery_labels = None, None
+        if protocol == TRAIN_GALLERY:
+            gallery = embed_store(model, splits.train)
+            gallery_labels = store_labels(splits.train).to(gallery.device)
+        values = retrieval_metrics(queries, labels, gallery, gallery_labels, ks=tuple(ks), distance=distance)
+        result = {name: float(value) for name, value in values.items()}
+        result["queries_without_positive"] = count_queries_without_positive(labels, gallery_labels)
+    result["num_queries"] = len(labels)
+    return result, queries.cpu()
