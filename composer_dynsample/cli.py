@@ -21,7 +21,8 @@ Model-aware sampling for metric learning on MosaicML Composer.
 
   composer-dynsample train CONFIG.yaml [key.path=value ...] [--run-dir DIR]
   composer-dynsample eval  CONFIG.yaml --checkpoint PATH [key.path=value ...]
-  composer-dynsample embed CONFIG.yaml --checkpoint PATH --out FILE.npz [--split test]
+  composer-dynsample embed CONFIG.yaml --checkpoint PATH --out FILE.npz [--split test | --input FILE]
+  composer-dynsample export CONFIG.yaml --checkpoint PATH --out DIR [--format sentence-transformers]
 
 The same commands run on many processes under
   composer -n N -m composer_dynsample train ...   or   torchrun --nproc_per_node N -m composer_dynsample train ...
@@ -75,7 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"composer-dynsample {_version()}")
-    commands = parser.add_subparsers(dest="command", required=True, metavar="{train,eval,embed}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="{train,eval,embed,export}")
     train = commands.add_parser(
         "train",
         help="train an embedding model from a YAML config",
@@ -103,14 +104,37 @@ def build_parser() -> argparse.ArgumentParser:
     embed = _checkpoint_command(
         commands,
         "embed",
-        "embeddings, labels and indices of a split, from a saved checkpoint, as .npz",
-        "Write the embeddings, labels and indices of one split, embedded by CHECKPOINT's model.",
+        "embeddings, labels and indices of a split or a file, from a saved checkpoint, as .npz",
+        "Write the embeddings, labels and indices of one split, or of the items of a file, embedded by "
+        "CHECKPOINT's model (texts are tokenized with the run's tokenizer).",
     )
-    embed.add_argument(
-        "--split", choices=("test", "train"), default="test", help="which split (default: test)"
+    source = embed.add_mutually_exclusive_group()
+    source.add_argument(
+        "--split", choices=("test", "train"), default=None, help="which split (default: test)"
+    )
+    source.add_argument(
+        "--input",
+        type=Path,
+        default=None,
+        help="embed this instead: a JSONL/CSV/TSV/Parquet file with a 'text' column (or 'anchor' and "
+        "'positive') for text data, a folder of images for image data",
     )
     embed.add_argument(
         "--out", type=Path, required=True, help="the .npz file to write (.npz is appended when missing)"
+    )
+    export = _checkpoint_command(
+        commands,
+        "export",
+        "write a trained text encoder for sentence-transformers or Hugging Face transformers",
+        "Write CHECKPOINT's text encoder and the run's tokenizer to a new directory: a sentence-transformers "
+        "model (transformer encoders; SentenceTransformer(DIR) embeds as the model does) or Hugging Face files.",
+    )
+    export.add_argument("--out", type=Path, required=True, help="a new or empty directory")
+    export.add_argument(
+        "--format",
+        choices=("sentence-transformers", "huggingface"),
+        default="sentence-transformers",
+        help="the directory's format (default: sentence-transformers)",
     )
     return parser
 
@@ -152,13 +176,23 @@ def main(argv: Sequence[str] | None = None) -> None:
             commands.evaluate(
                 args.config, args.checkpoint, overrides, out=args.out, trust_checkpoint=args.trust_checkpoint
             )
-        else:
+        elif args.command == "embed":
             commands.embed(
                 args.config,
                 args.checkpoint,
                 args.out,
                 overrides,
                 split=args.split,
+                input_path=args.input,
+                trust_checkpoint=args.trust_checkpoint,
+            )
+        else:
+            commands.export(
+                args.config,
+                args.checkpoint,
+                args.out,
+                overrides,
+                export_format=args.format,
                 trust_checkpoint=args.trust_checkpoint,
             )
     except _one_line_errors(

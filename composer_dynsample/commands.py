@@ -32,6 +32,7 @@ from composer_dynsample.run_dir import (
 )
 
 __all__ = [
+    "EXPORT_FORMATS",
     "RUN_OUTPUTS",
     "Interrupted",
     "OutputError",
@@ -39,6 +40,7 @@ __all__ = [
     "embed",
     "evaluate",
     "evaluate_run",
+    "export",
     "prepare_run_dir",
     "set_cpu_threads",
     "train",
@@ -122,37 +124,29 @@ def _check_duration_left(run: Any) -> None:
 
 
 def evaluate_run(run: Any) -> tuple[dict[str, float], Any]:
-    """Embed the test queries and the train gallery with the run's current model and score them.
+    """Score the test split with the run's current model, by the data's protocol.
 
-    When the run's test split is scored leave-one-out (``run.leave_one_out``: its classes are not in the
-    train split) every test item queries the other test items instead. Every rank computes the same
-    result: the queries and gallery are whole on each rank, and rank 0's buffers are broadcast first.
+    Test queries against the train gallery; every test item against the other test items when the
+    test classes are not in the train split (glyphs, labelled texts); the test queries against the
+    test passages for text pairs (see :mod:`composer_dynsample.config.evaluation`). Every rank computes
+    the same result: the queries and gallery are whole on each rank, and rank 0's buffers are
+    broadcast first.
 
     Args:
         run (TrainingRun): A run from :func:`composer_dynsample.config.build_run`.
 
     Returns:
-        tuple[dict[str, float], torch.Tensor]: ``recall_at_{k}`` per ``k``, ``map_at_r`` and
-        ``r_precision`` of the test queries against the train gallery, ``queries_without_positive`` of
-        ``num_queries`` (the queries every metric leaves out), and the test embeddings.
+        tuple[dict[str, float], torch.Tensor]: The metrics (``recall_at_{k}`` per ``k``, ``map_at_r`` and
+        ``r_precision``; for pairs ``mrr``, ``mrr_at_10``, ``recall_at_{k}``, ``ndcg_at_10`` and
+        ``csn_mrr``), ``queries_without_positive`` of ``num_queries`` (the queries every metric leaves
+        out), and the queries' embeddings.
     """
-    from composer_dynsample.callbacks.retrieval_gallery import embed_store
+    from composer_dynsample.config.evaluation import final_metrics
     from composer_dynsample.distributed import broadcast_buffers
-    from composer_dynsample.metrics import count_queries_without_positive, retrieval_metrics
 
     model = run.trainer.state.model
     broadcast_buffers(model)  # every rank evaluates rank 0's model (BatchNorm statistics differ per rank)
-    queries = embed_store(model, run.splits.test)
-    gallery, gallery_labels = None, None
-    if not getattr(run, "leave_one_out", False):
-        gallery = embed_store(model, run.splits.train)
-        gallery_labels = run.splits.train.labels.to(gallery.device)
-    labels = run.splits.test.labels.to(queries.device)
-    values = retrieval_metrics(queries, labels, gallery, gallery_labels, ks=run.ks, distance=run.distance)
-    result: dict[str, float] = {name: float(value) for name, value in values.items()}
-    result["queries_without_positive"] = count_queries_without_positive(labels, gallery_labels)
-    result["num_queries"] = len(labels)
-    return result, queries.cpu()
+    return final_metrics(model, run.splits, run.ks, run.distance)
 
 
 def _prepare(
@@ -294,10 +288,12 @@ def _fit_and_report(
 
     from composer_dynsample.callbacks.checkpoint_on_interrupt import TrainingInterrupted
     from composer_dynsample.config.loading import save_config
+    from composer_dynsample.config.run_tokenizer import write_run_tokenizer
 
     _check_duration_left(run)
     if dist.get_global_rank() == 0:
         save_config(run.config, run.run_dir / "config.yaml")
+        write_run_tokenizer(run.splits, run.run_dir)  # text data: eval, embed and export read it back
     state = run.trainer.state
     start_batch, start_epoch = int(state.timestamp.batch), int(state.timestamp.epoch)
     fit_start = time.perf_counter()
@@ -331,8 +327,11 @@ def _run_record(
     """What ``metrics.json`` says about the run besides its metrics and times."""
     from composer.utils import dist
 
+    from composer_dynsample.config.evaluation import describe_protocol, query_rows
+
     state = run.trainer.state
     saved = [str(run.local_path(path)) for path in getattr(run.trainer, "saved_checkpoints", [])]
+    protocol, gallery_size = describe_protocol(run.splits)
     return {
         "seed": run.seed,
         "epochs": int(state.timestamp.epoch),
@@ -346,11 +345,9 @@ def _run_record(
         "run_dir": str(run.run_dir),
         "dataset": run.splits.name,
         "class_names": run.splits.class_names,
-        "num_queries": len(run.splits.test),
-        "gallery_size": len(run.splits.test) - 1 if run.leave_one_out else len(run.splits.train),
-        "protocol": "leave-one-out among the test items"
-        if run.leave_one_out
-        else "test queries vs train gallery",
+        "num_queries": len(query_rows(run.splits)),
+        "gallery_size": gallery_size,
+        "protocol": protocol,
         "world_size": dist.get_world_size(),
         "device": type(state.device).__name__,
         "checkpoint": saved[-1] if saved else None,
@@ -364,7 +361,7 @@ def _plot_retrievals(run: Any, test_embeddings: Any, path: Path, when: str) -> N
     from composer_dynsample.reporting import plot_retrievals
 
     store = run.splits.test
-    if len(store.feature_shape) != 3:  # (C, H, W) images only
+    if len(getattr(store, "feature_shape", ())) != 3:  # (C, H, W) images only
         return
     title = f"{run.splits.name}: test queries and their nearest other test items ({when}); green = same class"
     plot_retrievals(
@@ -387,21 +384,25 @@ def _report(
     write_json(run.run_dir / "metrics.json", metrics)
     title = f"{run.splits.name} test embeddings (PCA), epoch {metrics['epochs']}"
     if final.get("recall_at_1") is not None:
-        against = "leave-one-out among the test items" if run.leave_one_out else "vs train gallery"
+        train_gallery = metrics["protocol"] == "test queries vs train gallery"
+        against = "vs train gallery" if train_gallery else "leave-one-out among the test items"
         title += f"\nRecall@1 {against} = {final['recall_at_1']:.4f}"
-    plot_embeddings(
-        test_embeddings,
-        run.splits.test.labels,
-        run.run_dir / "embeddings.png",
-        title=title,
-        class_names=run.splits.class_names,
-    )
+    if metrics["protocol"] != "test queries vs test passages":  # pairs: a point per pair says little
+        plot_embeddings(
+            test_embeddings,
+            run.splits.test.labels,
+            run.run_dir / "embeddings.png",
+            title=title,
+            class_names=run.splits.class_names,
+        )
     _plot_retrievals(run, test_embeddings, run.run_dir / "retrievals.png", f"epoch {metrics['epochs']}")
     if not quiet:
-        table_title = f"final retrieval metrics: {len(run.splits.test)} {run.splits.name} test queries " + (
-            "leave-one-out among themselves (unseen classes)"
-            if run.leave_one_out
-            else f"vs {len(run.splits.train)} train items"
+        against = {
+            "leave-one-out among the test items": "leave-one-out among themselves (unseen classes)",
+            "test queries vs test passages": f"vs {metrics['gallery_size']} test passages",
+        }.get(metrics["protocol"], f"vs {metrics['gallery_size']} train items")
+        table_title = (
+            f"final retrieval metrics: {metrics['num_queries']} {run.splits.name} test queries {against}"
         )
         print("\n" + format_metrics_table(final, title=table_title))
     resumed = f" (resumed at epoch {metrics['resumed_from_epoch']})" if metrics["resumed_from_batch"] else ""
@@ -487,18 +488,24 @@ def embed(
     out: str | os.PathLike[str],
     overrides: Sequence[str] = (),
     *,
-    split: str = "test",
+    split: str | None = None,
+    input_path: str | os.PathLike[str] | None = None,
     trust_checkpoint: bool = False,
 ) -> Path:
-    """Write a split's embeddings, labels and dataset indices with a checkpoint's model to an ``.npz`` file.
+    """Write the embeddings of a split, or of a file, with a checkpoint's model to an ``.npz`` file.
 
     Args:
         config (str | os.PathLike | Mapping): The config the checkpoint was trained with.
         checkpoint (str | os.PathLike): The checkpoint file.
         out (str | os.PathLike): The ``.npz`` file (``.npz`` is appended when missing, as numpy does):
-            arrays ``embeddings`` (N, D) float32, ``labels`` (N,) and ``indices`` (N,), the rows of the split.
+            arrays ``embeddings`` (N, D) float32, ``labels`` (N,) and ``indices`` (N,), the rows of the
+            split; for text data also ``is_query`` (N,) and ``source_rows`` (N,), each row's row in the
+            data file.
         overrides (Sequence[str]): Dotted overrides. Default: none.
-        split (str): ``"test"`` or ``"train"``. Default: ``"test"``.
+        split (str, optional): ``"test"`` or ``"train"``. Default: ``"test"`` unless ``input_path`` is given.
+        input_path (str | os.PathLike, optional): ``--input``: embed this instead of a split: a file of
+            texts (a ``text`` column, or ``anchor`` and ``positive``) for text data, a folder of images
+            for image data (see :mod:`composer_dynsample.inputs`); ``indices`` are then its rows.
         trust_checkpoint (bool): Skip the safety check of the file. Default: ``False``.
 
     Returns:
@@ -506,27 +513,100 @@ def embed(
 
     Raises:
         OutputError: If ``out`` is a directory or under a file (before anything is loaded).
+        ConfigError: If ``split`` and ``input_path`` are both given, or the input is bad (one line naming it).
     """
     import numpy as np
 
     from composer_dynsample.callbacks.retrieval_gallery import embed_store
+    from composer_dynsample.config.registry import ConfigError
+    from composer_dynsample.inputs import read_embed_input, split_arrays
     from composer_dynsample.validation import check_choice
 
-    check_choice("split", split, ("test", "train"))
+    if split is not None and input_path is not None:
+        raise ConfigError(
+            f"embed takes a split or an --input, not both: got split={split!r} and --input {str(input_path)!r}."
+        )
+    split = check_choice("split", split or "test", ("test", "train"))
     path = _out_path(out, "embeddings.npz", ".npz")
     run = _checkpoint_run(config, checkpoint, overrides, None, trust_checkpoint)
-    store = run.splits.test if split == "test" else run.splits.train
+    if input_path is not None:
+        try:
+            store, arrays = read_embed_input(input_path, run.splits)
+        except ValueError as error:
+            raise ConfigError(str(error)) from error
+        what = str(input_path)
+    else:
+        store = run.splits.test if split == "test" else run.splits.train
+        arrays, what = split_arrays(store), f"{split} split of {run.splits.name}"
     embeddings = embed_store(run.trainer.state.model, store).cpu()
     if is_rank_zero():
         path.parent.mkdir(parents=True, exist_ok=True)
-        np.savez(
-            path,
-            embeddings=embeddings.numpy().astype(np.float32),
-            labels=store.labels.numpy(),
-            indices=np.arange(len(store), dtype=np.int64),
-        )
-        print(f"wrote {tuple(embeddings.shape)} {split} embeddings of {run.splits.name} to {path}")
+        np.savez(path, embeddings=embeddings.numpy().astype(np.float32), **arrays)
+        print(f"wrote {tuple(embeddings.shape)} embeddings of the {what} to {path}")
     return path
+
+
+#: The formats of ``export``: a sentence-transformers model directory, or Hugging Face files.
+EXPORT_FORMATS = ("sentence-transformers", "huggingface")
+
+
+def export(
+    config: str | os.PathLike[str] | Mapping[str, Any],
+    checkpoint: str | os.PathLike[str],
+    out: str | os.PathLike[str],
+    overrides: Sequence[str] = (),
+    *,
+    export_format: str = "sentence-transformers",
+    trust_checkpoint: bool = False,
+) -> Path:
+    """Write a checkpoint's text encoder and the run's tokenizer as a directory other libraries load.
+
+    ``"sentence-transformers"`` (a transformer encoder): ``SentenceTransformer(out)`` embeds texts as the
+    model does (pooling, projection and normalisation included, texts truncated to the data's
+    ``max_length``). ``"huggingface"`` (any text encoder): ``AutoModel``/``AutoTokenizer`` files, or for
+    the bag-of-tokens and CNN encoders their state dict, read back by
+    :func:`~composer_dynsample.export.load_exported_encoder`. See :mod:`composer_dynsample.export`.
+
+    Args:
+        config (str | os.PathLike | Mapping): The config the checkpoint was trained with.
+        checkpoint (str | os.PathLike): The checkpoint file.
+        out (str | os.PathLike): A new or empty directory.
+        overrides (Sequence[str]): Dotted overrides. Default: none.
+        export_format (str): ``--format``: ``"sentence-transformers"`` or ``"huggingface"``.
+            Default: ``"sentence-transformers"``.
+        trust_checkpoint (bool): Skip the safety check of the file. Default: ``False``.
+
+    Returns:
+        Path: The directory written.
+
+    Raises:
+        OutputError: If ``out`` exists and is not an empty directory (before anything is loaded).
+        ConfigError: If the data are not texts, or the encoder does not fit the format.
+    """
+    from composer_dynsample.config.registry import ConfigError
+    from composer_dynsample.data import TextSplits
+    from composer_dynsample.distributed import unwrap_model
+    from composer_dynsample.export import export_huggingface, export_sentence_transformers
+    from composer_dynsample.validation import check_choice
+
+    export_format = check_choice("format", export_format, EXPORT_FORMATS)
+    target = Path(out).expanduser()
+    if target.exists() and (not target.is_dir() or any(target.iterdir())):
+        raise OutputError(f"--out {str(out)!r} exists and is not an empty directory; choose a new one.")
+    run = _checkpoint_run(config, checkpoint, overrides, None, trust_checkpoint)
+    if not isinstance(run.splits, TextSplits):
+        raise ConfigError(
+            f"export writes text encoders, but {run.splits.name!r} holds feature tensors, not texts."
+        )
+    write = export_sentence_transformers if export_format == EXPORT_FORMATS[0] else export_huggingface
+    if is_rank_zero():
+        tokenizer, max_length = run.splits.info.load_tokenizer(), run.splits.info.max_length
+        try:
+            write(unwrap_model(run.trainer.state.model), tokenizer, target, max_length=max_length)
+        except (TypeError, ValueError) as error:
+            raise ConfigError(f"export --format {export_format}: {error}") from error
+        print(f"wrote the {export_format} model of {Path(checkpoint).name} to {target}")
+    return target
 
 
 def _run_dir_of(checkpoint: Path) -> Path:

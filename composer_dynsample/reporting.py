@@ -29,14 +29,19 @@ __all__ = [
 _NAMES = {
     "map_at_r": "MAP@R",
     "r_precision": "R-precision",
+    "mrr": "MRR",
+    "csn_mrr": "MRR (CodeSearchNet, 1000 candidates)",
 }
+# Metrics with a cut-off, ``<prefix><k>``, and how the table names them.
+_AT_K = (("recall_at_", "Recall@"), ("mrr_at_", "MRR@"), ("ndcg_at_", "nDCG@"))
 # Counts of queries that the table reports in a closing line rather than as metrics.
 _COUNTS = ("queries_without_positive", "num_queries")
 
 
 def _metric_label(name: str) -> str:
-    if name.startswith("recall_at_"):
-        return f"Recall@{name.removeprefix('recall_at_')}"
+    for prefix, label in _AT_K:
+        if name.startswith(prefix):
+            return f"{label}{name.removeprefix(prefix)}"
     return _NAMES.get(name, name)
 
 
@@ -44,7 +49,8 @@ def format_metrics_table(metrics: Mapping[str, float], title: str = "final retri
     """Format retrieval metrics as a two-column text table.
 
     Args:
-        metrics (Mapping[str, float]): ``recall_at_{k}``, ``map_at_r``, ``r_precision`` and any other
+        metrics (Mapping[str, float]): ``recall_at_{k}``, ``map_at_r``, ``r_precision`` (or the ranking
+            metrics of text pairs: ``mrr``, ``mrr_at_{k}``, ``ndcg_at_{k}``, ``csn_mrr``) and any other
             numbers (Python or numpy numbers, or one-element tensors, as the metrics return them);
             non-numbers are left out, and NaN shows as ``n/a``. The counts ``queries_without_positive``
             and ``num_queries`` are no rows: they make a closing line that says how many queries the

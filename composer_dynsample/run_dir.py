@@ -47,6 +47,7 @@ RUN_OUTPUTS = (
     "checkpoints",
     "eval.json",
     "eval-retrievals.png",
+    "tokenizer.json",  # text data: the tokenizer the model was trained with
 )
 
 #: The lock file a training run holds in its run directory while it runs (removed when it ends).

@@ -22,7 +22,7 @@ from composer_dynsample.data.datasets import DatasetSplits, stratified_split
 from composer_dynsample.data.store import TensorStore
 from composer_dynsample.validation import check_bool, is_int
 
-__all__ = ["load_image_folder"]
+__all__ = ["load_image_folder", "read_images"]
 
 _IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif")
 
@@ -101,6 +101,27 @@ def _read_image(file: Path, size: tuple[int, int] | None, grayscale: bool) -> np
         ) from None
     except OSError as error:
         raise ValueError(f"{file}: not a readable image ({error}).") from error
+
+
+def read_images(
+    folder: str | os.PathLike[str], *, size: tuple[int, int], grayscale: bool
+) -> tuple[torch.Tensor, list[Path]]:
+    """The images of one folder (not its sub-folders), sorted by name, as :func:`load_image_folder` reads them.
+
+    Returns:
+        tuple[torch.Tensor, list[Path]]: float32 ``(N, C, H, W)`` in [0, 1] (``C`` is 1 when ``grayscale``,
+        else 3) resized to ``size``, and the files.
+
+    Raises:
+        ValueError: If the folder holds no image, or a file is not a readable image.
+    """
+    directory = Path(folder).expanduser()
+    files = _image_files(directory)
+    if not files:
+        raise ValueError(f"{directory}: found no images with suffix {_IMAGE_SUFFIXES}.")
+    arrays = [_read_image(file, size, grayscale) for file in files]
+    images = [array[None] if array.ndim == 2 else array.transpose(2, 0, 1) for array in arrays]
+    return _stack(images, 1 if grayscale else 3), files
 
 
 def _read_image_classes(
