@@ -32,7 +32,8 @@ TRAIN_HELP = """\
 Train from CONFIG.yaml (see yamls/) with dotted key.path=value overrides, for example
   composer-dynsample train yamls/mnist1d_default.yaml trainer.max_duration=10ep seed=1
 A mapping replaces a whole section: model.loss={_component_: my_losses.MyLoss, scale: 2}.
-Writes RUN_DIR/config.yaml, metrics.json, embeddings.png and checkpoints/. Resume with
+Writes RUN_DIR/config.yaml, metrics.json, embeddings.png and checkpoints/ (and tokenizer.json for
+text data). Resume with
 trainer.load_path=RUN_DIR/checkpoints/latest-rank0.pt and a larger trainer.max_duration, or set
 trainer.autoresume=true: rerunning the same command then continues from the run's latest checkpoint.
 Ctrl-C (or SIGTERM) saves a checkpoint at the batch reached and prints the command that resumes it
@@ -93,7 +94,8 @@ def build_parser() -> argparse.ArgumentParser:
         commands,
         "eval",
         "retrieval metrics of a saved checkpoint (table and json; a retrievals plot for image data)",
-        "Score CHECKPOINT: the test queries against the train gallery, as at the end of train.",
+        "Score CHECKPOINT on the test split as at the end of train: against the train gallery, "
+        "leave-one-out among the test items, or, for text pairs, the test queries against the test passages.",
     )
     evaluate.add_argument(
         "--out",

@@ -444,7 +444,7 @@ def evaluate(
     out: str | os.PathLike[str] | None = None,
     trust_checkpoint: bool = False,
 ) -> dict[str, Any]:
-    """Score a saved checkpoint: the test queries against the train gallery, as at the end of ``train``.
+    """Score a saved checkpoint on the test split by the data's protocol, as at the end of ``train``.
 
     Args:
         config (str | os.PathLike | Mapping): The config the checkpoint was trained with.
