@@ -173,3 +173,21 @@ def test_a_run_reads_back_the_tokenizer_of_the_run_it_continues(tmp_path, data):
     again = build(tmp_path / "first", data, "data.vocab_size=150")
     assert again.splits.info.tokenizer_path == written
     assert again.splits.info.vocab_size == first.splits.info.vocab_size
+
+
+class BadData(ValueError):
+    """A loader's own error class, as TokenCacheError is."""
+
+
+def bad_loader(path: str) -> None:
+    raise BadData(f"{path}: line 3, column 'anchor': the text is empty.")
+
+
+def test_a_loaders_value_errors_are_its_own_line_after_data(data):
+    cfg = load_config(
+        pairs_config(data["pairs"], data["cache"]),
+        ["data={_component_: tests.test_config_text.bad_loader, path: p.jsonl}"],
+    )
+    with pytest.raises(ConfigError) as error:
+        build_run(cfg, data["cache"] / "unused")
+    assert str(error.value) == "data: p.jsonl: line 3, column 'anchor': the text is empty."

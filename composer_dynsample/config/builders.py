@@ -220,7 +220,7 @@ def build_data(cfg: DictConfig) -> DatasetSplits:
         raise ConfigError(f"data: {error}") from error
     except ConfigError as error:
         cause = error.__cause__
-        if type(cause) is not ValueError and not isinstance(cause, FileNotFoundError):
+        if not isinstance(cause, ValueError):
             raise
         raise ConfigError(f"data: {cause}") from cause  # the loader names the file, line and column
     if not isinstance(splits, DatasetSplits):
