@@ -56,7 +56,8 @@ class MinedNegativesPKBatchSampler(DistributedBatchSampler):
     ``window=negatives_per_anchor`` takes the hardest ones), skipping any whose text is already in the
     batch (a pair's row or an earlier negative). Slots left over, every slot before the first
     snapshot, and the slots of an anchor without an embedding take random passages of other pairs
-    under the same rules, so the batch size never changes. The batches are a pure function of
+    under the same rules, never one of the anchor's candidates that the rank window or a guard
+    dropped, so the batch size never changes. The batches are a pure function of
     ``(seed, epoch, snapshot)``: every rank computes the same plan and takes its shard.
 
     Args:
