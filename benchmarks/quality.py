@@ -63,7 +63,10 @@ def machine() -> dict:
     }
 
 
-def run_one(config: str, seed: int, run_dir: Path, overrides: list[str], threads: int) -> dict:
+def run_command(
+    config: str, seed: int, run_dir: Path, overrides: list[str], threads: int
+) -> tuple[dict, float]:
+    """Train ``config`` with ``seed=S`` in a fresh process; its ``metrics.json`` and the process's seconds."""
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
     command = [
         sys.executable,
@@ -83,7 +86,11 @@ def run_one(config: str, seed: int, run_dir: Path, overrides: list[str], threads
     if completed.returncode != 0:
         sys.stderr.write(completed.stdout[-4000:] + completed.stderr[-4000:])
         raise RuntimeError(f"{config} seed {seed} failed with exit code {completed.returncode}")
-    metrics = json.loads((run_dir / "metrics.json").read_text())
+    return json.loads((run_dir / "metrics.json").read_text()), seconds
+
+
+def run_one(config: str, seed: int, run_dir: Path, overrides: list[str], threads: int) -> dict:
+    metrics, seconds = run_command(config, seed, run_dir, overrides, threads)
     return {
         "seed": seed,
         "recall_at_1": metrics["recall_at_1"],
