@@ -1,5 +1,19 @@
-"""The text loader's costs: tokenizing once, re-reading the cache, collating, and a memory-mapped corpus's RSS.
+"""The text loader's costs: tokenizing once, re-reading the cache, collating, against a training step, and RSS.
 
+* **code search** (``yamls/code_search.yaml``): the corpus of ``build_code_search`` (from its cache, built
+  if missing) and the recipe's WordPiece tokenizer (vocabulary 8192, trained as ``load_code_search``
+  trains it; neither timed). Timed: ``tokenize_texts`` on every distinct text of the train and test
+  files into a fresh cache folder, the very stores the loader writes (same cache keys), on
+  ``tokenizers``' own thread pool (its size and ``TOKENIZERS_PARALLELISM`` recorded, the process's CPU
+  time beside the wall time); the same call again, which reads the cache; and ``load_code_search`` once
+  more from its caches. Goals: under 10 s on 2 cores; under 1 s for the re-read.
+* **loader vs step**: on the recipe's P x K = 256 x 2 batches of the code-search training store, side by
+  side (``time_interleaved``): ``TextCollate`` on one batch, one batch of the ``DataLoader``
+  (``num_workers=0``: sampler, ``IndexDataset``, collate), and one training step of the recipe's model
+  (``BagOfTokensEncoder`` with token_dim 256, weighted_mean pooling, embedding_dim 128, in
+  ``EmbeddingModel`` with ``InfoNCELoss(temperature=0.05)``, ``AdamW(lr=0.003, weight_decay=1e-4)``:
+  forward, loss, backward, step; no mining) on ``--threads`` torch threads (1: the CLI's default on 2
+  cores). Headline: step time / DataLoader batch time; the loader is no bottleneck at 10 or more.
 * **tokenize**: ``tokenize_texts`` on N synthetic texts (8 to 64 words drawn from 2,000 made-up words)
   with a WordPiece tokenizer trained on them (training not timed): ``encode_batch`` in chunks, the
   ids streamed into the memory-mapped token store, the text hashes, the atomic rename.
@@ -13,34 +27,73 @@
   collate's rows/s on that store. RSS is split into anonymous memory (what the process allocated) and
   file-backed pages (the mapped token ids: page cache, shared by every DataLoader worker and dropped by
   the kernel under memory pressure). The kernel's read-ahead and fault-around map whole neighbourhoods
-  of each row read, so after a few hundred random batches most of the file is mapped.
+  of each row read, so after a few hundred random batches most of the file is mapped. Goal: anonymous
+  growth under 200 MiB.
 
     python benchmarks/text_loader.py [--quick] [--out benchmarks/results] [--threads 1]
 
-``--quick`` (20,000 texts, 20,000 pairs) is a smoke test; the full run writes a 1 GiB store into a
-temporary folder and removes it.
+``--quick`` (20,000 texts, 20,000 pairs, a code-search corpus of a few standard-library packages built in
+a temporary folder, 5 rounds) is a smoke test; the full run writes a 1 GiB store into a temporary folder
+and removes it.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
+import os
 import sys
 import tempfile
 import time
 import warnings
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
-from _common import load_average, machine_info, markdown_table, proc_status_kib, run_worker, write_results
+from _common import (
+    load_average,
+    machine_info,
+    markdown_table,
+    proc_status_kib,
+    run_worker,
+    time_interleaved,
+    write_results,
+)
 from _common import parser as make_parser
 
-from composer_dynsample.data.text_store import TextCollate, TextStore
-from composer_dynsample.data.text_tokenizer import train_tokenizer
+from composer_dynsample.data import IndexDataset, load_code_search
+from composer_dynsample.data.code_search import build_code_search
+from composer_dynsample.data.pairs import PairTable, read_pairs
+from composer_dynsample.data.text_store import TextCollate, TextSplits, TextStore
+from composer_dynsample.data.text_table import read_text_tables
+from composer_dynsample.data.text_tokenizer import TextTokenizer, train_tokenizer
 from composer_dynsample.data.tokenized import TokenStore, TokenStoreWriter, tokenize_texts
+from composer_dynsample.losses import InfoNCELoss
+from composer_dynsample.models.text import BagOfTokensEncoder
 from composer_dynsample.samplers import PKBatchSampler
+from composer_dynsample.samplers.dataloader import build_dataloader
 
 BATCH_CLASSES, TOKENS_PER_TEXT, VOCAB = 128, 128, 30_000
+# yamls/code_search.yaml: the data, the encoder, the loss, the optimizer and the P x K batch
+RECIPE_DATA = {"max_length": 128, "vocab_size": 8192}
+RECIPE_ENCODER = {"token_dim": 256, "pooling": "weighted_mean", "embedding_dim": 128}
+RECIPE_BATCH = (256, 2)
+PARALLELISM_OFF = (
+    "",
+    "off",
+    "false",
+    "f",
+    "no",
+    "n",
+    "0",
+)  # TOKENIZERS_PARALLELISM values tokenizers reads as off
+# --quick: a corpus of a few standard-library packages (over 256 training pairs), built in a temporary folder
+QUICK_CORPUS = {
+    "groups": [f"stdlib:{name}" for name in ("argparse", "asyncio", "csv", "email", "json", "logging")],
+    "test_fraction": 0.3,
+}
 
 
 def synthetic_texts(n: int, seed: int = 0) -> list[str]:
@@ -102,6 +155,151 @@ def rows_per_second(store: TextStore, batches: int) -> float:
     return rows / (time.perf_counter() - start)
 
 
+def corpus_options(quick: bool, folder: Path) -> dict[str, Any]:
+    """``load_code_search``'s arguments: the recipe's (default cache) or, for ``--quick``, a small corpus in ``folder``."""
+    return {**RECIPE_DATA, **({"cache_dir": folder, **QUICK_CORPUS} if quick else {})}
+
+
+def corpus_pairs(options: dict[str, Any]) -> list[PairTable]:
+    """The train and test files of the corpus ``load_code_search(**options)`` reads, read as pairs."""
+    root = options.get("cache_dir")
+    corpus = build_code_search(
+        Path(root) / "code_search" if root is not None else None,
+        groups=options.get("groups"),
+        test_fraction=options.get("test_fraction", 0.1),
+        progress=False,
+    )
+    keep = ("anchor", "positive")
+    return [
+        read_pairs(read_text_tables(path, keep.__contains__)[0])
+        for path in (corpus.train_path, corpus.test_path)
+    ]
+
+
+def tokenize_pairs(
+    parts: list[PairTable], tokenizer: TextTokenizer, max_length: int, folder: str
+) -> tuple[float, float, list[TokenStore]]:
+    """``(wall s, process CPU s, stores)`` of tokenizing each file's distinct texts as the pairs loader does."""
+    wall, cpu = time.perf_counter(), time.process_time()
+    stores = [
+        tokenize_texts(
+            part.texts,
+            tokenizer.tokenizer,
+            max_length=max_length,
+            cache_dir=folder,
+            data_sha256=part.table.sha256,
+            tokenizer_sha256=tokenizer.sha256,
+            layout="pairs:" + ",".join(["anchor", "positive", *part.negative_columns]),
+            source=str(part.table.path),
+            progress=False,
+        )
+        for part in parts
+    ]
+    return time.perf_counter() - wall, time.process_time() - cpu, stores
+
+
+def tokenizer_threads() -> dict[str, Any]:
+    """``tokenizers``' thread pool: its environment variables and its size (Rayon's: the usable cores)."""
+    parallelism = os.environ.get("TOKENIZERS_PARALLELISM")
+    enabled = parallelism is None or parallelism.strip().lower() not in PARALLELISM_OFF
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return {
+        "TOKENIZERS_PARALLELISM": parallelism if parallelism is not None else "unset",
+        "RAYON_NUM_THREADS": os.environ.get("RAYON_NUM_THREADS", "unset"),
+        "threads": int(os.environ.get("RAYON_NUM_THREADS") or cores) if enabled else 1,
+    }
+
+
+def measure_code_search(options: dict[str, Any]) -> tuple[dict[str, Any], TextSplits]:
+    """Tokenize the corpus into a fresh cache, re-read it, and reload it whole; see the module docstring."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # truncation report
+        load_code_search(progress=False, **options)  # builds the corpus, tokenizer and stores if missing
+        start = time.perf_counter()
+        splits = load_code_search(progress=False, **options)
+        reload_s = time.perf_counter() - start
+        parts, tokenizer = corpus_pairs(options), splits.info.load_tokenizer()
+        with tempfile.TemporaryDirectory() as fresh:
+            tokenize_s, cpu_s, stores = tokenize_pairs(parts, tokenizer, options["max_length"], fresh)
+            reread_s, _, again = tokenize_pairs(parts, tokenizer, options["max_length"], fresh)
+    names = [store.directory.name for store in stores]
+    if names != [path.name for path in splits.info.cache_dirs] or not all(s.from_cache for s in again):
+        raise RuntimeError(f"the timed token stores {names} are not the loader's {splits.info.cache_dirs}.")
+    result = {
+        "pairs": sum(part.num_pairs for part in parts),
+        "texts": sum(len(store) for store in stores),
+        "tokens": sum(store.num_tokens for store in stores),
+        "truncated": sum(store.num_truncated for store in stores),
+        "vocab_size": splits.info.vocab_size,
+        "tokenizer_threads": tokenizer_threads(),
+        "tokenize_s": round(tokenize_s, 3),
+        "tokenize_cpu_s": round(cpu_s, 3),
+        "reread_s": round(reread_s, 4),
+        "reload_s": round(reload_s, 3),
+        "load_average_1_5_15min_after": load_average(),
+    }
+    return result, splits
+
+
+def recipe_step(vocab_size: int) -> Callable[[dict[str, Any]], None]:
+    """One training step of the recipe's model on a collated batch: forward, loss, backward, AdamW step."""
+    from composer_dynsample import EmbeddingModel  # imports Composer: not in the memory worker's process
+
+    torch.manual_seed(0)
+    encoder = BagOfTokensEncoder(vocab_size=vocab_size, **RECIPE_ENCODER)
+    model = EmbeddingModel(encoder, InfoNCELoss(temperature=0.05, negatives="pool"), normalize=True)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.003, weight_decay=1e-4)
+    model.train()
+
+    def step(batch: dict[str, Any]) -> None:
+        optimizer.zero_grad(set_to_none=True)
+        model.loss(model(batch), batch).backward()
+        optimizer.step()
+
+    return step
+
+
+def measure_loader_vs_step(store: TextStore, vocab_size: int, rounds: int) -> dict[str, Any]:
+    """Median seconds of a collate, a DataLoader batch (0 workers) and a training step, interleaved."""
+    classes, per_class = RECIPE_BATCH
+    sampler = PKBatchSampler(store.labels, classes, per_class, num_replicas=1, rank=0, seed=0)
+    collate = TextCollate(store)
+    index_batches = itertools.cycle(list(sampler))
+    collated = [collate(batch) for _, batch in zip(range(4), iter(sampler))]
+    train_batches, step = itertools.cycle(collated), recipe_step(vocab_size)
+    loader = build_dataloader(
+        IndexDataset(store.labels), sampler, collate_fn=TextCollate(store), num_workers=0
+    )
+    batches = iter(loader)
+
+    def next_batch() -> None:
+        nonlocal batches
+        if next(batches, None) is None:  # a new epoch
+            batches = iter(loader)
+            next(batches)
+
+    medians = time_interleaved(
+        {
+            "collate": lambda: collate(next(index_batches)),
+            "dataloader": next_batch,
+            "step": lambda: step(next(train_batches)),
+        },
+        rounds=rounds,
+        warmup=2,
+    )
+    lengths = [batch["features"]["input_ids"].shape[1] for batch in collated]
+    return {
+        "batch": f"{classes} x {per_class}",
+        "rows": len(collated[0]["index"]),
+        "padded_length": max(lengths),
+        "torch_threads": torch.get_num_threads(),
+        "rounds": rounds,
+        **{f"{name}_ms": round(1000 * seconds, 3) for name, seconds in medians.items()},
+        "step_per_collate": round(medians["step"] / medians["collate"], 1),
+        "step_per_dataloader_batch": round(medians["step"] / medians["dataloader"], 1),
+    }
+
+
 def write_synthetic_store(folder: Path, num_pairs: int) -> Path:
     """A store of ``2 * num_pairs`` texts of ``TOKENS_PER_TEXT`` random ids, written chunk by chunk."""
     rng = np.random.default_rng(0)
@@ -161,49 +359,141 @@ def measure_memory(num_pairs: int, batches: int) -> dict:
     }
 
 
-def table(tokenizing: dict, memory: dict) -> str:
-    """The markdown table of both measurements."""
-    return markdown_table(
-        ["measure", "value"],
-        "lr",
-        [
-            [
-                f"tokenize {tokenizing['texts']:,} texts ({tokenizing['tokens']:,} tokens), s",
-                tokenizing["tokenize_s"],
-            ],
-            ["texts / s", f"{tokenizing['texts_per_s']:,}"],
-            ["re-read the cache, s", tokenizing["reread_s"]],
-            ["collate rows / s (128 x 2 pairs, padded)", f"{tokenizing['collate_rows_per_s']:,}"],
-            [
-                f"store of {memory['pairs']:,} pairs x {memory['tokens_per_text']} tokens, MiB on disk",
-                memory["store_mib"],
-            ],
-            ["RSS growth, anonymous: open it and build the TextStore, MiB", memory["open_anon_mib"]],
-            [
-                f"RSS growth, anonymous: collate {memory['collate_batches']} random batches of 256, MiB",
-                memory["collate_anon_mib"],
-            ],
-            [
-                "RSS growth, file-backed (mapped token pages): open / collate, MiB",
-                f"{memory['open_file_mib']} / {memory['collate_file_mib']}",
-            ],
-            ["collate rows / s on it (random rows)", f"{memory['collate_rows_per_s']:,}"],
-        ],
+def goals(code_search: dict[str, Any], steps: dict[str, Any], memory: dict[str, Any]) -> list[dict[str, Any]]:
+    """The issue's goals, each with its bound, the figure measured and whether it is met."""
+    anonymous = round(memory["open_anon_mib"] + memory["collate_anon_mib"], 1)
+    stored = f"{memory['pairs']:,} pairs x {memory['tokens_per_text']} tokens"
+    checks = [
+        ("tokenize", "tokenize the code-search corpus", code_search["tokenize_s"], "<", 10, " s"),
+        ("reread", "re-read its token cache", code_search["reread_s"], "<", 1, " s"),
+        ("dataloader", "training step / DataLoader batch", steps["step_per_dataloader_batch"], ">=", 10, "x"),
+        ("collate", "training step / collate", steps["step_per_collate"], ">=", 10, "x"),
+        ("memory", f"anonymous RSS growth, {stored}", anonymous, "<", 200, " MiB"),
+    ]
+    return [
+        {
+            "key": key,
+            "goal": f"{what} {op} {limit}{unit}",
+            "bound": f"{op} {limit}{unit}",
+            "measured": f"{value:g}{unit}",
+            "met": bool(value < limit if op == "<" else value >= limit),
+        }
+        for key, what, value, op, limit, unit in checks
+    ]
+
+
+def code_search_rows(
+    code_search: dict[str, Any], steps: dict[str, Any], met: dict[str, str]
+) -> list[list[Any]]:
+    """The table's rows of the code-search recipe: tokenizing, re-reading, and the loader against a step."""
+    threads = code_search["tokenizer_threads"]
+    pool = (
+        f"{threads['threads']} tokenizers threads, TOKENIZERS_PARALLELISM {threads['TOKENIZERS_PARALLELISM']}"
     )
+    batch = f"{steps['batch']} = {steps['rows']} rows, padded to {steps['padded_length']}"
+    return [
+        [
+            f"code search: tokenize {code_search['texts']:,} texts of {code_search['pairs']:,} pairs "
+            f"({code_search['tokens']:,} tokens) into a fresh cache ({pool}), s",
+            code_search["tokenize_s"],
+            met["tokenize"],
+        ],
+        ["code search: process CPU time of that, s", code_search["tokenize_cpu_s"], ""],
+        ["code search: re-read the token cache, s", code_search["reread_s"], met["reread"]],
+        [
+            "code search: the whole loader again from its caches (load_code_search), s",
+            code_search["reload_s"],
+            "",
+        ],
+        [f"collate one batch ({batch}), ms", steps["collate_ms"], ""],
+        ["one DataLoader batch (0 workers: sampler, IndexDataset, collate), ms", steps["dataloader_ms"], ""],
+        [
+            f"one training step (the recipe's model, {steps['torch_threads']} torch thread), ms",
+            steps["step_ms"],
+            "",
+        ],
+        ["training step / DataLoader batch", steps["step_per_dataloader_batch"], met["dataloader"]],
+        ["training step / collate", steps["step_per_collate"], met["collate"]],
+    ]
+
+
+def synthetic_rows(
+    tokenizing: dict[str, Any], memory: dict[str, Any], met: dict[str, str]
+) -> list[list[Any]]:
+    """The table's rows of the synthetic texts and of the 1,000,000-pair store."""
+    return [
+        [
+            f"synthetic: tokenize {tokenizing['texts']:,} texts ({tokenizing['tokens']:,} tokens), s",
+            tokenizing["tokenize_s"],
+            "",
+        ],
+        ["synthetic: texts / s", f"{tokenizing['texts_per_s']:,}", ""],
+        ["synthetic: re-read the cache, s", tokenizing["reread_s"], ""],
+        ["synthetic: collate rows / s (128 x 2 pairs, padded)", f"{tokenizing['collate_rows_per_s']:,}", ""],
+        [
+            f"store of {memory['pairs']:,} pairs x {memory['tokens_per_text']} tokens, MiB on disk",
+            memory["store_mib"],
+            "",
+        ],
+        ["RSS growth, anonymous: open it and build the TextStore, MiB", memory["open_anon_mib"], ""],
+        [
+            f"RSS growth, anonymous: collate {memory['collate_batches']} random batches of 256, MiB",
+            memory["collate_anon_mib"],
+            f"the sum {met['memory']}",
+        ],
+        [
+            "RSS growth, file-backed (mapped token pages): open / collate, MiB",
+            f"{memory['open_file_mib']} / {memory['collate_file_mib']}",
+            "",
+        ],
+        ["collate rows / s on it (random rows)", f"{memory['collate_rows_per_s']:,}", ""],
+    ]
+
+
+def table(
+    tokenizing: dict, memory: dict, code_search: dict, steps: dict, results: list[dict[str, Any]]
+) -> str:
+    """The markdown table of every measurement, with the goals where the issue sets one."""
+    met = {goal["key"]: f"{goal['bound']}: {'met' if goal['met'] else 'missed'}" for goal in results}
+    rows = [*code_search_rows(code_search, steps, met), *synthetic_rows(tokenizing, memory, met)]
+    return markdown_table(["measure", "value", "goal"], "lrl", rows)
 
 
 def main(argv: list[str] | None = None) -> dict:
     args = make_parser(
-        __doc__, quick_help="20,000 texts and 20,000 pairs: a smoke test", threads=1
+        __doc__,
+        quick_help="20,000 texts, 20,000 pairs, a few standard-library packages' code search, 5 rounds: a smoke test",
+        threads=1,
     ).parse_args(argv)
     torch.set_num_threads(args.threads)
+    load_before = load_average()
     with tempfile.TemporaryDirectory() as folder:
         tokenizing = measure_tokenizing(20_000 if args.quick else 200_000, Path(folder))
+        code_search, splits = measure_code_search(corpus_options(args.quick, Path(folder)))
+        steps = measure_loader_vs_step(splits.train, splits.info.vocab_size, 5 if args.quick else 30)
     memory = measure_memory(20_000 if args.quick else 1_000_000, 50 if args.quick else 400)
-    text = table(tokenizing, memory)
-    notes = [f"machine: {machine_info()}; load average {load_average()}"]
-    print(f"{text}\n\n{notes[0]}")
-    result = {"tokenizing": tokenizing, "memory": memory, "machine": machine_info()}
+    results = goals(code_search, steps, memory)
+    text = table(tokenizing, memory, code_search, steps, results)
+    notes = [
+        f"machine: {machine_info()}; load average before {load_before}, after {load_average()}",
+        "Goals are the issue's: tokenizing the code-search corpus under 10 s on 2 cores and its re-read under "
+        "1 s; the loader at least 10x the training step rate of the recipe's encoder; 1,000,000 pairs of 128 "
+        "tokens growing the anonymous RSS by under 200 MiB (the mapped token pages are page cache).",
+    ]
+    print(f"{text}\n\n" + "\n\n".join(notes))
+    result = {
+        "ratio": steps["step_per_dataloader_batch"],
+        "ratio_meaning": "training step time of the code-search recipe / DataLoader batch time (0 workers, "
+        "256 x 2 rows), 1 torch thread; goal >= 10",
+        "goals": results,
+        "code_search": code_search,
+        "loader_vs_step": steps,
+        "tokenizing": tokenizing,
+        "memory": memory,
+        "machine": machine_info(),
+        "load_average_1_5_15min_before": load_before,
+        "load_average_1_5_15min_after": load_average(),
+    }
     return write_results(args.out, "text_loader", args.quick, result, text, notes=notes)
 
 
