@@ -57,6 +57,8 @@ bench: $(TEST_STAMP)
 	$(PY) benchmarks/quality.py
 	$(PY) benchmarks/quality_glyphs.py --group sampling_glyphs
 	$(PY) benchmarks/quality_glyphs.py --group contrastive_glyphs
+	$(PY) benchmarks/text_loader.py
+	$(PY) benchmarks/quality_code.py
 	$(PY) benchmarks/report.py
 
 # On a CUDA machine: the miners on the GPU against the CPU, AMP training through the CLI, pin_memory, the
