@@ -10,6 +10,8 @@ composer_dynsample`` (and ``composer-dynsample --help``) does not pay for import
   :class:`EmbeddingTable` (an embedding per training sample), :class:`BatchAugmentation`,
   :class:`MinedBatch` (what the loss receives), the miners in :mod:`composer_dynsample.mining`;
 - models and losses: :class:`EmbeddingModel`, :class:`Conv1dEncoder`, :class:`Conv2dEncoder`, :class:`MLPEncoder`,
+  the text encoders :class:`TransformerEncoder`, :class:`BagOfTokensEncoder`, :class:`TextCNNEncoder`,
+  :class:`TwoTowerEncoder`,
   :class:`TripletMarginLoss`, :class:`ContrastiveLoss`, :class:`MultiSimilarityLoss`, :class:`InfoNCELoss`;
 - data: :class:`IndexDataset`, :class:`GatherCollate`, :class:`TensorStore` (index-only datasets and the
   batched collate), loaders in :mod:`composer_dynsample.data`;
@@ -35,18 +37,22 @@ __version__ = "0.1.0"
 _MODULES: dict[str, str] = {
     "composer_dynsample.samplers.dataloader": "BatchSamplerDataLoader build_dataloader",
     "composer_dynsample.losses": "ContrastiveLoss InfoNCELoss MultiSimilarityLoss TripletMarginLoss",
-    "composer_dynsample.models": "Conv1dEncoder Conv2dEncoder EmbeddingModel MLPEncoder",
+    "composer_dynsample.models": "BagOfTokensEncoder Conv1dEncoder Conv2dEncoder EmbeddingModel MLPEncoder "
+    "TextCNNEncoder TransformerEncoder TwoTowerEncoder",
     "composer_dynsample.algorithms": "BatchAugmentation CrossBatchMemory EmbeddingTable HardNegativeMining mine",
     "composer_dynsample.samplers": "DistributedBatchSampler HardClassPKBatchSampler NeighbourBatchSampler "
-    "PKBatchSampler SupportsSetEpoch TwoStreamBatchSampler",
-    "composer_dynsample.data": "GatherCollate IndexDataset TensorStore",
+    "MinedNegativesPKBatchSampler PKBatchSampler SupportsSetEpoch TwoStreamBatchSampler",
+    "composer_dynsample.data": "GatherCollate IndexDataset TensorStore TextCollate TextStore",
     "composer_dynsample.mined": "MinedBatch",
-    "composer_dynsample.callbacks": "RetrievalGallery SetSamplerEpoch find_epoch_target",
+    "composer_dynsample.callbacks": "CheckpointOnInterrupt RetrievalGallery SetSamplerEpoch find_epoch_target",
+    "composer_dynsample.metrics": "RankingMetrics",
 }
 
 __all__ = [
+    "BagOfTokensEncoder",
     "BatchAugmentation",
     "BatchSamplerDataLoader",
+    "CheckpointOnInterrupt",
     "ContrastiveLoss",
     "Conv1dEncoder",
     "Conv2dEncoder",
@@ -61,15 +67,22 @@ __all__ = [
     "InfoNCELoss",
     "MLPEncoder",
     "MinedBatch",
+    "MinedNegativesPKBatchSampler",
     "MultiSimilarityLoss",
     "NeighbourBatchSampler",
     "PKBatchSampler",
+    "RankingMetrics",
     "RetrievalGallery",
     "SetSamplerEpoch",
     "SupportsSetEpoch",
     "TensorStore",
+    "TextCNNEncoder",
+    "TextCollate",
+    "TextStore",
+    "TransformerEncoder",
     "TripletMarginLoss",
     "TwoStreamBatchSampler",
+    "TwoTowerEncoder",
     "build_dataloader",
     "find_epoch_target",
     "mine",
@@ -83,14 +96,30 @@ if TYPE_CHECKING:
         HardNegativeMining,
         mine,
     )
-    from composer_dynsample.callbacks import RetrievalGallery, SetSamplerEpoch, find_epoch_target
-    from composer_dynsample.data import GatherCollate, IndexDataset, TensorStore
+    from composer_dynsample.callbacks import (
+        CheckpointOnInterrupt,
+        RetrievalGallery,
+        SetSamplerEpoch,
+        find_epoch_target,
+    )
+    from composer_dynsample.data import GatherCollate, IndexDataset, TensorStore, TextCollate, TextStore
     from composer_dynsample.losses import ContrastiveLoss, InfoNCELoss, MultiSimilarityLoss, TripletMarginLoss
+    from composer_dynsample.metrics import RankingMetrics
     from composer_dynsample.mined import MinedBatch
-    from composer_dynsample.models import Conv1dEncoder, Conv2dEncoder, EmbeddingModel, MLPEncoder
+    from composer_dynsample.models import (
+        BagOfTokensEncoder,
+        Conv1dEncoder,
+        Conv2dEncoder,
+        EmbeddingModel,
+        MLPEncoder,
+        TextCNNEncoder,
+        TransformerEncoder,
+        TwoTowerEncoder,
+    )
     from composer_dynsample.samplers import (
         DistributedBatchSampler,
         HardClassPKBatchSampler,
+        MinedNegativesPKBatchSampler,
         NeighbourBatchSampler,
         PKBatchSampler,
         SupportsSetEpoch,
