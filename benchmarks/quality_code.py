@@ -11,8 +11,7 @@ against the whole test corpus, MRR@10, Recall@1/10 and nDCG@10.
   (``getItemCount`` and ``get_item_count`` both give ``get item count``): the classic lexical baseline,
   deterministic, no training.
 - **Dense recipes** (``yamls/code_search.yaml`` and overrides), each a ``composer-dynsample train``
-  process per seed: in-batch InfoNCE, InfoNCE over mined negatives, triplets with semi-hard and batch-hard
-  mining; mean +- standard error over seeds. The transformer recipe
+  process per seed: in-batch InfoNCE, InfoNCE over mined negatives, triplets with semi-hard mining; mean +- standard error over seeds. The transformer recipe
   (``yamls/code_search_transformer.yaml``) runs one seed on a short budget, with its time per step.
 
 A difference counts only beyond two standard errors. Writes ``results/quality_code.{json,md,png}``;
@@ -51,13 +50,6 @@ RECIPES: dict[str, tuple[str, list[str]]] = {
         [
             "model.loss={name: triplet_margin, margin: 0.2}",
             "algorithms.hard_negative_mining.strategy=semi_hard",
-        ],
-    ),
-    "triplets, batch-hard mining": (
-        CONFIG,
-        [
-            "model.loss={name: triplet_margin, margin: 0.2}",
-            "algorithms.hard_negative_mining.strategy=batch_hard",
         ],
     ),
 }
