@@ -37,6 +37,7 @@ import numpy as np
 from composer_dynsample.data.text_store import TextInfo, TextSplits, TextStore
 from composer_dynsample.data.text_table import (
     TextTable,
+    check_loader_options,
     hashable_column,
     read_text_tables,
     require_columns,
@@ -45,7 +46,6 @@ from composer_dynsample.data.text_table import (
 )
 from composer_dynsample.data.text_tokenizer import TextTokenizer, resolve_tokenizer
 from composer_dynsample.data.tokenized import TextInterner, TokenStore, text_cache_dir, tokenize_texts
-from composer_dynsample.validation import check_float, check_int
 
 __all__ = ["PairTable", "load_pairs", "read_pairs", "split_pairs"]
 
@@ -306,15 +306,6 @@ def _pair_columns(group: str | None) -> Callable[[str], bool]:
     return keep
 
 
-def _check_options(max_length: int, test_fraction: float | None, seed: int) -> None:
-    check_int("max_length", max_length, minimum=2)
-    check_int("seed", seed, minimum=0)
-    if test_fraction is not None:
-        check_float(
-            "test_fraction", test_fraction, minimum=0, maximum=1, strict_minimum=True, strict_maximum=True
-        )
-
-
 def load_pairs(
     path: str | os.PathLike[str],
     *,
@@ -371,7 +362,7 @@ def load_pairs(
         >>> len(splits.train), splits.train.num_rows, splits.train.labels[:4].tolist()
         (16, 24, [0, 0, 1, 1])
     """
-    _check_options(max_length, test_fraction, seed)
+    check_loader_options(max_length, test_fraction, seed)
     table, bundled = read_text_tables(path, _pair_columns(group))
     pairs = read_pairs(table, group)
     test_pairs, train_idx, test_idx, split = _split(pairs, bundled, test_path, group, test_fraction, seed)

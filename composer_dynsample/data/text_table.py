@@ -30,11 +30,31 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["TextTable", "hashable_column", "read_text_tables", "require_columns", "sort_key", "text_column"]
+from composer_dynsample.validation import check_float, check_int
+
+__all__ = [
+    "TextTable",
+    "check_loader_options",
+    "hashable_column",
+    "read_text_tables",
+    "require_columns",
+    "sort_key",
+    "text_column",
+]
 
 _JSON_SUFFIXES = (".jsonl", ".json")
 _DELIMITERS = {".csv": ",", ".tsv": "\t"}
 _FORMATS = "a .jsonl/.json (JSON Lines), .csv, .tsv or .parquet file, or a datasets folder (save_to_disk)"
+
+
+def check_loader_options(max_length: int, test_fraction: float | None, seed: int) -> None:
+    """The options every text loader shares: ``max_length`` >= 2, ``seed`` >= 0, ``test_fraction`` in (0, 1)."""
+    check_int("max_length", max_length, minimum=2)
+    check_int("seed", seed, minimum=0)
+    if test_fraction is not None:
+        check_float(
+            "test_fraction", test_fraction, minimum=0, maximum=1, strict_minimum=True, strict_maximum=True
+        )
 
 
 @dataclasses.dataclass(frozen=True, eq=False)

@@ -28,6 +28,7 @@ import numpy as np
 from composer_dynsample.data.text_store import TextInfo, TextSplits, TextStore
 from composer_dynsample.data.text_table import (
     TextTable,
+    check_loader_options,
     hashable_column,
     read_text_tables,
     require_columns,
@@ -36,7 +37,6 @@ from composer_dynsample.data.text_table import (
 )
 from composer_dynsample.data.text_tokenizer import TextTokenizer, resolve_tokenizer
 from composer_dynsample.data.tokenized import TextInterner, TokenStore, text_cache_dir, tokenize_texts
-from composer_dynsample.validation import check_float, check_int
 
 __all__ = ["load_texts", "split_labels"]
 
@@ -209,12 +209,7 @@ def load_texts(
         >>> len(splits.train), len(splits.test), splits.info.label_names
         (16, 4, ('a', 'b', 'd', 'e', 'c'))
     """
-    check_int("max_length", max_length, minimum=2)
-    check_int("seed", seed, minimum=0)
-    if test_fraction is not None:
-        check_float(
-            "test_fraction", test_fraction, minimum=0, maximum=1, strict_minimum=True, strict_maximum=True
-        )
+    check_loader_options(max_length, test_fraction, seed)
     table, bundled = read_text_tables(path, _keep)
     train = _read(table)
     test_table = _test_table(table, bundled, test_path, test_fraction)
