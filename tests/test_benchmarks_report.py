@@ -17,13 +17,18 @@ def _report():
     return importlib.import_module("report")
 
 
-def test_check_fails_on_a_hand_edited_card_figure_and_a_refill_restores_it(tmp_path: Path) -> None:
-    report = _report()
+def _copies(tmp_path: Path) -> tuple[Path, Path, Path, list[str]]:
+    """Copies of the README, the benchmarks page and the method card, and the arguments naming them."""
     readme, tables, card = tmp_path / "README.md", tmp_path / "tables.md", tmp_path / "card.md"
     shutil.copy(ROOT / "README.md", readme)
     shutil.copy(ROOT / "benchmarks/README.md", tables)
     shutil.copy(CARD, card)
-    paths = ["--readme", str(readme), "--tables", str(tables), "--card", str(card)]
+    return readme, tables, card, ["--readme", str(readme), "--tables", str(tables), "--card", str(card)]
+
+
+def test_check_fails_on_a_hand_edited_card_figure_and_a_refill_restores_it(tmp_path: Path) -> None:
+    report = _report()
+    _, _, card, paths = _copies(tmp_path)
     assert report.main([*paths, "--check"]) == 0
     measured = card.read_text().split("<!-- measured:start -->")[1]
     figure = next(
@@ -37,11 +42,7 @@ def test_check_fails_on_a_hand_edited_card_figure_and_a_refill_restores_it(tmp_p
 
 def test_check_fails_on_a_hand_edited_table_of_the_benchmarks_page(tmp_path: Path) -> None:
     report = _report()
-    readme, tables, card = tmp_path / "README.md", tmp_path / "tables.md", tmp_path / "card.md"
-    shutil.copy(ROOT / "README.md", readme)
-    shutil.copy(ROOT / "benchmarks/README.md", tables)
-    shutil.copy(CARD, card)
-    paths = ["--readme", str(readme), "--tables", str(tables), "--card", str(card)]
+    _, tables, _, paths = _copies(tmp_path)
     assert report.main([*paths, "--check"]) == 0
     block = tables.read_text().split("<!-- results:quality -->")[1]
     figure = next(word for word in block.split() if word.startswith("0.9") and word[2:].isdigit())
