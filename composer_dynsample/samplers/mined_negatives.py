@@ -25,6 +25,7 @@ from composer_dynsample.samplers._corpus_search import (
     pair_layout,
 )
 from composer_dynsample.samplers.base import DistributedBatchSampler, epoch_rng
+from composer_dynsample.samplers.hard_class import HardClassPKBatchSampler
 from composer_dynsample.samplers.neighbours import check_search
 from composer_dynsample.samplers.pk import PKBatchSampler
 from composer_dynsample.validation import check_float, check_int
@@ -76,6 +77,16 @@ class MinedNegativesPKBatchSampler(DistributedBatchSampler):
             times the anchor's similarity to its positive; ``None`` turns the guard off. Default: ``0.95``.
         search (str): ``"exact"`` (torch), ``"faiss"`` (exact, the same lists) or ``"faiss_ivf"``
             (approximate, for large corpora); the faiss ones need the ``faiss`` extra. Default: ``"exact"``.
+        hard_fraction (float): The pairs of a batch as :class:`~composer_dynsample.samplers.HardClassPKBatchSampler`
+            builds them with K = 2, each pair's centroid the mean of its anchor's and positive's unit rows
+            in the snapshot (TAS-B's batches of similar queries, refreshed by the current model): this
+            share of a batch's pairs are the nearest pairs of the others. ``0`` keeps
+            ``PKBatchSampler``'s batches. Default: ``0.0``.
+        max_snapshots (int, optional): Take at most this many snapshots; later ones are ignored (no search
+            runs) and the negatives stay those of the last one taken. ``1`` is offline mining: negatives
+            mined once, from the table after the first (warm-up) epoch, then fixed, as
+            sentence-transformers' ``mine_hard_negatives`` or TAS-B's clustering are used. Default:
+            ``None`` (every epoch's).
         num_replicas, rank, seed, drop_last: As for :class:`~composer_dynsample.PKBatchSampler`.
 
     Example:
@@ -103,6 +114,8 @@ class MinedNegativesPKBatchSampler(DistributedBatchSampler):
         window: int | None = None,
         max_relative_similarity: float | None = 0.95,
         search: str = "exact",
+        hard_fraction: float = 0.0,
+        max_snapshots: int | None = None,
         num_replicas: int | None = None,
         rank: int | None = None,
         seed: int = 0,
@@ -128,6 +141,8 @@ class MinedNegativesPKBatchSampler(DistributedBatchSampler):
             )
         )
         self.search = check_search(search)
+        self.max_snapshots = check_int("max_snapshots", max_snapshots, minimum=1, allow_none=True)
+        self.snapshots_taken = 0  # snapshots handed over and searched, pending ones included
         group = 2 + self.negatives_per_anchor
         super().__init__(
             self.labels.size,
@@ -139,8 +154,22 @@ class MinedNegativesPKBatchSampler(DistributedBatchSampler):
         )
         self._texts = dense_ids(self.duplicate_ids, self.labels.size)
         self._check_enough_passages()
-        self._pair_batches = PKBatchSampler(
-            self.labels, self.pairs_per_batch, 2, num_replicas=1, rank=0, seed=seed
+        self.hard_fraction = check_float(
+            "hard_fraction", hard_fraction, minimum=0, maximum=1, strict_maximum=True
+        )
+        self._pair_batches: PKBatchSampler = (
+            HardClassPKBatchSampler(
+                self.labels,
+                self.pairs_per_batch,
+                2,
+                hard_fraction=self.hard_fraction,
+                distance="cosine",
+                num_replicas=1,
+                rank=0,
+                seed=seed,
+            )
+            if self.hard_fraction > 0
+            else PKBatchSampler(self.labels, self.pairs_per_batch, 2, num_replicas=1, rank=0, seed=seed)
         )
         self._pending: CorpusCandidates | None = None
         self._snapshot: CorpusCandidates | None = None  # what the current epoch's negatives come from
@@ -192,7 +221,8 @@ class MinedNegativesPKBatchSampler(DistributedBatchSampler):
         they apply from the next :meth:`set_epoch`. ``valid`` marks rows that hold an embedding.
 
         The name is :class:`~composer_dynsample.EmbeddingTable`'s protocol for samplers that take the
-        rows themselves; what each guard dropped over all anchors is left in ``last_skipped``.
+        rows themselves; what each guard dropped over all anchors is left in ``last_skipped``. Once
+        ``max_snapshots`` were taken, the call does nothing (``last_skipped`` all zero).
         """
         if (
             not isinstance(embeddings, torch.Tensor)
@@ -205,6 +235,10 @@ class MinedNegativesPKBatchSampler(DistributedBatchSampler):
             raise ValueError(
                 f"embeddings must be ({self.num_indices}, dim), one row per sample, got {shape}."
             )
+        if self.max_snapshots is not None and self.snapshots_taken >= self.max_snapshots:
+            self.last_skipped = dict.fromkeys(GUARDS, 0)
+            return
+        self.snapshots_taken += 1
         self._pending = corpus_candidates(
             embeddings,
             self.labels,
@@ -216,12 +250,30 @@ class MinedNegativesPKBatchSampler(DistributedBatchSampler):
             valid=valid,
             search=self.search,
         )
+        if isinstance(self._pair_batches, HardClassPKBatchSampler):
+            self._pair_batches.update_class_embeddings(*self._pair_centroids(embeddings, valid))
         totals = self._pending.dropped.sum(axis=0).tolist()
         self.last_skipped = {name: int(count) for name, count in zip(GUARDS, totals)}
+
+    def _pair_centroids(
+        self, embeddings: torch.Tensor, valid: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each pair's centroid (in sorted label order): the mean of its valid, finite unit rows, and how
+        many rows it is over (0: no centroid)."""
+        unit = torch.nn.functional.normalize(embeddings.detach().cpu().float(), dim=1)
+        usable = torch.isfinite(unit).all(dim=1)
+        if valid is not None:
+            usable &= torch.as_tensor(valid).cpu().bool()
+        pair_of = torch.from_numpy(self._pair_of)[usable]
+        sums = torch.zeros(self._anchors.size, unit.shape[1])
+        sums.index_add_(0, pair_of, unit[usable])
+        counts = torch.bincount(pair_of, minlength=self._anchors.size)
+        return sums / counts.clamp(min=1).unsqueeze(1), counts
 
     def set_epoch(self, epoch: int) -> None:
         """Set the epoch; a snapshot handed over since the last call applies from this epoch on."""
         super().set_epoch(epoch)
+        self._pair_batches.set_epoch(epoch)
         if self._pending is not None:
             self._activate(self._pending)
             self._pending = None
@@ -238,11 +290,23 @@ class MinedNegativesPKBatchSampler(DistributedBatchSampler):
         digest = hashlib.sha256()
         for array in (self._snapshot.ranked, self._snapshot.kept, self._snapshot.searched):
             digest.update(np.ascontiguousarray(array).tobytes())
+        if isinstance(self._pair_batches, HardClassPKBatchSampler):
+            digest.update(self._pair_batches.snapshot_fingerprint().encode())
         return digest.hexdigest()
 
     def state_dict(self) -> dict[str, Any]:
         """The epoch and the candidate lists its batches are built from, for an exact resume."""
-        return {"epoch": self.epoch, "snapshot": _as_dict(self._snapshot), "pending": _as_dict(self._pending)}
+        return {
+            "epoch": self.epoch,
+            "snapshot": _as_dict(self._snapshot),
+            "pending": _as_dict(self._pending),
+            "snapshots_taken": self.snapshots_taken,
+            "pair_batches": (
+                self._pair_batches.state_dict()
+                if isinstance(self._pair_batches, HardClassPKBatchSampler)
+                else None
+            ),
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore :meth:`state_dict`: the resumed epoch yields the interrupted epoch's batches."""
@@ -250,6 +314,11 @@ class MinedNegativesPKBatchSampler(DistributedBatchSampler):
         snapshot, pending = state.get("snapshot"), state.get("pending")
         self._activate(None if snapshot is None else CorpusCandidates(**snapshot))
         self._pending = None if pending is None else CorpusCandidates(**pending)
+        self.snapshots_taken = int(
+            state.get("snapshots_taken", (snapshot is not None) + (pending is not None))
+        )
+        if state.get("pair_batches") is not None and isinstance(self._pair_batches, HardClassPKBatchSampler):
+            self._pair_batches.load_state_dict(state["pair_batches"])
 
     # ----------------------------------------------------------------------------------------- batches
     def global_batches(self, epoch: int) -> np.ndarray:
@@ -273,7 +342,7 @@ class MinedNegativesPKBatchSampler(DistributedBatchSampler):
         return self._cached[1], self._cached[2]
 
     def _build(self, epoch: int) -> tuple[np.ndarray, dict[str, int]]:
-        pairs = self._pair_batches.global_batches(epoch)  # (n, 2P): PKBatchSampler's, untouched
+        pairs = self._pair_batches.global_batches(epoch)  # (n, 2P): the pair sampler's, untouched
         n, p = pairs.shape[0], self.pairs_per_batch
         chunks = pairs.reshape(n, p, 2)
         first_is_anchor = ~self.is_passage[chunks[:, :, 0]]
