@@ -82,6 +82,7 @@ __all__ = [
 ]
 
 _SAMPLER = {"reserved": ("labels", "num_replicas", "rank"), "inferred": ("seed",)}
+_STORE_ROWS = ("is_passage", "duplicate_ids")  # what a sampler of pairs reads off the text store
 
 
 def _from(module: str, pairs: str) -> dict[str, Lazy]:
@@ -128,6 +129,13 @@ SAMPLERS: dict[str, Registered | Lazy] = {
     ),
     "hard_class_pk": Lazy("composer_dynsample.samplers.hard_class", "HardClassPKBatchSampler", **_SAMPLER),
     "neighbours": Lazy("composer_dynsample.samplers.neighbours", "NeighbourBatchSampler", **_SAMPLER),
+    # Pairs data only: which rows are passages and the texts' ids come from the store.
+    "mined_negatives": Lazy(
+        "composer_dynsample.samplers.mined_negatives",
+        "MinedNegativesPKBatchSampler",
+        reserved=(*_SAMPLER["reserved"], *_STORE_ROWS),
+        inferred=("seed",),
+    ),
 }
 ALGORITHMS: dict[str, Registered | Lazy] = {
     **_from(
@@ -341,12 +349,15 @@ def build_model(cfg: DictConfig, splits: DatasetSplits) -> EmbeddingModel:
     return call("model", Registered(EmbeddingModel), {**kwargs, "eval_metrics": metrics}, encoder, loss)
 
 
-def build_sampler(cfg: DictConfig, labels: torch.Tensor, seed: int) -> Any:
-    """Build ``sampler`` for the train labels; ``num_replicas``/``rank`` come from the launcher."""
+def build_sampler(cfg: DictConfig, labels: torch.Tensor, seed: int, store: Any = None) -> Any:
+    """Build ``sampler`` for the train labels; ``num_replicas``/``rank`` come from the launcher, and a
+    sampler of pairs (``mined_negatives``) reads which rows are passages and their text ids off ``store``."""
     values = section(cfg, "sampler", "sampler")
-    entry, _, kwargs, extras = _entry("sampler", values, SAMPLERS, reserved=_SAMPLER_RESERVED)
+    entry, name, kwargs, extras = _entry("sampler", values, SAMPLERS, reserved=_SAMPLER_RESERVED)
     if "seed" in parameters(entry.target):
         kwargs.setdefault("seed", seed)
+    if "is_passage" in parameters(entry.target):
+        kwargs.update(_pair_rows(name, store))
     if "primary_fraction" not in entry.extra:  # every sampler but the two-stream one takes the labels
         return call("sampler", entry, kwargs, labels)
     fraction = extras.get("primary_fraction", entry.extra["primary_fraction"])
@@ -358,6 +369,23 @@ def build_sampler(cfg: DictConfig, labels: torch.Tensor, seed: int) -> Any:
     return call("sampler", entry, kwargs, primary, secondary)
 
 
+def _pair_rows(name: str, store: Any) -> dict[str, Any]:
+    """``is_passage`` and ``duplicate_ids`` of a pairs store's sampled rows, or a ConfigError."""
+    import numpy as np
+
+    is_query = getattr(store, "is_query", None)
+    if is_query is None or not bool(np.asarray(is_query).any()):
+        raise ConfigError(
+            f"sampler: {name!r} builds batches of (query, passage) pairs and needs pairs data (data.name: "
+            "code_search or pairs, or a TextStore with is_query); use sampler.name: pk for labelled samples."
+        )
+    size = len(store)
+    return {
+        "is_passage": ~np.asarray(is_query[:size], dtype=bool),
+        "duplicate_ids": np.asarray(store.text_hash[:size]),
+    }
+
+
 def build_train_dataloader(cfg: DictConfig, store: TensorStore | TextStore, seed: int) -> DataLoader:
     """The train loader: ``IndexDataset`` + the sampler + ``GatherCollate`` (``TextCollate`` for texts) over the store.
 
@@ -366,7 +394,7 @@ def build_train_dataloader(cfg: DictConfig, store: TensorStore | TextStore, seed
     from composer_dynsample.data import GatherCollate, IndexDataset, TextCollate, TextStore
     from composer_dynsample.samplers.dataloader import BatchSamplerDataLoader
 
-    sampler = build_sampler(cfg, store.labels, seed)
+    sampler = build_sampler(cfg, store.labels, seed, store)
     component, kwargs = dataloader_config(cfg)
     if component is None:
         entry = Registered(BatchSamplerDataLoader, reserved=_LOADER_OWNED)
