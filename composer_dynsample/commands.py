@@ -353,7 +353,16 @@ def _run_record(
         "checkpoint": saved[-1] if saved else None,
         "load_path": run.config.trainer.get("load_path"),
         "eval_history": run.gallery.history if run.gallery is not None else [],
+        "embedding_table": _table_history(state),
     }
+
+
+def _table_history(state: Any) -> list[dict[str, Any]] | None:
+    """The embedding table's per-epoch staleness and sampler counts, when the run has a table."""
+    from composer_dynsample.algorithms import EmbeddingTable
+
+    tables = [algorithm for algorithm in state.algorithms if isinstance(algorithm, EmbeddingTable)]
+    return tables[0].history if tables else None
 
 
 def _plot_retrievals(run: Any, test_embeddings: Any, path: Path, when: str) -> None:

@@ -164,3 +164,40 @@ def test_a_table_smaller_than_the_data_and_a_batch_without_indices_are_named(tmp
         trainer.fit()
     with pytest.raises(ValueError, match="the batch has no 'sample_id' tensor"):
         make_trainer(tmp_path / "key", algorithms=[EmbeddingTable(index_key="sample_id")])[0].fit()
+
+
+def test_staleness_at_every_epoch_end_equals_the_ages_of_the_written_rows(tmp_path):
+    # 64 rows, 4 batches an epoch of 16: every row is written once an epoch, at a batch of its own.
+    logger = InMemoryLogger()
+    table = EmbeddingTable()
+    trainer, _, sampler, _ = make_trainer(
+        tmp_path, algorithms=[table], lr=0.1, duration="3ep", loggers=[logger]
+    )
+    trainer.fit()
+    assert [record["epoch"] for record in table.history] == [1, 2, 3]
+    written = torch.full((64,), -1)
+    for epoch, record in enumerate(table.history):
+        for batch_in_epoch, batch in enumerate(sampler.rank_batches(epoch).tolist()):
+            written[batch] = 4 * epoch + batch_in_epoch
+        ages = (record["step"] - written[written >= 0]).double()
+        assert record["step"] == 4 * (epoch + 1)
+        assert record["rows_written"] == int((written >= 0).sum())
+        assert record["staleness_mean"] == pytest.approx(float(ages.mean()))
+        assert record["staleness_max"] == float(ages.max())
+    logged = [value for _, value in logger.data["embedding_table/staleness_max"]]
+    assert logged == [record["staleness_max"] for record in table.history]
+    # The history is part of the checkpoint: a resumed run reports every epoch.
+    resumed_table = EmbeddingTable()
+    resumed, *_ = make_trainer(
+        tmp_path / "c",
+        algorithms=[resumed_table],
+        lr=0.1,
+        duration="4ep",
+        load_path=str(tmp_path / "checkpoints" / "latest-rank0.pt"),
+    )
+    resumed.fit()
+    assert resumed_table.history[:3] == table.history and resumed_table.history[3]["epoch"] == 4
+
+
+def test_an_empty_table_reports_no_staleness():
+    assert EmbeddingTable().staleness(5)["rows_written"] == 0.0

@@ -115,6 +115,12 @@ class EmbeddingTable(Algorithm):
     ``no_grad`` in eval mode, each rank a share and the results gathered; the seconds and rows are logged
     as ``embedding_table/refresh_seconds`` and ``embedding_table/refreshed_rows``.
 
+    At every epoch end the table's staleness is logged and kept in :attr:`history` (one dict per epoch,
+    in the checkpoint, and in the CLI's ``metrics.json``): ``staleness_mean`` and ``staleness_max``, the
+    batches since each written row was written, over ``rows_written`` rows of ``num_items``; with a
+    sampler that reports what its epoch's plan did (``guard_counts``, as
+    :class:`~composer_dynsample.samplers.MinedNegativesPKBatchSampler`), that too, under ``sampler``.
+
     Args:
         num_items (int, optional): Rows, the size of the training set. Default: read off the train
             dataloader's dataset at ``FIT_START``.
@@ -177,6 +183,8 @@ class EmbeddingTable(Algorithm):
         self._sampler: Any = None  # the train batch sampler that takes class centroids, if any
         self._num_sampled: int | None = None  # a TextStore's sampled rows; its given negatives come after
         self._saved_sampler_state: dict[str, Any] | None = None
+        #: One record per finished epoch: the table's staleness and what the sampler's plan did.
+        self.history: list[dict[str, Any]] = []
 
     # ----------------------------------------------------------------------------------- the table itself
     def _allocate(self, dim: int) -> None:
@@ -227,14 +235,28 @@ class EmbeddingTable(Algorithm):
         return digest.hexdigest()
 
     # ------------------------------------------------------------------------------------------- Composer
+    def staleness(self, step: int) -> dict[str, float]:
+        """``rows_written`` and the mean and max batches since each written row was written, at ``step``."""
+        if self.written_at is None or not bool((self.written_at >= 0).any()):
+            return {"rows_written": 0.0, "staleness_mean": float("nan"), "staleness_max": float("nan")}
+        written = self.written_at[self.written_at >= 0]
+        age = (int(step) - written).double()
+        return {
+            "rows_written": float(written.numel()),
+            "staleness_mean": float(age.mean()),
+            "staleness_max": float(age.max()),
+        }
+
     def match(self, event: Event, state: State) -> bool:
-        if event in (Event.AFTER_FORWARD, Event.FIT_START):
+        if event in (Event.AFTER_FORWARD, Event.FIT_START, Event.EPOCH_END):
             return True
         return event == Event.EPOCH_START and (self._refresh_due(state) or self._sampler is not None)
 
     def apply(self, event: Event, state: State, logger: Logger) -> None:
         if event == Event.FIT_START:
             self._fit_start(state)
+        elif event == Event.EPOCH_END:
+            self._epoch_end(state, logger)
         elif event == Event.EPOCH_START:
             if self._refresh_due(state):
                 self._refresh(state, logger)
@@ -277,6 +299,20 @@ class EmbeddingTable(Algorithm):
         if self._sampler is not None and self._saved_sampler_state is not None:
             self._sampler.load_state_dict(self._saved_sampler_state)  # the interrupted epoch's centroids
             self._saved_sampler_state = None
+
+    def _epoch_end(self, state: State, logger: Logger) -> None:
+        """Log the table's staleness and the sampler's plan counts, and keep them in :attr:`history`."""
+        step = int(state.timestamp.batch)
+        record: dict[str, Any] = {"epoch": int(state.timestamp.epoch), "step": step}
+        record.update(self.staleness(step))
+        logger.log_metrics(
+            {f"embedding_table/{key}": value for key, value in record.items() if key != "epoch"}
+        )
+        counts = getattr(self._sampler, "guard_counts", None)
+        if callable(counts):
+            record["sampler"] = {name: int(value) for name, value in counts().items()}
+            logger.log_metrics({f"sampler/{name}": float(value) for name, value in record["sampler"].items()})
+        self.history.append(record)
 
     def _feed_sampler(self, state: State, logger: Logger) -> None:
         """Hand the table's snapshot to the sampler (class centroids, or the rows for nearest neighbours);
@@ -335,6 +371,7 @@ class EmbeddingTable(Algorithm):
         state["num_items"] = self.num_items
         sampler_state = getattr(self._sampler, "state_dict", None)
         state["sampler"] = sampler_state() if callable(sampler_state) else None
+        state["history"] = list(self.history)
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -346,6 +383,7 @@ class EmbeddingTable(Algorithm):
         written = state.get("written_at")
         self.written_at = None if written is None else written.to(self.device)
         self._saved_sampler_state = state.get("sampler")
+        self.history = list(state.get("history", []))
 
 
 def _batch_indices(state: State, key: str) -> torch.Tensor:
