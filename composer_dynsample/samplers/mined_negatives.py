@@ -11,7 +11,7 @@ positive, no identical texts).
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -24,6 +24,7 @@ from composer_dynsample.samplers._corpus_search import (
     dense_ids,
     pair_layout,
 )
+from composer_dynsample.samplers._negative_plan import NegativePlanner, row_array
 from composer_dynsample.samplers.base import DistributedBatchSampler, epoch_rng
 from composer_dynsample.samplers.hard_class import HardClassPKBatchSampler
 from composer_dynsample.samplers.neighbours import check_search
@@ -34,8 +35,7 @@ __all__ = ["CorpusCandidates", "MinedNegativesPKBatchSampler", "corpus_candidate
 
 #: What :meth:`MinedNegativesPKBatchSampler.guard_counts` reports: the search's guards, then the plan's.
 PLAN_COUNTS = (*GUARDS, "in_batch", "random", "no_embedding")
-_DRAWS_PER_BLOCK = 4096  # random passages drawn at a time; a fixed size keeps the plan a pure function
-_DRAWS_BEFORE_SCAN = 64  # rejected random draws for one slot before the valid passages are listed
+_SEGMENT_STREAM = 1 << 20  # the random stream of a refresh segment: 4 is the epoch's first
 
 
 class MinedNegativesPKBatchSampler(DistributedBatchSampler):
@@ -87,6 +87,15 @@ class MinedNegativesPKBatchSampler(DistributedBatchSampler):
             mined once, from the table after the first (warm-up) epoch, then fixed, as
             sentence-transformers' ``mine_hard_negatives`` or TAS-B's clustering are used. Default:
             ``None`` (every epoch's).
+        refresh_every (int, optional): Also refresh the negatives every this many batches of a rank within
+            an epoch: when the iteration reaches batch ``k * refresh_every`` of the epoch, the sampler searches
+            the rows of :attr:`snapshot_source` (which :class:`~composer_dynsample.EmbeddingTable` sets to its
+            rows) and the epoch's following batches take their negatives from that snapshot (the pairs stay
+            the epoch's). The DataLoader asks for a batch at a step fixed by its configuration (its
+            ``num_workers x prefetch_factor`` batches ahead), so every rank searches the same table at the
+            same step and a resume with the same configuration searches again what the interrupted run
+            searched; the snapshots already taken in an epoch are in :meth:`state_dict`. Default: ``None``
+            (at epoch starts only).
         num_replicas, rank, seed, drop_last: As for :class:`~composer_dynsample.PKBatchSampler`.
 
     Example:
@@ -116,15 +125,16 @@ class MinedNegativesPKBatchSampler(DistributedBatchSampler):
         search: str = "exact",
         hard_fraction: float = 0.0,
         max_snapshots: int | None = None,
+        refresh_every: int | None = None,
         num_replicas: int | None = None,
         rank: int | None = None,
         seed: int = 0,
         drop_last: bool = True,
     ) -> None:
-        self.labels = _row_array("labels", labels, None)
-        self.is_passage = _row_array("is_passage", is_passage, self.labels.size, bool)
+        self.labels = row_array("labels", labels, None)
+        self.is_passage = row_array("is_passage", is_passage, self.labels.size, bool)
         self.duplicate_ids = (
-            None if duplicate_ids is None else _row_array("duplicate_ids", duplicate_ids, self.labels.size)
+            None if duplicate_ids is None else row_array("duplicate_ids", duplicate_ids, self.labels.size)
         )
         self._anchors, self._positives, self._pair_of = pair_layout(self.labels, self.is_passage)
         self.pairs_per_batch = check_int("pairs_per_batch", pairs_per_batch, minimum=2)
@@ -142,7 +152,12 @@ class MinedNegativesPKBatchSampler(DistributedBatchSampler):
         )
         self.search = check_search(search)
         self.max_snapshots = check_int("max_snapshots", max_snapshots, minimum=1, allow_none=True)
-        self.snapshots_taken = 0  # snapshots handed over and searched, pending ones included
+        self._snapshots_taken = 0  # snapshots handed over and searched, pending ones included
+        self.refresh_every = check_int("refresh_every", refresh_every, minimum=1, allow_none=True)
+        #: ``() -> (rows, valid)`` for a refresh within an epoch; set by ``EmbeddingTable``.
+        self.snapshot_source: Callable[[], tuple[torch.Tensor, torch.Tensor | None] | None] | None = None
+        # The refreshes of the newest epoch that had any: {epoch: {segment: snapshot}}.
+        self._segments: dict[int, dict[int, CorpusCandidates]] = {}
         group = 2 + self.negatives_per_anchor
         super().__init__(
             self.labels.size,
@@ -173,8 +188,8 @@ class MinedNegativesPKBatchSampler(DistributedBatchSampler):
         )
         self._pending: CorpusCandidates | None = None
         self._snapshot: CorpusCandidates | None = None  # what the current epoch's negatives come from
-        self._version = 0  # counts snapshots applied: the key of the cached plan
-        self._cached: tuple[tuple[int, int], np.ndarray, dict[str, int]] | None = None
+        # (epoch, segment, refresh it uses or -1) -> the segment's negatives and counts
+        self._cached: dict[tuple[int, int, int], tuple[np.ndarray, dict[str, int]]] = {}
         self.last_skipped: dict[str, int] = dict.fromkeys(GUARDS, 0)
         self._check_enough_batches()
 
@@ -235,11 +250,18 @@ class MinedNegativesPKBatchSampler(DistributedBatchSampler):
             raise ValueError(
                 f"embeddings must be ({self.num_indices}, dim), one row per sample, got {shape}."
             )
-        if self.max_snapshots is not None and self.snapshots_taken >= self.max_snapshots:
+        if self.max_snapshots is not None and self._snapshots_taken >= self.max_snapshots:
             self.last_skipped = dict.fromkeys(GUARDS, 0)
             return
-        self.snapshots_taken += 1
-        self._pending = corpus_candidates(
+        self._snapshots_taken += 1
+        self._pending = self._search(embeddings, valid)
+        if isinstance(self._pair_batches, HardClassPKBatchSampler):
+            self._pair_batches.update_class_embeddings(*self._pair_centroids(embeddings, valid))
+        totals = self._pending.dropped.sum(axis=0).tolist()
+        self.last_skipped = {name: int(count) for name, count in zip(GUARDS, totals)}
+
+    def _search(self, embeddings: torch.Tensor, valid: torch.Tensor | None) -> CorpusCandidates:
+        return corpus_candidates(
             embeddings,
             self.labels,
             self.is_passage,
@@ -250,10 +272,6 @@ class MinedNegativesPKBatchSampler(DistributedBatchSampler):
             valid=valid,
             search=self.search,
         )
-        if isinstance(self._pair_batches, HardClassPKBatchSampler):
-            self._pair_batches.update_class_embeddings(*self._pair_centroids(embeddings, valid))
-        totals = self._pending.dropped.sum(axis=0).tolist()
-        self.last_skipped = {name: int(count) for name, count in zip(GUARDS, totals)}
 
     def _pair_centroids(
         self, embeddings: torch.Tensor, valid: torch.Tensor | None
@@ -280,8 +298,47 @@ class MinedNegativesPKBatchSampler(DistributedBatchSampler):
 
     def _activate(self, snapshot: CorpusCandidates | None) -> None:
         self._snapshot = snapshot
-        self._version += 1
-        self._cached = None
+        self._segments, self._cached = {}, {}
+
+    @property
+    def refreshes(self) -> int:
+        """Refreshes within the current epoch so far (``refresh_every``)."""
+        return len(self._segments.get(self.epoch, {}))
+
+    def _refresh(self, segment: int) -> None:
+        """Search the source's rows for the epoch's ``segment`` (once: a resumed epoch keeps its own)."""
+        if self.snapshot_source is None or self.epoch < max(self._segments, default=-1):
+            return  # an earlier epoch iterated again (Composer spins them on resume): no search
+        if segment in self._segments.get(self.epoch, {}):
+            return
+        if self.max_snapshots is not None and self._snapshots_taken >= self.max_snapshots:
+            return
+        found = self.snapshot_source()
+        if found is None:
+            return
+        self._snapshots_taken += 1
+        self._segments = {self.epoch: {**self._segments.get(self.epoch, {}), segment: self._search(*found)}}
+
+    def __iter__(self) -> Iterator[list[int]]:  # type: ignore[override]
+        if self.refresh_every is None:
+            yield from super().__iter__()
+            return
+        per_rank = len(self)
+        for start in range(0, per_rank, self.refresh_every):
+            if start:
+                self._refresh(start // self.refresh_every)
+            yield from self.rank_batches()[start : start + self.refresh_every].tolist()
+
+    def resume_epoch(self, epoch: int, global_batches_done: int, batches_to_skip: int) -> None:
+        """As for :class:`~composer_dynsample.samplers.DistributedBatchSampler`; refused with
+        ``refresh_every``, whose refreshes are at batches of a rank: resume on the same number of ranks."""
+        if self.refresh_every is not None:
+            raise ValueError(
+                "MinedNegativesPKBatchSampler(refresh_every=...) refreshes at batches of a rank, so an epoch "
+                "cannot resume part-way on another number of ranks; resume on the number of ranks it was "
+                "saved on, or from an epoch-end checkpoint."
+            )
+        super().resume_epoch(epoch, global_batches_done, batches_to_skip)
 
     def snapshot_fingerprint(self) -> str:
         """A SHA-256 of the candidate lists the current epoch uses (``""`` before any)."""
@@ -290,6 +347,12 @@ class MinedNegativesPKBatchSampler(DistributedBatchSampler):
         digest = hashlib.sha256()
         for array in (self._snapshot.ranked, self._snapshot.kept, self._snapshot.searched):
             digest.update(np.ascontiguousarray(array).tobytes())
+        refreshed = self._segments.get(self.epoch, {})  # the current epoch's refreshes so far
+        for segment in sorted(refreshed):
+            found = refreshed[segment]
+            digest.update(str(segment).encode())
+            for array in (found.ranked, found.kept, found.searched):
+                digest.update(np.ascontiguousarray(array).tobytes())
         if isinstance(self._pair_batches, HardClassPKBatchSampler):
             digest.update(self._pair_batches.snapshot_fingerprint().encode())
         return digest.hexdigest()
@@ -300,7 +363,11 @@ class MinedNegativesPKBatchSampler(DistributedBatchSampler):
             "epoch": self.epoch,
             "snapshot": _as_dict(self._snapshot),
             "pending": _as_dict(self._pending),
-            "snapshots_taken": self.snapshots_taken,
+            "snapshots_taken": self._snapshots_taken,
+            "segments": {
+                epoch: {segment: found._asdict() for segment, found in found_by_segment.items()}
+                for epoch, found_by_segment in self._segments.items()
+            },
             "pair_batches": (
                 self._pair_batches.state_dict()
                 if isinstance(self._pair_batches, HardClassPKBatchSampler)
@@ -314,9 +381,13 @@ class MinedNegativesPKBatchSampler(DistributedBatchSampler):
         snapshot, pending = state.get("snapshot"), state.get("pending")
         self._activate(None if snapshot is None else CorpusCandidates(**snapshot))
         self._pending = None if pending is None else CorpusCandidates(**pending)
-        self.snapshots_taken = int(
+        self._snapshots_taken = int(
             state.get("snapshots_taken", (snapshot is not None) + (pending is not None))
         )
+        self._segments = {
+            int(epoch): {int(segment): CorpusCandidates(**found) for segment, found in by_segment.items()}
+            for epoch, by_segment in (state.get("segments") or {}).items()
+        }
         if state.get("pair_batches") is not None and isinstance(self._pair_batches, HardClassPKBatchSampler):
             self._pair_batches.load_state_dict(state["pair_batches"])
 
@@ -336,22 +407,42 @@ class MinedNegativesPKBatchSampler(DistributedBatchSampler):
         return dict(self._plan(self.epoch if epoch is None else epoch)[1])
 
     def _plan(self, epoch: int) -> tuple[np.ndarray, dict[str, int]]:
-        key = (int(epoch), self._version)
-        if self._cached is None or self._cached[0] != key:
-            self._cached = (key, *self._build(epoch))
-        return self._cached[1], self._cached[2]
-
-    def _build(self, epoch: int) -> tuple[np.ndarray, dict[str, int]]:
         pairs = self._pair_batches.global_batches(epoch)  # (n, 2P): the pair sampler's, untouched
+        n = pairs.shape[0]
+        step = n if self.refresh_every is None else self.refresh_every * self.num_replicas
+        parts, counts = [], dict.fromkeys(PLAN_COUNTS, 0)
+        refreshed = self._segments.get(int(epoch), {})
+        if any(key[0] != epoch for key in self._cached):
+            self._cached = {}  # one epoch's segments at a time
+        for segment, start in enumerate(range(0, n, step)):
+            source = max((s for s in refreshed if s <= segment), default=-1)  # -1: the epoch's snapshot
+            key = (int(epoch), segment, source)
+            if key not in self._cached:
+                snapshot = self._snapshot if source < 0 else refreshed[source]
+                stream = 4 if segment == 0 else _SEGMENT_STREAM + segment
+                self._cached[key] = self._build(
+                    pairs[start : start + step], snapshot, epoch_rng(self.seed, epoch, stream)
+                )
+            negatives, part_counts = self._cached[key]
+            parts.append(negatives)
+            for name, value in part_counts.items():
+                counts[name] += value
+        batches = np.concatenate([pairs, np.concatenate(parts)], axis=1)
+        batches.flags.writeable = False
+        return batches, counts
+
+    def _build(
+        self, pairs: np.ndarray, snapshot: CorpusCandidates | None, rng: np.random.Generator
+    ) -> tuple[np.ndarray, dict[str, int]]:
+        """The negatives of ``pairs``' batches from ``snapshot``, and what the guards and the plan did."""
         n, p = pairs.shape[0], self.pairs_per_batch
         chunks = pairs.reshape(n, p, 2)
         first_is_anchor = ~self.is_passage[chunks[:, :, 0]]
         anchor_rows = np.where(first_is_anchor, chunks[:, :, 0], chunks[:, :, 1]).reshape(-1)
         own = self._pair_of[anchor_rows]
-        rng = epoch_rng(self.seed, epoch, stream=4)
         counts = dict.fromkeys(PLAN_COUNTS, 0)
-        ordered, forbidden = self._ordered_candidates(own, rng, counts)
-        planner = _NegativePlanner(
+        ordered, forbidden = self._ordered_candidates(own, rng, counts, snapshot)
+        planner = NegativePlanner(
             self._texts, self._positives, self._texts[self._anchors], self.negatives_per_anchor, rng
         )
         negatives = np.empty((n, p * self.negatives_per_anchor), dtype=np.int64)
@@ -361,12 +452,15 @@ class MinedNegativesPKBatchSampler(DistributedBatchSampler):
             excluded = None if forbidden is None else forbidden[b]
             negatives[b] = planner.batch(batch_texts, anchor_texts[b].tolist(), ordered[b], excluded)
         counts["in_batch"], counts["random"] = planner.in_batch, planner.random
-        batches = np.concatenate([pairs, negatives], axis=1)
-        batches.flags.writeable = False  # cached: shared by every caller of this epoch's plan
-        return batches, counts
+        negatives.flags.writeable = False  # cached: shared by every caller of this epoch's plan
+        return negatives, counts
 
     def _ordered_candidates(
-        self, own: np.ndarray, rng: np.random.Generator, counts: dict[str, int]
+        self,
+        own: np.ndarray,
+        rng: np.random.Generator,
+        counts: dict[str, int],
+        snapshot: CorpusCandidates | None,
     ) -> tuple[np.ndarray, np.ndarray | None]:
         """The epoch's anchors' kept candidates, each row in a random order with ``-1`` last, and the
         candidates they must not take (examined and not kept; ``None`` before a snapshot), both ``(n, P,
@@ -374,10 +468,9 @@ class MinedNegativesPKBatchSampler(DistributedBatchSampler):
         width = self.skip_top + self.window
         shape = (own.size // self.pairs_per_batch, self.pairs_per_batch, width)
         keys = rng.random((own.size, width))
-        if self._snapshot is None:
+        if snapshot is None:
             counts["no_embedding"] = int(own.size)
             return np.full(shape, -1, dtype=np.int64), None
-        snapshot = self._snapshot
         for name, total in zip(GUARDS, snapshot.dropped[own].sum(axis=0).tolist()):
             counts[name] = int(total)
         counts["no_embedding"] = int((~snapshot.searched[own]).sum())
@@ -387,112 +480,5 @@ class MinedNegativesPKBatchSampler(DistributedBatchSampler):
         return ordered.reshape(shape), np.where(kept, -1, ranked).reshape(shape)
 
 
-class _NegativePlanner:
-    """Fills one batch's negative slots: each anchor's candidates in order, then random passages.
-
-    A negative is never a text already in the batch (a pair's row or an earlier negative), and a random
-    one never a passage of a pair whose anchor has the anchor's text (that includes the anchor's own)
-    nor one of the anchor's candidates that the rank window or a guard dropped.
-    """
-
-    def __init__(
-        self,
-        texts: np.ndarray,
-        positives: np.ndarray,
-        query_texts: np.ndarray,
-        per_anchor: int,
-        rng: np.random.Generator,
-    ) -> None:
-        self.texts, self.positives, self.query_texts = texts, positives, query_texts
-        self.passage_texts = texts[positives]
-        self.per_anchor, self.rng = per_anchor, rng
-        self.in_batch = self.random = 0
-        self._draws: list[tuple[int, int, int]] = []
-
-    def batch(
-        self,
-        batch_texts: list[int],
-        anchor_texts: list[int],
-        ordered: np.ndarray,
-        forbidden: np.ndarray | None,
-    ) -> list[int]:
-        """The negatives of one batch, anchor after anchor: ``ordered`` holds each anchor's candidates in
-        the order to take them, ``forbidden`` the ones it must not take (both ``(P, width)``, ``-1`` empty;
-        ``None``: no snapshot)."""
-        texts = set(batch_texts)
-        out: list[int] = []
-        rows, row_texts = ordered.tolist(), self.texts[np.maximum(ordered, 0)].tolist()
-        excluded_rows = None if forbidden is None else forbidden.tolist()
-        for j, anchor_text in enumerate(anchor_texts):
-            taken = 0
-            for row, text in zip(rows[j], row_texts[j]):
-                if row < 0 or taken == self.per_anchor:
-                    break
-                if text in texts:
-                    self.in_batch += 1
-                    continue
-                texts.add(text)
-                out.append(row)
-                taken += 1
-            if taken < self.per_anchor:
-                excluded = set() if excluded_rows is None else set(excluded_rows[j])  # -1 is no row
-                self._fill(out, texts, anchor_text, excluded, self.per_anchor - taken)
-        return out
-
-    def _fill(
-        self, out: list[int], texts: set[int], anchor_text: int, excluded: set[int], count: int
-    ) -> None:
-        """Append ``count`` random passages whose text is not in the batch, whose query is not the
-        anchor's and which are not ``excluded``."""
-        self.random += count
-        rejected = 0
-        while count:
-            if not self._draws:
-                pairs = self.rng.integers(0, self.positives.size, size=_DRAWS_PER_BLOCK)
-                block = zip(
-                    self.positives[pairs].tolist(),
-                    self.passage_texts[pairs].tolist(),
-                    self.query_texts[pairs].tolist(),
-                )
-                self._draws = list(block)[::-1]  # popped from the end: drawn in order
-            row, text, query_text = self._draws.pop()
-            if text in texts or query_text == anchor_text or row in excluded:
-                rejected += 1
-                if rejected < _DRAWS_BEFORE_SCAN:
-                    continue
-                row, text = self._scan(texts, anchor_text, excluded)
-            texts.add(text)
-            out.append(row)
-            count, rejected = count - 1, 0
-
-    def _scan(self, texts: set[int], anchor_text: int, excluded: set[int]) -> tuple[int, int]:
-        """One of the passages allowed for the slot, at random: few are left, so they are listed (the
-        sampler's constructor made sure there is one)."""
-        allowed = ~np.isin(self.passage_texts, np.fromiter(texts, dtype=np.int64))
-        allowed &= self.query_texts != anchor_text
-        allowed &= ~np.isin(self.positives, np.fromiter(excluded, dtype=np.int64))
-        choices = np.flatnonzero(allowed)
-        pair = int(choices[self.rng.integers(0, choices.size)])
-        return int(self.positives[pair]), int(self.passage_texts[pair])
-
-
 def _as_dict(found: CorpusCandidates | None) -> dict[str, np.ndarray] | None:
     return None if found is None else found._asdict()
-
-
-def _row_array(
-    name: str, values: Sequence[Any] | np.ndarray | torch.Tensor, size: int | None, dtype: type | None = None
-) -> np.ndarray:
-    """A 1-D numpy array, with ``size`` entries when given: bool (``dtype=bool``) or integers, else a clear error."""
-    array = values.detach().cpu().numpy() if isinstance(values, torch.Tensor) else np.asarray(values)
-    if size is None and (array.ndim != 1 or array.size == 0):
-        raise ValueError(f"{name} must be a non-empty 1-D sequence, got shape {array.shape}.")
-    if size is not None and array.shape != (size,):
-        raise ValueError(f"{name} must have one entry per row of labels ({size},), got shape {array.shape}.")
-    if dtype is bool:
-        if array.dtype != np.bool_:
-            raise ValueError(f"{name} must hold booleans, got dtype {array.dtype}.")
-        return array.astype(bool, copy=False)
-    if not np.issubdtype(array.dtype, np.integer):
-        raise ValueError(f"{name} must hold integers, got dtype {array.dtype}.")
-    return array.astype(np.int64, copy=False)

@@ -322,9 +322,9 @@ def check_guards(batches, labels, is_passage, texts, p, n, expected):
 def test_slots_that_random_draws_cannot_fill_are_filled_by_listing_the_allowed_passages(
     monkeypatch, snapshot
 ):
-    from composer_dynsample.samplers import mined_negatives
+    from composer_dynsample.samplers import _negative_plan
 
-    monkeypatch.setattr(mined_negatives, "_DRAWS_BEFORE_SCAN", 1)  # every rejected draw lists instead
+    monkeypatch.setattr(_negative_plan, "_DRAWS_BEFORE_SCAN", 1)  # every rejected draw lists instead
     labels, is_passage, texts, embeddings = pairs_data(30, 4, duplicates=True)
     sampler = sampler_for(labels, is_passage, texts, 2, 3, skip_top=2, window=4, max_relative_similarity=0.5)
     if snapshot:

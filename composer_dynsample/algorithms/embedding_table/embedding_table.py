@@ -136,8 +136,10 @@ class EmbeddingTable(Algorithm):
             one: class centroids (``update_class_embeddings``, as
             :class:`~composer_dynsample.samplers.HardClassPKBatchSampler` does) or the rows for nearest
             neighbours (``update_neighbours``, :class:`~composer_dynsample.samplers.NeighbourBatchSampler`,
-            whose skipped false-negative candidates are logged as ``embedding_table/skipped_*``); keep the
-            sampler's snapshot in the checkpoint so a resumed epoch is built from the same one. Default: ``True``.
+            whose skipped false-negative candidates are logged as ``embedding_table/skipped_*``); a sampler with a
+            ``snapshot_source`` attribute (:class:`~composer_dynsample.samplers.MinedNegativesPKBatchSampler`)
+            gets the live rows for its refreshes within an epoch; keep the sampler's snapshot in the
+            checkpoint so a resumed epoch is built from the same one. Default: ``True``.
 
     Example:
         >>> from composer import Trainer
@@ -296,9 +298,19 @@ class EmbeddingTable(Algorithm):
             callable(getattr(target, name, None)) for name in ("update_class_embeddings", "update_neighbours")
         )
         self._sampler = target if takes else None
+        if self._sampler is not None and hasattr(self._sampler, "snapshot_source"):
+            self._sampler.snapshot_source = (
+                self._snapshot_rows
+            )  # refreshes within an epoch read the live table
         if self._sampler is not None and self._saved_sampler_state is not None:
             self._sampler.load_state_dict(self._saved_sampler_state)  # the interrupted epoch's centroids
             self._saved_sampler_state = None
+
+    def _snapshot_rows(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The rows as a sampler searches them, and which hold an embedding (``None`` before any)."""
+        if self.rows is None or self.written_at is None:
+            return None
+        return self.rows.float(), self.written_at >= 0
 
     def _epoch_end(self, state: State, logger: Logger) -> None:
         """Log the table's staleness and the sampler's plan counts, and keep them in :attr:`history`."""
@@ -311,6 +323,7 @@ class EmbeddingTable(Algorithm):
         counts = getattr(self._sampler, "guard_counts", None)
         if callable(counts):
             record["sampler"] = {name: int(value) for name, value in counts().items()}
+            record["sampler"]["refreshes"] = int(getattr(self._sampler, "refreshes", 0))
             logger.log_metrics({f"sampler/{name}": float(value) for name, value in record["sampler"].items()})
         self.history.append(record)
 

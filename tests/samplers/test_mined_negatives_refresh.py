@@ -1,0 +1,163 @@
+"""``MinedNegativesPKBatchSampler(refresh_every=N)``: negatives refreshed every N batches within an epoch,
+from the table as it is when the DataLoader asks for the batch; exact on resume, with and without workers."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from composer_dynsample.samplers.mined_negatives import MinedNegativesPKBatchSampler
+from tests.samplers.test_mined_negatives import (
+    IndexRecorder,
+    check_guards,
+    pairs_data,
+    reference,
+    sampler_for,
+)
+
+
+def test_each_segment_takes_its_negatives_from_the_snapshot_searched_when_it_was_reached():
+    labels, is_passage, texts, first = pairs_data(60, 3, duplicates=True)
+    snapshots, calls = [], []
+
+    def source():
+        emb = torch.randn(120, 4, generator=torch.Generator().manual_seed(100 + len(snapshots)))
+        snapshots.append(emb)
+        calls.append(len(yielded))
+        return emb, None
+
+    sampler = sampler_for(labels, is_passage, texts, 3, 2, window=4, skip_top=1, refresh_every=6)
+    sampler.snapshot_source = source
+    sampler.update_neighbours(first)
+    sampler.set_epoch(1)
+    assert len(sampler) == 20  # 60 pairs / 3 per batch: segments of 6, 6, 6 and 2 batches
+    yielded = []
+    for batch in sampler:
+        yielded.append(batch)
+    assert calls == [6, 12, 18] and sampler.refreshes == 3  # when the iteration reached batches 6, 12, 18
+    batches = np.asarray(yielded)
+    assert np.array_equal(batches, sampler.global_batches(1))
+    for segment, embeddings in enumerate([first, *snapshots]):
+        expected = reference(embeddings, labels, is_passage, 4, 1, 0.95, texts)
+        check_guards(batches[6 * segment : 6 * segment + 6], labels, is_passage, texts, 3, 2, expected)
+    # The pairs are the epoch's, whatever the refreshes.
+    plain = sampler_for(labels, is_passage, texts, 3, 2, window=4, skip_top=1)
+    plain.update_neighbours(first)
+    plain.set_epoch(1)
+    assert np.array_equal(batches[:, :6], plain.global_batches(1)[:, :6])
+    # A second pass over the epoch (a resumed one) searches nothing again and yields the same batches.
+    assert np.array_equal(np.asarray(list(sampler)), batches) and len(snapshots) == 3
+    restored = sampler_for(labels, is_passage, texts, 3, 2, window=4, skip_top=1, refresh_every=6)
+    restored.load_state_dict(sampler.state_dict())
+    restored.set_epoch(1)
+    assert np.array_equal(np.asarray(list(restored)), batches)
+    assert restored.snapshot_fingerprint() == sampler.snapshot_fingerprint() != plain.snapshot_fingerprint()
+    sampler.set_epoch(2)  # a new epoch starts without the old epoch's refreshes
+    assert sampler.refreshes == 0
+
+
+def test_max_snapshots_also_caps_the_refreshes():
+    labels, is_passage, texts, first = pairs_data(40, 4)
+    calls = []
+    sampler = sampler_for(labels, is_passage, texts, 2, 1, refresh_every=3, max_snapshots=2)
+    sampler.snapshot_source = lambda: calls.append(1) or (first, None)
+    sampler.update_neighbours(first)
+    sampler.set_epoch(1)
+    list(sampler)
+    assert len(calls) == 1 and sampler.refreshes == 1
+
+
+def test_an_elastic_resume_is_refused_with_refreshes():
+    labels, is_passage, texts, _ = pairs_data(40, 5)
+    sampler = sampler_for(labels, is_passage, texts, 2, 1, refresh_every=3)
+    with pytest.raises(ValueError, match="resume on the number of ranks it was saved on"):
+        sampler.resume_epoch(1, 4, 2)
+    with pytest.raises(ValueError, match="refresh_every must be an integer >= 1, got 0"):
+        sampler_for(labels, is_passage, texts, 2, 1, refresh_every=0)
+
+
+# -------------------------------------------------------------------------- through the Trainer
+def make_run(num_workers=0, **kwargs):
+    """48 pairs, 4 pairs x (2 + 2 negatives) a batch, 12 batches an epoch, a refresh every 3 batches."""
+    from composer import Trainer
+    from composer.core import Callback
+
+    from composer_dynsample import EmbeddingModel, HardNegativeMining, SetSamplerEpoch, build_dataloader
+    from composer_dynsample.algorithms.embedding_table import EmbeddingTable
+    from composer_dynsample.data import GatherCollate, IndexDataset, TensorStore
+
+    gen = torch.Generator().manual_seed(0)
+    pairs = (torch.randn(8, 6, generator=gen) * 2)[torch.arange(48) % 8] + torch.randn(48, 6, generator=gen)
+    data = TensorStore(
+        pairs.repeat_interleave(2, 0) + 0.3 * torch.randn(96, 6, generator=gen), torch.arange(96) // 2
+    )
+    sampler = MinedNegativesPKBatchSampler(
+        data.labels,
+        4,
+        2,
+        is_passage=torch.arange(96) % 2 == 1,
+        window=4,
+        max_relative_similarity=None,
+        refresh_every=3,
+        seed=3,
+    )
+    table = EmbeddingTable()
+    searched_at = []
+
+    class WhenSearched(Callback):
+        """The table's newest stamp each time the sampler reads it: the step it searched."""
+
+        def fit_start(self, state, logger) -> None:
+            source = sampler.snapshot_source
+
+            def spy():
+                searched_at.append(-1 if table.written_at is None else int(table.written_at.max()))
+                return source()
+
+            sampler.snapshot_source = spy
+
+    torch.manual_seed(0)
+    model = EmbeddingModel(torch.nn.Linear(6, 4))
+    recorder = IndexRecorder()
+    options = {"num_workers": num_workers, "prefetch_factor": 2} if num_workers else {}
+    loader = build_dataloader(IndexDataset(data.labels), sampler, collate_fn=GatherCollate(data), **options)
+    trainer = Trainer(
+        model=model,
+        train_dataloader=loader,
+        optimizers=torch.optim.SGD(model.parameters(), lr=0.05),
+        algorithms=[HardNegativeMining("semi_hard"), table],
+        callbacks=[recorder, SetSamplerEpoch(), WhenSearched()],
+        max_duration="3ep",
+        progress_bar=False,
+        seed=0,
+        **kwargs,
+    )
+    return trainer, sampler, recorder, searched_at, table
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_refreshes_follow_the_loader_and_a_mid_epoch_resume_trains_the_same_batches(tmp_path, num_workers):
+    trainer, sampler, full, searched_at, table = make_run(
+        num_workers, save_folder=str(tmp_path / "ck"), save_interval="4ba"
+    )
+    trainer.fit()
+    trainer.close()
+    ahead = 2 * num_workers  # batches the loader asks for ahead of the step that trains
+    # Epochs 1 and 2 refresh before their batches 3, 6 and 9: the loader asked for batch b after the
+    # step of batch b - 1 - ahead wrote the table, or when the epoch's iteration began.
+    expected = [12 * epoch + max(b - 1 - ahead, -1) for epoch in (1, 2) for b in (3, 6, 9)]
+    assert searched_at[-6:] == expected
+    # With workers, epoch 0 asks for its batch 3 before any row is written: nothing to search yet.
+    assert [record["sampler"]["refreshes"] for record in table.history] == [3 - bool(num_workers), 3, 3]
+    assert len(full.in_order()) == 36
+    # Batch 16 is epoch 1, batch 4: its refreshes so far come back from the checkpoint, the later ones
+    # are searched again at the same steps of the resumed run.
+    resumed_trainer, resumed_sampler, resumed, resumed_at, _ = make_run(
+        num_workers, load_path=str(tmp_path / "ck" / "ep1-ba16-rank0.pt")
+    )
+    resumed_trainer.fit()
+    assert resumed.in_order() == full.in_order()[16:]
+    assert resumed_sampler.snapshot_fingerprint() == sampler.snapshot_fingerprint()
+    assert resumed_at == [step for step in expected if step >= 15]
