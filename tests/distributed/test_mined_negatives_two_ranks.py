@@ -28,21 +28,24 @@ def store() -> TensorStore:
     return TensorStore(features, torch.arange(2 * PAIRS) // 2)
 
 
-def sampler(seed: int = 2) -> MinedNegativesPKBatchSampler:
+def sampler(seed: int = 2, **options) -> MinedNegativesPKBatchSampler:
     is_passage = torch.arange(2 * PAIRS) % 2 == 1
     return MinedNegativesPKBatchSampler(
-        store().labels, P, 2, is_passage=is_passage, skip_top=1, window=4, seed=seed
+        store().labels, P, 2, is_passage=is_passage, skip_top=1, window=4, seed=seed, **options
     )
 
 
-def trainer_for(batches: MinedNegativesPKBatchSampler, algorithms, seen: dict | None = None) -> Trainer:
+def trainer_for(
+    batches: MinedNegativesPKBatchSampler, algorithms, seen: dict | None = None, **trainer_options
+) -> Trainer:
     from composer.core import Callback
 
     class Record(Callback):
         def after_dataloader(self, state, logger) -> None:
             if seen is not None:
-                pairs = state.batch["index"][: 2 * P].tolist()
-                seen.setdefault(int(state.timestamp.epoch), []).extend(pairs)
+                rows = state.batch["index"].tolist()
+                seen.setdefault(int(state.timestamp.epoch), []).extend(rows[: 2 * P])
+                seen.setdefault("batches", []).append((int(state.timestamp.batch), rows))
 
     data = store()
     torch.manual_seed(0)
@@ -53,9 +56,7 @@ def trainer_for(batches: MinedNegativesPKBatchSampler, algorithms, seen: dict | 
         optimizers=torch.optim.SGD(model.parameters(), lr=0.05),
         algorithms=algorithms,
         callbacks=[SetSamplerEpoch(), Record()],
-        max_duration="3ep",
-        progress_bar=False,
-        seed=0,
+        **{"max_duration": "3ep", "progress_bar": False, "seed": 0, **trainer_options},
     )
 
 
@@ -88,3 +89,24 @@ def test_ranks_with_different_snapshots_are_caught():
     batches.update_neighbours(torch.randn(2 * PAIRS, 4, generator=generator))  # one per rank: a bug
     with pytest.raises(RuntimeError, match=r"ranks \[1\] disagree with rank 0 .*snapshot"):
         trainer_for(batches, []).fit()
+
+
+def test_refreshes_within_epochs_stay_identical_on_both_ranks_and_resume_exactly():
+    from tests.distributed.test_samplers_two_ranks import shared_tmp_dir
+
+    folder = shared_tmp_dir()
+    # 96 pairs, 4 a batch: 12 batches a rank and epoch, a refresh every 4 of them.
+    batches, seen = sampler(refresh_every=4, max_relative_similarity=None), {}
+    table = EmbeddingTable()
+    options = {"save_folder": str(folder), "save_interval": "18ba"}
+    trainer_for(batches, [HardNegativeMining("semi_hard"), table], seen, **options).fit()
+    assert batches.refreshes == 2  # at batches 4 and 8 of the last epoch
+    mine = (batches.snapshot_fingerprint(), table.fingerprint(), [r["sampler"] for r in table.history])
+    every_rank = dist.all_gather_object(mine)
+    assert every_rank[0] == every_rank[1]
+    # Batch 18 is epoch 1, batch 6: after that epoch's first refresh, before its second.
+    resumed, resumed_seen = sampler(refresh_every=4, max_relative_similarity=None), {}
+    options = {"load_path": str(folder / "ep1-ba18-rank{rank}.pt")}
+    trainer_for(resumed, [HardNegativeMining("semi_hard"), EmbeddingTable()], resumed_seen, **options).fit()
+    assert resumed_seen["batches"] == [item for item in seen["batches"] if item[0] >= 18]
+    assert resumed.snapshot_fingerprint() == batches.snapshot_fingerprint()
