@@ -59,6 +59,8 @@ bench: $(TEST_STAMP)
 	$(PY) benchmarks/quality_glyphs.py --group contrastive_glyphs
 	$(PY) benchmarks/text_loader.py
 	$(PY) benchmarks/quality_code.py
+	$(PY) benchmarks/quality_mined.py --jobs 2
+	$(PY) benchmarks/table_costs.py
 	$(PY) benchmarks/report.py
 
 # On a CUDA machine: the miners on the GPU against the CPU, AMP training through the CLI, pin_memory, the

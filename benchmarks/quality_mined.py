@@ -1,0 +1,191 @@
+"""Hard negatives chosen by the model being trained, on code search: online against offline and in-batch.
+
+The code-search task of ``quality_code.py`` (CodeSearchNet's MRR of docstring queries against the code of
+packages never seen in training), the same encoder, optimizer, pairs per step and epochs for every
+recipe; only where the batch's negatives come from changes:
+
+- **in-batch**: ``yamls/code_search.yaml``, P x K = 256 pairs, every other text of the batch a negative.
+- **random negatives**: the mined-negatives batch layout (256 pairs and one passage of another pair per
+  query, 768 texts) with random passages: the control for the bigger batch.
+- **offline mined**: ``yamls/code_search_mined.yaml`` with ``sampler.max_snapshots=1``: negatives mined
+  once from the table after the first (warm-up) epoch, re-encoded by that epoch's model (the table's
+  ``refresh_interval: 1ep``), then fixed, as ``mine_hard_negatives`` or TAS-B's clustering are used.
+- **online confusable pairs**: ``yamls/code_search_hard_pairs.yaml``, batches of pairs whose centroids
+  in the table are near (TAS-B refreshed every epoch), 512 texts.
+- **online mined**: ``yamls/code_search_mined.yaml``: each query's passage negative drawn from its 8
+  nearest passages of other pairs in the table, refreshed every epoch from the rows the forward pass wrote.
+- **online mined, NV-Retriever's margin guard**: the same with ``max_relative_similarity=0.95``.
+- **online mined + confusable pairs**: both (``sampler.hard_fraction=0.5``).
+
+BM25 is the reference line. A difference counts only beyond two standard errors of the difference of
+the means. Every run's table staleness (batches since each row was written, mean and max at each epoch
+end) and the share of negatives the guards left to random draws are kept. Writes
+``results/quality_mined.{json,md,png}``; ``ratio`` is the best online recipe's mean CSN MRR / in-batch's.
+
+    python benchmarks/quality_mined.py [--quick] [--seeds 0 1 2] [--jobs 2] [--recipes NAME ...] [--merge]
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from _common import machine_info, write_results
+from _common import parser as make_parser
+from quality import run_command
+from quality_code import METRICS, bm25, plot, read_pairs, summarise
+from quality_code import table as code_table
+
+PLAIN, MINED, PAIRS = (
+    "yamls/code_search.yaml",
+    "yamls/code_search_mined.yaml",
+    "yamls/code_search_hard_pairs.yaml",
+)
+IN_BATCH, OFFLINE = "in-batch negatives", "offline mined (after epoch 1, fixed)"
+ONLINE_PAIRS, ONLINE_MINED = "online confusable pairs", "online mined corpus negatives"
+BOTH, RANDOM = "online mined + confusable pairs", "random corpus negatives (control)"
+GUARDED = "online mined, margin guard 0.95"
+RECIPES: dict[str, tuple[str, list[str]]] = {
+    IN_BATCH: (PLAIN, []),
+    RANDOM: (MINED, ["algorithms.embedding_table=null"]),
+    OFFLINE: (MINED, ["sampler.max_snapshots=1", "algorithms.embedding_table.refresh_interval=1ep"]),
+    ONLINE_PAIRS: (PAIRS, []),
+    ONLINE_MINED: (MINED, []),
+    BOTH: (MINED, ["sampler.hard_fraction=0.5"]),
+    GUARDED: (MINED, ["sampler.max_relative_similarity=0.95"]),
+}
+ONLINE = (ONLINE_PAIRS, ONLINE_MINED, BOTH, GUARDED)
+
+
+def run_recipe(config: str, overrides: list[str], seed: int, run_dir: Path, threads: int) -> dict:
+    """One training process: its test metrics, times, table staleness and the sampler's counts."""
+    metrics, seconds = run_command(config, seed, run_dir, overrides, threads)
+    run = {"seed": seed, "process_s": round(seconds, 2), "fit_s": metrics["wall_time_s"]}
+    for name in METRICS:
+        run[name] = metrics[name.replace("@", "_at_")]
+    run["s_per_step"] = metrics["wall_time_s"] / metrics["batches"]
+    history = metrics.get("embedding_table") or []
+    if history:
+        run["staleness_mean"] = [round(epoch["staleness_mean"], 2) for epoch in history]
+        run["staleness_max"] = [epoch["staleness_max"] for epoch in history]
+        counts = [epoch["sampler"] for epoch in history if "sampler" in epoch]
+        if counts:
+            slots = [c["random"] for c in counts]
+            run["random_negatives"] = slots
+            run["margin_dropped"] = [c["margin"] for c in counts]
+            run["duplicate_dropped"] = [c["duplicate"] for c in counts]
+    return run
+
+
+def difference(a: dict, b: dict, metric: str = "csn_mrr") -> tuple[float, float]:
+    """``mean(a) - mean(b)`` and the standard error of that difference."""
+    return a[metric] - b[metric], math.sqrt(a[f"{metric}_se"] ** 2 + b[f"{metric}_se"] ** 2)
+
+
+def verdict(baseline: dict, recipes: dict) -> list[str]:
+    """One line per online recipe: its CSN MRR against in-batch, offline and BM25, beyond 2 SE or not."""
+    lines = []
+    for name in (n for n in ONLINE if n in recipes):
+        parts = []
+        for other in (IN_BATCH, OFFLINE):
+            if other in recipes:
+                gap, se = difference(recipes[name], recipes[other])
+                beyond = "beyond 2 SE" if abs(gap) > 2 * se else "within 2 SE"
+                parts.append(f"{gap:+.4f} vs {other} ({beyond}, SE {se:.4f})")
+        gap = recipes[name]["csn_mrr"] - baseline["csn_mrr"]
+        parts.append(f"{gap:+.4f} vs BM25")
+        lines.append(f"- **{name}**: " + "; ".join(parts) + ".")
+    return lines
+
+
+def staleness_table(recipes: dict) -> str:
+    """Per recipe with a table: mean and max staleness at the last epoch end and random negatives."""
+    rows = [
+        "| recipe | staleness at epoch ends, mean (batches) | max | random negatives per epoch |",
+        "|---|---|---|---|",
+    ]
+    for name, result in recipes.items():
+        run = result["runs"][0]
+        if "staleness_mean" not in run:
+            continue
+        randoms = ", ".join(str(v) for v in run.get("random_negatives", [])) or "-"
+        means = ", ".join(f"{v:.1f}" for v in run["staleness_mean"])
+        rows.append(f"| {name} | {means} | {int(max(run['staleness_max']))} | {randoms} |")
+    return "\n".join(rows)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = make_parser(__doc__, quick_help="one seed, 2 epochs on a small corpus: a smoke test")
+    parser.add_argument("--seeds", type=int, nargs="+", default=None)
+    parser.add_argument("--threads", type=int, default=1, help="OMP_NUM_THREADS of each run")
+    parser.add_argument("--jobs", type=int, default=1, help="training processes at a time")
+    parser.add_argument("--recipes", nargs="+", default=None, help="run only these recipe names")
+    parser.add_argument("--merge", action="store_true", help="keep the stored recipes this run does not redo")
+    args = parser.parse_args(argv)
+    seeds = args.seeds if args.seeds is not None else ([0] if args.quick else [0, 1, 2])
+    small = {"max_pairs_per_group": 20} if args.quick else {}
+    quick = ["trainer.max_duration=2ep", "data.max_pairs_per_group=20"] if args.quick else []
+    from composer_dynsample.data.code_search import build_code_search
+
+    corpus = build_code_search(**small)
+    baseline = bm25(read_pairs(corpus.test_path))
+    chosen = {name: RECIPES[name] for name in (args.recipes or RECIPES)}
+    started = time.time()
+    with (
+        tempfile.TemporaryDirectory(prefix="dynsample-mined-") as work,
+        ThreadPoolExecutor(args.jobs) as pool,
+    ):
+        futures = {
+            (name, seed): pool.submit(
+                run_recipe, config, [*overrides, *quick], seed, Path(work) / f"r{number}s{seed}", args.threads
+            )
+            for number, (name, (config, overrides)) in enumerate(chosen.items())
+            for seed in seeds
+        }
+        recipes = {}
+        for name in chosen:
+            runs = [futures[name, seed].result() for seed in seeds]
+            for run in runs:
+                print(
+                    f"{name:<40} seed {run['seed']}: CSN MRR {run['csn_mrr']:.4f}  train {run['fit_s']:.0f} s"
+                )
+            recipes[name] = summarise(runs)
+    if args.merge and (args.out / "quality_mined.json").exists():
+        stored = json.loads((args.out / "quality_mined.json").read_text())
+        if stored["seeds"] != seeds:
+            raise SystemExit(f"--merge: stored results have seeds {stored['seeds']}, this run {seeds}.")
+        merged = {**stored["recipes"], **recipes}
+        recipes = {name: merged[name] for name in RECIPES if name in merged}
+    lines = verdict(baseline, recipes)
+    text = "\n\n".join([code_table(baseline, recipes, seeds), "\n".join(lines), staleness_table(recipes)])
+    print(f"\n{text}")
+    online = [name for name in ONLINE if name in recipes]
+    best = max(online, key=lambda name: recipes[name]["csn_mrr"]) if online else None
+    result = {
+        "ratio": recipes[best]["csn_mrr"] / recipes[IN_BATCH]["csn_mrr"]
+        if best and IN_BATCH in recipes
+        else None,
+        "ratio_meaning": "best online recipe's mean CodeSearchNet MRR / in-batch InfoNCE's, unseen packages",
+        "best_online": best,
+        "bm25": baseline,
+        "recipes": recipes,
+        "seeds": seeds,
+        "jobs": args.jobs,
+        "threads": args.threads,
+        "corpus": {key: corpus.manifest[key] for key in ("pairs", "sha256", "distributions")},
+        "machine": machine_info(torch_threads=False),
+        "total_s": round(time.time() - started, 1),
+    }
+    return write_results(
+        args.out, "quality_mined", args.quick, result, text, plot=lambda path: plot(baseline, recipes, path)
+    )
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    main()
