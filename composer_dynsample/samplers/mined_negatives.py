@@ -158,6 +158,7 @@ class MinedNegativesPKBatchSampler(DistributedBatchSampler):
         self.snapshot_source: Callable[[], tuple[torch.Tensor, torch.Tensor | None] | None] | None = None
         # The refreshes of the newest epoch that had any: {epoch: {segment: snapshot}}.
         self._segments: dict[int, dict[int, CorpusCandidates]] = {}
+        self._refresh_digest = ""  # a hash chain over every refresh taken: in the snapshot fingerprint
         group = 2 + self.negatives_per_anchor
         super().__init__(
             self.labels.size,
@@ -317,7 +318,12 @@ class MinedNegativesPKBatchSampler(DistributedBatchSampler):
         if found is None:
             return
         self._snapshots_taken += 1
-        self._segments = {self.epoch: {**self._segments.get(self.epoch, {}), segment: self._search(*found)}}
+        searched = self._search(*found)
+        self._segments = {self.epoch: {**self._segments.get(self.epoch, {}), segment: searched}}
+        digest = hashlib.sha256(f"{self._refresh_digest}:{self.epoch}:{segment}".encode())
+        for array in (searched.ranked, searched.kept, searched.searched):
+            digest.update(np.ascontiguousarray(array).tobytes())
+        self._refresh_digest = digest.hexdigest()
 
     def __iter__(self) -> Iterator[list[int]]:  # type: ignore[override]
         if self.refresh_every is None:
@@ -341,18 +347,14 @@ class MinedNegativesPKBatchSampler(DistributedBatchSampler):
         super().resume_epoch(epoch, global_batches_done, batches_to_skip)
 
     def snapshot_fingerprint(self) -> str:
-        """A SHA-256 of the candidate lists the current epoch uses (``""`` before any)."""
+        """A SHA-256 of the candidate lists the current epoch uses and of every refresh taken within an epoch
+        so far (``""`` before any snapshot): ranks whose refreshes differed in one epoch differ at the next."""
         if self._snapshot is None:
             return ""
         digest = hashlib.sha256()
         for array in (self._snapshot.ranked, self._snapshot.kept, self._snapshot.searched):
             digest.update(np.ascontiguousarray(array).tobytes())
-        refreshed = self._segments.get(self.epoch, {})  # the current epoch's refreshes so far
-        for segment in sorted(refreshed):
-            found = refreshed[segment]
-            digest.update(str(segment).encode())
-            for array in (found.ranked, found.kept, found.searched):
-                digest.update(np.ascontiguousarray(array).tobytes())
+        digest.update(self._refresh_digest.encode())  # every refresh so far, earlier epochs' included
         if isinstance(self._pair_batches, HardClassPKBatchSampler):
             digest.update(self._pair_batches.snapshot_fingerprint().encode())
         return digest.hexdigest()
@@ -364,6 +366,7 @@ class MinedNegativesPKBatchSampler(DistributedBatchSampler):
             "snapshot": _as_dict(self._snapshot),
             "pending": _as_dict(self._pending),
             "snapshots_taken": self._snapshots_taken,
+            "refresh_digest": self._refresh_digest,
             "segments": {
                 epoch: {segment: found._asdict() for segment, found in found_by_segment.items()}
                 for epoch, found_by_segment in self._segments.items()
@@ -384,6 +387,7 @@ class MinedNegativesPKBatchSampler(DistributedBatchSampler):
         self._snapshots_taken = int(
             state.get("snapshots_taken", (snapshot is not None) + (pending is not None))
         )
+        self._refresh_digest = str(state.get("refresh_digest", ""))
         self._segments = {
             int(epoch): {int(segment): CorpusCandidates(**found) for segment, found in by_segment.items()}
             for epoch, by_segment in (state.get("segments") or {}).items()

@@ -53,8 +53,17 @@ def test_each_segment_takes_its_negatives_from_the_snapshot_searched_when_it_was
     restored.set_epoch(1)
     assert np.array_equal(np.asarray(list(restored)), batches)
     assert restored.snapshot_fingerprint() == sampler.snapshot_fingerprint() != plain.snapshot_fingerprint()
-    sampler.set_epoch(2)  # a new epoch starts without the old epoch's refreshes
-    assert sampler.refreshes == 0
+    # A new epoch starts without the old epoch's refreshes, but its fingerprint still tells samplers
+    # whose refreshes differed apart (what the next epoch's agreement check across ranks compares).
+    other = sampler_for(labels, is_passage, texts, 3, 2, window=4, skip_top=1, refresh_every=6)
+    other.snapshot_source = lambda: (first, None)
+    other.update_neighbours(first)
+    other.set_epoch(1)
+    list(other)
+    for each in (sampler, other):
+        each.update_neighbours(first)
+        each.set_epoch(2)
+    assert sampler.refreshes == 0 and sampler.snapshot_fingerprint() != other.snapshot_fingerprint()
 
 
 def test_max_snapshots_also_caps_the_refreshes():
