@@ -58,6 +58,7 @@ RECIPES: dict[str, tuple[str, list[str]]] = {
     BOTH: (MINED, ["sampler.hard_fraction=0.5"]),
 }
 ONLINE = (ONLINE_PAIRS, ONLINE_MINED, BOTH)
+WIDE = ["model.encoder.token_dim=512", "model.encoder.embedding_dim=512"]
 #: ``--group why``, one seed each: what changes online mining's gain (each against the main table).
 WHY: dict[str, tuple[str, list[str]]] = {
     "guards: NV-Retriever's margin 0.95": (MINED, ["sampler.max_relative_similarity=0.95"]),
