@@ -15,8 +15,8 @@ from composer_dynsample.distributed import check_ranks_agree, get_rank, get_worl
 from composer_dynsample.samplers.base import (
     AGREEMENT_KEYS,
     DistributedBatchSampler,
+    ResumePlan,
     SupportsSetEpoch,
-    _ResumePlan,
     agreement_values,
     sampler_world_error,
 )
@@ -123,7 +123,7 @@ class SetSamplerEpoch(Callback):
         self._warned_missing = False
         self._saved: dict[str, Any] = {}
         self._state: State | None = None
-        self._resumed: _ResumePlan | None = None
+        self._resumed: ResumePlan | None = None
         self._check_first_batch = 0  # after an elastic resume: the batch size a real first batch has
 
     def fit_start(self, state: State, logger: Logger) -> None:
@@ -187,7 +187,7 @@ class SetSamplerEpoch(Callback):
             )
         target.set_epoch(epoch)
         target.resume_epoch(epoch, done, skip)
-        self._resumed = _ResumePlan(epoch, done, skip)
+        self._resumed = ResumePlan(epoch, done, skip)
         self._check_first_batch = target.batch_size
         state.dataloader_len = -1  # -1: Composer reads len(dataloader) again, now with the placeholders
         log.info(

@@ -163,7 +163,7 @@ def _num_classes(*stores: TensorStore) -> int:
     return top + 1
 
 
-def _atomic_savez(path: Path, **arrays: np.ndarray) -> None:
+def atomic_savez(path: Path, **arrays: np.ndarray) -> None:
     """Write an ``.npz`` so that a concurrent reader (another rank) never sees a partial file."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp_name = tempfile.mkstemp(prefix=path.stem + ".", suffix=".tmp.npz", dir=path.parent)
@@ -290,7 +290,7 @@ def load_mnist1d(
                 f"mnist1d generated unexpected shapes {shapes}; expected {_MNIST1D_TRAIN}/{_MNIST1D_TEST} "
                 f"sequences of length {_MNIST1D_LENGTH}. Is the installed mnist1d version compatible?"
             )
-        _atomic_savez(path, **arrays)
+        atomic_savez(path, **arrays)
     train = TensorStore(torch.from_numpy(arrays["features"]), torch.from_numpy(arrays["labels"]))
     test = TensorStore(torch.from_numpy(arrays["test_features"]), torch.from_numpy(arrays["test_labels"]))
     return DatasetSplits(train=train, test=test, num_classes=_MNIST1D_CLASSES, name="mnist1d")

@@ -49,7 +49,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from composer_dynsample.data.datasets import DatasetSplits, _atomic_savez, default_cache_dir
+from composer_dynsample.data.datasets import DatasetSplits, atomic_savez, default_cache_dir
 from composer_dynsample.data.store import TensorStore
 from composer_dynsample.validation import check_bool, check_float, check_int
 
@@ -380,7 +380,7 @@ def _load_or_render(path: Path, regenerate: bool) -> tuple[dict[str, np.ndarray]
     start = time.perf_counter()
     arrays = render_glyphs()
     seconds = time.perf_counter() - start
-    _atomic_savez(path, **arrays)
+    atomic_savez(path, **arrays)
     return arrays, seconds
 
 

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 
 from composer_dynsample.distances import distance_matrix
 from composer_dynsample.distributed import all_gather_embeddings, get_world_size
-from composer_dynsample.losses.tuple_losses import _TupleLoss
+from composer_dynsample.losses.tuple_losses import TupleLoss
 from composer_dynsample.mining.duplicates import duplicate_negatives
 from composer_dynsample.validation import check_bool, check_choice, check_float, check_labels, check_pool
 
@@ -30,7 +30,7 @@ NEGATIVES: Final[tuple[str, ...]] = ("pool", "mined")
 _NAMES = ("embeddings", "labels", "ref_emb", "ref_labels")
 
 
-class InfoNCELoss(_TupleLoss):
+class InfoNCELoss(TupleLoss):
     """InfoNCE / NT-Xent: each positive pair against its anchor's negatives, in a softmax at a temperature.
 
     Called like every loss here and in pytorch-metric-learning,

@@ -64,7 +64,7 @@ def all_triplets(labels: torch.Tensor, ref_labels: torch.Tensor | None = None) -
     return anchor, positive, negative
 
 
-class _TupleLoss(nn.Module):
+class TupleLoss(nn.Module):
     """Shared validation and reduction; subclasses implement :meth:`compute` (or :meth:`_loss`)."""
 
     tuple_size: int
@@ -150,7 +150,7 @@ class _TupleLoss(nn.Module):
         return values.sum() * get_world_size() / count.clamp_min(1.0)
 
 
-class TripletMarginLoss(_TupleLoss):
+class TripletMarginLoss(TupleLoss):
     """``mean(relu(d(a, p) - d(a, n) + margin))`` over the triplets.
 
     Equals PML's ``TripletMarginLoss(margin, reducer=MeanReducer())`` with the matching distance (cosine
@@ -181,7 +181,7 @@ class TripletMarginLoss(_TupleLoss):
         return self._mean(torch.relu(ap - an + self.margin), global_mean)
 
 
-class ContrastiveLoss(_TupleLoss):
+class ContrastiveLoss(TupleLoss):
     """``mean(relu(d_pos - pos_margin)) + mean(relu(neg_margin - d_neg))`` over positive and negative pairs.
 
     Equals PML's ``ContrastiveLoss(pos_margin, neg_margin, reducer=MeanReducer())`` with the matching
@@ -215,7 +215,7 @@ class ContrastiveLoss(_TupleLoss):
         return pos_loss + neg_loss
 
 
-class MultiSimilarityLoss(_TupleLoss):
+class MultiSimilarityLoss(TupleLoss):
     """Multi-similarity loss (Wang et al. 2019) on cosine similarity, over mined pairs.
 
     Per anchor:

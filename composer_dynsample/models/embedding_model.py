@@ -13,7 +13,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 from torchmetrics import Metric
 
-from composer_dynsample.losses.tuple_losses import TripletMarginLoss, _TupleLoss
+from composer_dynsample.losses.tuple_losses import TripletMarginLoss, TupleLoss
 from composer_dynsample.mined import MinedBatch
 from composer_dynsample.validation import InputTypeError, check_bool, check_int
 
@@ -154,7 +154,7 @@ class EmbeddingModel(ComposerModel):
 
     def loss(self, outputs: Any, batch: Any, *args: Any, **kwargs: Any) -> torch.Tensor:
         if isinstance(outputs, MinedBatch):
-            extra = {"global_mean": outputs.global_mean} if isinstance(self.loss_fn, _TupleLoss) else {}
+            extra = {"global_mean": outputs.global_mean} if isinstance(self.loss_fn, TupleLoss) else {}
             if outputs.duplicate_ids is not None and _takes_duplicate_ids(self.loss_fn):
                 extra.update(duplicate_ids=outputs.duplicate_ids, ref_duplicate_ids=outputs.ref_duplicate_ids)
             return self.loss_fn(

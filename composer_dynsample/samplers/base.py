@@ -69,7 +69,7 @@ def _resolve_world(num_replicas: int | None, rank: int | None) -> tuple[int, int
     return world, rank  # type: ignore[return-value]
 
 
-def _as_index_array(name: str, values: Sequence[int] | np.ndarray | torch.Tensor) -> np.ndarray:
+def as_index_array(name: str, values: Sequence[int] | np.ndarray | torch.Tensor) -> np.ndarray:
     """Convert 1-D integer input (list, array or tensor) to an int64 numpy array, or raise a clear error."""
     if isinstance(values, torch.Tensor):
         if values.is_floating_point() or values.is_complex() or values.dtype == torch.bool:
@@ -96,7 +96,7 @@ class _Sized:
         return self.length
 
 
-class _ResumePlan(NamedTuple):
+class ResumePlan(NamedTuple):
     """An epoch resumed part-way: its first ``done`` global batches are trained, ``skip`` batches are discarded."""
 
     epoch: int
@@ -163,7 +163,7 @@ class DistributedBatchSampler(DistributedSampler, abc.ABC):
         )
         self.batch_size = check_int("batch_size", batch_size, minimum=1)
         self.num_indices = num_indices
-        self._resume: _ResumePlan | None = None
+        self._resume: ResumePlan | None = None
         self._labels_hash: int | None = None
 
     @property
@@ -282,9 +282,9 @@ class DistributedBatchSampler(DistributedSampler, abc.ABC):
         epoch = check_int("epoch", epoch, minimum=0)
         done = check_int("global_batches_done", global_batches_done, minimum=0)
         skip = check_int("batches_to_skip", batches_to_skip, minimum=0)
-        self._resume = _ResumePlan(epoch, done, skip)
+        self._resume = ResumePlan(epoch, done, skip)
 
-    def _active_resume(self) -> _ResumePlan | None:
+    def _active_resume(self) -> ResumePlan | None:
         plan = self._resume
         return plan if plan is not None and plan.epoch == self.epoch else None
 

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from composer_dynsample.samplers._ranking import SLACK, rank_columns
-from composer_dynsample.samplers.base import DistributedBatchSampler, _as_index_array, epoch_rng
+from composer_dynsample.samplers.base import DistributedBatchSampler, as_index_array, epoch_rng
 from composer_dynsample.validation import check_choice, check_float, check_int
 
 __all__ = ["NeighbourBatchSampler", "nearest_other_class"]
@@ -242,7 +242,7 @@ class NeighbourBatchSampler(DistributedBatchSampler):
         search: str = "exact",
         **options: Any,
     ) -> None:
-        label_array = _as_index_array("labels", labels)
+        label_array = as_index_array("labels", labels)
         size = label_array.size
         if size < 3:
             raise ValueError(

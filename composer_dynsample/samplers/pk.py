@@ -9,7 +9,7 @@ from typing import Literal
 import numpy as np
 import torch
 
-from composer_dynsample.samplers.base import DistributedBatchSampler, _as_index_array, epoch_rng
+from composer_dynsample.samplers.base import DistributedBatchSampler, as_index_array, epoch_rng
 from composer_dynsample.validation import check_bool, check_choice, check_int, is_int
 
 __all__ = ["PKBatchSampler"]
@@ -80,7 +80,7 @@ class PKBatchSampler(DistributedBatchSampler):
         drop_last: bool = True,
         require_positive_pairs: bool = True,
     ) -> None:
-        label_array = _as_index_array("labels", labels)
+        label_array = as_index_array("labels", labels)
         if label_array.size == 0:
             raise ValueError("labels must not be empty.")
         self.require_positive_pairs = check_bool("require_positive_pairs", require_positive_pairs)

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from composer_dynsample.samplers.base import DistributedBatchSampler, _as_index_array, epoch_rng
+from composer_dynsample.samplers.base import DistributedBatchSampler, as_index_array, epoch_rng
 from composer_dynsample.validation import check_int
 
 __all__ = ["TwoStreamBatchSampler"]
@@ -65,8 +65,8 @@ class TwoStreamBatchSampler(DistributedBatchSampler):
         seed: int = 0,
         drop_last: bool = True,
     ) -> None:
-        primary = _as_index_array("primary_indices", _materialise(primary_indices))
-        secondary = _as_index_array("secondary_indices", _materialise(secondary_indices))
+        primary = as_index_array("primary_indices", _materialise(primary_indices))
+        secondary = as_index_array("secondary_indices", _materialise(secondary_indices))
         for name, values in (("primary_indices", primary), ("secondary_indices", secondary)):
             if values.size == 0:
                 raise ValueError(f"{name} must not be empty.")
