@@ -8,7 +8,6 @@ tested on CPU tensors: it must find a real difference and explain a float32 near
 from __future__ import annotations
 
 import doctest
-import importlib
 import json
 import subprocess
 import sys
@@ -17,16 +16,14 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.benchmarks import load_benchmark
+
 ROOT = Path(__file__).resolve().parents[1]
 CPU = torch.device("cpu")
 
 
 def _benchmark_module(name: str):
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        return importlib.import_module(name)
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
+    return load_benchmark(name)
 
 
 gpu = _benchmark_module("gpu")

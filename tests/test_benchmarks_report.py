@@ -2,19 +2,17 @@
 
 from __future__ import annotations
 
-import importlib
 import shutil
-import sys
 from pathlib import Path
+
+from tests.benchmarks import load_benchmark
 
 ROOT = Path(__file__).resolve().parents[1]
 CARD = ROOT / "composer_dynsample/algorithms/hard_negative_mining/README.md"
 
 
 def _report():
-    if str(ROOT / "benchmarks") not in sys.path:
-        sys.path.insert(0, str(ROOT / "benchmarks"))
-    return importlib.import_module("report")
+    return load_benchmark("report")
 
 
 def _copies(tmp_path: Path) -> tuple[Path, Path, Path, list[str]]:

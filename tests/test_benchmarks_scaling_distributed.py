@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.benchmarks import load_benchmark
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -56,11 +58,7 @@ def test_quick_run_writes_json_md_png(name: str, tmp_path: Path) -> None:
 
 
 def test_a_failed_rank_ends_the_others_at_once(tmp_path: Path) -> None:
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        import distributed
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
+    distributed = load_benchmark("distributed")
     logs = [tmp_path / "rank0.log", tmp_path / "rank1.log"]
     scripts = ["import sys; sys.stderr.write('rank 0 broke'); sys.exit(3)", "import time; time.sleep(120)"]
     procs = [

@@ -6,21 +6,18 @@ each table function, given the stored result, reproduces the stored markdown byt
 
 from __future__ import annotations
 
-import importlib
 import json
-import sys
 from pathlib import Path
 from types import ModuleType
+
+from tests.benchmarks import load_benchmark
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 RESULTS = BENCHMARKS / "results"
 
 
 def _load(name: str) -> ModuleType:
-    """The benchmark script ``name`` as a module (the scripts import their harness, ``_common``)."""
-    if str(BENCHMARKS) not in sys.path:
-        sys.path.insert(0, str(BENCHMARKS))
-    return importlib.import_module(name)
+    return load_benchmark(name)
 
 
 def _stored(name: str) -> tuple[dict, str]:

@@ -9,16 +9,13 @@ from pathlib import Path
 
 import pytest
 
+from tests.benchmarks import load_benchmark
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def _text_loader():
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        import text_loader
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
-    return text_loader
+    return load_benchmark("text_loader")
 
 
 def _figures(tokenize_s: float, ratio: float, anonymous_mib: float) -> tuple[dict, dict, dict]:

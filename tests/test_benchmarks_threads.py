@@ -9,16 +9,13 @@ from pathlib import Path
 
 import pytest
 
+from tests.benchmarks import load_benchmark
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def _threads_module():
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        import threads
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
-    return threads
+    return load_benchmark("threads")
 
 
 def test_one_thread_is_always_measured_as_the_baseline() -> None:
