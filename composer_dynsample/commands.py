@@ -291,7 +291,7 @@ def _fit_and_report(
     from composer_dynsample.config.run_tokenizer import write_run_tokenizer
 
     _check_duration_left(run)
-    if dist.get_global_rank() == 0:
+    if is_rank_zero():
         save_config(run.config, run.run_dir / "config.yaml")
         write_run_tokenizer(run.splits, run.run_dir)  # text data: eval, embed and export read it back
     state = run.trainer.state
@@ -313,7 +313,7 @@ def _fit_and_report(
         "total_time_s": round(time.perf_counter() - started, 3),
         **_run_record(run, config_path, overrides, start_epoch=start_epoch, start_batch=start_batch),
     }
-    if dist.get_global_rank() == 0:
+    if is_rank_zero():
         _report(run, metrics, final, test_embeddings, quiet=quiet)
     run.trainer.close()
     if dist.is_initialized() and dist.get_world_size() > 1:
