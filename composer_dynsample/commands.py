@@ -526,9 +526,9 @@ def embed(
     """
     import numpy as np
 
-    from composer_dynsample.callbacks.retrieval_gallery import embed_store
     from composer_dynsample.config.registry import ConfigError
     from composer_dynsample.inputs import read_embed_input, split_arrays
+    from composer_dynsample.models.embed import embed_store
     from composer_dynsample.validation import check_choice
 
     if split is not None and input_path is not None:

@@ -254,8 +254,8 @@ def final_metrics(
     :func:`eval_metrics` by the same names, ``queries_without_positive`` (the queries every metric
     leaves out) and ``num_queries``.
     """
-    from composer_dynsample.callbacks.retrieval_gallery import embed_store, store_labels
     from composer_dynsample.metrics import count_queries_without_positive, ranking_metrics, retrieval_metrics
+    from composer_dynsample.models.embed import embed_store, store_labels
 
     protocol, test = protocol_of(splits), splits.test
     rows = query_rows(splits)

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from composer_dynsample import EmbeddingModel
-from composer_dynsample.callbacks.retrieval_gallery import embed_store
 from composer_dynsample.data import TensorStore
+from composer_dynsample.models.embed import embed_store
 
 
 def test_embed_store_checks_batch_size_and_takes_numpy_integers():
@@ -31,3 +31,19 @@ def test_embed_store_gives_every_submodule_its_own_mode_back():
     encoder[1].eval()
     embed_store(model, TensorStore(torch.randn(6, 4), torch.arange(6) % 2))
     assert model.training and encoder[0].training and not encoder[1].training
+
+
+def test_the_old_homes_of_embed_store_still_work_with_a_deprecation_warning():
+    import composer_dynsample.callbacks as callbacks
+    from composer_dynsample.callbacks import retrieval_gallery
+    from composer_dynsample.models import embed
+
+    for module, name in (
+        (retrieval_gallery, "embed_store"),
+        (retrieval_gallery, "store_labels"),
+        (callbacks, "embed_store"),
+    ):
+        with pytest.warns(DeprecationWarning, match=f"moved to composer_dynsample.models.embed.{name}"):
+            assert getattr(module, name) is getattr(embed, name)
+    with pytest.raises(AttributeError):
+        retrieval_gallery.no_such_name  # noqa: B018

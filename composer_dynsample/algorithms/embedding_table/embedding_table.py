@@ -20,7 +20,6 @@ import torch
 from composer.core import Algorithm, Event, State
 from composer.loggers import Logger
 
-from composer_dynsample.callbacks.retrieval_gallery import embed_store
 from composer_dynsample.checkpoints import CheckpointError
 from composer_dynsample.distributed import (
     all_gather_embeddings,
@@ -30,6 +29,7 @@ from composer_dynsample.distributed import (
     unwrap_model,
 )
 from composer_dynsample.mined import MinedBatch
+from composer_dynsample.models.embed import embed_store
 from composer_dynsample.validation import check_bool, check_choice, check_int, parse_time
 
 __all__ = ["EmbeddingTable", "class_centroids", "write_rows"]
