@@ -27,17 +27,13 @@ Python installed here).
 """
 
 from composer_dynsample.data.code_search_pairs import load_code_search
-from composer_dynsample.data.datasets import (
-    DatasetSplits,
-    default_cache_dir,
-    load_digits,
-    load_file,
-    load_mnist1d,
-    stratified_split,
-)
+from composer_dynsample.data.digits import load_digits
+from composer_dynsample.data.files import load_file
 from composer_dynsample.data.glyphs import GlyphCacheError, GlyphInfo, GlyphSplits, load_glyphs
 from composer_dynsample.data.images import load_image_folder
+from composer_dynsample.data.mnist1d import load_mnist1d
 from composer_dynsample.data.pairs import load_pairs
+from composer_dynsample.data.splits import DatasetSplits, default_cache_dir, stratified_split
 from composer_dynsample.data.store import GatherCollate, IndexDataset, TensorStore, Unsqueeze
 from composer_dynsample.data.text_store import TextCollate, TextInfo, TextSplits, TextStore, text_data_spec
 from composer_dynsample.data.texts import load_texts

@@ -49,7 +49,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from composer_dynsample.data.datasets import default_cache_dir
+from composer_dynsample.data.splits import default_cache_dir
 
 __all__ = ["CodeSearchCorpus", "build_code_search", "extract_pairs", "pinned_distributions"]
 

@@ -49,7 +49,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from composer_dynsample.data.datasets import DatasetSplits, atomic_savez, default_cache_dir
+from composer_dynsample.data.splits import DatasetSplits, atomic_savez, default_cache_dir
 from composer_dynsample.data.store import TensorStore
 from composer_dynsample.validation import check_bool, check_float, check_int
 

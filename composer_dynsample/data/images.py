@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from composer_dynsample.data.datasets import DatasetSplits, stratified_split
+from composer_dynsample.data.splits import DatasetSplits, stratified_split
 from composer_dynsample.data.store import TensorStore
 from composer_dynsample.validation import check_bool, is_int
 

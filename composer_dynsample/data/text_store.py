@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from composer_dynsample.data.datasets import DatasetSplits
+from composer_dynsample.data.splits import DatasetSplits
 from composer_dynsample.data.text_tokenizer import TextTokenizer, load_tokenizer
 from composer_dynsample.data.tokenized import TokenStore
 from composer_dynsample.validation import check_bool, check_int

@@ -118,7 +118,7 @@ def text_cache_dir(cache_dir: str | os.PathLike[str] | None) -> Path:
     """Where the text loaders cache tokens and trained tokenizers: ``cache_dir``, or ``default_cache_dir()/text``."""
     if cache_dir is not None:
         return Path(cache_dir).expanduser()
-    from composer_dynsample.data.datasets import default_cache_dir
+    from composer_dynsample.data.splits import default_cache_dir
 
     return default_cache_dir() / "text"
 

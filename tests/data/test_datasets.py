@@ -19,7 +19,7 @@ from composer_dynsample.data import (
     load_mnist1d,
     stratified_split,
 )
-from composer_dynsample.data import datasets as datasets_module
+from composer_dynsample.data import mnist1d as datasets_module
 
 
 @pytest.fixture(scope="module")
