@@ -16,7 +16,7 @@ whole batch from a preloaded :class:`TensorStore` in one indexing operation::
 
 Loaders (:func:`load_mnist1d`, :func:`load_digits`, :func:`load_glyphs`, :func:`load_file`,
 :func:`load_image_folder`) return a :class:`DatasetSplits`; the file formats are described in
-:mod:`composer_dynsample.data.datasets`.
+:mod:`composer_dynsample.data.files`; splits.py holds :class:`DatasetSplits` and :func:`stratified_split`.
 
 Texts take the same path with a :class:`TextStore` (token ids in memory-mapped files) and
 :class:`TextCollate`, whose batches are ``{"index", "features": {"input_ids", "attention_mask",
