@@ -76,6 +76,8 @@ WHY: dict[str, tuple[str, list[str]]] = {
         MINED,
         ["algorithms.embedding_table.refresh_interval=1ep"],
     ),
+    "capacity: 512-d token vectors and embeddings": (MINED, WIDE),
+    "capacity: 512-d, in-batch negatives (code_search.yaml)": (PLAIN, WIDE),
 }
 
 
@@ -167,6 +169,10 @@ def why(args) -> dict:
     chosen = {name: WHY[name] for name in (args.recipes or WHY)}
     started = time.time()
     recipes = run_all(chosen, seeds, quick, args.jobs, args.threads)
+    stored = args.out / "quality_mined_why.json"
+    if args.merge and stored.exists():
+        merged = {**json.loads(stored.read_text())["recipes"], **recipes}
+        recipes = {name: merged[name] for name in WHY if name in merged}
     main_results = args.out / "quality_mined.json"
     reference = (
         json.loads(main_results.read_text())["recipes"] if main_results.exists() and not args.quick else {}
