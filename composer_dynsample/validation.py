@@ -26,7 +26,7 @@ import math
 import numbers
 import re
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -36,7 +36,9 @@ if TYPE_CHECKING:
     from composer.core import Time, TimeUnit
 
 __all__ = [
+    "LABEL_MESSAGES",
     "InputTypeError",
+    "as_labels",
     "check_bool",
     "check_choice",
     "check_embeddings",
@@ -234,10 +236,34 @@ def check_embeddings(name: str, value: object, *, finite: bool = True) -> torch.
     return value
 
 
+_LENGTH_MESSAGE = "{name} has {count} entries but {items_name} has {num_items} rows; they must match."
+
+#: The messages of :func:`as_labels`, by the check that failed; a caller may word any of them its own way.
+LABEL_MESSAGES = {
+    "dtype": "{name} must hold integers, got {got}.",
+    "ndim": "{name} must be 1-D, got shape {shape}.",
+    "length": _LENGTH_MESSAGE,
+}
+
+
+def _is_integer_dtype(dtype: object) -> bool:
+    """Whether a numpy or torch dtype holds integers (``bool`` does not)."""
+    if isinstance(dtype, np.dtype):
+        return bool(np.issubdtype(dtype, np.integer))
+    return not (dtype.is_floating_point or dtype.is_complex or str(dtype) == "torch.bool")  # type: ignore[attr-defined]
+
+
 def check_labels(
     name: str, value: object, num_items: int | None = None, items_name: str = ""
 ) -> torch.Tensor:
     """Return ``value`` if it is a 1-D integer tensor (of ``num_items`` entries when given).
+
+    For labels that are tensors already, e.g. in a training step: the tensor is returned as it is, on its
+    device, and nothing is copied or synchronised. Labels a user hands over as a list, a numpy array or a
+    tensor, to be stored, go through :func:`as_labels`.
+
+    A non-tensor or a tensor of another dtype raises :class:`InputTypeError`; another shape or length a
+    ``ValueError``.
 
     Example:
         >>> import torch
@@ -248,20 +274,78 @@ def check_labels(
     """
     import torch
 
-    if (
-        not isinstance(value, torch.Tensor)
-        or value.dtype == torch.bool
-        or value.is_floating_point()
-        or value.is_complex()
-    ):
+    if not isinstance(value, torch.Tensor) or not _is_integer_dtype(value.dtype):
         raise InputTypeError(f"{name} must be a 1-D integer tensor, got {describe(value)}.")
     if value.ndim != 1:
         raise ValueError(f"{name} must be a 1-D integer tensor, got {describe(value)}.")
     if num_items is not None and value.shape[0] != num_items:
+        count = value.shape[0]
         raise ValueError(
-            f"{name} has {value.shape[0]} entries but {items_name} has {num_items} rows; they must match."
+            _LENGTH_MESSAGE.format(name=name, count=count, num_items=num_items, items_name=items_name)
         )
     return value
+
+
+def as_labels(
+    name: str,
+    value: object,
+    num_items: int | None = None,
+    items_name: str = "",
+    *,
+    to: str = "numpy",
+    messages: Mapping[str, str] | None = None,
+) -> np.ndarray | torch.Tensor:
+    """Convert 1-D integer labels (a list, a numpy array or a tensor on any device) to int64 on the CPU.
+
+    For labels (or indices) a user hands over to be stored, by a sampler, a dataset or a file loader;
+    tensors a training step holds are checked by :func:`check_labels`. An empty sequence counts as integers.
+    A wrong dtype, shape or length (``num_items`` entries, those of ``items_name``) raises ``ValueError``.
+
+    Args:
+        to (str): ``"numpy"`` (an array) or ``"torch"`` (a contiguous tensor). A list or an array is
+            converted first, so that a wrong dtype is named as that type names it. Default: ``"numpy"``.
+        messages (Mapping[str, str], optional): Replaces some of :data:`LABEL_MESSAGES`, format strings
+            over ``name``, ``got`` (``"dtype float64"``, ``"a tensor of dtype torch.float32"``, ``"an
+            array of Python objects"``), ``dtype`` (the input's own), ``shape``, ``count``, ``num_items``
+            and ``items_name``. Default: none.
+
+    Example:
+        >>> as_labels("labels", [3, 1, 3])
+        array([3, 1, 3])
+        >>> as_labels("labels", [0.0, 1.0], to="torch")
+        Traceback (most recent call last):
+            ...
+        ValueError: labels must hold integers, got dtype torch.float64.
+    """
+    import torch
+
+    check_choice("to", to, ("numpy", "torch"))
+    if isinstance(value, torch.Tensor):
+        labels: np.ndarray | torch.Tensor = value.detach().cpu().to_dense()
+        dtype, got = value.dtype, f"a tensor of dtype {value.dtype}"
+    else:
+        labels = np.asarray(value)
+        if labels.size == 0:
+            labels = labels.astype(np.int64)  # np.asarray([]) is float64
+        dtype = labels.dtype
+        if to == "torch" and dtype.kind in "biufc":  # numbers: named, and checked, as torch names them
+            labels = torch.from_numpy(labels.copy())
+        got = "an array of Python objects" if dtype.kind == "O" else f"dtype {labels.dtype}"
+    wording = {**LABEL_MESSAGES, **(messages or {})}
+    fields = {"name": name, "got": got, "dtype": dtype, "shape": tuple(labels.shape)}
+    if not _is_integer_dtype(labels.dtype):
+        raise ValueError(wording["dtype"].format(**fields))
+    if labels.ndim != 1:
+        raise ValueError(wording["ndim"].format(**fields))
+    if num_items is not None and labels.shape[0] != num_items:
+        count = labels.shape[0]
+        raise ValueError(
+            wording["length"].format(**fields, count=count, num_items=num_items, items_name=items_name)
+        )
+    if to == "torch":
+        return torch.as_tensor(labels).to(torch.int64).contiguous()
+    array = labels.numpy() if isinstance(labels, torch.Tensor) else labels
+    return array.astype(np.int64, copy=False)
 
 
 def check_pool(

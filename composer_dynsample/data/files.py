@@ -31,8 +31,14 @@ import torch
 
 from composer_dynsample.data.splits import DatasetSplits, num_classes, stratified_split
 from composer_dynsample.data.store import TensorStore
+from composer_dynsample.validation import as_labels
 
 __all__ = ["load_file", "read_npz"]
+
+_LABEL_MESSAGES = {
+    "dtype": "{name} must have an integer dtype, got {dtype}; save labels as int64 (e.g. labels.astype('int64')).",
+    "ndim": "{name} must be 1-D (N,), got shape {shape}.",
+}
 
 
 # Everything np.load and zipfile raise on a truncated or corrupt archive (a bad CRC, a broken
@@ -113,36 +119,18 @@ def _check_features(path: Path, key: str, array: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(features))
 
 
-def _check_labels(
-    path: Path, key: str, array: np.ndarray, num_items: int, features_key: str, saved_dtype: object = None
-) -> torch.Tensor:
-    if array.dtype == np.bool_ or not np.issubdtype(array.dtype, np.integer):
-        raise ValueError(
-            f"{path}: {key!r} must have an integer dtype, got {saved_dtype or array.dtype}; "
-            "save labels as int64 (e.g. labels.astype('int64'))."
-        )
-    if array.ndim != 1:
-        raise ValueError(f"{path}: {key!r} must be 1-D (N,), got shape {array.shape}.")
-    if len(array) != num_items:
-        raise ValueError(
-            f"{path}: {key!r} has {len(array)} entries but {features_key!r} has {num_items} rows; "
-            "they must match."
-        )
-    return torch.from_numpy(array.astype(np.int64))
-
-
 def _store_from_arrays(
     path: Path, arrays: Mapping[str, Any], features_key: str, labels_key: str
 ) -> TensorStore:
     features = _check_features(path, features_key, _to_numpy(path, features_key, arrays[features_key]))
-    raw_labels = arrays[labels_key]
-    labels = _check_labels(
-        path,
-        labels_key,
-        _to_numpy(path, labels_key, raw_labels),
+    raw = arrays[labels_key]  # a tensor as saved, so that a wrong dtype is named as torch names it
+    labels = as_labels(
+        f"{path}: {labels_key!r}",
+        raw if isinstance(raw, (torch.Tensor, np.ndarray)) else _to_numpy(path, labels_key, raw),
         len(features),
-        features_key,
-        saved_dtype=raw_labels.dtype if isinstance(raw_labels, torch.Tensor) else None,
+        repr(features_key),
+        to="torch",
+        messages=_LABEL_MESSAGES,
     )
     return TensorStore(features, labels)
 

@@ -28,25 +28,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from composer_dynsample.validation import is_int
+from composer_dynsample.validation import as_labels, is_int
 
 __all__ = ["GatherCollate", "IndexDataset", "TensorStore", "Unsqueeze"]
 
-
-def _as_label_tensor(name: str, labels: Sequence[int] | np.ndarray | torch.Tensor) -> torch.Tensor:
-    """Convert 1-D integer labels (list, array or tensor) to a CPU int64 tensor, or raise a clear error."""
-    if isinstance(labels, torch.Tensor):
-        tensor = labels.detach().cpu()
-    else:
-        array = np.asarray(labels)
-        if array.dtype == object:
-            raise ValueError(f"{name} must hold integers, got an array of Python objects.")
-        tensor = torch.from_numpy(array.copy()) if array.size else torch.empty(0, dtype=torch.int64)
-    if tensor.dtype == torch.bool or tensor.is_floating_point() or tensor.is_complex():
-        raise ValueError(f"{name} must hold integers, got dtype {tensor.dtype}.")
-    if tensor.ndim != 1:
-        raise ValueError(f"{name} must be 1-D, got shape {tuple(tensor.shape)}.")
-    return tensor.to(torch.int64).contiguous()
+_LABEL_MESSAGES = {  # a store words the length check as the features' and labels' agreement
+    "length": "features and labels must have the same length, got {num_items} features and {count} labels."
+}
 
 
 class TensorStore:
@@ -82,12 +70,7 @@ class TensorStore:
             )
         if features.ndim < 2:
             raise ValueError(f"features must be at least 2-D (N, ...), got shape {tuple(features.shape)}.")
-        label_tensor = _as_label_tensor("labels", labels)
-        if features.shape[0] != label_tensor.shape[0]:
-            raise ValueError(
-                f"features and labels must have the same length, got {features.shape[0]} features "
-                f"and {label_tensor.shape[0]} labels."
-            )
+        label_tensor = as_labels("labels", labels, features.shape[0], to="torch", messages=_LABEL_MESSAGES)
         features = features.detach().cpu().contiguous()
         if not bool(torch.isfinite(features).all()):
             bad = int((~torch.isfinite(features)).flatten(1).any(1).nonzero()[0, 0])
@@ -142,7 +125,7 @@ class IndexDataset(torch.utils.data.Dataset):
     """
 
     def __init__(self, labels: torch.Tensor | np.ndarray | Sequence[int]) -> None:
-        self.labels = _as_label_tensor("labels", labels)
+        self.labels = as_labels("labels", labels, to="torch")
         self._label_list: list[int] = self.labels.tolist()
 
     def __len__(self) -> int:

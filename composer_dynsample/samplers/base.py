@@ -23,7 +23,7 @@ import torch
 from torch.utils.data import DistributedSampler, Sampler
 
 from composer_dynsample.distributed import get_rank, get_world_size, stable_hash
-from composer_dynsample.validation import check_bool, check_int, is_int
+from composer_dynsample.validation import as_labels, check_bool, check_int, is_int
 
 __all__ = [
     "AGREEMENT_KEYS",
@@ -71,19 +71,7 @@ def _resolve_world(num_replicas: int | None, rank: int | None) -> tuple[int, int
 
 def as_index_array(name: str, values: Sequence[int] | np.ndarray | torch.Tensor) -> np.ndarray:
     """Convert 1-D integer input (list, array or tensor) to an int64 numpy array, or raise a clear error."""
-    if isinstance(values, torch.Tensor):
-        if values.is_floating_point() or values.is_complex() or values.dtype == torch.bool:
-            raise ValueError(f"{name} must hold integers, got a tensor of dtype {values.dtype}.")
-        array = values.detach().cpu().numpy()
-    else:
-        array = np.asarray(values)
-        if array.size == 0:
-            array = array.astype(np.int64)
-    if array.ndim != 1:
-        raise ValueError(f"{name} must be 1-D, got shape {tuple(array.shape)}.")
-    if not np.issubdtype(array.dtype, np.integer):
-        raise ValueError(f"{name} must hold integers, got dtype {array.dtype}.")
-    return array.astype(np.int64, copy=False)
+    return as_labels(name, values)  # type: ignore[return-value]
 
 
 class _Sized:

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from composer.core import Time, TimeUnit
 
-from composer_dynsample.validation import did_you_mean, parse_time
+from composer_dynsample.validation import check_labels, did_you_mean, parse_time
 
 __all__ = [
     "NOTHING_MINED_PATIENCE",
@@ -212,26 +212,11 @@ def check_embeddings_and_labels(embeddings: torch.Tensor, labels: torch.Tensor) 
         raise ValueError(
             f"HardNegativeMining needs (batch, dim) float embeddings, got shape {tuple(embeddings.shape)} and dtype {embeddings.dtype}."
         )
-    if labels.ndim != 1 or labels.is_floating_point() or labels.dtype == torch.bool:
-        raise ValueError(
-            f"labels must be a 1-D integer tensor, got shape {tuple(labels.shape)} and dtype {labels.dtype}."
-        )
-    if labels.shape[0] != embeddings.shape[0]:
-        raise ValueError(
-            f"labels ({labels.shape[0]}) and embeddings ({embeddings.shape[0]}) must have the same length."
-        )
+    check_labels("labels", labels, embeddings.shape[0], "embeddings")
 
 
 def check_duplicate_ids(ids: torch.Tensor, labels: torch.Tensor, key: str | int) -> torch.Tensor:
     """Return the batch's duplicate ids if they are a 1-D integer tensor of the labels' length."""
-    if ids.ndim != 1 or ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool:
-        raise ValueError(
-            f"the duplicate ids at state.batch[{key!r}] (duplicate_key) must be a 1-D integer tensor, got "
-            f"shape {tuple(ids.shape)} and dtype {ids.dtype}."
-        )
-    if ids.shape[0] != labels.shape[0]:
-        raise ValueError(
-            f"the duplicate ids at state.batch[{key!r}] (duplicate_key) have {ids.shape[0]} entries but the "
-            f"labels {labels.shape[0]}; they must match."
-        )
-    return ids
+    return check_labels(
+        f"the duplicate id tensor at state.batch[{key!r}] (duplicate_key)", ids, labels.shape[0], "labels"
+    )
