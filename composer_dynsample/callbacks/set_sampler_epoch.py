@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import logging
 import warnings
-from collections.abc import Mapping
 from typing import Any
 
-import torch
 from composer.core import Callback, DataSpec, State
 from composer.loggers import Logger
 
+from composer_dynsample.algorithms._batch import batch_rows
 from composer_dynsample.distributed import check_ranks_agree, get_rank, get_world_size
 from composer_dynsample.samplers.base import (
     AGREEMENT_KEYS,
@@ -218,7 +217,7 @@ class SetSamplerEpoch(Callback):
         """After an elastic resume, refuse to train a placeholder: Composer did not discard them."""
         size, self._check_first_batch = self._check_first_batch, 0
         plan = self._resumed  # set with _check_first_batch
-        if size > 1 and plan is not None and _batch_rows(state.batch) == 1:
+        if size > 1 and plan is not None and batch_rows(state) == 1:
             raise ValueError(
                 f"SetSamplerEpoch: epoch {plan.epoch} was resumed mid-way on {get_world_size()} "
                 f"rank(s) from a checkpoint of {self._saved.get('world_size')} rank(s), and the trainer is "
@@ -266,18 +265,6 @@ class SetSamplerEpoch(Callback):
             f"device_train_microbatch_size={batch_size if is_int(batch_size) else '<per-rank batch size>'} "
             "to the Trainer."
         )
-
-
-def _batch_rows(batch: Any) -> int | None:
-    """The number of rows of the batch's first tensor (a tensor, or in a dict, list or tuple)."""
-    values = (
-        batch.values()
-        if isinstance(batch, Mapping)
-        else batch
-        if isinstance(batch, (list, tuple))
-        else [batch]
-    )
-    return next((int(v.shape[0]) for v in values if isinstance(v, torch.Tensor) and v.ndim > 0), None)
 
 
 def _sampler_world_error(target: SupportsSetEpoch | None) -> str | None:

@@ -13,6 +13,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 from torchmetrics import Metric
 
+from composer_dynsample.algorithms._batch import find_in_batch
 from composer_dynsample.losses.tuple_losses import TripletMarginLoss, TupleLoss
 from composer_dynsample.mined import MinedBatch
 from composer_dynsample.validation import InputTypeError, check_bool, check_int
@@ -105,17 +106,27 @@ class EmbeddingModel(ComposerModel):
             "forward_chunk_size", forward_chunk_size, minimum=1, allow_none=True
         )
 
-    def _split(self, batch: Any) -> tuple[torch.Tensor, torch.Tensor]:
-        if isinstance(batch, Mapping):
-            missing = [key for key in (self.features_key, self.labels_key) if key not in batch]
-            if missing:
-                raise ValueError(f"EmbeddingModel: the batch has keys {sorted(batch)}, missing {missing}.")
-            return batch[self.features_key], batch[self.labels_key]
-        if isinstance(batch, Sequence) and len(batch) >= 2:
-            return batch[0], batch[1]
-        raise ValueError(
-            f"EmbeddingModel expects a dict batch with {self.features_key!r} and {self.labels_key!r} or a "
-            f"(features, labels) sequence, got {type(batch).__name__}."
+    def _split(self, batch: Any) -> tuple[Any, Any]:
+        """The features and labels: at ``features_key`` and ``labels_key`` of a dict, else first and second."""
+        features = self._find(batch, "the features", self.features_key, 0)
+        return features, self._find(batch, "the labels", self.labels_key, 1)
+
+    def _find(self, batch: Any, what: str, dict_key: str, index: int) -> Any:
+        """The value at ``dict_key`` of a dict batch or ``index`` of a sequence, else an error naming both forms."""
+        advice = (
+            f"EmbeddingModel takes dict batches with {self.features_key!r} and {self.labels_key!r} "
+            "(features_key, labels_key) or (features, labels) sequences."
+        )
+        return find_in_batch(
+            batch,
+            None,
+            dict_key,
+            index,
+            owner="EmbeddingModel",
+            what=what,
+            advice=advice,
+            where="batch",
+            tensor=False,
         )
 
     def embed(self, features: Any) -> torch.Tensor:

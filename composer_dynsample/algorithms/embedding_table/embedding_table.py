@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import hashlib
 import time
-from collections.abc import Mapping
 from typing import Any
 
 import torch
 from composer.core import Algorithm, Event, State
 from composer.loggers import Logger
 
+from composer_dynsample.algorithms._batch import find_in_batch
 from composer_dynsample.checkpoints import CheckpointError
 from composer_dynsample.distributed import (
     all_gather_embeddings,
@@ -400,17 +400,12 @@ class EmbeddingTable(Algorithm):
 
 
 def _batch_indices(state: State, key: str) -> torch.Tensor:
-    try:
-        value = state.batch_get_item(key)
-    except (KeyError, IndexError, TypeError):
-        value = None
-    if not isinstance(value, torch.Tensor):
-        keys = sorted(state.batch) if isinstance(state.batch, Mapping) else type(state.batch).__name__
-        raise ValueError(
-            f"EmbeddingTable: the batch has no {key!r} tensor of sample indices (batch: {keys}); use "
-            "composer_dynsample.data.GatherCollate, which adds it, or set index_key."
-        )
-    return value.view(-1).to(torch.int64)
+    advice = (
+        f"Since the batch has no {key!r} tensor, set index_key to where the indices are, or use "
+        "composer_dynsample.data.GatherCollate, which adds them as 'index'."
+    )
+    indices = find_in_batch(state, key, owner="EmbeddingTable", what="the sample indices", advice=advice)
+    return indices.view(-1).to(torch.int64)
 
 
 def _train_loader(state: State) -> Any:

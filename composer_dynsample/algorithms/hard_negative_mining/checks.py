@@ -1,8 +1,9 @@
 """The checks and warnings of :class:`~composer_dynsample.HardNegativeMining`, as functions of their own.
 
 :func:`check_strategy` and :func:`parse_schedule` validate what the algorithm is built with;
-:func:`find_tensor`, :func:`check_embeddings_and_labels` and :func:`check_duplicate_ids` what it reads
-from ``State``; :class:`NothingMinedWatch` watches what it finds while training.
+:func:`check_embeddings_and_labels` and :func:`check_duplicate_ids` what it reads from ``State`` (found
+there by :func:`~composer_dynsample.algorithms._batch.find_in_batch`); :class:`NothingMinedWatch` watches
+what it finds while training.
 """
 
 from __future__ import annotations
@@ -10,7 +11,6 @@ from __future__ import annotations
 import logging
 import warnings
 from collections.abc import Collection, Mapping
-from typing import Any
 
 import torch
 from composer.core import Time, TimeUnit
@@ -23,7 +23,6 @@ __all__ = [
     "check_duplicate_ids",
     "check_embeddings_and_labels",
     "check_strategy",
-    "find_tensor",
     "parse_schedule",
 ]
 
@@ -166,43 +165,6 @@ def _likely_cause(labels: torch.Tensor, pool_labels: torch.Tensor | None, strate
         f"{rows[0].upper() + rows[1:]} holds positive and negative pairs but {strategy} selected none: its "
         "margin or epsilon may be met everywhere (for semi_hard with fallback='none', the negatives all "
         "lie beyond the margin); a larger margin or another strategy (batch_hard) keeps training."
-    )
-
-
-def find_tensor(
-    container: Any,
-    key: str | int | None,
-    where: str,
-    option: str,
-    default_key: str | None = None,
-    default_index: int | None = None,
-) -> torch.Tensor:
-    """Pull a tensor out of outputs or a batch, with an error that names what was looked for.
-
-    Example:
-        >>> find_tensor({"labels": torch.tensor([1])}, "label", "state.batch", "labels_key")
-        Traceback (most recent call last):
-            ...
-        ValueError: HardNegativeMining looked for a tensor at state.batch['label'] and found NoneType; state.batch is a dict with keys ['labels']. Set labels_key to where it is.
-    """
-    if key is None and isinstance(container, torch.Tensor) and default_key is None:
-        return container
-    if key is None:
-        key = default_key if isinstance(container, Mapping) else default_index
-    try:
-        value = container[key] if key is not None else None
-    except (KeyError, IndexError, TypeError):
-        value = None
-    if isinstance(value, torch.Tensor):
-        return value
-    shape = (
-        f"a dict with keys {sorted(map(str, container))}"
-        if isinstance(container, Mapping)
-        else type(container).__name__
-    )
-    raise ValueError(
-        f"HardNegativeMining looked for a tensor at {where}[{key!r}] and found {type(value).__name__}; "
-        f"{where} is {shape}. Set {option} to where it is."
     )
 
 

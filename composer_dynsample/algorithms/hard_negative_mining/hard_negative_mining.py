@@ -17,13 +17,12 @@ from composer.core import Algorithm, Event, State, Time
 from composer.loggers import Logger
 
 from composer_dynsample import mining
-from composer_dynsample.algorithms._batch import batch_tensor
+from composer_dynsample.algorithms._batch import batch_rows, batch_tensor, find_in_batch
 from composer_dynsample.algorithms.hard_negative_mining.checks import (
     NothingMinedWatch,
     check_duplicate_ids,
     check_embeddings_and_labels,
     check_strategy,
-    find_tensor,
     parse_schedule,
 )
 from composer_dynsample.algorithms.hard_negative_mining.memory import CrossBatchMemory
@@ -247,9 +246,11 @@ class HardNegativeMining(Algorithm):
         ``AFTER_DATALOADER`` only notes the device batch's size, before Composer splits it.
         """
         if event == Event.AFTER_DATALOADER:  # labels that are not there yet are looked for at AFTER_FORWARD
-            self._device_rows = _rows(batch_tensor(state, self.labels_key, "labels", 1)[0])
+            self._device_rows = batch_rows(batch_tensor(state, self.labels_key, "labels", 1)[0])
             return
-        embeddings = find_tensor(state.outputs, self.embeddings_key, "state.outputs", "embeddings_key")
+        embeddings = _find(
+            state.outputs, self.embeddings_key, "the embeddings", "embeddings_key", where="state.outputs"
+        )
         labels = self._labels(state)
         check_embeddings_and_labels(embeddings, labels)
         ids = self._duplicate_ids(state, labels)
@@ -319,20 +320,14 @@ class HardNegativeMining(Algorithm):
         return embeddings, Pool(embeddings, labels, None, None, None), tuples, stats
 
     def _labels(self, state: State) -> torch.Tensor:
-        value, key = batch_tensor(state, self.labels_key, "labels", 1)
-        if value is not None:
-            return value
-        # Not a tensor there: this raises the error that names labels_key.
-        return find_tensor(state.batch, key, "state.batch", "labels_key")
+        return _find(state, self.labels_key, "the labels", "labels_key", dict_key="labels", index=1)
 
     def _duplicate_ids(self, state: State, labels: torch.Tensor) -> torch.Tensor | None:
         """The batch's duplicate ids at ``duplicate_key``, checked, or ``None`` when the option is off."""
         if self.duplicate_key is None:
             return None
-        value, key = batch_tensor(state, self.duplicate_key, "", 0)
-        if value is None:
-            value = find_tensor(state.batch, key, "state.batch", "duplicate_key")  # raises, naming the option
-        return check_duplicate_ids(value, labels, key)
+        ids = _find(state, self.duplicate_key, "the duplicate ids", "duplicate_key")
+        return check_duplicate_ids(ids, labels, self.duplicate_key)
 
     def _mine(
         self,
@@ -458,6 +453,16 @@ class HardNegativeMining(Algorithm):
         self._warned_collapse = bool(state.get("warned_collapse", False))
 
 
+def _find(
+    source: Any, key: str | int | None, what: str, option: str, where: str = "state.batch", **defaults: Any
+) -> torch.Tensor:
+    """The tensor at ``key`` of the batch or outputs, else an error that names ``option``."""
+    advice = f"Set {option} to where it is."
+    return find_in_batch(
+        source, key, **defaults, owner="HardNegativeMining", what=what, advice=advice, where=where
+    )
+
+
 def _reached(state: State, time: Time) -> bool:
     return int(state.timestamp.get(time.unit)) >= int(time.value)
 
@@ -475,10 +480,6 @@ def _all_ranks_finite(embeddings: torch.Tensor) -> bool:
 def _empty_like(strategy: str, device: torch.device) -> tuple[torch.Tensor, ...]:
     empty = torch.empty(0, dtype=torch.int64, device=device)
     return (empty,) * (4 if strategy == "multi_similarity" else 3)
-
-
-def _rows(labels: object) -> int | None:
-    return int(labels.shape[0]) if isinstance(labels, torch.Tensor) and labels.ndim else None
 
 
 def _zero_stand_in(embeddings: torch.Tensor, model: torch.nn.Module) -> torch.Tensor:
