@@ -15,6 +15,8 @@ recipe; only where the batch's negatives come from changes:
 - **online mined**: ``yamls/code_search_mined.yaml``: each query's passage negative drawn from its 8
   nearest passages of other pairs in the table, refreshed every epoch from the rows the forward pass wrote.
 - **online mined + confusable pairs**: both (``sampler.hard_fraction=0.5``).
+- **512-d encoder**: in-batch and online mined again with 512-d token vectors and embeddings (the
+  ablations suggest the encoder's capacity decides what hard negatives can give).
 
 BM25 is the reference line. A difference counts only beyond two standard errors of the difference of
 the means. Every run's table staleness (batches since each row was written, mean and max at each epoch
@@ -57,8 +59,15 @@ RECIPES: dict[str, tuple[str, list[str]]] = {
     ONLINE_MINED: (MINED, []),
     BOTH: (MINED, ["sampler.hard_fraction=0.5"]),
 }
-ONLINE = (ONLINE_PAIRS, ONLINE_MINED, BOTH)
 WIDE = ["model.encoder.token_dim=512", "model.encoder.embedding_dim=512"]
+WIDE_IN_BATCH, WIDE_MINED = (
+    "in-batch negatives, 512-d encoder",
+    "online mined corpus negatives, 512-d encoder",
+)
+RECIPES.update({WIDE_IN_BATCH: (PLAIN, WIDE), WIDE_MINED: (MINED, WIDE)})
+ONLINE = (ONLINE_PAIRS, ONLINE_MINED, BOTH, WIDE_MINED)
+#: The in-batch and offline recipes an online one is compared with (the same encoder).
+BASELINES = {WIDE_MINED: (WIDE_IN_BATCH,)}
 #: ``--group why``, one seed each: what changes online mining's gain (each against the main table).
 WHY: dict[str, tuple[str, list[str]]] = {
     "guards: NV-Retriever's margin 0.95": (MINED, ["sampler.max_relative_similarity=0.95"]),
@@ -111,7 +120,7 @@ def verdict(baseline: dict, recipes: dict) -> list[str]:
     lines = []
     for name in (n for n in ONLINE if n in recipes):
         parts = []
-        for other in (IN_BATCH, OFFLINE):
+        for other in BASELINES.get(name, (IN_BATCH, OFFLINE)):
             if other in recipes:
                 gap, se = difference(recipes[name], recipes[other])
                 beyond = "beyond 2 SE" if abs(gap) > 2 * se else "within 2 SE"
