@@ -9,12 +9,8 @@ from __future__ import annotations
 
 from composer_dynsample._lazy import lazy_exports
 from composer_dynsample.models.encoders import Conv1dEncoder, Conv2dEncoder, MLPEncoder
-from composer_dynsample.models.text import (
-    BagOfTokensEncoder,
-    TextCNNEncoder,
-    TransformerEncoder,
-    TwoTowerEncoder,
-)
+from composer_dynsample.models.text import BagOfTokensEncoder, TextCNNEncoder, TwoTowerEncoder
+from composer_dynsample.models.transformer import TransformerEncoder
 
 __all__ = [
     "BagOfTokensEncoder",

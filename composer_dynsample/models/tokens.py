@@ -1,0 +1,138 @@
+"""What the text encoders share: the ``[text]`` extra's imports, checked token ids, masked pooling.
+
+* :func:`import_text_extra`: import a module of the ``[text]`` extra, or say in one line how to install it.
+* :func:`token_inputs`: ``(input_ids, attention_mask)`` from the text collate's features, checked
+  against the encoder's ``vocab_size``.
+* :func:`masked_mean_pool` and :func:`masked_max_pool`: pooling over the positions a mask keeps.
+
+The encoders of :mod:`~composer_dynsample.models.text` and :mod:`~composer_dynsample.models.transformer`
+also share the optional output projection and the positive-integer check of their sizes.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from torch import nn
+
+from composer_dynsample.validation import InputTypeError, check_int, describe
+
+__all__ = ["import_text_extra", "masked_max_pool", "masked_mean_pool", "token_inputs"]
+
+
+def import_text_extra(module: str, needed_by: str) -> Any:
+    """Import ``module`` of the ``[text]`` extra, or raise a one-line ``ImportError`` saying how to install it.
+
+    Example:
+        >>> import_text_extra("tokenizers", "a test").__name__
+        'tokenizers'
+    """
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        raise ImportError(
+            f"{needed_by} needs {module.split('.')[0]}, part of the [text] extra: "
+            "pip install 'composer-dynsample[text]'."
+        ) from None
+
+
+def token_inputs(features: Any, owner: str, vocab_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Check and return ``(input_ids, attention_mask)`` from text features.
+
+    Args:
+        features: A mapping with ``input_ids`` and (optionally) ``attention_mask``, or a ``(B, L)`` tensor
+            of ids (then every position is a token).
+        owner (str): The encoder's name, for the error messages.
+        vocab_size (int): Ids must lie in ``[0, vocab_size)``.
+
+    Returns:
+        The ``(B, L)`` ids and the ``(B, L)`` mask, as given (the mask is all ones when absent).
+
+    Raises:
+        InputTypeError: If the ids or the mask are not integer (or bool) tensors of one shape.
+        ValueError: If an id lies outside ``[0, vocab_size)``.
+
+    Example:
+        >>> ids, mask = token_inputs({"input_ids": torch.tensor([[2, 5, 0]])}, "Encoder", 10)
+        >>> mask.tolist()
+        [[1, 1, 1]]
+        >>> token_inputs(torch.tensor([[2, 12]]), "Encoder", 10)
+        Traceback (most recent call last):
+            ...
+        ValueError: Encoder: input_ids hold token id 12 but vocab_size is 10; build the encoder with the tokenizer's vocab_size (the data's).
+    """
+    if isinstance(features, Mapping):
+        if "input_ids" not in features:
+            raise InputTypeError(f"{owner}: the features have keys {sorted(features)}, missing 'input_ids'.")
+        ids, mask = features["input_ids"], features.get("attention_mask")
+    else:
+        ids, mask = features, None
+    if not _integer_tensor(ids) or ids.ndim != 2:
+        raise InputTypeError(f"{owner}: input_ids must be a (B, L) integer tensor, got {describe(ids)}.")
+    if mask is None:
+        mask = torch.ones_like(ids)
+    elif not (_integer_tensor(mask) or mask.dtype == torch.bool) or mask.shape != ids.shape:
+        raise InputTypeError(
+            f"{owner}: attention_mask must be an integer or bool tensor of the ids' shape "
+            f"{tuple(ids.shape)}, got {describe(mask)}."
+        )
+    if ids.numel():
+        low, high = (int(v) for v in torch.aminmax(ids))
+        if low < 0 or high >= vocab_size:
+            raise ValueError(
+                f"{owner}: input_ids hold token id {low if low < 0 else high} but vocab_size is {vocab_size}; "
+                "build the encoder with the tokenizer's vocab_size (the data's)."
+            )
+    return ids, mask
+
+
+def _integer_tensor(value: object) -> bool:
+    return (
+        isinstance(value, torch.Tensor)
+        and not value.is_floating_point()
+        and not value.is_complex()
+        and value.dtype != torch.bool
+    )
+
+
+def masked_mean_pool(hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Mean of ``hidden`` ``(B, L, D)`` over the positions where ``mask`` ``(B, L)`` is non-zero.
+
+    Computed as sentence-transformers' ``Pooling(pooling_mode="mean")`` does, so an exported model embeds
+    the same; a row without tokens gives zeros.
+
+    Example:
+        >>> hidden = torch.tensor([[[1.0], [3.0], [100.0]]])
+        >>> masked_mean_pool(hidden, torch.tensor([[1, 1, 0]])).tolist()
+        [[2.0]]
+    """
+    weights = mask.unsqueeze(-1).to(hidden.dtype)
+    return (hidden * weights).sum(1) / weights.sum(1).clamp(min=1e-9)
+
+
+def masked_max_pool(hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Maximum of ``hidden`` ``(B, L, D)`` over the positions where ``mask`` is non-zero (zeros for none).
+
+    Example:
+        >>> hidden = torch.tensor([[[1.0], [3.0], [100.0]]])
+        >>> masked_max_pool(hidden, torch.tensor([[1, 1, 0]])).tolist()
+        [[3.0]]
+    """
+    present = mask.bool().unsqueeze(-1)
+    pooled = hidden.masked_fill(~present, float("-inf")).amax(1)
+    return torch.where(present.any(1), pooled, torch.zeros_like(pooled))
+
+
+def _projection(in_features: int, embedding_dim: int | None) -> tuple[nn.Linear | None, int]:
+    """The optional ``Linear(in_features, embedding_dim)`` and the encoder's output dimension."""
+    if embedding_dim is None:
+        return None, in_features
+    dim = check_int("embedding_dim", embedding_dim, minimum=1)
+    return nn.Linear(in_features, dim), dim  # type: ignore[arg-type]
+
+
+def _positive(name: str, value: object) -> int:
+    return check_int(name, value, minimum=1)  # type: ignore[return-value]
