@@ -46,7 +46,7 @@ from composer_dynsample._lazy import lazy_exports
 # Imported on first use (PEP 562): reading and checking a config must not wait for Composer and torch,
 # which only the builders and the run need.
 _MODULES: dict[str, str] = {
-    "composer_dynsample.config.builders": "ALGORITHMS CALLBACKS DATASETS ENCODERS LOGGERS LOSSES OPTIMIZERS "
+    "composer_dynsample.config.registries": "ALGORITHMS CALLBACKS DATASETS ENCODERS LOGGERS LOSSES OPTIMIZERS "
     "SAMPLERS SCHEDULERS",
     "composer_dynsample.config.loading": "SECTIONS DataloaderConfig EvaluationConfig RunOptions default_run_dir "
     "load_config save_config",

@@ -1,10 +1,10 @@
 """Builders: one function per config section, each turning its section into the object it names.
 
 Every builder takes the whole config and reads only its own section; the short names a section may
-use live in the registries below, and any other class or function is reachable by a
-``_component_`` dotted path (see :mod:`composer_dynsample.config.registry`). What the builder supplies
-itself (a sampler's labels, the optimizer's parameters, an encoder's input sizes read off the data) is
-the same for a registered name and for a ``_component_``:
+use live in the registries of :mod:`~composer_dynsample.config.registries`, and any other class or
+function is reachable by a ``_component_`` dotted path (see :mod:`composer_dynsample.config.registry`).
+What the builder supplies itself (a sampler's labels, the optimizer's parameters, an encoder's input
+sizes read off the data) is the same for a registered name and for a ``_component_``:
 
 - ``data``: ``target(**keys)`` returns a :class:`~composer_dynsample.data.DatasetSplits`; a text
   loader's tokenizer is the run's ``RUN_DIR/tokenizer.json`` when it has one (see :func:`build_data`).
@@ -19,30 +19,47 @@ the same for a registered name and for a ``_component_``:
 - ``optimizer``: ``target(model.parameters(), **keys)``; ``scheduler``: ``target(**keys)``.
 - ``algorithms``, ``callbacks``, ``loggers``: ``{label: {keys}}``, the label a registry name or, with
   a ``_component_`` among the keys, any label.
+
+The ``model`` section's builders (``model.encoder``, ``model.loss``, the model) are in
+:mod:`~composer_dynsample.config.model_builders`; the registries, the model builders and
+:func:`check_config` are all importable from here.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from omegaconf import DictConfig
 
-from composer_dynsample.config.evaluation import build_eval_dataloader, eval_metrics
+from composer_dynsample.config.evaluation import build_eval_dataloader
 from composer_dynsample.config.loading import dataloader_config, evaluation_config, run_options, section
+from composer_dynsample.config.model_builders import _check_encoder, build_encoder, build_loss, build_model
+from composer_dynsample.config.registries import (
+    _LOADER_OWNED,
+    _MODEL_OWNED,
+    _SAMPLER_RESERVED,
+    ALGORITHMS,
+    CALLBACKS,
+    DATASETS,
+    ENCODERS,
+    LOGGERS,
+    LOSSES,
+    OPTIMIZERS,
+    SAMPLERS,
+    SCHEDULERS,
+    _entry,
+)
 from composer_dynsample.config.registry import (
     COMPONENT_KEY,
     ConfigError,
-    Lazy,
     Registered,
     call,
     check_keys,
     check_types,
     import_component,
     parameters,
-    resolve,
 )
 from composer_dynsample.config.run_tokenizer import run_tokenizer
 from composer_dynsample.config.signatures import SourceRegistry, source_signature
@@ -54,7 +71,6 @@ if TYPE_CHECKING:
     from torch.utils.data import DataLoader
 
     from composer_dynsample.data import DatasetSplits, TensorStore, TextStore
-    from composer_dynsample.models.embedding_model import EmbeddingModel
 
 __all__ = [
     "ALGORITHMS",
@@ -80,132 +96,6 @@ __all__ = [
     "build_train_dataloader",
     "composer_dataloader",
 ]
-
-_SAMPLER = {"reserved": ("labels", "num_replicas", "rank"), "inferred": ("seed",)}
-_STORE_ROWS = ("is_passage", "duplicate_ids")  # what a sampler of pairs reads off the text store
-
-
-def _from(module: str, pairs: str) -> dict[str, Lazy]:
-    """Registry entries of one module from ``"short_name=Attribute ..."`` pairs."""
-    return {name: Lazy(module, attribute) for name, attribute in (pair.split("=") for pair in pairs.split())}
-
-
-# Registry targets are imported on first use (Lazy): checking a config imports only what its sections name.
-DATASETS: dict[str, Registered | Lazy] = {
-    **_from("composer_dynsample.data", "mnist1d=load_mnist1d digits=load_digits file=load_file"),
-    "glyphs": Lazy("composer_dynsample.data.glyphs", "load_glyphs"),
-    "pairs": Lazy("composer_dynsample.data.pairs", "load_pairs"),
-    "texts": Lazy("composer_dynsample.data.texts", "load_texts"),
-    "code_search": Lazy("composer_dynsample.data.code_search_pairs", "load_code_search"),
-}
-_ENCODERS, _TEXT = "composer_dynsample.models.encoders", "composer_dynsample.models.text"
-ENCODERS: dict[str, Registered | Lazy] = {
-    "conv1d": Lazy(_ENCODERS, "Conv1dEncoder", inferred=("input_length", "in_channels")),
-    "mlp": Lazy(_ENCODERS, "MLPEncoder", inferred=("in_features",)),
-    "conv2d": Lazy(_ENCODERS, "Conv2dEncoder", inferred=("input_size", "in_channels")),
-    "transformer": Lazy(_TEXT, "TransformerEncoder", inferred=("vocab_size",)),
-    "bag_of_tokens": Lazy(_TEXT, "BagOfTokensEncoder", inferred=("vocab_size",)),
-    "text_cnn": Lazy(_TEXT, "TextCNNEncoder", inferred=("vocab_size",)),
-    # Its towers are model.encoder sections of their own, which the builder builds first.
-    "two_tower": Lazy(_TEXT, "TwoTowerEncoder"),
-}
-_TOWERS = ("query_encoder", "passage_encoder")
-# What an encoder takes tells the data it reads: feature tensors of a shape, or token ids.
-_TENSOR_INPUTS = ("in_features", "in_channels", "input_length", "input_size")
-_TEXT_INPUTS = ("vocab_size",)
-LOSSES: dict[str, Registered | Lazy] = _from(
-    "composer_dynsample.losses",
-    "triplet_margin=TripletMarginLoss contrastive=ContrastiveLoss multi_similarity=MultiSimilarityLoss info_nce=InfoNCELoss",
-)
-SAMPLERS: dict[str, Registered | Lazy] = {
-    "pk": Lazy("composer_dynsample.samplers", "PKBatchSampler", **_SAMPLER),
-    "two_stream": Lazy(
-        "composer_dynsample.samplers",
-        "TwoStreamBatchSampler",
-        reserved=("primary_indices", "secondary_indices", "num_replicas", "rank"),
-        inferred=("seed",),
-        # The primary stream is a stratified `primary_fraction` of the train split, the secondary the rest.
-        extra={"primary_fraction": 0.5},
-    ),
-    "hard_class_pk": Lazy("composer_dynsample.samplers.hard_class", "HardClassPKBatchSampler", **_SAMPLER),
-    "neighbours": Lazy("composer_dynsample.samplers.neighbours", "NeighbourBatchSampler", **_SAMPLER),
-    # Pairs data only: which rows are passages and the texts' ids come from the store.
-    "mined_negatives": Lazy(
-        "composer_dynsample.samplers.mined_negatives",
-        "MinedNegativesPKBatchSampler",
-        reserved=(*_SAMPLER["reserved"], *_STORE_ROWS),
-        inferred=("seed",),
-    ),
-}
-ALGORITHMS: dict[str, Registered | Lazy] = {
-    **_from(
-        "composer_dynsample.algorithms",
-        "hard_negative_mining=HardNegativeMining embedding_table=EmbeddingTable",
-    ),
-    "batch_augmentation": Lazy("composer_dynsample.algorithms.augmentation", "BatchAugmentation"),
-}
-CALLBACKS: dict[str, Registered | Lazy] = {
-    "set_sampler_epoch": Lazy("composer_dynsample.callbacks.set_sampler_epoch", "SetSamplerEpoch"),
-    **_from(
-        "composer.callbacks",
-        "lr_monitor=LRMonitor speed_monitor=SpeedMonitor optimizer_monitor=OptimizerMonitor",
-    ),
-}
-OPTIMIZERS: dict[str, Registered | Lazy] = {
-    name: Lazy("torch.optim", attribute, reserved=("params",))
-    for name, attribute in (("adamw", "AdamW"), ("adam", "Adam"), ("sgd", "SGD"))
-}
-SCHEDULERS: dict[str, Registered | Lazy] = {
-    "one_cycle": Lazy("composer_dynsample.schedulers", "OneCycleScheduler"),
-    **_from(
-        "composer.optim",
-        "cosine_with_warmup=CosineAnnealingWithWarmupScheduler linear_with_warmup=LinearWithWarmupScheduler "
-        "constant_with_warmup=ConstantWithWarmupScheduler",
-    ),
-}
-LOGGERS: dict[str, Registered | Lazy] = _from(
-    "composer.loggers",
-    "file=FileLogger in_memory=InMemoryLogger tensorboard=TensorboardLogger wandb=WandBLogger mlflow=MLFlowLogger",
-)
-# What the builder supplies to any sampler, optimizer or data loader target: never a config key.
-_SAMPLER_RESERVED = ("labels", "num_replicas", "rank")
-_LOADER_OWNED = ("dataset", "batch_sampler", "batch_size", "shuffle", "sampler", "drop_last", "collate_fn")
-_MODEL_OWNED = ("encoder", "loss", "train_metrics", "eval_metrics")
-
-
-def _entry(
-    path: str,
-    values: dict[str, Any],
-    registry: Mapping[str, Any],
-    *,
-    reserved: tuple[str, ...] = (),
-    supplied: Mapping[str, Any] | None = None,
-    **kwargs: Any,
-) -> tuple[Registered, str, dict[str, Any], dict[str, Any]]:
-    """Resolve a section's target and check its keys: ``(entry, name, kwargs, builder-level extras)``.
-
-    ``supplied`` holds values the builder fills in for the arguments of those names that the target takes
-    and the section leaves out (an encoder's input sizes).
-    """
-    entry, name = resolve(path, values, registry, **kwargs)
-    if reserved and not entry.reserved:  # a _component_: the builder's own arguments are not keys
-        entry = Registered(entry.target, reserved=reserved, inferred=("seed",))
-    takes = parameters(entry.target)
-    for key, value in (supplied or {}).items():
-        if key in takes:
-            values.setdefault(key, value)
-    if not entry.accepts_any_key():
-        check_keys(path, values, entry.valid_keys(), repr(name))
-    missing = [arg for arg in entry.required_keys() if arg not in values]
-    if missing:
-        raise ConfigError(f"{path}: {name!r} needs the key {missing[0]!r}; valid keys: {entry.valid_keys()}.")
-    extras = {key: values[key] for key in entry.extra if key in values}
-    return entry, name, {key: value for key, value in values.items() if key not in entry.extra}, extras
-
-
-def _peek(path: str, values: dict[str, Any], registry: Mapping[str, Any]) -> Any:
-    """The target a section names, without consuming its keys (for choices that depend on the target)."""
-    return resolve(path, dict(values), registry)[0].target
 
 
 def build_data(cfg: DictConfig) -> DatasetSplits:
@@ -236,117 +126,6 @@ def build_data(cfg: DictConfig) -> DatasetSplits:
             f"data: {name} returned {type(splits).__name__}, not composer_dynsample.data.DatasetSplits."
         )
     return splits
-
-
-def build_encoder(cfg: DictConfig, splits: DatasetSplits) -> torch.nn.Module:
-    """Build ``model.encoder``, filling the inputs it takes from the data: its item shape, or its vocabulary."""
-    return _build_encoder(
-        "model.encoder", section(section(cfg, "model", "model"), "encoder", "model.encoder"), splits
-    )
-
-
-def _data_inputs(path: str, values: dict[str, Any], splits: DatasetSplits) -> dict[str, Any]:
-    """What an encoder may read off the data: a text tokenizer's ``vocab_size``, or the items' sizes."""
-    from composer_dynsample.data import TextStore
-
-    if isinstance(splits.train, TextStore):
-        return {"vocab_size": splits.train.vocab_size}
-    feature_shape = splits.train.feature_shape
-    inferred = {
-        "in_features": int(math.prod(feature_shape)),
-        "in_channels": feature_shape[0] if len(feature_shape) >= 2 else 1,
-        "input_length": feature_shape[-1],
-        "input_size": list(feature_shape[1:]) if len(feature_shape) >= 3 else feature_shape[-1],
-    }
-    if len(feature_shape) == 2 and "input_size" in parameters(_peek(path, values, ENCODERS)):
-        inferred["in_channels"], inferred["input_size"] = 1, list(feature_shape)  # (H, W) images
-    return inferred
-
-
-def _check_reads_the_data(path: str, values: dict[str, Any], splits: DatasetSplits) -> None:
-    """A text encoder on feature tensors, or a tensor encoder on texts, is refused in one line."""
-    from composer_dynsample.data import TextStore
-
-    takes = parameters(_peek(path, values, ENCODERS))
-    reads_text = any(key in takes for key in _TEXT_INPUTS) or all(key in takes for key in _TOWERS)
-    reads_tensors = any(key in takes for key in _TENSOR_INPUTS)
-    named = values.get(COMPONENT_KEY, values.get("name"))
-    if isinstance(splits.train, TextStore) and reads_tensors and not reads_text:
-        raise ConfigError(
-            f"{path}: {named!r} reads feature tensors, but data {splits.name!r} holds texts (token ids); use "
-            "a text encoder: 'transformer', 'bag_of_tokens', 'text_cnn' or 'two_tower'."
-        )
-    if not isinstance(splits.train, TextStore) and reads_text:
-        raise ConfigError(
-            f"{path}: {named!r} reads token ids, but data {splits.name!r} holds feature tensors of shape "
-            f"{splits.train.feature_shape}; use 'mlp', 'conv1d' or 'conv2d', or text data "
-            "('pairs', 'texts', 'code_search')."
-        )
-
-
-def _tower_section(path: str, tower: str, value: Any) -> dict[str, Any]:
-    if not isinstance(value, Mapping):
-        raise ConfigError(
-            f"{path}.{tower} must be an encoder section (name: bag_of_tokens, ... or _component_: ...), "
-            f"got {value!r}."
-        )
-    return dict(value)
-
-
-def _build_encoder(path: str, values: dict[str, Any], splits: DatasetSplits) -> torch.nn.Module:
-    _check_reads_the_data(path, values, splits)
-    inferred = _data_inputs(path, values, splits)
-    entry, name, kwargs, _ = _entry(path, values, ENCODERS, supplied=inferred)
-    feature_shape = getattr(splits.train, "feature_shape", ())
-    if name == "conv1d" and len(feature_shape) not in (1, 2):
-        raise ConfigError(
-            f"{path}: 'conv1d' needs sequences (N, L) or (N, C, L), but the data's items have shape "
-            f"{feature_shape}; use 'mlp' for other data."
-        )
-    if all(key in parameters(entry.target) for key in _TOWERS):  # two towers: each its own section
-        for tower in _TOWERS:
-            kwargs[tower] = _build_encoder(
-                f"{path}.{tower}", _tower_section(path, tower, kwargs[tower]), splits
-            )
-    encoder = call(path, entry, kwargs)
-    import torch
-
-    if not isinstance(encoder, torch.nn.Module):
-        raise ConfigError(f"{path}: {name} returned {type(encoder).__name__}, not a torch.nn.Module.")
-    return encoder
-
-
-def build_loss(cfg: DictConfig) -> torch.nn.Module:
-    """Build ``model.loss`` (default: ``TripletMarginLoss(margin=0.2)``)."""
-    from composer_dynsample.losses import TripletMarginLoss
-
-    model = section(cfg, "model", "model")
-    if model.get("loss") is None:
-        return TripletMarginLoss(margin=0.2)
-    entry, _, kwargs, _ = _entry("model.loss", section(model, "loss", "model.loss"), LOSSES)
-    return call("model.loss", entry, kwargs)
-
-
-def build_model(cfg: DictConfig, splits: DatasetSplits) -> EmbeddingModel:
-    """Build the :class:`~composer_dynsample.EmbeddingModel` with the eval metrics of the data's protocol.
-
-    See :mod:`composer_dynsample.config.evaluation`: Recall@K, MAP@R and R-precision, or for text pairs
-    MRR, MRR@10, Recall@K, nDCG@10 and CodeSearchNet's MRR.
-    """
-    from composer_dynsample.models.embedding_model import EmbeddingModel
-
-    model = section(cfg, "model", "model")
-    valid = [key for key in parameters(EmbeddingModel) if key not in _MODEL_OWNED] + ["encoder", "loss"]
-    check_keys("model", model, valid, "EmbeddingModel")
-    if model.get("encoder") is None:
-        raise ConfigError(
-            f"model needs an 'encoder' section; valid names: {sorted(ENCODERS)}, or a '_component_' dotted path."
-        )
-    encoder = build_encoder(cfg, splits)
-    loss = build_loss(cfg)
-    metrics = eval_metrics(evaluation_config(cfg), splits)
-    kwargs = {key: value for key, value in model.items() if key not in ("encoder", "loss")}
-    return call("model", Registered(EmbeddingModel), {**kwargs, "eval_metrics": metrics}, encoder, loss)
 
 
 def build_sampler(cfg: DictConfig, labels: torch.Tensor, seed: int, store: Any = None) -> Any:
@@ -487,8 +266,6 @@ TRAINER_OWNED = {
     "loggers": "loggers",
     "seed": "seed (top level)",
 }
-# Values the encoder builder fills in from the data; stand-ins while the data is not loaded yet.
-_SHAPE_STAND_INS = {"in_features": 1, "in_channels": 1, "input_length": 1, "input_size": 1, "vocab_size": 1}
 
 
 def check_config(cfg: DictConfig) -> None:
@@ -519,17 +296,6 @@ def check_config(cfg: DictConfig) -> None:
     _check_encoder("model.encoder", section(model, "encoder", "model.encoder"))
     dataloader_config(cfg)
     _check_from_source(cfg, model)
-
-
-def _check_encoder(path: str, values: dict[str, Any]) -> None:
-    """The keys and value types of an encoder section, and of each tower's of a two-tower encoder."""
-    if not values:
-        return
-    entry, _, kwargs, _ = _entry(path, values, ENCODERS, supplied=_SHAPE_STAND_INS)
-    if all(key in parameters(entry.target) for key in _TOWERS):
-        for tower in _TOWERS:
-            _check_encoder(f"{path}.{tower}", _tower_section(path, tower, kwargs.pop(tower)))
-    check_types(path, entry, kwargs)
 
 
 def _check_from_source(cfg: DictConfig, model: Mapping[str, Any]) -> None:

@@ -1,0 +1,168 @@
+"""The ``model`` section's builders: the encoder, its inputs read off the data, the loss, the model.
+
+``model.encoder`` is built as ``target(**keys)``, with ``in_features``, ``in_channels``,
+``input_length`` and ``input_size`` filled from the data's item shape, and a text encoder's
+``vocab_size`` from the tokenizer, when the target takes them and the config leaves them out;
+``two_tower`` builds its ``query_encoder`` and ``passage_encoder`` sections as ``model.encoder``
+sections. ``model.loss`` is ``target(**keys)``. :func:`build_model` puts them into the
+:class:`~composer_dynsample.EmbeddingModel` with the eval metrics of the data's protocol. Every name
+here is importable from :mod:`composer_dynsample.config.builders` too.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from omegaconf import DictConfig
+
+from composer_dynsample.config.evaluation import eval_metrics
+from composer_dynsample.config.loading import evaluation_config, section
+from composer_dynsample.config.registries import _MODEL_OWNED, ENCODERS, LOSSES, _entry, _peek
+from composer_dynsample.config.registry import (
+    COMPONENT_KEY,
+    ConfigError,
+    Registered,
+    call,
+    check_keys,
+    check_types,
+    parameters,
+)
+
+if TYPE_CHECKING:
+    import torch
+
+    from composer_dynsample.data import DatasetSplits
+    from composer_dynsample.models.embedding_model import EmbeddingModel
+
+__all__ = ["build_encoder", "build_loss", "build_model"]
+
+_TOWERS = ("query_encoder", "passage_encoder")
+# What an encoder takes tells the data it reads: feature tensors of a shape, or token ids.
+_TENSOR_INPUTS = ("in_features", "in_channels", "input_length", "input_size")
+_TEXT_INPUTS = ("vocab_size",)
+# Values the encoder builder fills in from the data; stand-ins while the data is not loaded yet.
+_SHAPE_STAND_INS = {"in_features": 1, "in_channels": 1, "input_length": 1, "input_size": 1, "vocab_size": 1}
+
+
+def build_encoder(cfg: DictConfig, splits: DatasetSplits) -> torch.nn.Module:
+    """Build ``model.encoder``, filling the inputs it takes from the data: its item shape, or its vocabulary."""
+    return _build_encoder(
+        "model.encoder", section(section(cfg, "model", "model"), "encoder", "model.encoder"), splits
+    )
+
+
+def _data_inputs(path: str, values: dict[str, Any], splits: DatasetSplits) -> dict[str, Any]:
+    """What an encoder may read off the data: a text tokenizer's ``vocab_size``, or the items' sizes."""
+    from composer_dynsample.data import TextStore
+
+    if isinstance(splits.train, TextStore):
+        return {"vocab_size": splits.train.vocab_size}
+    feature_shape = splits.train.feature_shape
+    inferred = {
+        "in_features": int(math.prod(feature_shape)),
+        "in_channels": feature_shape[0] if len(feature_shape) >= 2 else 1,
+        "input_length": feature_shape[-1],
+        "input_size": list(feature_shape[1:]) if len(feature_shape) >= 3 else feature_shape[-1],
+    }
+    if len(feature_shape) == 2 and "input_size" in parameters(_peek(path, values, ENCODERS)):
+        inferred["in_channels"], inferred["input_size"] = 1, list(feature_shape)  # (H, W) images
+    return inferred
+
+
+def _check_reads_the_data(path: str, values: dict[str, Any], splits: DatasetSplits) -> None:
+    """A text encoder on feature tensors, or a tensor encoder on texts, is refused in one line."""
+    from composer_dynsample.data import TextStore
+
+    takes = parameters(_peek(path, values, ENCODERS))
+    reads_text = any(key in takes for key in _TEXT_INPUTS) or all(key in takes for key in _TOWERS)
+    reads_tensors = any(key in takes for key in _TENSOR_INPUTS)
+    named = values.get(COMPONENT_KEY, values.get("name"))
+    if isinstance(splits.train, TextStore) and reads_tensors and not reads_text:
+        raise ConfigError(
+            f"{path}: {named!r} reads feature tensors, but data {splits.name!r} holds texts (token ids); use "
+            "a text encoder: 'transformer', 'bag_of_tokens', 'text_cnn' or 'two_tower'."
+        )
+    if not isinstance(splits.train, TextStore) and reads_text:
+        raise ConfigError(
+            f"{path}: {named!r} reads token ids, but data {splits.name!r} holds feature tensors of shape "
+            f"{splits.train.feature_shape}; use 'mlp', 'conv1d' or 'conv2d', or text data "
+            "('pairs', 'texts', 'code_search')."
+        )
+
+
+def _tower_section(path: str, tower: str, value: Any) -> dict[str, Any]:
+    if not isinstance(value, Mapping):
+        raise ConfigError(
+            f"{path}.{tower} must be an encoder section (name: bag_of_tokens, ... or _component_: ...), "
+            f"got {value!r}."
+        )
+    return dict(value)
+
+
+def _build_encoder(path: str, values: dict[str, Any], splits: DatasetSplits) -> torch.nn.Module:
+    _check_reads_the_data(path, values, splits)
+    inferred = _data_inputs(path, values, splits)
+    entry, name, kwargs, _ = _entry(path, values, ENCODERS, supplied=inferred)
+    feature_shape = getattr(splits.train, "feature_shape", ())
+    if name == "conv1d" and len(feature_shape) not in (1, 2):
+        raise ConfigError(
+            f"{path}: 'conv1d' needs sequences (N, L) or (N, C, L), but the data's items have shape "
+            f"{feature_shape}; use 'mlp' for other data."
+        )
+    if all(key in parameters(entry.target) for key in _TOWERS):  # two towers: each its own section
+        for tower in _TOWERS:
+            kwargs[tower] = _build_encoder(
+                f"{path}.{tower}", _tower_section(path, tower, kwargs[tower]), splits
+            )
+    encoder = call(path, entry, kwargs)
+    import torch
+
+    if not isinstance(encoder, torch.nn.Module):
+        raise ConfigError(f"{path}: {name} returned {type(encoder).__name__}, not a torch.nn.Module.")
+    return encoder
+
+
+def build_loss(cfg: DictConfig) -> torch.nn.Module:
+    """Build ``model.loss`` (default: ``TripletMarginLoss(margin=0.2)``)."""
+    from composer_dynsample.losses import TripletMarginLoss
+
+    model = section(cfg, "model", "model")
+    if model.get("loss") is None:
+        return TripletMarginLoss(margin=0.2)
+    entry, _, kwargs, _ = _entry("model.loss", section(model, "loss", "model.loss"), LOSSES)
+    return call("model.loss", entry, kwargs)
+
+
+def build_model(cfg: DictConfig, splits: DatasetSplits) -> EmbeddingModel:
+    """Build the :class:`~composer_dynsample.EmbeddingModel` with the eval metrics of the data's protocol.
+
+    See :mod:`composer_dynsample.config.evaluation`: Recall@K, MAP@R and R-precision, or for text pairs
+    MRR, MRR@10, Recall@K, nDCG@10 and CodeSearchNet's MRR.
+    """
+    from composer_dynsample.models.embedding_model import EmbeddingModel
+
+    model = section(cfg, "model", "model")
+    valid = [key for key in parameters(EmbeddingModel) if key not in _MODEL_OWNED] + ["encoder", "loss"]
+    check_keys("model", model, valid, "EmbeddingModel")
+    if model.get("encoder") is None:
+        raise ConfigError(
+            f"model needs an 'encoder' section; valid names: {sorted(ENCODERS)}, or a '_component_' dotted path."
+        )
+    encoder = build_encoder(cfg, splits)
+    loss = build_loss(cfg)
+    metrics = eval_metrics(evaluation_config(cfg), splits)
+    kwargs = {key: value for key, value in model.items() if key not in ("encoder", "loss")}
+    return call("model", Registered(EmbeddingModel), {**kwargs, "eval_metrics": metrics}, encoder, loss)
+
+
+def _check_encoder(path: str, values: dict[str, Any]) -> None:
+    """The keys and value types of an encoder section, and of each tower's of a two-tower encoder."""
+    if not values:
+        return
+    entry, _, kwargs, _ = _entry(path, values, ENCODERS, supplied=_SHAPE_STAND_INS)
+    if all(key in parameters(entry.target) for key in _TOWERS):
+        for tower in _TOWERS:
+            _check_encoder(f"{path}.{tower}", _tower_section(path, tower, kwargs.pop(tower)))
+    check_types(path, entry, kwargs)
