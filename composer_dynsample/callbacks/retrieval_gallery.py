@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -12,10 +11,10 @@ import torch
 from composer.core import Callback, State, get_precision_context
 from composer.loggers import Logger
 
+from composer_dynsample._lazy import moved_names
 from composer_dynsample.data.store import TensorStore
 from composer_dynsample.data.text_store import TextStore
 from composer_dynsample.distributed import broadcast_buffers
-from composer_dynsample.models import embed as _embed
 from composer_dynsample.models.embed import Store, check_rows
 from composer_dynsample.models.embed import embed_store as _embed_store
 from composer_dynsample.models.embed import store_labels as _store_labels
@@ -23,17 +22,10 @@ from composer_dynsample.models.embed import store_labels as _store_labels
 __all__ = ["RetrievalGallery"]
 
 
-def __getattr__(name: str) -> Any:
-    """``embed_store`` and ``store_labels`` moved to :mod:`composer_dynsample.models.embed`."""
-    if name in ("embed_store", "store_labels"):
-        warnings.warn(
-            f"composer_dynsample.callbacks.retrieval_gallery.{name} moved to composer_dynsample.models.embed."
-            f"{name}; the old name goes away in the next release.",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return getattr(_embed, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+# embed_store and store_labels moved to composer_dynsample.models.embed.
+__getattr__ = moved_names(
+    __name__, dict.fromkeys(("embed_store", "store_labels"), "composer_dynsample.models.embed")
+)
 
 
 class RetrievalGallery(Callback):

@@ -16,30 +16,18 @@ new module.
 
 from __future__ import annotations
 
-import importlib
-import warnings
-from typing import Any
+from composer_dynsample._lazy import moved_names
 
-_MOVED = {
-    "DatasetSplits": "composer_dynsample.data.splits",
-    "default_cache_dir": "composer_dynsample.data.splits",
-    "stratified_split": "composer_dynsample.data.splits",
-    "atomic_savez": "composer_dynsample.data.splits",
-    "load_mnist1d": "composer_dynsample.data.mnist1d",
-    "load_digits": "composer_dynsample.data.digits",
-    "load_file": "composer_dynsample.data.files",
-}
-
-
-def __getattr__(name: str) -> Any:
-    """The names that moved to :mod:`~composer_dynsample.data.splits`, ``mnist1d``, ``digits`` and ``files``."""
-    module = _MOVED.get(name)
-    if module is not None:
-        warnings.warn(
-            f"composer_dynsample.data.datasets.{name} moved to {module}.{name}; "
-            "the old name goes away in the next release.",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return getattr(importlib.import_module(module), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+_SPLITS = "composer_dynsample.data.splits"
+__getattr__ = moved_names(
+    __name__,
+    {
+        "DatasetSplits": _SPLITS,
+        "default_cache_dir": _SPLITS,
+        "stratified_split": _SPLITS,
+        "atomic_savez": _SPLITS,
+        "load_mnist1d": "composer_dynsample.data.mnist1d",
+        "load_digits": "composer_dynsample.data.digits",
+        "load_file": "composer_dynsample.data.files",
+    },
+)
