@@ -251,7 +251,7 @@ class MinedNegativesPKBatchSampler(DistributedBatchSampler):
             raise ValueError(
                 f"embeddings must be ({self.num_indices}, dim), one row per sample, got {shape}."
             )
-        if self.max_snapshots is not None and self._snapshots_taken >= self.max_snapshots:
+        if self._capped():
             self.last_skipped = dict.fromkeys(GUARDS, 0)
             return
         self._snapshots_taken += 1
@@ -260,6 +260,10 @@ class MinedNegativesPKBatchSampler(DistributedBatchSampler):
             self._pair_batches.update_class_embeddings(*self._pair_centroids(embeddings, valid))
         totals = self._pending.dropped.sum(axis=0).tolist()
         self.last_skipped = {name: int(count) for name, count in zip(GUARDS, totals)}
+
+    def _capped(self) -> bool:
+        """Whether ``max_snapshots`` were taken: no further search, at an epoch start or within one."""
+        return self.max_snapshots is not None and self._snapshots_taken >= self.max_snapshots
 
     def _search(self, embeddings: torch.Tensor, valid: torch.Tensor | None) -> CorpusCandidates:
         return corpus_candidates(
@@ -312,7 +316,7 @@ class MinedNegativesPKBatchSampler(DistributedBatchSampler):
             return  # an earlier epoch iterated again (Composer spins them on resume): no search
         if segment in self._segments.get(self.epoch, {}):
             return
-        if self.max_snapshots is not None and self._snapshots_taken >= self.max_snapshots:
+        if self._capped():
             return
         found = self.snapshot_source()
         if found is None:
