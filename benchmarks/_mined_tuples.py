@@ -141,7 +141,21 @@ def unexplained_differences(
     if rule is None or comparison.differing > MAX_EXAMINED:
         return comparison.differing
     labels = labels.detach().to("cpu", torch.int64)
-    return rule(comparison, _on_cpu(first), _on_cpu(second), distances, labels, params)
+    return rule(comparison, _Runs(_on_cpu(first), _on_cpu(second), distances, labels, params))
+
+
+@dataclass(frozen=True)
+class _Runs:
+    """What a tie rule reads: both runs' tuples on the CPU, the float64 distances, labels and arguments."""
+
+    first: Tuples
+    second: Tuples
+    distances: torch.Tensor
+    labels: torch.Tensor
+    params: Mapping[str, Any]
+
+
+Rule = Callable[[TupleComparison, _Runs], int]
 
 
 def _on_cpu(indices_tuple: Sequence[torch.Tensor]) -> Tuples:
@@ -160,15 +174,9 @@ def _differing_triplets(comparison: TupleComparison, pool_size: int) -> list[tup
     return list(zip(*(t.tolist() for t in decode_keys(keys, pool_size, 3)), strict=True))
 
 
-def _anchor_rule(
-    comparison: TupleComparison,
-    first: Tuples,
-    second: Tuples,
-    distances: torch.Tensor,
-    labels: torch.Tensor,
-    params: Mapping[str, Any],
-) -> int:
+def _anchor_rule(comparison: TupleComparison, runs: _Runs) -> int:
     """batch_hard, hard_topk: per anchor, the chosen positives' and negatives' distances agree."""
+    first, second, distances = runs.first, runs.second, runs.distances
     per_anchor = Counter(a for a, _, _ in _differing_triplets(comparison, distances.shape[1]))
     unexplained = 0
     for anchor, count in per_anchor.items():
@@ -189,20 +197,13 @@ def _negative_by_pair(triplets: Sequence[torch.Tensor]) -> dict[tuple[int, int],
 Explain = Callable[[dict[str, Any], int, int, "int | None", "int | None"], bool]
 
 
-def _pair_rule(explain: Explain) -> Callable[..., int]:
+def _pair_rule(explain: Explain) -> Rule:
     """A rule for miners with one negative per (anchor, positive): ``explain(context, a, p, n_1, n_2)``."""
 
-    def rule(
-        comparison: TupleComparison,
-        first: Tuples,
-        second: Tuples,
-        distances: torch.Tensor,
-        labels: torch.Tensor,
-        params: Mapping[str, Any],
-    ) -> int:
-        chosen_first, chosen_second = _negative_by_pair(first), _negative_by_pair(second)
-        per_pair = Counter((a, p) for a, p, _ in _differing_triplets(comparison, distances.shape[1]))
-        context = {"distances": distances, "labels": labels, **params}
+    def rule(comparison: TupleComparison, runs: _Runs) -> int:
+        chosen_first, chosen_second = _negative_by_pair(runs.first), _negative_by_pair(runs.second)
+        per_pair = Counter((a, p) for a, p, _ in _differing_triplets(comparison, runs.distances.shape[1]))
+        context = {"distances": runs.distances, "labels": runs.labels, **runs.params}
         return sum(
             count
             for (a, p), count in per_pair.items()
@@ -263,16 +264,10 @@ def _distance_weighted_tie(
     return float(weights[low + 1 : high].sum()) <= MASS_TOLERANCE
 
 
-def _multi_similarity_rule(
-    comparison: TupleComparison,
-    first: Tuples,
-    second: Tuples,
-    distances: torch.Tensor,
-    labels: torch.Tensor,
-    params: Mapping[str, Any],
-) -> int:
+def _multi_similarity_rule(comparison: TupleComparison, runs: _Runs) -> int:
     """Positive pairs at ``d(a, p) + eps == min_n d(a, n)``, negative pairs at ``d(a, n) - eps == max_p``."""
-    epsilon = float(params.get("epsilon", 0.1))
+    distances, labels = runs.distances, runs.labels
+    epsilon = float(runs.params.get("epsilon", 0.1))
     same = labels[:, None] == labels[None, :]
     positive = same & ~torch.eye(len(labels), dtype=torch.bool)
     nearest_negative = distances.masked_fill(same, torch.inf).amin(dim=1)
@@ -287,7 +282,7 @@ def _multi_similarity_rule(
     return unexplained
 
 
-_RULES: dict[str, Callable[..., int]] = {
+_RULES: dict[str, Rule] = {
     "batch_hard": _anchor_rule,
     "hard_topk": _anchor_rule,
     "semi_hard": _pair_rule(_semi_hard_tie),
