@@ -27,12 +27,11 @@ except ImportError as error:  # the optional extra
         "composer_dynsample.lightning needs PyTorch Lightning: pip install 'composer-dynsample[lightning]'."
     ) from error
 
-from composer_dynsample.distributed import check_ranks_agree
 from composer_dynsample.samplers.base import (
-    AGREEMENT_KEYS,
     DistributedBatchSampler,
     SupportsSetEpoch,
-    agreement_values,
+    check_sampler_agreement,
+    no_epoch_target_message,
     sampler_world_error,
 )
 from composer_dynsample.validation import check_bool, is_int
@@ -118,9 +117,7 @@ class SetSamplerEpoch(pl.Callback):
         if not targets and trainer.world_size > 1 and not self._warned_missing:
             self._warned_missing = True
             warnings.warn(
-                "SetSamplerEpoch: the train dataloader has no batch_sampler or sampler with set_epoch; on "
-                f"{trainer.world_size} ranks every epoch repeats the same order. Use a distributed batch "
-                "sampler such as composer_dynsample.PKBatchSampler.",
+                no_epoch_target_message(trainer.world_size),
                 UserWarning,
                 stacklevel=2,
             )
@@ -128,7 +125,7 @@ class SetSamplerEpoch(pl.Callback):
         for target in targets:
             target.set_epoch(epoch)
             if self.check_ranks:
-                _check_ranks_agree(trainer, epoch, target)
+                check_sampler_agreement(target, epoch, _sampler_world_error(trainer, target))
         return targets, changed
 
 
@@ -221,24 +218,4 @@ def _sampler_world_error(trainer: pl.Trainer, target: SupportsSetEpoch) -> str |
         "Build the sampler inside train_dataloader() (of the LightningModule or LightningDataModule), where "
         "Lightning has started the process group, or pass num_replicas=trainer.world_size, "
         "rank=trainer.global_rank.",
-    )
-
-
-def _check_ranks_agree(trainer: pl.Trainer, epoch: int, target: SupportsSetEpoch) -> None:
-    """Raise the same error on every rank when the ranks' train samplers build different epochs."""
-    local_error = _sampler_world_error(trainer, target)
-    values: dict[str, object] = dict.fromkeys(AGREEMENT_KEYS, "")
-    if local_error is None:
-        try:
-            values = agreement_values(target, epoch)
-        except (ValueError, RuntimeError, TypeError) as error:
-            local_error = f"its train sampler failed to build epoch {epoch}: {type(error).__name__}: {error}"
-    check_ranks_agree(
-        values,
-        subject=f"SetSamplerEpoch, epoch {epoch}",
-        on="the train sampler's ",
-        advice="Every rank must build its train sampler from the same labels, with the same type, seed and "
-        "options, or the ranks train on overlapping data and hang when their batch counts differ.",
-        details=target.options if isinstance(target, DistributedBatchSampler) else None,
-        local_error=local_error,
     )

@@ -10,13 +10,13 @@ from composer.core import Callback, DataSpec, State
 from composer.loggers import Logger
 
 from composer_dynsample.algorithms._batch import batch_rows
-from composer_dynsample.distributed import check_ranks_agree, get_rank, get_world_size
+from composer_dynsample.distributed import get_rank, get_world_size
 from composer_dynsample.samplers.base import (
-    AGREEMENT_KEYS,
     DistributedBatchSampler,
     ResumePlan,
     SupportsSetEpoch,
-    agreement_values,
+    check_sampler_agreement,
+    no_epoch_target_message,
     sampler_world_error,
 )
 from composer_dynsample.validation import check_bool, is_int
@@ -242,14 +242,12 @@ class SetSamplerEpoch(Callback):
         elif get_world_size() > 1 and not self._warned_missing:
             self._warned_missing = True
             warnings.warn(
-                "SetSamplerEpoch: the train dataloader has no batch_sampler or sampler with set_epoch; on "
-                f"{get_world_size()} ranks every epoch repeats the same order. Use a distributed batch "
-                "sampler such as composer_dynsample.PKBatchSampler.",
+                no_epoch_target_message(get_world_size()),
                 UserWarning,
                 stacklevel=2,
             )
         if self.check_ranks and get_world_size() > 1:
-            _check_ranks_agree(epoch, target)
+            check_sampler_agreement(target, epoch, _sampler_world_error(target))
 
     def _check_microbatch_size(self, state: State) -> None:
         if state.device_train_microbatch_size is not None:
@@ -282,30 +280,3 @@ def _sampler_layout(target: SupportsSetEpoch | None) -> dict[str, int] | None:
     if not isinstance(target, DistributedBatchSampler):
         return None
     return {"seed": target.seed, "batch_size": target.batch_size, "global_batches": target.num_global_batches}
-
-
-def _check_ranks_agree(epoch: int, target: SupportsSetEpoch | None) -> None:
-    """Raise the same error on every rank when the ranks' train samplers build different epochs.
-
-    The ranks compare the epoch, the seed, the number of batches, the hashes of the labels, of the
-    sampler's type and options and of the epoch's plan (its global batches), and a model-aware sampler's
-    snapshot, in one gather: a rank whose sampler is wrong on its own (built for another world, or failing
-    to build the plan) says so in the same gather, so every rank raises and none waits for the others.
-    """
-    local_error = _sampler_world_error(target)
-    values: dict[str, object] = dict.fromkeys(AGREEMENT_KEYS, "")
-    if local_error is None:
-        try:
-            values = agreement_values(target, epoch)
-        except (ValueError, RuntimeError, TypeError) as error:
-            local_error = f"its train sampler failed to build epoch {epoch}: {type(error).__name__}: {error}"
-    options = target.options if isinstance(target, DistributedBatchSampler) else None
-    check_ranks_agree(
-        values,
-        subject=f"SetSamplerEpoch, epoch {epoch}",
-        on="the train sampler's ",
-        advice="Every rank must build its train sampler from the same labels, with the same type, seed and "
-        "options, or the ranks train on overlapping data and hang when their batch counts differ.",
-        details=options,
-        local_error=local_error,
-    )

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from torch.utils.data import DistributedSampler, Sampler
 
-from composer_dynsample.distributed import get_rank, get_world_size, stable_hash
+from composer_dynsample.distributed import check_ranks_agree, get_rank, get_world_size, stable_hash
 from composer_dynsample.validation import as_labels, check_bool, check_int, is_int
 
 __all__ = [
@@ -30,7 +30,9 @@ __all__ = [
     "DistributedBatchSampler",
     "SupportsSetEpoch",
     "agreement_values",
+    "check_sampler_agreement",
     "epoch_rng",
+    "no_epoch_target_message",
     "sampler_world_error",
 ]
 
@@ -357,4 +359,46 @@ def sampler_world_error(
     return (
         f"its train sampler was built with num_replicas={num_replicas}, rank={built_rank}, but it is rank "
         f"{rank} of {world_size}, so its shard would overlap the other ranks'. {advice}"
+    )
+
+
+def no_epoch_target_message(world_size: int) -> str:
+    """The warning of a ``SetSamplerEpoch`` whose train dataloader holds nothing with ``set_epoch``."""
+    return (
+        "SetSamplerEpoch: the train dataloader has no batch_sampler or sampler with set_epoch; on "
+        f"{world_size} ranks every epoch repeats the same order. Use a distributed batch "
+        "sampler such as composer_dynsample.PKBatchSampler."
+    )
+
+
+def check_sampler_agreement(target: SupportsSetEpoch | None, epoch: int, world_error: str | None) -> None:
+    """Raise the same error on every rank when the ranks' train samplers build different epochs.
+
+    The ranks compare :func:`agreement_values` (the epoch, the seed, the number of batches, the hashes of
+    the labels, of the sampler's type and options and of the epoch's plan, and a model-aware sampler's
+    snapshot) in one gather: a rank whose sampler is wrong on its own (``world_error``, from
+    :func:`sampler_world_error`, or a sampler failing to build the plan) says so in the same gather, so
+    every rank raises and none waits for the others. The Composer and the Lightning ``SetSamplerEpoch``
+    call it at every epoch start.
+
+    Args:
+        target (SupportsSetEpoch, optional): This rank's train sampler.
+        epoch (int): The epoch starting.
+        world_error (str, optional): Why ``target`` was built for another world, or ``None``.
+    """
+    local_error = world_error
+    values: dict[str, object] = dict.fromkeys(AGREEMENT_KEYS, "")
+    if local_error is None:
+        try:
+            values = agreement_values(target, epoch)
+        except (ValueError, RuntimeError, TypeError) as error:
+            local_error = f"its train sampler failed to build epoch {epoch}: {type(error).__name__}: {error}"
+    check_ranks_agree(
+        values,
+        subject=f"SetSamplerEpoch, epoch {epoch}",
+        on="the train sampler's ",
+        advice="Every rank must build its train sampler from the same labels, with the same type, seed and "
+        "options, or the ranks train on overlapping data and hang when their batch counts differ.",
+        details=target.options if isinstance(target, DistributedBatchSampler) else None,
+        local_error=local_error,
     )
