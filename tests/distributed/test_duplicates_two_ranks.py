@@ -10,15 +10,11 @@ from composer.utils import dist
 from composer_dynsample import HardNegativeMining, InfoNCELoss, mine
 from composer_dynsample.mining import assemble_pool, drop_duplicate_negatives
 from tests.algorithms.test_duplicates import Recorder, reference_duplicates, text_trainer
+from tests.distributed._helpers import INFONCE_CASES, gradient_setup, parametrize_strategy_and_loss
 
 pytestmark = pytest.mark.world_size(2)
 
-CASES = [
-    ("batch_hard", InfoNCELoss(0.1)),
-    ("semi_hard", InfoNCELoss(0.1, negatives="mined")),
-    ("hard_topk", InfoNCELoss(0.05, symmetric=True)),
-    ("multi_similarity", InfoNCELoss(0.2, negatives="mined", symmetric=True)),
-]
+CASES = INFONCE_CASES
 
 
 def _data(seed=0, rows=32, dim=5):
@@ -44,24 +40,15 @@ def _mine_and_loss(loss, strategy, local, labels, ids, pool, offset, *, global_m
 
 def _gradients(strategy, loss, splits, memory_rows):
     """The encoder's gradient from one process on the whole batch and from 2 ranks after DDP's average."""
-    dist.initialize_dist("cpu")
-    rank, world = dist.get_global_rank(), dist.get_world_size()
+    setup = gradient_setup(memory_rows)
+    rank, world, encoder, embed = setup.rank, setup.world, setup.encoder, setup.embed
     features, labels, ids = _data()
-    torch.manual_seed(0)
-    encoder = torch.nn.Linear(5, 4)
-    torch.nn.init.normal_(encoder.weight, generator=torch.Generator().manual_seed(1))
-    generator = torch.Generator().manual_seed(2)  # a cross-batch memory: the same constants on every rank
-    memory = torch.nn.functional.normalize(torch.randn(memory_rows, 4, generator=generator), dim=1)
-    memory_labels = torch.randint(0, 5, (memory_rows,), generator=generator)
-    memory_ids = torch.randint(0, 12, (memory_rows,), generator=generator)
+    memory_ids = torch.randint(0, 12, (memory_rows,), generator=setup.generator)
     memory_kwargs = {
-        "memory_embeddings": memory,
-        "memory_labels": memory_labels,
+        "memory_embeddings": setup.memory,
+        "memory_labels": setup.memory_labels,
         "memory_duplicate_ids": memory_ids,
     }
-
-    def embed(x):
-        return torch.nn.functional.normalize(encoder(x), dim=1)
 
     # One process, the whole batch (and the memory) as the pool.
     full = embed(features)
@@ -88,11 +75,7 @@ def _gradients(strategy, loss, splits, memory_rows):
     return grad / world, expected
 
 
-@pytest.mark.parametrize(
-    ("strategy", "loss"),
-    CASES,
-    ids=[f"{name}-{loss.negatives}-{'symmetric' if loss.symmetric else 'forward'}" for name, loss in CASES],
-)
+@parametrize_strategy_and_loss(CASES)
 @pytest.mark.parametrize("memory_rows", [0, 12])
 @pytest.mark.parametrize("splits", [(16, 16), (10, 22)], ids=["even", "uneven"])
 def test_masked_cross_rank_gradients_equal_one_process_on_the_concatenated_batch(

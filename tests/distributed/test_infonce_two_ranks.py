@@ -8,14 +8,12 @@ from composer.utils import dist
 
 from composer_dynsample import InfoNCELoss, mine
 from composer_dynsample.distributed import all_gather_embeddings
+from tests.distributed._helpers import INFONCE_CASES, gradient_setup, parametrize_strategy_and_loss
 
 pytestmark = pytest.mark.world_size(2)
 
 CASES = [
-    ("batch_hard", InfoNCELoss(0.1)),
-    ("semi_hard", InfoNCELoss(0.1, negatives="mined")),
-    ("hard_topk", InfoNCELoss(0.05, symmetric=True)),
-    ("multi_similarity", InfoNCELoss(0.2, negatives="mined", symmetric=True)),
+    *INFONCE_CASES,
     ("batch_hard", InfoNCELoss(0.5, symmetric=True, distance="squared_euclidean")),
 ]
 
@@ -29,21 +27,12 @@ def _data(seed=0, rows=32, dim=5):
 
 def _gradients(strategy, loss, splits, memory_rows):
     """The encoder's gradient from one process on the whole batch and from 2 ranks after DDP's average."""
-    dist.initialize_dist("cpu")
-    rank, world = dist.get_global_rank(), dist.get_world_size()
+    setup = gradient_setup(memory_rows)
+    rank, world, encoder, embed = setup.rank, setup.world, setup.encoder, setup.embed
     features, labels = _data()
-    torch.manual_seed(0)  # the same bias on every rank
-    encoder = torch.nn.Linear(5, 4)
-    torch.nn.init.normal_(encoder.weight, generator=torch.Generator().manual_seed(1))
-    generator = torch.Generator().manual_seed(2)  # a cross-batch memory: the same constants on every rank
-    memory = torch.nn.functional.normalize(torch.randn(memory_rows, 4, generator=generator), dim=1)
-    memory_labels = torch.randint(0, 5, (memory_rows,), generator=generator)
-
-    def embed(x):
-        return torch.nn.functional.normalize(encoder(x), dim=1)
 
     def with_memory(pool, pool_labels):
-        return torch.cat([pool, memory]), torch.cat([pool_labels, memory_labels])
+        return torch.cat([pool, setup.memory]), torch.cat([pool_labels, setup.memory_labels])
 
     # One process, the whole batch (and the memory) as the pool.
     full = embed(features)
@@ -68,11 +57,7 @@ def _gradients(strategy, loss, splits, memory_rows):
     return grad / world, expected
 
 
-@pytest.mark.parametrize(
-    ("strategy", "loss"),
-    CASES,
-    ids=[f"{name}-{loss.negatives}-{'symmetric' if loss.symmetric else 'forward'}" for name, loss in CASES],
-)
+@parametrize_strategy_and_loss(CASES)
 @pytest.mark.parametrize("memory_rows", [0, 12])
 def test_cross_rank_gradients_equal_one_process_on_the_concatenated_batch(strategy, loss, memory_rows):
     grad, expected = _gradients(strategy, loss, (16, 16), memory_rows)

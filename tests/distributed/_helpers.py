@@ -1,0 +1,61 @@
+"""Set-up shared by the 2-rank tests: the gradient comparisons' encoder and memory, and their cases."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+import torch
+from composer.utils import dist
+
+from composer_dynsample import InfoNCELoss
+
+#: A miner with each of InfoNCE's options: the in-batch or the mined negatives, one direction or both.
+INFONCE_CASES = [
+    ("batch_hard", InfoNCELoss(0.1)),
+    ("semi_hard", InfoNCELoss(0.1, negatives="mined")),
+    ("hard_topk", InfoNCELoss(0.05, symmetric=True)),
+    ("multi_similarity", InfoNCELoss(0.2, negatives="mined", symmetric=True)),
+]
+
+
+def parametrize_strategy_and_loss(cases):
+    """``strategy`` and ``loss`` from ``(miner, InfoNCELoss)`` cases, each named by its loss's options."""
+    return pytest.mark.parametrize(
+        ("strategy", "loss"),
+        cases,
+        ids=[
+            f"{name}-{loss.negatives}-{'symmetric' if loss.symmetric else 'forward'}" for name, loss in cases
+        ],
+    )
+
+
+@dataclass
+class GradientSetup:
+    """What one process and the 2 ranks share: the encoder, and a memory that is the same on every rank.
+
+    ``generator`` has drawn the memory and its labels; what it draws next is the same on every rank too.
+    """
+
+    rank: int
+    world: int
+    encoder: torch.nn.Linear
+    memory: torch.Tensor
+    memory_labels: torch.Tensor
+    generator: torch.Generator
+
+    def embed(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.normalize(self.encoder(x), dim=1)
+
+
+def gradient_setup(memory_rows: int) -> GradientSetup:
+    """Join the gloo group; a ``Linear(5, 4)`` encoder and ``memory_rows`` memory rows, equal on every rank."""
+    dist.initialize_dist("cpu")
+    rank, world = dist.get_global_rank(), dist.get_world_size()
+    torch.manual_seed(0)  # the same bias on every rank
+    encoder = torch.nn.Linear(5, 4)
+    torch.nn.init.normal_(encoder.weight, generator=torch.Generator().manual_seed(1))
+    generator = torch.Generator().manual_seed(2)  # a cross-batch memory: the same constants on every rank
+    memory = torch.nn.functional.normalize(torch.randn(memory_rows, 4, generator=generator), dim=1)
+    memory_labels = torch.randint(0, 5, (memory_rows,), generator=generator)
+    return GradientSetup(rank, world, encoder, memory, memory_labels, generator)
