@@ -78,6 +78,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"composer-dynsample {_version()}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="{train,eval,embed,export}")
+    _add_train_command(commands)
+    _add_eval_command(commands)
+    _add_embed_command(commands)
+    _add_export_command(commands)
+    return parser
+
+
+def _add_train_command(commands: Any) -> None:
+    """``train``: the config, its overrides and the run directory's options."""
     train = commands.add_parser(
         "train",
         help="train an embedding model from a YAML config",
@@ -90,6 +99,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     train.add_argument("--overwrite", action="store_true", help="replace a previous run in the run directory")
     train.add_argument("--quiet", action="store_true", help="no progress bar and no metrics table")
+
+
+def _add_eval_command(commands: Any) -> None:
+    """``eval``: a checkpoint's metrics, written as json."""
     evaluate = _checkpoint_command(
         commands,
         "eval",
@@ -103,6 +116,10 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="metrics json (default: RUN_DIR/eval.json); image data also get a retrievals plot beside it",
     )
+
+
+def _add_embed_command(commands: Any) -> None:
+    """``embed``: a split's (or a file's) embeddings, written as .npz."""
     embed = _checkpoint_command(
         commands,
         "embed",
@@ -124,6 +141,10 @@ def build_parser() -> argparse.ArgumentParser:
     embed.add_argument(
         "--out", type=Path, required=True, help="the .npz file to write (.npz is appended when missing)"
     )
+
+
+def _add_export_command(commands: Any) -> None:
+    """``export``: a text encoder and its tokenizer, written for sentence-transformers or transformers."""
     export = _checkpoint_command(
         commands,
         "export",
@@ -138,7 +159,6 @@ def build_parser() -> argparse.ArgumentParser:
         default="sentence-transformers",
         help="the directory's format (default: sentence-transformers)",
     )
-    return parser
 
 
 def _one_line_errors(*known: type[BaseException]) -> tuple[type[BaseException], ...]:
@@ -165,38 +185,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     from composer_dynsample.config.registry import ConfigError
 
     try:
-        if args.command == "train":
-            commands.train(
-                args.config,
-                overrides,
-                run_dir=args.run_dir,
-                overwrite=args.overwrite,
-                trust_checkpoint=args.trust_checkpoint,
-                quiet=args.quiet,
-            )
-        elif args.command == "eval":
-            commands.evaluate(
-                args.config, args.checkpoint, overrides, out=args.out, trust_checkpoint=args.trust_checkpoint
-            )
-        elif args.command == "embed":
-            commands.embed(
-                args.config,
-                args.checkpoint,
-                args.out,
-                overrides,
-                split=args.split,
-                input_path=args.input,
-                trust_checkpoint=args.trust_checkpoint,
-            )
-        else:
-            commands.export(
-                args.config,
-                args.checkpoint,
-                args.out,
-                overrides,
-                export_format=args.format,
-                trust_checkpoint=args.trust_checkpoint,
-            )
+        _run_command(commands, args, overrides)
     except _one_line_errors(
         ConfigError, CheckpointError, commands.RunDirError, commands.OutputError
     ) as error:
@@ -211,3 +200,33 @@ def main(argv: Sequence[str] | None = None) -> None:
             file=sys.stderr,
         )
         raise SystemExit(130) from None
+
+
+def _run_command(commands: Any, args: argparse.Namespace, overrides: list[str]) -> None:
+    """Call the function of :mod:`composer_dynsample.commands` that ``args.command`` names."""
+    every_command = {"trust_checkpoint": args.trust_checkpoint}  # the keyword each command takes
+    if args.command == "train":
+        commands.train(
+            args.config,
+            overrides,
+            run_dir=args.run_dir,
+            overwrite=args.overwrite,
+            quiet=args.quiet,
+            **every_command,
+        )
+    elif args.command == "eval":
+        commands.evaluate(args.config, args.checkpoint, overrides, out=args.out, **every_command)
+    elif args.command == "embed":
+        commands.embed(
+            args.config,
+            args.checkpoint,
+            args.out,
+            overrides,
+            split=args.split,
+            input_path=args.input,
+            **every_command,
+        )
+    else:
+        commands.export(
+            args.config, args.checkpoint, args.out, overrides, export_format=args.format, **every_command
+        )
