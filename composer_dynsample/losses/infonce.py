@@ -137,15 +137,16 @@ class InfoNCELoss(TupleLoss):
 
     def _loss(
         self,
-        embeddings,
-        labels,
-        indices_tuple,
-        ref_emb,
-        ref_labels,
-        global_mean,
-        duplicate_ids=None,
-        ref_duplicate_ids=None,
-    ):
+        embeddings: torch.Tensor,
+        labels: torch.Tensor,
+        indices_tuple: tuple[torch.Tensor, ...] | None,
+        ref_emb: torch.Tensor | None,
+        ref_labels: torch.Tensor | None,
+        global_mean: bool,
+        duplicate_ids: torch.Tensor | None = None,
+        ref_duplicate_ids: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """The loss before the attached zero: the masks of :func:`info_nce_masks`, then the softmax terms."""
         checked = check_pool((embeddings, labels), (ref_emb, ref_labels), _NAMES, finite=False)
         pool, pool_labels = (embeddings, labels) if checked is None else checked
         if self.symmetric and global_mean and ref_emb is None:
