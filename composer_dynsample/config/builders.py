@@ -33,17 +33,23 @@ from typing import TYPE_CHECKING, Any
 
 from omegaconf import DictConfig
 
+from composer_dynsample.config import registries
 from composer_dynsample.config.evaluation import build_eval_dataloader
 from composer_dynsample.config.loading import dataloader_config, evaluation_config, run_options, section
-from composer_dynsample.config.model_builders import _check_encoder, build_encoder, build_loss, build_model
+from composer_dynsample.config.model_builders import (
+    _check_encoder,
+    _check_model_keys,
+    build_encoder,
+    build_loss,
+    build_model,
+)
 from composer_dynsample.config.registries import (
     _LOADER_OWNED,
-    _MODEL_OWNED,
     _SAMPLER_RESERVED,
     ALGORITHMS,
     CALLBACKS,
     DATASETS,
-    ENCODERS,
+    ENCODERS,  # noqa: F401 (not used here: re-exported, as registries.__all__ names it)
     LOGGERS,
     LOSSES,
     OPTIMIZERS,
@@ -73,15 +79,6 @@ if TYPE_CHECKING:
     from composer_dynsample.data import DatasetSplits, TensorStore, TextStore
 
 __all__ = [
-    "ALGORITHMS",
-    "CALLBACKS",
-    "DATASETS",
-    "ENCODERS",
-    "LOGGERS",
-    "LOSSES",
-    "OPTIMIZERS",
-    "SAMPLERS",
-    "SCHEDULERS",
     "build_algorithms",
     "build_callbacks",
     "build_data",
@@ -96,6 +93,7 @@ __all__ = [
     "build_train_dataloader",
     "composer_dataloader",
 ]
+__all__ += registries.__all__  # the registries are importable from here too
 
 
 def build_data(cfg: DictConfig) -> DatasetSplits:
@@ -315,8 +313,7 @@ def _check_from_source(cfg: DictConfig, model: Mapping[str, Any]) -> None:
             _entry("scheduler", values, SourceRegistry(SCHEDULERS))
     signature = source_signature("composer_dynsample.models.embedding_model", "EmbeddingModel")
     if signature is not None:
-        valid = [key for key in signature.parameters if key not in _MODEL_OWNED] + ["encoder", "loss"]
-        check_keys("model", model, valid, "EmbeddingModel")
+        _check_model_keys(model, signature.parameters)
     signature = source_signature("composer.trainer.trainer", "Trainer")
     if signature is not None:
         valid = [key for key in signature.parameters if key not in TRAINER_OWNED]

@@ -12,7 +12,7 @@ here is importable from :mod:`composer_dynsample.config.builders` too.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from omegaconf import DictConfig
@@ -144,8 +144,7 @@ def build_model(cfg: DictConfig, splits: DatasetSplits) -> EmbeddingModel:
     from composer_dynsample.models.embedding_model import EmbeddingModel
 
     model = section(cfg, "model", "model")
-    valid = [key for key in parameters(EmbeddingModel) if key not in _MODEL_OWNED] + ["encoder", "loss"]
-    check_keys("model", model, valid, "EmbeddingModel")
+    _check_model_keys(model, parameters(EmbeddingModel))
     if model.get("encoder") is None:
         raise ConfigError(
             f"model needs an 'encoder' section; valid names: {sorted(ENCODERS)}, or a '_component_' dotted path."
@@ -166,3 +165,10 @@ def _check_encoder(path: str, values: dict[str, Any]) -> None:
         for tower in _TOWERS:
             _check_encoder(f"{path}.{tower}", _tower_section(path, tower, kwargs.pop(tower)))
     check_types(path, entry, kwargs)
+
+
+def _check_model_keys(model: Mapping[str, Any], takes: Iterable[str]) -> None:
+    """The ``model`` section's keys: ``encoder``, ``loss`` and the arguments ``takes`` names (the
+    ``EmbeddingModel``'s) that the builders do not supply themselves."""
+    valid = [key for key in takes if key not in _MODEL_OWNED] + ["encoder", "loss"]
+    check_keys("model", model, valid, "EmbeddingModel")
