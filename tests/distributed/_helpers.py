@@ -1,4 +1,5 @@
-"""Set-up shared by the 2-rank tests: the gradient comparisons' encoder and memory, and their cases."""
+"""Set-up shared by the 2-rank tests: the gradient comparisons' encoder, memory and cases, and a trainer
+over a tensor store's rows as a batch sampler picks them."""
 
 from __future__ import annotations
 
@@ -6,9 +7,11 @@ from dataclasses import dataclass
 
 import pytest
 import torch
+from composer import Callback, Trainer
 from composer.utils import dist
 
-from composer_dynsample import InfoNCELoss
+from composer_dynsample import EmbeddingModel, InfoNCELoss, SetSamplerEpoch, build_dataloader
+from composer_dynsample.data import GatherCollate, IndexDataset, TensorStore
 
 #: A miner with each of InfoNCE's options: the in-batch or the mined negatives, one direction or both.
 INFONCE_CASES = [
@@ -49,7 +52,7 @@ class GradientSetup:
 
 
 def gradient_setup(memory_rows: int) -> GradientSetup:
-    """Join the gloo group; a ``Linear(5, 4)`` encoder and ``memory_rows`` memory rows, equal on every rank."""
+    """Join the gloo group; a ``Linear(5, 4)`` encoder and ``memory_rows`` memory rows, equal across ranks."""
     dist.initialize_dist("cpu")
     rank, world = dist.get_global_rank(), dist.get_world_size()
     torch.manual_seed(0)  # the same bias on every rank
@@ -59,3 +62,24 @@ def gradient_setup(memory_rows: int) -> GradientSetup:
     memory = torch.nn.functional.normalize(torch.randn(memory_rows, 4, generator=generator), dim=1)
     memory_labels = torch.randint(0, 5, (memory_rows,), generator=generator)
     return GradientSetup(rank, world, encoder, memory, memory_labels, generator)
+
+
+def store_trainer(
+    data: TensorStore, batch_sampler, algorithms, recorder: Callback, **trainer_options
+) -> Trainer:
+    """A ``Linear(6, 4)`` embedding model on ``data``'s rows in ``batch_sampler``'s batches (3 epochs).
+
+    The sampler's epoch is set each epoch (:class:`SetSamplerEpoch`), then ``recorder`` sees each batch.
+    """
+    torch.manual_seed(0)
+    model = EmbeddingModel(torch.nn.Linear(6, 4))
+    return Trainer(
+        model=model,
+        train_dataloader=build_dataloader(
+            IndexDataset(data.labels), batch_sampler, collate_fn=GatherCollate(data)
+        ),
+        optimizers=torch.optim.SGD(model.parameters(), lr=0.05),
+        algorithms=algorithms,
+        callbacks=[SetSamplerEpoch(), recorder],
+        **{"max_duration": "3ep", "progress_bar": False, "seed": 0, **trainer_options},
+    )

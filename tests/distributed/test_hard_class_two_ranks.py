@@ -7,10 +7,11 @@ import torch
 from composer import Trainer
 from composer.utils import dist
 
-from composer_dynsample import EmbeddingModel, HardNegativeMining, SetSamplerEpoch, build_dataloader
+from composer_dynsample import HardNegativeMining
 from composer_dynsample.algorithms.embedding_table import EmbeddingTable
-from composer_dynsample.data import GatherCollate, IndexDataset, TensorStore
+from composer_dynsample.data import TensorStore
 from composer_dynsample.samplers.hard_class import HardClassPKBatchSampler
+from tests.distributed._helpers import store_trainer
 
 pytestmark = [pytest.mark.world_size(2), pytest.mark.filterwarnings("ignore::UserWarning")]
 
@@ -35,19 +36,7 @@ def trainer_for(sampler, algorithms, log: IndexLog | None = None) -> Trainer:
             if log is not None:
                 log.seen.setdefault(int(state.timestamp.epoch), []).extend(state.batch["index"].tolist())
 
-    data = store()
-    torch.manual_seed(0)
-    model = EmbeddingModel(torch.nn.Linear(6, 4))
-    return Trainer(
-        model=model,
-        train_dataloader=build_dataloader(IndexDataset(data.labels), sampler, collate_fn=GatherCollate(data)),
-        optimizers=torch.optim.SGD(model.parameters(), lr=0.05),
-        algorithms=algorithms,
-        callbacks=[SetSamplerEpoch(), Record()],
-        max_duration="3ep",
-        progress_bar=False,
-        seed=0,
-    )
+    return store_trainer(store(), sampler, algorithms, Record())
 
 
 def test_the_table_gives_both_ranks_the_same_snapshot_and_disjoint_shards():

@@ -8,11 +8,12 @@ import torch
 from composer import Trainer
 from composer.utils import dist
 
-from composer_dynsample import EmbeddingModel, HardNegativeMining, SetSamplerEpoch, build_dataloader
+from composer_dynsample import HardNegativeMining
 from composer_dynsample.algorithms.embedding_table import EmbeddingTable
-from composer_dynsample.data import GatherCollate, IndexDataset, TensorStore
+from composer_dynsample.data import TensorStore
 from composer_dynsample.distributed import stable_hash
 from composer_dynsample.samplers.mined_negatives import MinedNegativesPKBatchSampler
+from tests.distributed._helpers import store_trainer
 
 pytestmark = [pytest.mark.world_size(2), pytest.mark.filterwarnings("ignore::UserWarning")]
 
@@ -47,17 +48,7 @@ def trainer_for(
                 seen.setdefault(int(state.timestamp.epoch), []).extend(rows[: 2 * P])
                 seen.setdefault("batches", []).append((int(state.timestamp.batch), rows))
 
-    data = store()
-    torch.manual_seed(0)
-    model = EmbeddingModel(torch.nn.Linear(6, 4))
-    return Trainer(
-        model=model,
-        train_dataloader=build_dataloader(IndexDataset(data.labels), batches, collate_fn=GatherCollate(data)),
-        optimizers=torch.optim.SGD(model.parameters(), lr=0.05),
-        algorithms=algorithms,
-        callbacks=[SetSamplerEpoch(), Record()],
-        **{"max_duration": "3ep", "progress_bar": False, "seed": 0, **trainer_options},
-    )
+    return store_trainer(store(), batches, algorithms, Record(), **trainer_options)
 
 
 def test_the_table_gives_both_ranks_one_snapshot_one_plan_and_disjoint_pair_shards():
