@@ -158,16 +158,7 @@ class _RetrievalMetricBase(Metric):
                 )
             if self._gallery.embeddings.device != emb.device:
                 self._gallery = _gallery_to(self._gallery, emb.device)
-            sums = _retrieval_update(
-                emb,
-                labels,
-                self._gallery,
-                ks=self.ks,
-                distance=self.distance,
-                chunk_size=self.chunk_size,
-                leave_one_out=False,
-                need_r=self.need_r,
-            )
+            sums = self._rank(emb, labels, self._gallery, leave_one_out=False)
             self.recall_hits += sums.recall_hits.to(self.recall_hits.device)
             self.ap_sum += sums.ap_sum.to(self.ap_sum.device)
             self.r_precision_sum += sums.r_precision_sum.to(self.r_precision_sum.device)
@@ -214,14 +205,20 @@ class _RetrievalMetricBase(Metric):
             )
         embeddings = flat.view(labels.numel(), -1)
         gallery = _prepare_gallery(embeddings, labels, self.distance, _compute_dtype(embeddings))
+        return self._rank(embeddings, labels, gallery, leave_one_out=True)
+
+    def _rank(
+        self, query: torch.Tensor, labels: torch.Tensor, gallery: _Gallery, *, leave_one_out: bool
+    ) -> _RetrievalSums:
+        """The summed per-query results of ``query`` ranked against ``gallery`` with this metric's settings."""
         return _retrieval_update(
-            embeddings,
+            query,
             labels,
             gallery,
             ks=self.ks,
             distance=self.distance,
             chunk_size=self.chunk_size,
-            leave_one_out=True,
+            leave_one_out=leave_one_out,
             need_r=self.need_r,
         )
 
