@@ -27,6 +27,17 @@ def _one_line(error: pytest.ExceptionInfo) -> str:
     return message
 
 
+def _read_error(file: Path, content: str | bytes, match: str) -> str:
+    """Write ``content`` to ``file``: reading it fails with ``match``, in one line, which is returned."""
+    if isinstance(content, bytes):
+        file.write_bytes(content)
+    else:
+        file.write_text(content)
+    with pytest.raises(ValueError, match=match) as error:
+        read_text_tables(file)
+    return _one_line(error)
+
+
 def test_jsonl_columns_lines_and_missing_keys(tmp_path):
     file = tmp_path / "p.jsonl"
     file.write_text('{"anchor": "a", "positive": "b"}\n\n{"anchor": "c", "positive": "d", "negative": "e"}\n')
@@ -57,19 +68,12 @@ def test_tsv_and_byte_order_mark(tmp_path):
 
 
 def test_csv_wrong_field_count_names_the_line(tmp_path):
-    file = tmp_path / "p.csv"
-    file.write_text("anchor,positive\na,b\nc,d,e\n")
-    with pytest.raises(ValueError, match=r"p\.csv: line 3: 3 fields, but the header has 2") as error:
-        read_text_tables(file)
-    _one_line(error)
+    content = "anchor,positive\na,b\nc,d,e\n"
+    _read_error(tmp_path / "p.csv", content, r"p\.csv: line 3: 3 fields, but the header has 2")
 
 
 def test_csv_bad_quoting_names_the_line(tmp_path):
-    file = tmp_path / "p.csv"
-    file.write_text('anchor,positive\na,b\n"c"x,d\n')
-    with pytest.raises(ValueError, match=r"p\.csv: line 3: not valid CSV") as error:
-        read_text_tables(file)
-    _one_line(error)
+    _read_error(tmp_path / "p.csv", 'anchor,positive\na,b\n"c"x,d\n', r"p\.csv: line 3: not valid CSV")
 
 
 @pytest.mark.parametrize("suffix", [".jsonl", ".csv"])
@@ -83,18 +87,15 @@ def test_non_utf8_line_is_named(tmp_path, suffix):
         ]
     else:
         lines = [b"anchor,positive", b"a,b", b"caf\xe9,b"]
-    file.write_bytes(b"\n".join(lines) + b"\n")
-    with pytest.raises(ValueError, match=r"line 3 is not valid UTF-8 \(byte 0xe9") as error:
-        read_text_tables(file)
-    assert str(file) in _one_line(error)
+    message = _read_error(file, b"\n".join(lines) + b"\n", r"line 3 is not valid UTF-8 \(byte 0xe9")
+    assert str(file) in message
 
 
 def test_invalid_json_and_non_object_lines(tmp_path):
     file = tmp_path / "p.jsonl"
-    file.write_text('{"anchor": "a"}\n{"anchor": \n')
-    with pytest.raises(ValueError, match=r"line 2 is not valid JSON .*one JSON object per line") as error:
-        read_text_tables(file)
-    _one_line(error)
+    _read_error(
+        file, '{"anchor": "a"}\n{"anchor": \n', r"line 2 is not valid JSON .*one JSON object per line"
+    )
     file.write_text('["a", "b"]\n')
     with pytest.raises(ValueError, match=r"line 1 holds a JSON list; expected one object per line"):
         read_text_tables(file)
