@@ -33,6 +33,14 @@ def parametrize_strategy_and_loss(cases):
     )
 
 
+def random_batch(seed: int = 0, rows: int = 32, dim: int = 5) -> tuple[torch.Tensor, torch.Tensor]:
+    """``rows`` random features and labels in ``[0, 5)``, the same on every rank."""
+    generator = torch.Generator().manual_seed(seed)
+    features = torch.randn(rows, dim, generator=generator)
+    labels = torch.randint(0, 5, (rows,), generator=generator)
+    return features, labels
+
+
 @dataclass
 class GradientSetup:
     """What one process and the 2 ranks share: the encoder, and a memory that is the same on every rank.

@@ -8,7 +8,12 @@ from composer.utils import dist
 
 from composer_dynsample import InfoNCELoss, mine
 from composer_dynsample.distributed import all_gather_embeddings
-from tests.distributed._helpers import INFONCE_CASES, gradient_setup, parametrize_strategy_and_loss
+from tests.distributed._helpers import (
+    INFONCE_CASES,
+    gradient_setup,
+    parametrize_strategy_and_loss,
+    random_batch,
+)
 
 pytestmark = pytest.mark.world_size(2)
 
@@ -18,18 +23,11 @@ CASES = [
 ]
 
 
-def _data(seed=0, rows=32, dim=5):
-    generator = torch.Generator().manual_seed(seed)
-    features = torch.randn(rows, dim, generator=generator)
-    labels = torch.randint(0, 5, (rows,), generator=generator)
-    return features, labels
-
-
 def _gradients(strategy, loss, splits, memory_rows):
     """The encoder's gradient from one process on the whole batch and from 2 ranks after DDP's average."""
     setup = gradient_setup(memory_rows)
     rank, world, encoder, embed = setup.rank, setup.world, setup.encoder, setup.embed
-    features, labels = _data()
+    features, labels = random_batch()
 
     def with_memory(pool, pool_labels):
         return torch.cat([pool, setup.memory]), torch.cat([pool_labels, setup.memory_labels])

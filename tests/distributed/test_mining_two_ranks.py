@@ -10,18 +10,10 @@ from composer.loggers import Logger
 from composer.utils import dist
 from torch.utils.data import TensorDataset
 
-from composer_dynsample import (
-    ContrastiveLoss,
-    EmbeddingModel,
-    HardNegativeMining,
-    InfoNCELoss,
-    MultiSimilarityLoss,
-    PKBatchSampler,
-    TripletMarginLoss,
-    build_dataloader,
-    mine,
-)
+from composer_dynsample import EmbeddingModel, HardNegativeMining, PKBatchSampler, build_dataloader, mine
 from composer_dynsample.distributed import all_gather_embeddings
+from composer_dynsample.losses import ContrastiveLoss, InfoNCELoss, MultiSimilarityLoss, TripletMarginLoss
+from tests.distributed._helpers import gradient_setup, random_batch
 
 pytestmark = pytest.mark.world_size(2)
 
@@ -34,26 +26,13 @@ CASES = [
 ]
 
 
-def _data(seed=0, rows=32, dim=5):
-    generator = torch.Generator().manual_seed(seed)
-    features = torch.randn(rows, dim, generator=generator)
-    labels = torch.randint(0, 5, (rows,), generator=generator)
-    return features, labels
-
-
 @pytest.mark.parametrize(
     ("strategy", "loss"), CASES, ids=[f"{name}-{type(loss).__name__}" for name, loss in CASES]
 )
 def test_autograd_gather_gradients_equal_one_process_on_the_concatenated_batch(strategy, loss):
-    torch.manual_seed(0)
-    dist.initialize_dist("cpu")
-    rank, world = dist.get_global_rank(), dist.get_world_size()
-    features, labels = _data()
-    encoder = torch.nn.Linear(5, 4)
-    torch.nn.init.normal_(encoder.weight, generator=torch.Generator().manual_seed(1))
-
-    def embed(x):
-        return torch.nn.functional.normalize(encoder(x), dim=1)
+    setup = gradient_setup(memory_rows=0)
+    rank, world, encoder, embed = setup.rank, setup.world, setup.encoder, setup.embed
+    features, labels = random_batch()
 
     # One process, the whole batch.
     full = embed(features)
@@ -137,7 +116,7 @@ class MemoryProbe(Callback):
 
 @pytest.mark.parametrize("cross_rank", [False, True])
 def test_memory_is_identical_on_every_rank_through_the_trainer(cross_rank):
-    features, labels = _data(rows=128, dim=6)
+    features, labels = random_batch(rows=128, dim=6)
     labels = torch.arange(128) % 8
     algorithm = HardNegativeMining(
         "batch_hard", memory_size=40, cross_rank=cross_rank, gather="autograd" if cross_rank else None
