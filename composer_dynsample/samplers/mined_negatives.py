@@ -27,7 +27,7 @@ from composer_dynsample.samplers._corpus_search import (
 from composer_dynsample.samplers._negative_plan import NegativePlanner, row_array
 from composer_dynsample.samplers.base import DistributedBatchSampler, epoch_rng
 from composer_dynsample.samplers.hard_class import HardClassPKBatchSampler
-from composer_dynsample.samplers.neighbours import check_search
+from composer_dynsample.samplers.neighbours import check_max_relative_similarity, check_search
 from composer_dynsample.samplers.pk import PKBatchSampler
 from composer_dynsample.validation import check_float, check_int
 
@@ -143,22 +143,9 @@ class MinedNegativesPKBatchSampler(DistributedBatchSampler):
         self.window = check_int(
             "window", negatives_per_anchor if window is None else window, minimum=self.negatives_per_anchor
         )
-        self.max_relative_similarity = (
-            None
-            if max_relative_similarity is None
-            else check_float(
-                "max_relative_similarity", max_relative_similarity, minimum=0, strict_minimum=True
-            )
-        )
+        self.max_relative_similarity = check_max_relative_similarity(max_relative_similarity)
         self.search = check_search(search)
-        self.max_snapshots = check_int("max_snapshots", max_snapshots, minimum=1, allow_none=True)
-        self._snapshots_taken = 0  # snapshots handed over and searched, pending ones included
-        self.refresh_every = check_int("refresh_every", refresh_every, minimum=1, allow_none=True)
-        #: ``() -> (rows, valid)`` for a refresh within an epoch; set by ``EmbeddingTable``.
-        self.snapshot_source: Callable[[], tuple[torch.Tensor, torch.Tensor | None] | None] | None = None
-        # The refreshes of the newest epoch that had any: {epoch: {segment: snapshot}}.
-        self._segments: dict[int, dict[int, CorpusCandidates]] = {}
-        self._refresh_digest = ""  # a hash chain over every refresh taken: in the snapshot fingerprint
+        self._set_snapshot_schedule(max_snapshots, refresh_every)
         group = 2 + self.negatives_per_anchor
         super().__init__(
             self.labels.size,
@@ -173,8 +160,30 @@ class MinedNegativesPKBatchSampler(DistributedBatchSampler):
         self.hard_fraction = check_float(
             "hard_fraction", hard_fraction, minimum=0, maximum=1, strict_maximum=True
         )
-        self._pair_batches: PKBatchSampler = (
-            HardClassPKBatchSampler(
+        self._pair_batches = self._pair_sampler(seed)
+        self._pending: CorpusCandidates | None = None
+        self._snapshot: CorpusCandidates | None = None  # what the current epoch's negatives come from
+        # (epoch, segment, refresh it uses or -1) -> the segment's negatives and counts
+        self._cached: dict[tuple[int, int, int], tuple[np.ndarray, dict[str, int]]] = {}
+        self.last_skipped: dict[str, int] = dict.fromkeys(GUARDS, 0)
+        self._check_enough_batches()
+
+    def _set_snapshot_schedule(self, max_snapshots: int | None, refresh_every: int | None) -> None:
+        """Check and set when snapshots are taken (``max_snapshots``, ``refresh_every``), none taken yet."""
+        self.max_snapshots = check_int("max_snapshots", max_snapshots, minimum=1, allow_none=True)
+        self._snapshots_taken = 0  # snapshots handed over and searched, pending ones included
+        self.refresh_every = check_int("refresh_every", refresh_every, minimum=1, allow_none=True)
+        #: ``() -> (rows, valid)`` for a refresh within an epoch; set by ``EmbeddingTable``.
+        self.snapshot_source: Callable[[], tuple[torch.Tensor, torch.Tensor | None] | None] | None = None
+        # The refreshes of the newest epoch that had any: {epoch: {segment: snapshot}}.
+        self._segments: dict[int, dict[int, CorpusCandidates]] = {}
+        self._refresh_digest = ""  # a hash chain over every refresh taken: in the snapshot fingerprint
+
+    def _pair_sampler(self, seed: int) -> PKBatchSampler:
+        """The sampler of the batches' pairs, over every rank (this sampler shards the batches): P x K with
+        K = 2, or with ``hard_fraction`` the hard-class one, whose centroids :meth:`update_neighbours` sets."""
+        if self.hard_fraction > 0:
+            return HardClassPKBatchSampler(
                 self.labels,
                 self.pairs_per_batch,
                 2,
@@ -184,15 +193,7 @@ class MinedNegativesPKBatchSampler(DistributedBatchSampler):
                 rank=0,
                 seed=seed,
             )
-            if self.hard_fraction > 0
-            else PKBatchSampler(self.labels, self.pairs_per_batch, 2, num_replicas=1, rank=0, seed=seed)
-        )
-        self._pending: CorpusCandidates | None = None
-        self._snapshot: CorpusCandidates | None = None  # what the current epoch's negatives come from
-        # (epoch, segment, refresh it uses or -1) -> the segment's negatives and counts
-        self._cached: dict[tuple[int, int, int], tuple[np.ndarray, dict[str, int]]] = {}
-        self.last_skipped: dict[str, int] = dict.fromkeys(GUARDS, 0)
-        self._check_enough_batches()
+        return PKBatchSampler(self.labels, self.pairs_per_batch, 2, num_replicas=1, rank=0, seed=seed)
 
     @classmethod
     def from_store(

@@ -118,6 +118,13 @@ def nearest_other_class(
     return out, skipped
 
 
+def check_max_relative_similarity(value: object) -> float | None:
+    """Validate the margin guard's factor: ``None`` (the guard off) or a number above 0."""
+    if value is None:
+        return None
+    return check_float("max_relative_similarity", value, minimum=0, strict_minimum=True)
+
+
 def check_search(search: object) -> str:
     """Validate ``search`` and, for a faiss search, that faiss is installed; raise a clear error otherwise."""
     check_choice("search", search, SEARCHES)
@@ -254,13 +261,7 @@ class NeighbourBatchSampler(DistributedBatchSampler):
             "negatives_per_seed", negatives_per_seed, minimum=1, maximum=size // self.seeds_per_batch - 2
         )
         self.skip_top = check_int("skip_top", skip_top, minimum=0)
-        self.max_relative_similarity = (
-            None
-            if max_relative_similarity is None
-            else check_float(
-                "max_relative_similarity", max_relative_similarity, minimum=0, strict_minimum=True
-            )
-        )
+        self.max_relative_similarity = check_max_relative_similarity(max_relative_similarity)
         self.search = check_search(search)
         group = 2 + self.negatives_per_seed
         super().__init__(label_array.size, self.seeds_per_batch * group, **options)

@@ -122,17 +122,7 @@ class PKBatchSampler(DistributedBatchSampler):
                 stacklevel=2,
             )
         self._is_small = small
-        # No batch may hold two chunks of one class, so a class contributes at most one chunk per batch:
-        # cap every class at the number of batches and recount until the two agree (a few rounds at most).
-        num_batches = int(chunks.sum()) // p
-        while True:
-            capped = np.minimum(chunks, num_batches)
-            recount = int(capped.sum()) // p
-            if recount == num_batches:
-                break
-            num_batches = recount
-        self._chunks = capped
-        self._num_batches = num_batches
+        self._chunks, self._num_batches = _cap_chunks(chunks, p)
         self._check_enough_batches()
 
     @property
@@ -167,6 +157,21 @@ class PKBatchSampler(DistributedBatchSampler):
 
         batches = samples.reshape(p, n, k).transpose(1, 0, 2).reshape(n, p * k)
         return batches[rng.permutation(n)]
+
+
+def _cap_chunks(chunks: np.ndarray, p: int) -> tuple[np.ndarray, int]:
+    """Each class's chunks per epoch capped at the epoch's number of batches, and that number.
+
+    No batch may hold two chunks of one class, so a class contributes at most one chunk per batch: cap
+    every class at the number of batches and recount until the two agree (a few rounds at most).
+    """
+    num_batches = int(chunks.sum()) // p
+    while True:
+        capped = np.minimum(chunks, num_batches)
+        recount = int(capped.sum()) // p
+        if recount == num_batches:
+            return capped, num_batches
+        num_batches = recount
 
 
 def _check_samples_per_class(value: object, num_samples: int, require_positive_pairs: bool) -> int:
