@@ -15,9 +15,7 @@ import torch
 from _common import load_average, machine_info, markdown_table, parser, time_interleaved, write_results
 
 from composer_dynsample import ContrastiveLoss, TripletMarginLoss, mine
-from composer_dynsample.algorithms.hard_negative_mining.hard_negative_mining import STRATEGIES
-
-PAIR_STRATEGIES = {"multi_similarity"}
+from composer_dynsample.mining import MINERS
 
 
 class SmallCNN(torch.nn.Module):
@@ -44,7 +42,7 @@ def measure(strategy: str, batch: int, memory: int, repeats: int) -> dict:
     torch.manual_seed(0)
     model = SmallCNN()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    loss_fn = ContrastiveLoss() if strategy in PAIR_STRATEGIES else TripletMarginLoss(margin=0.2)
+    loss_fn = ContrastiveLoss() if MINERS[strategy].kind == "pairs" else TripletMarginLoss(margin=0.2)
     features = torch.randn(batch, 40)
     labels = torch.arange(batch) % (batch // 4)
     bank = torch.nn.functional.normalize(torch.randn(memory, 64), dim=1) if memory else None
@@ -102,7 +100,7 @@ def main(argv: list[str] | None = None) -> dict:
     load_before = load_average()
     batch, repeats = (64, 3) if args.quick else (256, 15)
     memories = (0,) if args.quick else (0, 4096)
-    strategies = ("batch_hard", "semi_hard") if args.quick else tuple(STRATEGIES)
+    strategies = ("batch_hard", "semi_hard") if args.quick else tuple(MINERS)
     rows = [measure(s, batch, m, repeats) for m in memories for s in strategies]
     table = markdown_table(
         ["strategy", "batch", "memory", "mining (ms)", "training step (ms)", "mining / step"],

@@ -5,22 +5,32 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Final
+from typing import Final, NamedTuple
 
 import torch
 
-from composer_dynsample.distances import check_distance
+from composer_dynsample.distances import RankMatrix, check_distance
 from composer_dynsample.validation import check_int, check_pool
 
 __all__ = [
     "CHUNK_BYTES",
+    "AnchorChunk",
     "LabelIndex",
     "MiningInputs",
+    "Pairs",
+    "Triplets",
+    "anchor_chunks",
+    "cat_indices",
     "empty_indices",
+    "hardest_positive",
     "row_chunks",
     "scratch_buffer",
+    "shift_rows",
     "validate_mining_inputs",
 ]
+
+Triplets = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+Pairs = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
 
 _NAMES: Final = ("embeddings", "labels", "ref_embeddings", "ref_labels")
 
@@ -246,3 +256,50 @@ class LabelIndex:
         if self.self_offset is not None:
             rows = torch.arange(mat.shape[0], device=mat.device)
             mat[rows, rows + start + self.self_offset] = value
+
+
+def cat_indices(
+    parts: list[tuple[torch.Tensor, ...]], n: int, device: torch.device
+) -> tuple[torch.Tensor, ...]:
+    """The per-chunk index tuples ``parts`` (each of ``n`` tensors) joined into one tuple."""
+    if not parts:
+        return empty_indices(n, device)
+    if len(parts) == 1:
+        return parts[0]
+    return tuple(torch.cat([part[i] for part in parts]) for i in range(n))
+
+
+def shift_rows(rows: torch.Tensor, start: int) -> torch.Tensor:
+    """Chunk row numbers to anchor indices (skipping a pass over large outputs for the first chunk)."""
+    return rows + start if start else rows
+
+
+class AnchorChunk(NamedTuple):
+    """Anchors ``start:stop``: their rows of the distance matrix and their positives (``LabelIndex.chunk``)."""
+
+    start: int
+    stop: int
+    mat: torch.Tensor
+    pos_idx: torch.Tensor
+    pos_valid: torch.Tensor
+
+
+def anchor_chunks(
+    ranks: RankMatrix, index: LabelIndex, bytes_per_entry: int, chunk_size: int | None
+) -> Iterator[AnchorChunk]:
+    """The anchors in chunks whose working set, ``bytes_per_entry`` per matrix entry, fits the budget."""
+    n_rows, n_cols = ranks.shape
+    for start, stop in row_chunks(n_rows, n_cols, bytes_per_entry, chunk_size):
+        pos_idx, pos_valid = index.chunk(start, stop)
+        yield AnchorChunk(start, stop, ranks.rows(start, stop), pos_idx, pos_valid)
+
+
+def hardest_positive(chunk: AnchorChunk, index: LabelIndex) -> torch.Tensor:
+    """Each anchor's farthest positive; the chunk's same-label entries are then set to ``finfo.max``."""
+    mat, pos_idx, pos_valid = chunk.mat, chunk.pos_idx, chunk.pos_valid
+    finfo = torch.finfo(mat.dtype)
+    # The hardest positive comes from the small (rows, K) positives table, not the full row.
+    pos_vals = mat.gather(1, pos_idx).masked_fill_(~pos_valid, finfo.min)
+    positive = pos_idx.gather(1, pos_vals.argmax(dim=1, keepdim=True)).squeeze(1)
+    index.mask_same_label(mat, chunk.start, pos_idx, pos_valid, finfo.max)
+    return positive

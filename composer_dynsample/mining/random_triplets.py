@@ -1,57 +1,46 @@
-"""Random triplets: the baseline that mines nothing, one random positive and negative per anchor."""
+"""``RandomTripletsMiner``: the baseline that mines nothing, one random positive and negative per anchor."""
 
 from __future__ import annotations
 
 import torch
 
-from composer_dynsample.mining._common import empty_indices, validate_mining_inputs
+from composer_dynsample.mining._common import MiningInputs, Triplets
+from composer_dynsample.mining.base import BaseMiner, functional_form
+from composer_dynsample.validation import InputTypeError, describe
 
-__all__ = ["random_triplets"]
+__all__ = ["RandomTripletsMiner", "random_triplets"]
 
 
-def random_triplets(
-    embeddings: torch.Tensor,
-    labels: torch.Tensor,
-    ref_embeddings: torch.Tensor | None = None,
-    ref_labels: torch.Tensor | None = None,
-    *,
-    distance: str = "cosine",
-    generator: torch.Generator | None = None,
-    self_offset: int | None = None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+class RandomTripletsMiner(BaseMiner):
     """For every anchor, one positive and one negative drawn uniformly at random from the pool.
 
     The baseline against which mining strategies are compared: the embeddings are not looked at
     (``distance`` is accepted for a uniform interface). Anchors without a positive or a negative are
-    left out; without a reference pool an anchor never pairs with itself.
+    left out; without a reference pool an anchor never pairs with itself. Called as
+    :meth:`~composer_dynsample.mining.BaseMiner.__call__` says; returns triplets.
 
     Args:
-        embeddings (torch.Tensor): ``(B, D)`` anchors.
-        labels (torch.Tensor): ``(B,)`` integer labels.
-        ref_embeddings (torch.Tensor, optional): ``(M, D)`` pool. Default: the batch.
-        ref_labels (torch.Tensor, optional): The pool's labels.
-        self_offset (int, optional): When the pool holds the anchors themselves, anchor ``i`` is pool
-            entry ``self_offset + i`` and never pairs with it. Default: ``None``.
-        distance (str): Validated, otherwise unused. Default: ``"cosine"``.
         generator (torch.Generator, optional): The random source. Default: torch's global generator
             (which Composer seeds and checkpoints).
-
-    Returns:
-        Triplets ``(anchors, positives, negatives)``.
+        distance (str): Validated, otherwise unused. Default: ``"cosine"``.
 
     Example:
         >>> emb = torch.randn(6, 3)
         >>> labels = torch.tensor([0, 0, 1, 1, 2, 2])
-        >>> a, p, n = random_triplets(emb, labels, generator=torch.Generator().manual_seed(0))
+        >>> a, p, n = RandomTripletsMiner(generator=torch.Generator().manual_seed(0))(emb, labels)
         >>> a.tolist(), bool((labels[p] == labels[a]).all()), bool((labels[n] != labels[a]).all())
         ([0, 1, 2, 3, 4, 5], True, True)
     """
-    inputs = validate_mining_inputs(
-        embeddings, labels, ref_embeddings, ref_labels, distance=distance, self_offset=self_offset
-    )
-    if inputs.is_empty:
-        return empty_indices(3, inputs.device)  # type: ignore[return-value]
-    with torch.no_grad():
+
+    uses_label_index = False
+
+    def __init__(self, *, generator: torch.Generator | None = None, distance: str = "cosine") -> None:
+        if generator is not None and not isinstance(generator, torch.Generator):
+            raise InputTypeError(f"generator must be a torch.Generator or None, got {describe(generator)}.")
+        self.generator = generator
+        super().__init__(distance=distance)
+
+    def mine(self, inputs: MiningInputs, index: None) -> Triplets:  # type: ignore[override]
         positive = inputs.labels[:, None] == inputs.ref_labels[None, :]
         negative = ~positive
         if inputs.self_offset is not None:
@@ -60,10 +49,13 @@ def random_triplets(
         valid = positive.any(1) & negative.any(1)
         anchors = valid.nonzero(as_tuple=True)[0]
         if anchors.numel() == 0:
-            return empty_indices(3, inputs.device)  # type: ignore[return-value]
+            return self.empty(inputs.device)  # type: ignore[return-value]
         # The candidate with the largest uniform key is a uniform draw among the candidates: one pass,
         # where torch.multinomial row by row is far slower.
-        keys = torch.rand(positive[anchors].shape, generator=generator, device=inputs.device)
+        keys = torch.rand(positive[anchors].shape, generator=self.generator, device=inputs.device)
         positives = keys.masked_fill(~positive[anchors], -1.0).argmax(dim=1)
         negatives = keys.masked_fill(~negative[anchors], -1.0).argmax(dim=1)
-    return anchors, positives, negatives
+        return anchors, positives, negatives
+
+
+random_triplets = functional_form(RandomTripletsMiner, "random_triplets")

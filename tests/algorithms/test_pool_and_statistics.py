@@ -109,9 +109,9 @@ def test_skipped_and_empty_steps():
 
 
 def test_statistics_reach_the_logger_with_one_host_sync_per_step(monkeypatch):
-    # Count the host reads made from the algorithm, the pool and the statistics modules: one finiteness flag
+    # Count the host reads made from the algorithm, its step, the pool and the statistics modules: one finiteness flag
     # and one tolist of the stacked statistics per step (the miners' own reads are not counted).
-    counted = ("hard_negative_mining.py", "statistics.py", "pool.py")
+    counted = ("hard_negative_mining.py", "step.py", "statistics.py", "pool.py")
     calls = []
     for name in ("item", "tolist", "__float__", "__bool__", "__int__"):
         original = getattr(torch.Tensor, name)

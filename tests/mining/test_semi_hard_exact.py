@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from composer_dynsample.distances import pairwise_distance
 from composer_dynsample.mining import SEMI_HARD_FALLBACKS, semi_hard
-from composer_dynsample.mining import miners as miners_module
+from composer_dynsample.mining import _semi_hard_kernel
 from tests.mining import DISTANCE_NAMES, as_rows, check_index_tuple
 
 SETTINGS = settings(max_examples=40, deadline=None)
@@ -110,7 +110,7 @@ def test_semi_hard_equals_the_reference_on_its_own_distances_with_ties(
 ) -> None:
     """Both ways of counting the thresholds below an entry (comparison loop, grid) give the same triplets."""
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(miners_module, "_LOOP_MAX_WIDTH", loop_max_width)
+        patch.setattr(_semi_hard_kernel, "_LOOP_MAX_WIDTH", loop_max_width)
         check(case, margin, distance, fallback)
 
 
@@ -128,7 +128,7 @@ def test_many_positives_per_anchor_take_the_grid_and_match(distance: str, fallba
         torch.cat([labels, torch.randint(0, 3, (240,), generator=gen)]),
     )
     case = (emb, labels, pool, pool_labels)
-    assert int((pool_labels[None, :] == labels[:, None]).sum(dim=1).min()) > miners_module._LOOP_MAX_WIDTH
+    assert int((pool_labels[None, :] == labels[:, None]).sum(dim=1).min()) > _semi_hard_kernel._LOOP_MAX_WIDTH
     check(case, 0.1, distance, fallback)
 
 

@@ -1,0 +1,36 @@
+"""``BatchHardMiner``: per anchor its farthest positive and nearest negative (Hermans et al., 2017)."""
+
+from __future__ import annotations
+
+from composer_dynsample.mining.base import functional_form
+from composer_dynsample.mining.hard_topk import HardTopKMiner
+
+__all__ = ["BatchHardMiner", "batch_hard"]
+
+
+class BatchHardMiner(HardTopKMiner):
+    """Batch-hard triplets (Hermans et al., 2017): per anchor its farthest positive and nearest negative.
+
+    Anchors without a positive or without a negative are left out, so at most one triplet per anchor is
+    returned, in increasing anchor order. On L2-normalised embeddings this returns the same triplets as
+    pytorch-metric-learning's ``BatchHardMiner()`` (ties aside). It is
+    :class:`~composer_dynsample.mining.HardTopKMiner` with ``k=1``. Called as
+    :meth:`~composer_dynsample.mining.BaseMiner.__call__` says; returns triplets.
+
+    Args:
+        distance (str): ``"cosine"`` (default), ``"euclidean"`` or ``"squared_euclidean"``.
+        chunk_size (int, optional): Anchors per distance-matrix chunk; ``None`` bounds a chunk's matrix to
+            about 64 MiB.
+
+    Example:
+        >>> import torch
+        >>> emb = torch.tensor([[1.0, 0.0], [0.8, 0.6], [0.0, 1.0], [-0.6, 0.8]])
+        >>> BatchHardMiner()(emb, torch.tensor([0, 0, 1, 1]))
+        (tensor([0, 1, 2, 3]), tensor([1, 0, 3, 2]), tensor([2, 2, 1, 1]))
+    """
+
+    def __init__(self, *, distance: str = "cosine", chunk_size: int | None = None) -> None:
+        super().__init__(k=1, distance=distance, chunk_size=chunk_size)
+
+
+batch_hard = functional_form(BatchHardMiner, "batch_hard")
