@@ -18,7 +18,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -164,6 +164,27 @@ def write_results(
     if plot is not None:
         plot(out / f"{stem}.png")
     return result
+
+
+def merged_recipes(
+    stored: Path, recipes: dict, seeds: Sequence[int], order: Iterable[str], *, keep_others: bool = False
+) -> dict:
+    """``--merge``: the recipes of the result stored at ``stored`` (run with the same seeds), ``recipes``
+    replacing theirs, in ``order``; stored names outside ``order`` follow it with ``keep_others``, else
+    they are dropped.
+
+    Without a stored result, ``recipes`` as they are.
+    """
+    if not stored.exists():
+        return recipes
+    result = json.loads(stored.read_text())
+    if result["seeds"] != seeds:
+        raise SystemExit(f"--merge: {stored} was run with seeds {result['seeds']}, this run with {seeds}.")
+    merged = {**result["recipes"], **recipes}
+    names = [name for name in order if name in merged]
+    if keep_others:
+        names += [name for name in merged if name not in names]
+    return {name: merged[name] for name in names}
 
 
 def markdown_table(header: Sequence[str], align: str, rows: Sequence[Sequence[object]]) -> str:

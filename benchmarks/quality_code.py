@@ -31,7 +31,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from _common import machine_info, markdown_table, save_figure, write_results
+from _common import machine_info, markdown_table, merged_recipes, save_figure, write_results
 from _common import parser as make_parser
 from quality import run_command
 
@@ -163,15 +163,19 @@ def plot(baseline: dict, recipes: dict, path: Path) -> None:
     save_figure(figure, path)
 
 
-def _merged(stored: Path, recipes: dict, seeds: list[int]) -> dict:
-    if not stored.exists():
-        return recipes
-    result = json.loads(stored.read_text())
-    if result["seeds"] != seeds:
-        raise SystemExit(f"--merge: {stored} was run with seeds {result['seeds']}, this run with {seeds}.")
-    merged = {**result["recipes"], **recipes}
-    order = [name for name in (*RECIPES, *ONE_SEED) if name in merged]
-    return {name: merged[name] for name in order}
+def code_search_record(
+    baseline: dict, recipes: dict, seeds: list[int], corpus, threads: int, started: float
+) -> dict:
+    """What a code-search comparison records beside its ratio: BM25, recipes, corpus and machine."""
+    return {
+        "bm25": baseline,
+        "recipes": recipes,
+        "seeds": seeds,
+        "corpus": {key: corpus.manifest[key] for key in ("pairs", "sha256", "distributions")},
+        "threads": threads,
+        "machine": machine_info(torch_threads=False),
+        "total_s": round(time.time() - started, 1),
+    }
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -204,20 +208,14 @@ def main(argv: list[str] | None = None) -> dict:
                 runs.append(run)
             recipes[name] = summarise(runs)
     if args.merge:
-        recipes = _merged(args.out / "quality_code.json", recipes, seeds)
+        recipes = merged_recipes(args.out / "quality_code.json", recipes, seeds, (*RECIPES, *ONE_SEED))
     text = table(baseline, recipes, seeds)
     print(f"\n{text}")
     best = max(recipes, key=lambda name: recipes[name]["csn_mrr"])
     result = {
         "ratio": recipes[best]["csn_mrr"] / baseline["csn_mrr"],
         "ratio_meaning": "best dense recipe's mean CodeSearchNet MRR / BM25's, unseen packages",
-        "bm25": baseline,
-        "recipes": recipes,
-        "seeds": seeds,
-        "corpus": {key: corpus.manifest[key] for key in ("pairs", "sha256", "distributions")},
-        "threads": args.threads,
-        "machine": machine_info(torch_threads=False),
-        "total_s": round(time.time() - started, 1),
+        **code_search_record(baseline, recipes, seeds, corpus, args.threads, started),
     }
     return write_results(
         args.out, "quality_code", args.quick, result, text, plot=lambda path: plot(baseline, recipes, path)

@@ -28,7 +28,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from _common import machine_info, markdown_table, save_figure, write_results
+from _common import machine_info, markdown_table, merged_recipes, save_figure, write_results
 from _common import parser as make_parser
 from quality import run_one
 
@@ -275,18 +275,6 @@ def rebuild(out: Path, group: str) -> dict:
     return write_results(out, group, False, result, text, plot=lambda path: plot(result["recipes"], path))
 
 
-def _merged(stored: Path, recipes: dict, seeds: list[int], group: str) -> dict:
-    """The stored results of ``group`` with ``recipes`` replacing theirs, in the group's order."""
-    if not stored.exists():
-        return recipes
-    result = json.loads(stored.read_text())
-    if result["seeds"] != seeds:
-        raise SystemExit(f"--merge: {stored} was run with seeds {result['seeds']}, this run with {seeds}.")
-    merged = {**result["recipes"], **recipes}
-    order = [name for name in GROUPS[group] if name in merged]
-    return {name: merged[name] for name in order + [n for n in merged if n not in order]}
-
-
 def main(argv: list[str] | None = None) -> dict:
     parser = make_parser(__doc__, quick_help="one seed, 1 epoch, 4 faces per train class: a smoke test")
     parser.add_argument("--seeds", type=int, nargs="+", default=None)
@@ -326,7 +314,8 @@ def main(argv: list[str] | None = None) -> dict:
                 runs.append(run)
             recipes[name] = summarise(runs)
     if args.merge:
-        recipes = _merged(args.out / f"{args.group}.json", recipes, seeds, args.group)
+        stored = args.out / f"{args.group}.json"
+        recipes = merged_recipes(stored, recipes, seeds, GROUPS[args.group], keep_others=True)
     decision = verdict(recipes)
     text = table(recipes, seeds, decision)
     print(f"\n{text}")

@@ -37,10 +37,10 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from _common import machine_info, markdown_table, write_results
+from _common import machine_info, markdown_table, merged_recipes, write_results
 from _common import parser as make_parser
 from quality import run_command
-from quality_code import METRICS, bm25, plot, read_pairs, summarise
+from quality_code import METRICS, bm25, code_search_record, plot, read_pairs, summarise
 from quality_code import table as code_table
 
 PLAIN, MINED, PAIRS = (
@@ -248,12 +248,8 @@ def main(argv: list[str] | None = None) -> dict:
     chosen = {name: RECIPES[name] for name in (args.recipes or RECIPES)}
     started = time.time()
     recipes = run_all(chosen, seeds, quick, args.jobs, args.threads)
-    if args.merge and (args.out / "quality_mined.json").exists():
-        stored = json.loads((args.out / "quality_mined.json").read_text())
-        if stored["seeds"] != seeds:
-            raise SystemExit(f"--merge: stored results have seeds {stored['seeds']}, this run {seeds}.")
-        merged = {**stored["recipes"], **recipes}
-        recipes = {name: merged[name] for name in RECIPES if name in merged}
+    if args.merge:
+        recipes = merged_recipes(args.out / "quality_mined.json", recipes, seeds, RECIPES)
     lines = verdict(baseline, recipes)
     text = "\n\n".join([code_table(baseline, recipes, seeds), "\n".join(lines), staleness_table(recipes)])
     print(f"\n{text}")
@@ -263,14 +259,8 @@ def main(argv: list[str] | None = None) -> dict:
         "ratio": ratio(recipes, best),
         "ratio_meaning": "best online recipe's mean CodeSearchNet MRR / in-batch InfoNCE's with the same encoder",
         "best_online": best,
-        "bm25": baseline,
-        "recipes": recipes,
-        "seeds": seeds,
         "jobs": args.jobs,
-        "threads": args.threads,
-        "corpus": {key: corpus.manifest[key] for key in ("pairs", "sha256", "distributions")},
-        "machine": machine_info(torch_threads=False),
-        "total_s": round(time.time() - started, 1),
+        **code_search_record(baseline, recipes, seeds, corpus, args.threads, started),
     }
     return write_results(
         args.out, "quality_mined", args.quick, result, text, plot=lambda path: plot(baseline, recipes, path)
