@@ -9,6 +9,7 @@ import torch
 from composer_dynsample import EmbeddingModel
 from composer_dynsample.data import TensorStore
 from composer_dynsample.models.embed import embed_store
+from tests.moved_names import assert_moved, assert_no_such_name
 
 
 def test_embed_store_checks_batch_size_and_takes_numpy_integers():
@@ -38,12 +39,11 @@ def test_the_old_homes_of_embed_store_still_work_with_a_deprecation_warning():
     from composer_dynsample.callbacks import retrieval_gallery
     from composer_dynsample.models import embed
 
-    for module, name in (
-        (retrieval_gallery, "embed_store"),
-        (retrieval_gallery, "store_labels"),
-        (callbacks, "embed_store"),
-    ):
-        with pytest.warns(DeprecationWarning, match=f"moved to composer_dynsample.models.embed.{name}"):
-            assert getattr(module, name) is getattr(embed, name)
-    with pytest.raises(AttributeError):
-        retrieval_gallery.no_such_name  # noqa: B018
+    assert_moved(
+        [
+            (retrieval_gallery, embed, "embed_store"),
+            (retrieval_gallery, embed, "store_labels"),
+            (callbacks, embed, "embed_store"),
+        ]
+    )
+    assert_no_such_name(retrieval_gallery)

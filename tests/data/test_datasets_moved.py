@@ -5,10 +5,11 @@ from __future__ import annotations
 import pytest
 
 from composer_dynsample.data import datasets, digits, files, mnist1d, splits
+from tests.moved_names import assert_moved, assert_no_such_name
 
 
 def test_the_old_names_in_datasets_still_work_with_a_deprecation_warning():
-    for module, name in (
+    moves = [
         (splits, "DatasetSplits"),
         (splits, "default_cache_dir"),
         (splits, "stratified_split"),
@@ -16,10 +17,8 @@ def test_the_old_names_in_datasets_still_work_with_a_deprecation_warning():
         (mnist1d, "load_mnist1d"),
         (digits, "load_digits"),
         (files, "load_file"),
-    ):
-        with pytest.warns(DeprecationWarning, match=f"moved to {module.__name__}.{name}; the old name goes"):
-            assert getattr(datasets, name) is getattr(module, name)
-    with pytest.raises(AttributeError):
-        datasets.no_such_name  # noqa: B018
+    ]
+    assert_moved([(datasets, module, name) for module, name in moves], then="; the old name goes")
+    assert_no_such_name(datasets)
     with pytest.raises(AttributeError):
         datasets._generate_mnist1d  # noqa: B018
