@@ -1,0 +1,173 @@
+"""What the miner objects cost per call: a miner built once, its functional form, and the bare path.
+
+Every miner is a class whose ``__call__`` validates the inputs, indexes the positives and calls the
+miner's ``mine``; its functional form builds the miner (checking the options) and calls it. The bare
+path is that same work written out by hand, with no object in between: check the options, validate the
+inputs, build the label index, call ``mine`` — the sequence each miner function ran before the miners
+became objects. The three are timed side by side (interleaved round by round, median), on L2-normalised
+random embeddings (D = 128, 8 samples per class) at B = 32 (where a fixed per-call cost shows most),
+256 and 1024, for every miner.
+
+Goal: the object and the functional form within 5% of the bare path at B >= 256, where training runs;
+at B = 32 the added cost is reported in microseconds.
+
+Run:
+
+    python benchmarks/miner_objects.py [--quick] [--out benchmarks/results] [--threads 2]
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from _common import load_average, machine_info, markdown_table, time_interleaved, write_results
+from _common import parser as make_parser
+
+from composer_dynsample.mining import MINERS, STRATEGIES, BaseMiner, validate_mining_inputs
+from composer_dynsample.mining._common import LabelIndex
+
+DIM = 128
+PER_CLASS = 8
+OPTIONS: dict[str, dict] = {
+    "batch_hard": {},
+    "semi_hard": {"margin": 0.2},
+    "hard_topk": {"k": 3},
+    "distance_weighted": {},
+    "multi_similarity": {"epsilon": 0.1},
+    "random_triplets": {},
+}
+GOAL = 1.05
+
+
+def make_batch(batch: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    return F.normalize(torch.randn(batch, DIM, generator=gen), dim=1), torch.arange(batch) // PER_CLASS
+
+
+def bare_call(name: str) -> Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, ...]]:
+    """The miner's work with no object around it: options checked, inputs validated, index, ``mine``."""
+    miner_class, options = MINERS[name], OPTIONS[name]
+
+    def call(emb: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        miner = object.__new__(miner_class)  # the options, checked as the functions checked them
+        miner_class.__init__(miner, **options)
+        with torch.no_grad():
+            inputs = validate_mining_inputs(emb, labels, distance=miner.distance)
+            if not miner_class.uses_label_index:
+                return miner.mine(inputs, None)
+            index = LabelIndex(inputs.labels, inputs.ref_labels, inputs.self_offset)
+            return miner.mine(inputs, index)
+
+    return call
+
+
+def measure(name: str, batch: int, rounds: int) -> dict:
+    emb, labels = make_batch(batch)
+    miner: BaseMiner = MINERS[name](**OPTIONS[name])
+    form, bare = STRATEGIES[name], bare_call(name)
+    # Random miners draw from the global generator: the same number of draws per call on each path.
+    times = time_interleaved(
+        {
+            "bare": lambda: bare(emb, labels),
+            "object": lambda: miner(emb, labels),
+            "function": lambda: form(emb, labels, **OPTIONS[name]),
+        },
+        rounds,
+        warmup=3,
+    )
+    return {
+        "miner": name,
+        "batch": batch,
+        "bare_us": round(times["bare"] * 1e6, 1),
+        "object_us": round(times["object"] * 1e6, 1),
+        "function_us": round(times["function"] * 1e6, 1),
+        "object_over_bare": round(times["object"] / times["bare"], 3),
+        "function_over_bare": round(times["function"] / times["bare"], 3),
+        "object_added_us": round((times["object"] - times["bare"]) * 1e6, 1),
+    }
+
+
+def goal_rows(rows: list[dict]) -> list[dict]:
+    large = [r for r in rows if r["batch"] >= 256]
+    worst_object = max(large, key=lambda r: r["object_over_bare"])
+    worst_function = max(large, key=lambda r: r["function_over_bare"])
+    return [
+        {
+            "goal": f"miner object <= {GOAL}x the bare path (every miner, B >= 256)",
+            "measured": f"worst {worst_object['object_over_bare']:.3f}x ({worst_object['miner']}, B={worst_object['batch']})",
+            "met": worst_object["object_over_bare"] <= GOAL,
+        },
+        {
+            "goal": f"functional form <= {GOAL}x the bare path (every miner, B >= 256)",
+            "measured": f"worst {worst_function['function_over_bare']:.3f}x ({worst_function['miner']}, B={worst_function['batch']})",
+            "met": worst_function["function_over_bare"] <= GOAL,
+        },
+    ]
+
+
+def tables(rows: list[dict], goals: list[dict]) -> str:
+    timing = markdown_table(
+        ["B", "miner", "bare (us)", "object (us)", "function (us)", "object / bare", "function / bare"],
+        "rlrrrrr",
+        [
+            [
+                r["batch"],
+                r["miner"],
+                r["bare_us"],
+                r["object_us"],
+                r["function_us"],
+                f"{r['object_over_bare']:.3f}",
+                f"{r['function_over_bare']:.3f}",
+            ]
+            for r in rows
+        ],
+    )
+    goal_table = markdown_table(
+        ["goal", "measured", "met"],
+        "lll",
+        [[g["goal"], g["measured"], "yes" if g["met"] else "NO"] for g in goals],
+    )
+    return timing + "\n\n" + goal_table
+
+
+def main() -> None:
+    parser = make_parser(__doc__, quick_help="B = 32 and 256 only, 15 rounds", threads=2)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    load_before = load_average()
+    batches = (32, 256) if args.quick else (32, 256, 1024)
+    rows = []
+    for batch in batches:
+        rounds = 15 if args.quick else {32: 301, 256: 101, 1024: 31}[batch]
+        rows += [measure(name, batch, rounds) for name in MINERS]
+    goals = goal_rows(rows)
+    table = tables(rows, goals)
+    print(table)
+    config = {
+        "quick": args.quick,
+        "threads": args.threads,
+        "torch": torch.__version__,
+        "machine": machine_info(),
+        "cpus": os.cpu_count(),
+        "load_average_1_5_15min_before": load_before,
+        "load_average_1_5_15min_after": load_average(),
+    }
+    print(f"\nconfig: {json.dumps(config)}")
+    worst = max((r for r in rows if r["batch"] >= 256), key=lambda r: r["object_over_bare"])
+    result = {
+        "ratio": worst["object_over_bare"],
+        "ratio_meaning": "worst miner-object time / bare-path time over every miner at B >= 256",
+        "goals": goals,
+        "rows": rows,
+        "config": config,
+    }
+    write_results(args.out, "miner_objects", args.quick, result, table)
+
+
+if __name__ == "__main__":
+    main()
