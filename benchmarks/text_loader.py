@@ -64,6 +64,7 @@ from _common import (
 from _common import parser as make_parser
 
 from composer_dynsample.data import IndexDataset, load_code_search
+from composer_dynsample.data._text_sources import tokenize_sources
 from composer_dynsample.data.code_search import build_code_search
 from composer_dynsample.data.pairs import PairTable, read_pairs
 from composer_dynsample.data.text_store import TextCollate, TextSplits, TextStore
@@ -181,20 +182,7 @@ def tokenize_pairs(
 ) -> tuple[float, float, list[TokenStore]]:
     """``(wall s, process CPU s, stores)`` of tokenizing each file's distinct texts as the pairs loader does."""
     wall, cpu = time.perf_counter(), time.process_time()
-    stores = [
-        tokenize_texts(
-            part.texts,
-            tokenizer.tokenizer,
-            max_length=max_length,
-            cache_dir=folder,
-            data_sha256=part.table.sha256,
-            tokenizer_sha256=tokenizer.sha256,
-            layout="pairs:" + ",".join(["anchor", "positive", *part.negative_columns]),
-            source=str(part.table.path),
-            progress=False,
-        )
-        for part in parts
-    ]
+    stores = tokenize_sources(parts, tokenizer, max_length=max_length, cache_dir=folder, progress=False)
     return time.perf_counter() - wall, time.process_time() - cpu, stores
 
 

@@ -34,6 +34,7 @@ from typing import Any
 
 import numpy as np
 
+from composer_dynsample.data._text_sources import tokenize_sources
 from composer_dynsample.data.text_store import TextInfo, TextSplits, TextStore
 from composer_dynsample.data.text_table import (
     TextTable,
@@ -45,7 +46,7 @@ from composer_dynsample.data.text_table import (
     text_column,
 )
 from composer_dynsample.data.text_tokenizer import TextTokenizer, resolve_tokenizer
-from composer_dynsample.data.tokenized import TextInterner, TokenStore, text_cache_dir, tokenize_texts
+from composer_dynsample.data.tokenized import TextInterner, TokenStore, text_cache_dir
 
 __all__ = ["PairTable", "load_pairs", "read_pairs", "split_pairs"]
 
@@ -84,6 +85,11 @@ class PairTable:
     def num_pairs(self) -> int:
         """The number of pairs."""
         return len(self.anchors)
+
+    @property
+    def layout(self) -> str:
+        """The columns its texts come from, in order: part of their token cache's key."""
+        return "pairs:" + ",".join(["anchor", "positive", *self.negative_columns])
 
     def locate(self, text_id: int) -> str:
         """Where text ``text_id`` first appears, for an error message."""
@@ -258,23 +264,6 @@ def _training_texts(pairs: PairTable, chosen: np.ndarray) -> list[str]:
     return out
 
 
-def _tokenize(
-    pairs: PairTable, tokenizer: TextTokenizer, max_length: int, cache: Any, progress: bool | None
-) -> TokenStore:
-    return tokenize_texts(
-        pairs.texts,
-        tokenizer.tokenizer,
-        max_length=max_length,
-        cache_dir=cache,
-        data_sha256=pairs.table.sha256,
-        tokenizer_sha256=tokenizer.sha256,
-        layout="pairs:" + ",".join(["anchor", "positive", *pairs.negative_columns]),
-        source=str(pairs.table.path),
-        locate=pairs.locate,
-        progress=progress,
-    )
-
-
 def _split(
     pairs: PairTable,
     bundled: TextTable | None,
@@ -377,7 +366,9 @@ def load_pairs(
         save_path=save_tokenizer,
     )
     parts = [pairs] if test_pairs is pairs else [pairs, test_pairs]
-    stores = [_tokenize(part, text_tokenizer, max_length, cache, progress) for part in parts]
+    stores = tokenize_sources(
+        parts, text_tokenizer, max_length=max_length, cache_dir=cache, progress=progress
+    )
     train = pair_store(pairs, train_idx, stores[0], text_tokenizer, 0)
     num_train_labels = train.num_rows - len(train) // 2  # a label per pair and per given negative
     test = pair_store(test_pairs, test_idx, stores[-1], text_tokenizer, num_train_labels)

@@ -20,11 +20,11 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from composer_dynsample.data._text_sources import tokenize_sources
 from composer_dynsample.data.text_store import TextInfo, TextSplits, TextStore
 from composer_dynsample.data.text_table import (
     TextTable,
@@ -36,7 +36,7 @@ from composer_dynsample.data.text_table import (
     text_column,
 )
 from composer_dynsample.data.text_tokenizer import TextTokenizer, resolve_tokenizer
-from composer_dynsample.data.tokenized import TextInterner, TokenStore, text_cache_dir, tokenize_texts
+from composer_dynsample.data.tokenized import TextInterner, TokenStore, text_cache_dir
 
 __all__ = ["load_texts", "split_labels"]
 
@@ -71,11 +71,27 @@ def split_labels(names: list[object], test_fraction: float, seed: int) -> tuple[
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class _Labelled:
+    """The rows of one table: each row's text and label, and the distinct texts (a ``TextSource``)."""
+
     table: TextTable
-    texts: list[str]
+    row_texts: list[str]
     labels: list[Any]
     interner: TextInterner
     text_ids: np.ndarray
+
+    @property
+    def texts(self) -> list[str]:
+        """The distinct texts, in order of first appearance."""
+        return self.interner.texts
+
+    @property
+    def layout(self) -> str:
+        """The column the texts come from: part of their token cache's key."""
+        return "texts:text"
+
+    def locate(self, text_id: int) -> str:
+        """Where distinct text ``text_id`` first appears, for an error message."""
+        return self.table.where(self.row_texts.index(self.interner.texts[text_id]), "text")
 
 
 def _read(table: TextTable) -> _Labelled:
@@ -133,26 +149,6 @@ def _store(
         pad_id=tokenizer.pad_id,
         vocab_size=tokenizer.vocab_size,
         source_rows=rows,
-    )
-
-
-def _tokenize(
-    part: _Labelled, tokenizer: TextTokenizer, max_length: int, cache: Path, progress: bool | None
-) -> TokenStore:
-    def locate(text_id: int) -> str:
-        return part.table.where(part.texts.index(part.interner.texts[text_id]), "text")
-
-    return tokenize_texts(
-        part.interner.texts,
-        tokenizer.tokenizer,
-        max_length=max_length,
-        cache_dir=cache,
-        data_sha256=part.table.sha256,
-        tokenizer_sha256=tokenizer.sha256,
-        layout="texts:text",
-        source=str(part.table.path),
-        locate=locate,
-        progress=progress,
     )
 
 
@@ -225,7 +221,7 @@ def load_texts(
     cache = text_cache_dir(cache_dir)
     text_tokenizer = resolve_tokenizer(
         tokenizer,
-        [train.texts[i] for i in train_rows.tolist()],
+        [train.row_texts[i] for i in train_rows.tolist()],
         cache_dir=cache,
         model=tokenizer_model,
         vocab_size=vocab_size,
@@ -233,7 +229,9 @@ def load_texts(
         save_path=save_tokenizer,
     )
     parts = [train] if test is train else [train, test]
-    stores = [_tokenize(part, text_tokenizer, max_length, cache, progress) for part in parts]
+    stores = tokenize_sources(
+        parts, text_tokenizer, max_length=max_length, cache_dir=cache, progress=progress
+    )
     split = "labels" if test is train else "test_path" if test_path is not None else "bundled"
     info = TextInfo.describe(
         text_tokenizer, stores, max_length, split, label_names=label_names, num_train_classes=num_train

@@ -355,6 +355,43 @@ def _encode(encoder: Any, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray,
     return ids, lengths, truncated
 
 
+def _write_token_store(
+    directory: Path,
+    meta: dict[str, Any],
+    texts: Sequence[str],
+    tokenizer: Any,
+    locate: Callable[[int], str] | None,
+    progress: bool | None,
+) -> None:
+    """Encode ``texts`` chunk by chunk, truncated to ``meta["max_length"]``, into the store ``directory``.
+
+    Raises:
+        ValueError: If a text encodes to no tokens, naming where it is (``locate``, else its number).
+    """
+    from tokenizers import Tokenizer
+
+    encoder = Tokenizer.from_str(tokenizer.to_str())
+    encoder.no_padding()
+    encoder.enable_truncation(meta["max_length"])
+    source = meta["source"]
+    with (
+        TokenStoreWriter(directory, meta) as writer,
+        _progress(len(texts), f"tokenizing {source}", progress) as bar,
+    ):
+        for start in range(0, len(texts), _CHUNK):
+            chunk = texts[start : start + _CHUNK]
+            ids, lengths, truncated = _encode(encoder, chunk)
+            if not lengths.all():
+                first = start + int(np.flatnonzero(lengths == 0)[0])
+                where = locate(first) if locate is not None else f"{source}: text {first}"
+                raise ValueError(
+                    f"{where}: the text encodes to no tokens with this tokenizer; remove or fix it."
+                )
+            writer.append(ids, lengths, np.fromiter(map(text_hash, chunk), dtype=np.int64, count=len(chunk)))
+            writer.num_truncated += truncated
+            bar.update(len(chunk))
+
+
 def cache_key(data_sha256: str, tokenizer_sha256: str, max_length: int, layout: str) -> str:
     """The SHA-256 naming a token cache: data bytes, tokenizer JSON, ``max_length`` and column layout."""
     parts = [_CACHE_VERSION, data_sha256, tokenizer_sha256, int(max_length), layout]
@@ -395,14 +432,9 @@ def tokenize_texts(
         ValueError: If a text encodes to no tokens.
         TokenCacheError: If the cached store does not hold ``len(texts)`` texts.
     """
-    from tokenizers import Tokenizer
-
     key = cache_key(data_sha256, tokenizer_sha256, max_length, layout)
     directory = Path(cache_dir).expanduser() / f"tokens-{key[:24]}"
     if not (directory / "meta.json").is_file():
-        encoder = Tokenizer.from_str(tokenizer.to_str())
-        encoder.no_padding()
-        encoder.enable_truncation(int(max_length))
         meta = {
             "key": key,
             "data_sha256": data_sha256,
@@ -411,24 +443,7 @@ def tokenize_texts(
             "layout": layout,
             "source": source,
         }
-        with (
-            TokenStoreWriter(directory, meta) as writer,
-            _progress(len(texts), f"tokenizing {source}", progress) as bar,
-        ):
-            for start in range(0, len(texts), _CHUNK):
-                chunk = texts[start : start + _CHUNK]
-                ids, lengths, truncated = _encode(encoder, chunk)
-                if not lengths.all():
-                    first = start + int(np.flatnonzero(lengths == 0)[0])
-                    where = locate(first) if locate is not None else f"{source}: text {first}"
-                    raise ValueError(
-                        f"{where}: the text encodes to no tokens with this tokenizer; remove or fix it."
-                    )
-                writer.append(
-                    ids, lengths, np.fromiter(map(text_hash, chunk), dtype=np.int64, count=len(chunk))
-                )
-                writer.num_truncated += truncated
-                bar.update(len(chunk))
+        _write_token_store(directory, meta, texts, tokenizer, locate, progress)
         store = TokenStore(directory)
     else:
         store = TokenStore(directory)
@@ -442,6 +457,6 @@ def tokenize_texts(
             f"{store.num_truncated} of {len(store)} distinct texts in {source} are longer than "
             f"max_length={max_length} tokens and were truncated.",
             UserWarning,
-            stacklevel=4,  # the loader's caller: tokenize_texts <- _tokenize <- load_*
+            stacklevel=4,  # the loader's caller: tokenize_texts <- tokenize_sources <- load_*
         )
     return store
