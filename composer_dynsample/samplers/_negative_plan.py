@@ -8,6 +8,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from composer_dynsample.validation import as_labels
+
 _DRAWS_PER_BLOCK = 4096  # random passages drawn at a time; a fixed size keeps the plan a pure function
 _DRAWS_BEFORE_SCAN = 64  # rejected random draws for one slot before the valid passages are listed
 
@@ -101,19 +103,26 @@ class NegativePlanner:
         return int(self.positives[pair]), int(self.passage_texts[pair])
 
 
+#: row_array's wording of as_labels' shape errors: the rows of a sampler's per-pair arrays.
+_ROW_MESSAGES = {
+    "ndim": "{name} must be a non-empty 1-D sequence, got shape {shape}.",
+    "length": "{name} must have one entry per row of labels ({num_items},), got shape {shape}.",
+}
+
+
 def row_array(
     name: str, values: Sequence[Any] | np.ndarray | torch.Tensor, size: int | None, dtype: type | None = None
 ) -> np.ndarray:
-    """A 1-D numpy array, with ``size`` entries when given: bool (``dtype=bool``) or integers, else a clear error."""
+    """A 1-D numpy array, with ``size`` entries when given: bool (``dtype=bool``) or integers (checked by
+    :func:`~composer_dynsample.validation.as_labels`), else a clear error."""
+    if dtype is not bool:
+        array = as_labels(name, values, size, "labels", messages=_ROW_MESSAGES)
+        if array.size == 0:
+            raise ValueError(_ROW_MESSAGES["ndim"].format(name=name, shape=array.shape))
+        return array
     array = values.detach().cpu().numpy() if isinstance(values, torch.Tensor) else np.asarray(values)
-    if size is None and (array.ndim != 1 or array.size == 0):
-        raise ValueError(f"{name} must be a non-empty 1-D sequence, got shape {array.shape}.")
-    if size is not None and array.shape != (size,):
-        raise ValueError(f"{name} must have one entry per row of labels ({size},), got shape {array.shape}.")
-    if dtype is bool:
-        if array.dtype != np.bool_:
-            raise ValueError(f"{name} must hold booleans, got dtype {array.dtype}.")
-        return array.astype(bool, copy=False)
-    if not np.issubdtype(array.dtype, np.integer):
-        raise ValueError(f"{name} must hold integers, got dtype {array.dtype}.")
-    return array.astype(np.int64, copy=False)
+    if array.shape != (size,):
+        raise ValueError(_ROW_MESSAGES["length"].format(name=name, num_items=size, shape=array.shape))
+    if array.dtype != np.bool_:
+        raise ValueError(f"{name} must hold booleans, got dtype {array.dtype}.")
+    return array.astype(bool, copy=False)

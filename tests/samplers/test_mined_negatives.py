@@ -466,6 +466,12 @@ def test_from_store_reads_a_pairs_store(tmp_path):
             r"is_passage must have one entry per row of labels \(40,\)",
         ),
         ({"duplicate_ids": np.zeros(40)}, "duplicate_ids must hold integers, got dtype float64"),
+        (
+            {"duplicate_ids": np.zeros(39, dtype=np.int64)},
+            r"duplicate_ids must have one entry per row of labels \(40,\), got shape \(39,\)",
+        ),
+        ({"labels": torch.zeros(40)}, r"labels must hold integers, got a tensor of dtype torch\.float32"),
+        ({"labels": []}, r"labels must be a non-empty 1-D sequence, got shape \(0,\)"),
         ({"max_relative_similarity": 0}, "max_relative_similarity must be a number > 0"),
         ({"search": "hnsw"}, "search must be one of"),
     ],
