@@ -15,6 +15,10 @@ from composer.utils import dist
 from torch.utils.data import DataLoader, IterableDataset
 
 from composer_dynsample import PKBatchSampler, SetSamplerEpoch, TwoStreamBatchSampler
+from tests.callbacks.test_set_sampler_epoch import (
+    assert_reverting_the_fix_is_caught,
+    assert_set_sampler_epoch_repairs_the_reverted_fix,
+)
 from tests.common import (
     BatchRecorder,
     IndexClassifier,
@@ -62,14 +66,11 @@ def test_installed_composer_sets_epochs_and_shards_are_disjoint():
 
 
 def test_reverting_the_fix_is_caught_on_two_ranks():
-    sampler, recorder = recorded_fit(make_run, revert=True)
-    with pytest.raises(AssertionError, match="trained on"):
-        assert_each_epoch_has_its_own_order(recorder, sampler, epochs=3)
+    assert_reverting_the_fix_is_caught(make_run)
 
 
 def test_set_sampler_epoch_alone_repairs_the_reverted_trainer_on_two_ranks():
-    sampler, recorder = recorded_fit(make_run, revert=True, callbacks=[SetSamplerEpoch()])
-    assert_each_epoch_has_its_own_order(recorder, sampler, epochs=3)
+    recorder = assert_set_sampler_epoch_repairs_the_reverted_fix(make_run)
     assert_disjoint_across_ranks(recorder, epochs=3)
 
 
