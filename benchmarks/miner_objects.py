@@ -19,7 +19,6 @@ Run:
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Callable
 
 import torch
@@ -151,9 +150,7 @@ def main() -> None:
     config = {
         "quick": args.quick,
         "threads": args.threads,
-        "torch": torch.__version__,
-        "machine": machine_info(),
-        "cpus": os.cpu_count(),
+        "machine": machine_info(),  # cores, threads, python, torch and composer versions
         "load_average_1_5_15min_before": load_before,
         "load_average_1_5_15min_after": load_average(),
     }

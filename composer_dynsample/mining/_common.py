@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Final, NamedTuple
 
@@ -23,6 +23,7 @@ __all__ = [
     "cat_indices",
     "empty_indices",
     "hardest_positive",
+    "pair_triplets",
     "row_chunks",
     "scratch_buffer",
     "shift_rows",
@@ -303,3 +304,23 @@ def hardest_positive(chunk: AnchorChunk, index: LabelIndex) -> torch.Tensor:
     positive = pos_idx.gather(1, pos_vals.argmax(dim=1, keepdim=True)).squeeze(1)
     index.mask_same_label(mat, chunk.start, pos_idx, pos_valid, finfo.max)
     return positive
+
+
+def pair_triplets(
+    ranks: RankMatrix,
+    index: LabelIndex,
+    bytes_per_entry: int,
+    chunk_size: int | None,
+    negatives_of: Callable[[AnchorChunk], tuple[torch.Tensor, torch.Tensor]],
+) -> Triplets:
+    """At most one triplet per anchor-positive pair, ordered by anchor, then positive index.
+
+    ``negatives_of(chunk)`` returns ``(keep, negative)``, ``(rows, W)`` tables like the chunk's positives
+    (``pos_idx``): which pairs are kept, and the pool index of each pair's negative.
+    """
+    parts = []
+    for chunk in anchor_chunks(ranks, index, bytes_per_entry, chunk_size):
+        keep, negative = negatives_of(chunk)
+        rows, slots = keep.nonzero(as_tuple=True)
+        parts.append((shift_rows(rows, chunk.start), chunk.pos_idx[rows, slots], negative[rows, slots]))
+    return cat_indices(parts, 3, index.n_pos.device)  # type: ignore[return-value]

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
-from typing import Any, ClassVar, Final
+from typing import ClassVar, Final
 
 import torch
 
@@ -152,15 +152,8 @@ def functional_form(miner_class: type[BaseMiner], name: str) -> Callable[..., tu
         ['embeddings', 'labels', 'ref_embeddings', 'ref_labels', 'self_offset', 'k', 'distance', 'chunk_size']
     """
 
-    def form(
-        embeddings: torch.Tensor,
-        labels: torch.Tensor,
-        ref_embeddings: torch.Tensor | None = None,
-        ref_labels: torch.Tensor | None = None,
-        *,
-        self_offset: int | None = None,
-        **options: Any,
-    ) -> tuple[torch.Tensor, ...]:
+    # The signature shown is set below, from the inputs and the miner's options.
+    def form(embeddings, labels, ref_embeddings=None, ref_labels=None, *, self_offset=None, **options):
         return miner_class(**options)(embeddings, labels, ref_embeddings, ref_labels, self_offset=self_offset)
 
     inputs = [p for p in inspect.signature(BaseMiner.__call__).parameters.values() if p.name != "self"]

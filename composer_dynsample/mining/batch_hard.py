@@ -18,9 +18,7 @@ class BatchHardMiner(HardTopKMiner):
     :meth:`~composer_dynsample.mining.BaseMiner.__call__` says; returns triplets.
 
     Args:
-        distance (str): ``"cosine"`` (default), ``"euclidean"`` or ``"squared_euclidean"``.
-        chunk_size (int, optional): Anchors per distance-matrix chunk; ``None`` bounds a chunk's matrix to
-            about 64 MiB.
+        distance (str), chunk_size (int, optional): As for every miner (:class:`BaseMiner`).
 
     Example:
         >>> import torch

@@ -8,15 +8,7 @@ from typing import Final
 import torch
 
 from composer_dynsample.distances import RankMatrix
-from composer_dynsample.mining._common import (
-    AnchorChunk,
-    LabelIndex,
-    MiningInputs,
-    Triplets,
-    anchor_chunks,
-    cat_indices,
-    shift_rows,
-)
+from composer_dynsample.mining._common import AnchorChunk, LabelIndex, MiningInputs, Triplets, pair_triplets
 from composer_dynsample.mining.base import BaseMiner, functional_form
 from composer_dynsample.validation import InputTypeError, check_float, describe
 
@@ -56,7 +48,7 @@ class DistanceWeightedMiner(BaseMiner):
         distance (str): Validated for the miners' common options; the sampling always uses the Euclidean
             distance of L2-normalised embeddings, the cutoffs' units (each distance is monotone in it).
             Default: ``"euclidean"``.
-        chunk_size (int, optional): Anchors per chunk; ``None`` bounds a chunk's working set to about 64 MiB.
+        chunk_size (int, optional): As for every miner (:class:`BaseMiner`).
 
     Raises:
         ValueError: On invalid options.
@@ -93,32 +85,31 @@ class DistanceWeightedMiner(BaseMiner):
         # In float32 at least (see working_dtype): (D - 2) * log(d) amplifies rounding by D.
         ranks = RankMatrix(inputs.embeddings, inputs.ref_embeddings, "cosine", nonnegative=True)
         uniforms = _pair_uniforms(index, self.generator, inputs.device)
-        cutoffs, parts, offset = (self.cutoff, self.nonzero_loss_cutoff), [], 0
+        draw = _Draw(index, uniforms, inputs.embeddings.shape[1], (self.cutoff, self.nonzero_loss_cutoff))
         # The matrix and two temporaries of its dtype.
-        for chunk in anchor_chunks(ranks, index, 3 * ranks.dtype.itemsize, self.chunk_size):
-            part, offset = _sample_negatives(
-                chunk, index, uniforms, offset, inputs.embeddings.shape[1], cutoffs
-            )
-            parts.append(part)
-        return cat_indices(parts, 3, inputs.device)  # type: ignore[return-value]
+        return pair_triplets(ranks, index, 3 * ranks.dtype.itemsize, self.chunk_size, draw)
 
 
-def _sample_negatives(
-    chunk: AnchorChunk,
-    index: LabelIndex,
-    uniforms: torch.Tensor,
-    offset: int,
-    dim: int,
-    cutoffs: tuple[float, float],
-) -> tuple[Triplets, int]:
-    """The chunk's triplets, drawn with ``uniforms[offset:]``, and the offset of the next chunk's uniforms."""
-    cdf, has_weight = _weight_cdf(chunk, index, dim, *cutoffs)
-    rows, slots = chunk.pos_valid.nonzero(as_tuple=True)
-    end = offset + rows.shape[0]
-    negative = _draw(cdf, uniforms[offset:end], rows, slots, chunk.pos_idx.shape[1])
-    keep = has_weight[rows, 0]
-    rows, slots = rows[keep], slots[keep]
-    return (shift_rows(rows, chunk.start), chunk.pos_idx[rows, slots], negative[rows, slots]), end
+class _Draw:
+    """Per chunk of anchors, one negative drawn for every anchor-positive pair, with the next uniforms.
+
+    The uniforms are consumed in (anchor, positive) order whatever the chunking, so the draws do not
+    depend on it; pairs whose anchor has no negative of non-zero weight are not kept.
+    """
+
+    def __init__(
+        self, index: LabelIndex, uniforms: torch.Tensor, dim: int, cutoffs: tuple[float, float]
+    ) -> None:
+        self.index, self.uniforms, self.dim, self.cutoffs = index, uniforms, dim, cutoffs
+        self.offset = 0
+
+    def __call__(self, chunk: AnchorChunk) -> tuple[torch.Tensor, torch.Tensor]:
+        cdf, has_weight = _weight_cdf(chunk, self.index, self.dim, *self.cutoffs)
+        rows, slots = chunk.pos_valid.nonzero(as_tuple=True)
+        end = self.offset + rows.shape[0]
+        negative = _draw(cdf, self.uniforms[self.offset : end], rows, slots, chunk.pos_idx.shape[1])
+        self.offset = end
+        return chunk.pos_valid & has_weight, negative
 
 
 def _pair_uniforms(

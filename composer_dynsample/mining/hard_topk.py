@@ -31,9 +31,7 @@ class HardTopKMiner(BaseMiner):
 
     Args:
         k (int): Number of negatives per anchor, ``>= 1``. Default: ``1``.
-        distance (str): ``"cosine"`` (default), ``"euclidean"`` or ``"squared_euclidean"``.
-        chunk_size (int, optional): Anchors per distance-matrix chunk; ``None`` bounds a chunk's matrix to
-            about 64 MiB.
+        distance (str), chunk_size (int, optional): As for every miner (:class:`BaseMiner`).
 
     Raises:
         ValueError: On ``k < 1``, an unknown distance or ``chunk_size < 1``.

@@ -34,9 +34,7 @@ class MultiSimilarityMiner(BaseMiner):
 
     Args:
         epsilon (float): Margin of the mining rule, ``>= 0``. Default: ``0.1``.
-        distance (str): ``"cosine"`` (default), ``"euclidean"`` or ``"squared_euclidean"``.
-        chunk_size (int, optional): Anchors per distance-matrix chunk; ``None`` bounds a chunk's matrix to
-            about 64 MiB.
+        distance (str), chunk_size (int, optional): As for every miner (:class:`BaseMiner`).
 
     Raises:
         ValueError: On ``epsilon < 0``, an unknown distance or ``chunk_size < 1``.

@@ -7,15 +7,7 @@ from typing import Final
 import torch
 
 from composer_dynsample.distances import RankMatrix
-from composer_dynsample.mining._common import (
-    AnchorChunk,
-    LabelIndex,
-    MiningInputs,
-    Triplets,
-    anchor_chunks,
-    cat_indices,
-    shift_rows,
-)
+from composer_dynsample.mining._common import AnchorChunk, LabelIndex, MiningInputs, Triplets, pair_triplets
 from composer_dynsample.mining._semi_hard_kernel import successors
 from composer_dynsample.mining.base import BaseMiner, functional_form
 from composer_dynsample.validation import check_choice, check_float
@@ -49,8 +41,7 @@ class SemiHardMiner(BaseMiner):
     Args:
         margin (float): Width of the semi-hard band, ``>= 0``. Default: ``0.2``.
         fallback (str): One of :data:`SEMI_HARD_FALLBACKS`. Default: ``"hardest"``.
-        distance (str): ``"cosine"`` (default), ``"euclidean"`` or ``"squared_euclidean"``.
-        chunk_size (int, optional): Anchors per chunk; ``None`` bounds a chunk's working set to about 64 MiB.
+        distance (str), chunk_size (int, optional): As for every miner (:class:`BaseMiner`).
 
     Raises:
         ValueError: On ``margin < 0``, an unknown ``fallback`` or distance, or ``chunk_size < 1``.
@@ -83,12 +74,13 @@ class SemiHardMiner(BaseMiner):
         ranks = RankMatrix(inputs.embeddings, inputs.ref_embeddings, self.distance, nonnegative=True)
         # Matrix and two same-size float buffers, int64 bucket, int64 key and its float64 source.
         bytes_per_entry = 3 * ranks.dtype.itemsize + 24
-        parts = []
-        for chunk in anchor_chunks(ranks, index, bytes_per_entry, self.chunk_size):
-            keep, negative = self._negatives(chunk, index, inputs)
-            rows, slots = keep.nonzero(as_tuple=True)
-            parts.append((shift_rows(rows, chunk.start), chunk.pos_idx[rows, slots], negative[rows, slots]))
-        return cat_indices(parts, 3, inputs.device)  # type: ignore[return-value]
+        return pair_triplets(
+            ranks,
+            index,
+            bytes_per_entry,
+            self.chunk_size,
+            lambda chunk: self._negatives(chunk, index, inputs),
+        )
 
     def _negatives(
         self, chunk: AnchorChunk, index: LabelIndex, inputs: MiningInputs
