@@ -11,6 +11,7 @@ import torch
 
 from composer_dynsample.cli import main
 from composer_dynsample.data import load_image_folder
+from tests.cli_helpers import embed_input, latest_checkpoint, train_unevaluated
 from tests.test_cli_images import COLOURS, write_colour_folder, write_config
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
@@ -22,22 +23,11 @@ def test_a_folder_of_images_is_embedded_as_the_training_images(tmp_path, capsys)
     write_colour_folder(tmp_path / "flat", COLOURS)
     config = write_config(tmp_path, {"path": str(tmp_path / "flat"), "size": [8, 8]})
     main(["train", config, "--run-dir", str(tmp_path / "run")])
-    checkpoint = str(tmp_path / "run" / "checkpoints" / "latest-rank0.pt")
+    checkpoint = latest_checkpoint(tmp_path / "run")
     (tmp_path / "inputs").mkdir()
     for name in ("red", "blue"):  # two images of 12 x 12, read at the training size 8 x 8
         shutil.copy(tmp_path / "flat" / name / "0.png", tmp_path / "inputs" / f"{name}.png")
-    main(
-        [
-            "embed",
-            config,
-            "--checkpoint",
-            checkpoint,
-            "--input",
-            str(tmp_path / "inputs"),
-            "--out",
-            str(tmp_path / "e"),
-        ]
-    )
+    embed_input(config, checkpoint, tmp_path / "inputs", tmp_path / "e")
     arrays = np.load(tmp_path / "e.npz")
     assert arrays["embeddings"].shape == (2, 8) and arrays["indices"].tolist() == [0, 1]
     # The same two images embedded from the training data: the rows of blue/0.png and red/0.png.
@@ -55,30 +45,10 @@ def test_a_folder_of_images_is_embedded_as_the_training_images(tmp_path, capsys)
 
 def test_feature_vectors_take_no_input_file(tmp_path, capsys):
     config = DIGITS
-    main(
-        [
-            "train",
-            config,
-            "trainer.max_duration=1ba",
-            "evaluation.interval=null",
-            "--run-dir",
-            str(tmp_path / "run"),
-        ]
-    )
-    checkpoint = str(tmp_path / "run" / "checkpoints" / "latest-rank0.pt")
+    train_unevaluated(config, "1ba", tmp_path / "run")
+    checkpoint = latest_checkpoint(tmp_path / "run")
     with pytest.raises(SystemExit) as stop:
-        main(
-            [
-                "embed",
-                config,
-                "--checkpoint",
-                checkpoint,
-                "--input",
-                str(tmp_path),
-                "--out",
-                str(tmp_path / "e"),
-            ]
-        )
+        embed_input(config, checkpoint, tmp_path, tmp_path / "e")
     error = capsys.readouterr().err.strip()
     assert stop.value.code == 2 and len(error.splitlines()) == 1
     assert "'digits' holds feature vectors of shape (64,); embed one of its splits with --split" in error

@@ -11,6 +11,7 @@ import yaml
 pytest.importorskip("tokenizers")
 
 from composer_dynsample.cli import main
+from tests.cli_helpers import embed_input, latest_checkpoint, pairs_data, train_unevaluated
 from tests.text_data import pair_rows, write_jsonl
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
@@ -21,15 +22,7 @@ RANKING = ("mrr", "mrr_at_10", "recall_at_1", "recall_at_5", "ndcg_at_10", "csn_
 def write_config(folder, encoder, **data) -> str:
     config = {
         "seed": 0,
-        "data": {
-            "name": "pairs",
-            "path": str(folder / "train.jsonl"),
-            "test_path": str(folder / "test.jsonl"),
-            "max_length": 24,
-            "vocab_size": 200,
-            "cache_dir": str(folder / "cache"),
-            **data,
-        },
+        "data": pairs_data(folder, **data),
         "model": {"normalize": True, "encoder": encoder, "loss": {"name": "info_nce", "temperature": 0.1}},
         "sampler": {"name": "pk", "classes_per_batch": 8, "samples_per_class": 2},
         "algorithms": {"hard_negative_mining": {"strategy": "batch_hard", "duplicate_key": "text_hash"}},
@@ -94,23 +87,12 @@ def test_eval_reads_the_run_tokenizer_and_repeats_the_final_metrics(run, tmp_pat
 
 def test_embed_a_split_and_the_same_texts_from_a_file(run, tmp_path):
     folder, config, _ = run
-    checkpoint = str(folder / "run" / "checkpoints" / "latest-rank0.pt")
+    checkpoint = latest_checkpoint(folder / "run")
     main(["embed", config, "--checkpoint", checkpoint, "--out", str(tmp_path / "split")])
     split = np.load(tmp_path / "split.npz")
     assert split["embeddings"].shape == (24, 16) and split["is_query"].tolist() == [True, False] * 12
     assert split["source_rows"].tolist() == np.repeat(np.arange(12), 2).tolist()
-    main(
-        [
-            "embed",
-            config,
-            "--checkpoint",
-            checkpoint,
-            "--input",
-            str(folder / "test.jsonl"),
-            "--out",
-            str(tmp_path / "file"),
-        ]
-    )
+    embed_input(config, checkpoint, folder / "test.jsonl", tmp_path / "file")
     file = np.load(tmp_path / "file.npz")
     np.testing.assert_allclose(file["embeddings"], split["embeddings"], atol=1e-5)
     assert (
@@ -120,9 +102,7 @@ def test_embed_a_split_and_the_same_texts_from_a_file(run, tmp_path):
     texts = write_jsonl(
         tmp_path / "texts.jsonl", [{"text": row["positive"]} for row in pair_rows(12, seed=1)]
     )
-    main(
-        ["embed", config, "--checkpoint", checkpoint, "--input", str(texts), "--out", str(tmp_path / "texts")]
-    )
+    embed_input(config, checkpoint, texts, tmp_path / "texts")
     plain = np.load(tmp_path / "texts.npz")
     np.testing.assert_allclose(plain["embeddings"], split["embeddings"][1::2], atol=1e-5)
     assert plain["indices"].tolist() == list(range(12)) and not plain["is_query"].any()
@@ -135,17 +115,8 @@ def test_export_for_sentence_transformers_embeds_as_the_model(tmp_path):
     bert = {"model_type": "bert", "hidden_size": 16, "num_hidden_layers": 1, "num_attention_heads": 2,
             "intermediate_size": 32, "max_position_embeddings": 32}  # fmt: skip
     config = write_config(tmp_path, {"name": "transformer", "config": bert, "embedding_dim": 8})
-    main(
-        [
-            "train",
-            config,
-            "trainer.max_duration=2ba",
-            "evaluation.interval=null",
-            "--run-dir",
-            str(tmp_path / "run"),
-        ]
-    )
-    checkpoint = str(tmp_path / "run" / "checkpoints" / "latest-rank0.pt")
+    train_unevaluated(config, "2ba", tmp_path / "run")
+    checkpoint = latest_checkpoint(tmp_path / "run")
     main(["export", config, "--checkpoint", checkpoint, "--out", str(tmp_path / "st")])
     main(["embed", config, "--checkpoint", checkpoint, "--out", str(tmp_path / "mine")])
     mine = np.load(tmp_path / "mine.npz")["embeddings"]
@@ -160,7 +131,7 @@ def test_export_of_a_bag_of_tokens_model(run, tmp_path, capsys):
     from composer_dynsample.models.text import BagOfTokensEncoder
 
     folder, config, _ = run
-    checkpoint = str(folder / "run" / "checkpoints" / "latest-rank0.pt")
+    checkpoint = latest_checkpoint(folder / "run")
     with pytest.raises(SystemExit) as stop:
         main(["export", config, "--checkpoint", checkpoint, "--out", str(tmp_path / "st")])
     error = capsys.readouterr().err.strip()
@@ -221,7 +192,7 @@ def test_bad_text_input_is_one_line_naming_the_file_line_and_column(run, tmp_pat
     assert not (tmp_path / "r").exists()
     error = _one_line_error(
         capsys,
-        ["embed", config, "--checkpoint", str(folder / "run" / "checkpoints" / "latest-rank0.pt"),
+        ["embed", config, "--checkpoint", latest_checkpoint(folder / "run"),
          "--input", str(bad / "no_positive.jsonl"), "--out", str(tmp_path / "x")],
     )  # fmt: skip
     assert (

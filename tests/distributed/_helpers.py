@@ -1,14 +1,16 @@
-"""Set-up shared by the 2-rank tests: the gradient comparisons' encoder, memory and cases, and a trainer
-over a tensor store's rows as a batch sampler picks them."""
+"""Set-up shared by the 2-rank tests: a folder both ranks share, the gradient comparisons' encoder, memory
+and cases, and a trainer over a tensor store's rows as a batch sampler picks them."""
 
 from __future__ import annotations
 
+import tempfile
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 import torch
 from composer import Callback, Trainer
-from composer.utils import dist
+from composer.utils import dist, get_device
 
 from composer_dynsample import EmbeddingModel, InfoNCELoss, SetSamplerEpoch, build_dataloader
 from composer_dynsample.data import GatherCollate, IndexDataset, TensorStore
@@ -20,6 +22,15 @@ INFONCE_CASES = [
     ("hard_topk", InfoNCELoss(0.05, symmetric=True)),
     ("multi_similarity", InfoNCELoss(0.2, negatives="mined", symmetric=True)),
 ]
+
+
+def shared_tmp_dir(prefix: str = "dynsample-") -> Path:
+    """A directory made on rank 0 and announced to every rank (both ranks share this machine's disk)."""
+    if not dist.is_initialized():  # the first Trainer of the session has not run yet
+        dist.initialize_dist(get_device(None))
+    path = [tempfile.mkdtemp(prefix=prefix) if dist.get_global_rank() == 0 else ""]
+    dist.broadcast_object_list(path, src=0)
+    return Path(path[0])
 
 
 def parametrize_strategy_and_loss(cases):

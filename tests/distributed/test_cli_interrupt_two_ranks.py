@@ -7,15 +7,15 @@ from __future__ import annotations
 
 import os
 import signal
-import tempfile
 from pathlib import Path
 
 import pytest
 from composer.core import Callback, State
 from composer.loggers import Logger
-from composer.utils import dist, get_device
+from composer.utils import dist
 
 from composer_dynsample.commands import Interrupted, train
+from tests.distributed._helpers import shared_tmp_dir
 
 pytestmark = [pytest.mark.world_size(2), pytest.mark.filterwarnings("ignore::UserWarning")]
 
@@ -33,16 +33,8 @@ class SignalRankOneAt(Callback):
             os.kill(os.getpid(), signal.SIGTERM)
 
 
-def shared_tmp_dir() -> Path:
-    if not dist.is_initialized():
-        dist.initialize_dist(get_device(None))
-    path = [tempfile.mkdtemp(prefix="dynsample-interrupt-") if dist.get_global_rank() == 0 else ""]
-    dist.broadcast_object_list(path, src=0)
-    return Path(path[0])
-
-
 def test_one_signalled_rank_stops_both_at_the_same_batch():
-    run_dir = shared_tmp_dir() / "run"
+    run_dir = shared_tmp_dir(prefix="dynsample-interrupt-") / "run"
     overrides = [
         "trainer.progress_bar=false",
         "trainer.max_duration=20ba",

@@ -14,7 +14,8 @@ from composer.utils import dist
 pytest.importorskip("tokenizers")
 
 from composer_dynsample.commands import train
-from tests.distributed.test_cli_two_ranks import shared_tmp_dir
+from tests.cli_helpers import pairs_data
+from tests.distributed._helpers import shared_tmp_dir
 from tests.text_data import pair_rows, write_jsonl
 
 pytestmark = [pytest.mark.world_size(2), pytest.mark.filterwarnings("ignore::UserWarning")]
@@ -23,20 +24,13 @@ RANKING = ("mrr", "mrr_at_10", "recall_at_1", "recall_at_5", "ndcg_at_10", "csn_
 
 
 def test_text_pairs_train_on_two_ranks_and_rank_zero_reports():
-    folder = shared_tmp_dir()
+    folder = shared_tmp_dir(prefix="dynsample-cli-")
     if dist.get_global_rank() == 0:
         write_jsonl(folder / "train.jsonl", pair_rows(64, seed=0))
         write_jsonl(folder / "test.jsonl", pair_rows(13, seed=1))  # 13 queries: a rank's share is padded
     dist.barrier()
     config = {
-        "data": {
-            "name": "pairs",
-            "path": str(folder / "train.jsonl"),
-            "test_path": str(folder / "test.jsonl"),
-            "vocab_size": 200,
-            "max_length": 24,
-            "cache_dir": str(folder / "cache"),
-        },
+        "data": pairs_data(folder),
         "model": {"encoder": {"name": "bag_of_tokens", "token_dim": 16}, "loss": {"name": "info_nce"}},
         "sampler": {"name": "pk", "classes_per_batch": 8, "samples_per_class": 2},
         "algorithms": {

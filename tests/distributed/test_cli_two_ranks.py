@@ -6,13 +6,13 @@ Run with ``bash tests/run_distributed.sh 2`` (``python -m composer.cli.launcher 
 from __future__ import annotations
 
 import json
-import tempfile
 from pathlib import Path
 
 import pytest
-from composer.utils import dist, get_device
+from composer.utils import dist
 
 from composer_dynsample.commands import train
+from tests.distributed._helpers import shared_tmp_dir
 
 pytestmark = [pytest.mark.world_size(2), pytest.mark.filterwarnings("ignore::UserWarning")]
 
@@ -20,17 +20,8 @@ YAMLS = Path(__file__).resolve().parents[2] / "yamls"
 QUIET = ["trainer.progress_bar=false"]
 
 
-def shared_tmp_dir() -> Path:
-    """A directory made on rank 0 and announced to every rank (both ranks share this machine's disk)."""
-    if not dist.is_initialized():  # the first Trainer of the session has not run yet
-        dist.initialize_dist(get_device(None))
-    path = [tempfile.mkdtemp(prefix="dynsample-cli-") if dist.get_global_rank() == 0 else ""]
-    dist.broadcast_object_list(path, src=0)
-    return Path(path[0])
-
-
 def test_train_runs_on_two_ranks_and_rank_zero_reports():
-    run_dir = shared_tmp_dir() / "digits"
+    run_dir = shared_tmp_dir(prefix="dynsample-cli-") / "digits"
     overrides = [*QUIET, "trainer.max_duration=6ba", "evaluation.interval=3ba", "trainer.save_interval=3ba"]
     metrics = train(YAMLS / "digits_quick.yaml", overrides, run_dir=run_dir)
     assert metrics["world_size"] == 2 and metrics["batches"] == 6
@@ -48,7 +39,7 @@ def test_train_runs_on_two_ranks_and_rank_zero_reports():
 
 
 def test_the_two_rank_recipe_mines_across_ranks():
-    run_dir = shared_tmp_dir() / "mnist1d"
+    run_dir = shared_tmp_dir(prefix="dynsample-cli-") / "mnist1d"
     overrides = [*QUIET, "trainer.max_duration=2ba", "evaluation.interval=null", "trainer.save_interval=2ba"]
     metrics = train(YAMLS / "mnist1d_two_ranks.yaml", overrides, run_dir=run_dir)
     assert metrics["world_size"] == 2 and metrics["batches"] == 2

@@ -13,7 +13,7 @@ from composer_dynsample.algorithms.embedding_table import EmbeddingTable
 from composer_dynsample.data import TensorStore
 from composer_dynsample.distributed import stable_hash
 from composer_dynsample.samplers.mined_negatives import MinedNegativesPKBatchSampler
-from tests.distributed._helpers import store_trainer
+from tests.distributed._helpers import shared_tmp_dir, store_trainer
 
 pytestmark = [pytest.mark.world_size(2), pytest.mark.filterwarnings("ignore::UserWarning")]
 
@@ -83,8 +83,6 @@ def test_ranks_with_different_snapshots_are_caught():
 
 
 def test_refreshes_within_epochs_stay_identical_on_both_ranks_and_resume_exactly():
-    from tests.distributed.test_samplers_two_ranks import shared_tmp_dir
-
     folder = shared_tmp_dir()
     # 96 pairs, 4 a batch: 12 batches a rank and epoch, a refresh every 4 of them.
     batches, seen = sampler(refresh_every=4, max_relative_similarity=None), {}

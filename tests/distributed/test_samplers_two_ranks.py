@@ -5,9 +5,6 @@ Run with ``python -m composer.cli.launcher -n 2 --master_port PORT -m pytest -m 
 
 from __future__ import annotations
 
-import tempfile
-from pathlib import Path
-
 import pytest
 import torch
 from composer import Trainer
@@ -27,6 +24,7 @@ from tests.common import (
     pk_run,
     recorded_fit,
 )
+from tests.distributed._helpers import shared_tmp_dir
 
 pytestmark = pytest.mark.world_size(2)
 
@@ -35,13 +33,6 @@ LABELS = torch.arange(192) % 8  # 8 classes of 24: 16 global PK batches of 4 x 3
 
 def make_run(**kwargs):
     return pk_run(LABELS, seed=5, **kwargs)
-
-
-def shared_tmp_dir() -> Path:
-    """A directory made on rank 0 and announced to every rank (both ranks share this machine's disk)."""
-    path = [tempfile.mkdtemp(prefix="dynsample-") if dist.get_global_rank() == 0 else ""]
-    dist.broadcast_object_list(path, src=0)
-    return Path(path[0])
 
 
 def assert_disjoint_across_ranks(recorder: BatchRecorder, epochs: int) -> None:
