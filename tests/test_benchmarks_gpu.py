@@ -9,16 +9,14 @@ from __future__ import annotations
 
 import doctest
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 from tests.benchmarks import load_benchmark
+from tests.quick_runs import run_quick
 
-ROOT = Path(__file__).resolve().parents[1]
 CPU = torch.device("cpu")
 
 
@@ -35,9 +33,7 @@ ranks = _benchmark_module("_gpu_ranks")
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU-only path runs where CUDA is not available")
 @pytest.mark.timeout(120)
 def test_cpu_only_quick_run_skips_every_check_and_says_why(tmp_path: Path) -> None:
-    command = [sys.executable, str(ROOT / "benchmarks" / "gpu.py"), "--quick", "--out", str(tmp_path)]
-    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=110)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    done = run_quick("gpu", tmp_path, timeout=110)
     result = json.loads((tmp_path / "gpu_cpu_only_quick.json").read_text())
     assert list(result["checks"]) == list(gpu.CHECKS)
     for name, check in result["checks"].items():

@@ -3,15 +3,12 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from tests.benchmarks import load_benchmark
-
-ROOT = Path(__file__).resolve().parents[1]
+from tests.quick_runs import run_quick
 
 
 def _text_loader():
@@ -58,9 +55,7 @@ def test_the_tokenizer_thread_pool_follows_its_environment(
 
 @pytest.mark.timeout(240)
 def test_quick_run_writes_json_and_md(tmp_path: Path) -> None:
-    command = [sys.executable, str(ROOT / "benchmarks" / "text_loader.py"), "--quick", "--out", str(tmp_path)]
-    out = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=230)
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    run_quick("text_loader", tmp_path, timeout=230)
     data = json.loads((tmp_path / "text_loader_quick.json").read_text())
     steps, code_search = data["loader_vs_step"], data["code_search"]
     assert data["ratio"] == steps["step_per_dataloader_batch"] > 0
