@@ -14,18 +14,20 @@ from tests.samplers.helpers import all_ranks_or_none, assert_disjoint_across_ran
 SETTINGS = settings(max_examples=30, deadline=None)
 
 
+def on_any_world(**strategies):
+    """30 examples of a world of 1 to 8 ranks and a seed in 0..5, with ``strategies`` for the rest."""
+    return lambda test: SETTINGS(given(world=st.integers(1, 8), seed=st.integers(0, 5), **strategies)(test))
+
+
 def snapshot(num_classes: int, seed: int) -> torch.Tensor:
     return torch.randn(num_classes, 3, generator=torch.Generator().manual_seed(seed))
 
 
-@SETTINGS
-@given(
+@on_any_world(
     per_class=st.lists(st.integers(3, 12), min_size=4, max_size=16),
     p=st.integers(2, 4),
     k=st.integers(1, 3),
-    world=st.integers(1, 8),
     hard_fraction=st.sampled_from([0.25, 0.5, 0.75]),
-    seed=st.integers(0, 5),
 )
 def test_hard_class_batches_on_any_world(per_class, p, k, world, hard_fraction, seed):
     labels = torch.cat([torch.full((n,), c) for c, n in enumerate(per_class)])
@@ -69,13 +71,10 @@ def test_hard_class_batches_on_any_world(per_class, p, k, world, hard_fraction, 
         assert not np.array_equal(samplers[0].global_batches(1), samplers[0].global_batches(2))
 
 
-@SETTINGS
-@given(
+@on_any_world(
     per_class=st.lists(st.integers(2, 10), min_size=2, max_size=10),
     seeds_per_batch=st.integers(1, 4),
     negatives=st.integers(1, 3),
-    world=st.integers(1, 8),
-    seed=st.integers(0, 5),
     with_snapshot=st.booleans(),
 )
 def test_neighbour_batches_on_any_world(per_class, seeds_per_batch, negatives, world, seed, with_snapshot):
