@@ -195,6 +195,15 @@ def markdown_table(header: Sequence[str], align: str, rows: Sequence[Sequence[ob
     return "\n".join(lines)
 
 
+def goal_table(goals: Sequence[dict[str, Any]]) -> str:
+    """The markdown table of ``goals``, each a ``{"goal", "measured", "met"}`` record."""
+    return markdown_table(
+        ["goal", "measured", "met"],
+        "lll",
+        [[g["goal"], g["measured"], "yes" if g["met"] else "NO"] for g in goals],
+    )
+
+
 def save_figure(figure: Any, path: Path, *, rect: tuple[float, float, float, float] | None = None) -> None:
     """Lay out, save at the benchmarks' resolution, and close a matplotlib figure."""
     import matplotlib.pyplot as plt

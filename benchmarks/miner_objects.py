@@ -23,7 +23,7 @@ from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
-from _common import load_average, machine_info, markdown_table, time_interleaved, write_results
+from _common import goal_table, load_average, machine_info, markdown_table, time_interleaved, write_results
 from _common import parser as make_parser
 
 from composer_dynsample.mining import MINERS, STRATEGIES, BaseMiner, validate_mining_inputs
@@ -125,12 +125,7 @@ def tables(rows: list[dict], goals: list[dict]) -> str:
             for r in rows
         ],
     )
-    goal_table = markdown_table(
-        ["goal", "measured", "met"],
-        "lll",
-        [[g["goal"], g["measured"], "yes" if g["met"] else "NO"] for g in goals],
-    )
-    return timing + "\n\n" + goal_table
+    return timing + "\n\n" + goal_table(goals)
 
 
 def main() -> None:

@@ -40,6 +40,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 from _common import (
+    goal_table,
     load_average,
     machine_info,
     markdown_table,
@@ -382,11 +383,7 @@ def tables(rows: list[dict], memory: list[dict], goals: list[dict]) -> str:
             for m in memory
         ],
     )
-    met = markdown_table(
-        ["goal", "measured", "met"],
-        "lll",
-        [[g["goal"], g["measured"], "yes" if g["met"] else "NO"] for g in goals],
-    )
+    met = goal_table(goals)
     return "\n\n".join([timing, peaks, met])
 
 

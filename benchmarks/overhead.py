@@ -12,7 +12,15 @@ against a 4096-row memory (the cross-batch memory's pool) at most 10% of a step.
 from __future__ import annotations
 
 import torch
-from _common import load_average, machine_info, markdown_table, parser, time_interleaved, write_results
+from _common import (
+    goal_table,
+    load_average,
+    machine_info,
+    markdown_table,
+    parser,
+    time_interleaved,
+    write_results,
+)
 
 from composer_dynsample import ContrastiveLoss, TripletMarginLoss, mine
 from composer_dynsample.mining import MINERS
@@ -130,12 +138,7 @@ def main(argv: list[str] | None = None) -> dict:
                 "met": fraction <= 0.10,
             }
         )
-    goal_table = markdown_table(
-        ["goal", "measured", "met"],
-        "lll",
-        [[g["goal"], g["measured"], "yes" if g["met"] else "NO"] for g in goals],
-    )
-    table = f"{table}\n\n{goal_table}"
+    table = f"{table}\n\n{goal_table(goals)}"
     print(table)
     result = {
         "ratio": round(worst, 4),

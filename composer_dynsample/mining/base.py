@@ -44,7 +44,8 @@ class BaseMiner:
             working set to about 64 MiB (:data:`~composer_dynsample.mining._common.CHUNK_BYTES`).
 
     Raises:
-        ValueError: On an unknown distance or ``chunk_size < 1``, when the miner is built.
+        ValueError: When the miner is built, on an unknown distance, ``chunk_size < 1``, or any miner's
+            option outside what its Args say (``SemiHardMiner(margin=-1)``, ``HardTopKMiner(k=0)``).
     """
 
     #: What :meth:`__call__` returns: ``"triplets"`` or ``"pairs"`` (a key of :data:`KINDS`).

@@ -50,9 +50,6 @@ class DistanceWeightedMiner(BaseMiner):
             Default: ``"euclidean"``.
         chunk_size (int, optional): As for every miner (:class:`BaseMiner`).
 
-    Raises:
-        ValueError: On invalid options.
-
     Example:
         Anchor 0's only negative closer than 1.4 is sample 2, so it is always drawn; anchor 1 has two
         eligible negatives and draws one of them.

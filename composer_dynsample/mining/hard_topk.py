@@ -33,9 +33,6 @@ class HardTopKMiner(BaseMiner):
         k (int): Number of negatives per anchor, ``>= 1``. Default: ``1``.
         distance (str), chunk_size (int, optional): As for every miner (:class:`BaseMiner`).
 
-    Raises:
-        ValueError: On ``k < 1``, an unknown distance or ``chunk_size < 1``.
-
     Example:
         >>> emb = torch.tensor([[1.0, 0.0], [0.8, 0.6], [0.0, 1.0], [-0.6, 0.8]])
         >>> HardTopKMiner(k=2)(emb, torch.tensor([0, 0, 1, 1]))

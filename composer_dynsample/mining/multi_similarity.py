@@ -36,9 +36,6 @@ class MultiSimilarityMiner(BaseMiner):
         epsilon (float): Margin of the mining rule, ``>= 0``. Default: ``0.1``.
         distance (str), chunk_size (int, optional): As for every miner (:class:`BaseMiner`).
 
-    Raises:
-        ValueError: On ``epsilon < 0``, an unknown distance or ``chunk_size < 1``.
-
     Example:
         >>> emb = torch.tensor([[1.0, 0.0], [0.6, 0.8], [0.8, 0.6], [0.0, 1.0]])
         >>> MultiSimilarityMiner(epsilon=0.1)(emb, torch.tensor([0, 0, 1, 1]))

@@ -43,9 +43,6 @@ class SemiHardMiner(BaseMiner):
         fallback (str): One of :data:`SEMI_HARD_FALLBACKS`. Default: ``"hardest"``.
         distance (str), chunk_size (int, optional): As for every miner (:class:`BaseMiner`).
 
-    Raises:
-        ValueError: On ``margin < 0``, an unknown ``fallback`` or distance, or ``chunk_size < 1``.
-
     Example:
         Points on a line; pair (1, 0) has d = 1 and negatives at 0.1, 0.5 and 2.0 from the anchor, so
         no semi-hard negative for margin 0.3: "none" drops it, "hardest" takes sample 4 (at 2.0).
