@@ -46,6 +46,7 @@ test-distributed: $(TEST_STAMP)
 bench: $(TEST_STAMP)
 	$(PY) benchmarks/samplers.py
 	$(PY) benchmarks/miners.py
+	$(PY) benchmarks/miner_objects.py
 	$(PY) benchmarks/overhead.py
 	$(PY) benchmarks/antipattern.py
 	$(PY) benchmarks/dataloader.py
