@@ -16,8 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from composer_dynsample.distances import pairwise_distance
-from composer_dynsample.mining import SEMI_HARD_FALLBACKS, semi_hard
-from composer_dynsample.mining import _semi_hard_kernel
+from composer_dynsample.mining import SEMI_HARD_FALLBACKS, _semi_hard_kernel, semi_hard
 from tests.mining import DISTANCE_NAMES, as_rows, check_index_tuple
 
 SETTINGS = settings(max_examples=40, deadline=None)
