@@ -9,7 +9,7 @@ from typing import Any
 from composer.core import Callback, DataSpec, State
 from composer.loggers import Logger
 
-from composer_dynsample.algorithms._batch import batch_rows
+from composer_dynsample.batches import batch_rows
 from composer_dynsample.distributed import get_rank, get_world_size
 from composer_dynsample.samplers.base import (
     DistributedBatchSampler,

@@ -13,7 +13,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 from torchmetrics import Metric
 
-from composer_dynsample.algorithms._batch import find_in_batch
+from composer_dynsample.batches import find_in_batch
 from composer_dynsample.losses.tuple_losses import TripletMarginLoss, TupleLoss
 from composer_dynsample.mined import MinedBatch
 from composer_dynsample.validation import InputTypeError, check_bool, check_int

@@ -1,4 +1,4 @@
-"""The one lookup of a tensor in a Composer batch or outputs (algorithms/_batch.py) and its callers' errors."""
+"""The one lookup of a tensor in a Composer batch or outputs (composer_dynsample/batches.py) and its callers' errors."""
 
 from collections import namedtuple
 
@@ -8,7 +8,7 @@ from composer.core import State
 from composer.devices import DeviceCPU
 
 from composer_dynsample import EmbeddingModel
-from composer_dynsample.algorithms._batch import batch_rows, batch_tensor, find_in_batch
+from composer_dynsample.batches import batch_rows, batch_tensor, find_in_batch
 
 FEATURES = torch.arange(6.0).view(3, 2)
 LABELS = torch.tensor([4, 5, 6])
@@ -167,3 +167,12 @@ def test_the_model_reads_dicts_and_sequences_alike():
     expected = model.embed(FEATURES)
     for batch in ({"x": FEATURES, "y": LABELS}, (FEATURES, LABELS), [FEATURES, LABELS, "extra"]):
         assert torch.equal(model(batch), expected)
+
+
+def test_the_old_private_path_still_reads_with_a_deprecation_warning():
+    from composer_dynsample import batches
+    from composer_dynsample.algorithms import _batch
+    from tests.moved_names import assert_moved, assert_no_such_name
+
+    assert_moved([(_batch, batches, name) for name in ("batch_rows", "batch_tensor", "find_in_batch")])
+    assert_no_such_name(_batch)

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from composer.core import Algorithm, Event, State
 from composer.loggers import Logger
 
-from composer_dynsample.algorithms._batch import batch_tensor
+from composer_dynsample.batches import batch_tensor
 from composer_dynsample.distributed import get_rank
 from composer_dynsample.validation import InputTypeError, check_float, check_int, describe, is_int
 

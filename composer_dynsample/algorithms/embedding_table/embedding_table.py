@@ -19,7 +19,7 @@ import torch
 from composer.core import Algorithm, Event, State
 from composer.loggers import Logger
 
-from composer_dynsample.algorithms._batch import find_in_batch
+from composer_dynsample.batches import find_in_batch
 from composer_dynsample.checkpoints import CheckpointError
 from composer_dynsample.distributed import (
     all_gather_embeddings,

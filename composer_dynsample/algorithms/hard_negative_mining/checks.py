@@ -2,7 +2,7 @@
 
 :func:`check_pool_options`, :func:`check_batch_key` and :func:`build_scheduled_miners` validate what the
 algorithm is built with; :func:`check_embeddings_and_labels` and :func:`check_duplicate_ids` what it reads
-from ``State`` (found there by :func:`~composer_dynsample.algorithms._batch.find_in_batch`).
+from ``State`` (found there by :func:`~composer_dynsample.batches.find_in_batch`).
 :class:`NothingMinedWatch` and :class:`CollapseWatch` watch the statistics of the steps while training,
 and :func:`microbatch_warning` and :func:`nonfinite_message` say what went wrong in words.
 """
@@ -16,8 +16,8 @@ from typing import Any
 
 import torch
 
-from composer_dynsample.algorithms._batch import find_in_batch
 from composer_dynsample.algorithms.hard_negative_mining.schedule import parse_schedule
+from composer_dynsample.batches import find_in_batch
 from composer_dynsample.mined import MinedBatch
 from composer_dynsample.mining.base import BaseMiner
 from composer_dynsample.mining.registry import MINERS, build_miner, check_strategy

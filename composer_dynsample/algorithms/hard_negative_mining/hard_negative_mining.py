@@ -17,7 +17,6 @@ from composer.core import Algorithm, Event, State
 from composer.loggers import Logger
 
 from composer_dynsample._lazy import moved_names
-from composer_dynsample.algorithms._batch import batch_rows, batch_tensor
 from composer_dynsample.algorithms.hard_negative_mining.checks import (
     CollapseWatch,
     NothingMinedWatch,
@@ -29,6 +28,7 @@ from composer_dynsample.algorithms.hard_negative_mining.checks import (
     read_step_tensors,
 )
 from composer_dynsample.algorithms.hard_negative_mining.schedule import StrategySchedule, reached
+from composer_dynsample.batches import batch_rows, batch_tensor
 from composer_dynsample.distances import check_distance
 from composer_dynsample.distributed import unwrap_model
 from composer_dynsample.mining.memory import CrossBatchMemory
