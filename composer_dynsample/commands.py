@@ -31,7 +31,7 @@ from composer_dynsample.run_dir import (
     is_rank_zero,
     prepare_run_dir,
 )
-from composer_dynsample.training import Interrupted, _fit_and_report, _plot_retrievals, evaluate_run
+from composer_dynsample.training import Interrupted, evaluate_run, fit_and_report, plot_run_retrievals
 
 __all__ = [
     "EXPORT_FORMATS",
@@ -210,7 +210,7 @@ def train(
         run = _build(cfg, directory, callbacks=[interrupt])
         interrupt.save = functools.partial(save_checkpoint_now, run)
         resume = functools.partial(resume_command, config, overrides, quiet=quiet, trust=trust_checkpoint)
-        metrics = _fit_and_report(run, interrupt, resume, config_path, overrides, started, quiet=quiet)
+        metrics = fit_and_report(run, interrupt, resume, config_path, overrides, started, quiet=quiet)
         outputs = None  # the run is complete: nothing to undo
         return metrics
     finally:
@@ -285,7 +285,7 @@ def evaluate(
     result = {**final, "checkpoint": str(checkpoint), "dataset": run.splits.name}
     if is_rank_zero():
         write_json(path, result)
-        _plot_retrievals(run, test_embeddings, plot, Path(checkpoint).name)
+        plot_run_retrievals(run, test_embeddings, plot, Path(checkpoint).name)
         print(format_metrics_table(final, title=f"{run.splits.name}: {Path(checkpoint).name}"))
         print(f"wrote {path}")
     return result

@@ -18,7 +18,7 @@ from typing import Any
 from composer_dynsample.resume import interrupt_message
 from composer_dynsample.run_dir import is_rank_zero
 
-__all__ = ["Interrupted", "evaluate_run"]
+__all__ = ["Interrupted", "evaluate_run", "fit_and_report", "plot_run_retrievals"]
 
 
 class Interrupted(Exception):
@@ -75,7 +75,7 @@ def evaluate_run(run: Any) -> tuple[dict[str, float], Any]:
     return final_metrics(model, run.splits, run.ks, run.distance)
 
 
-def _fit_and_report(
+def fit_and_report(
     run: Any,
     interrupt: Any,
     resume: Any,
@@ -167,7 +167,7 @@ def _table_history(state: Any) -> list[dict[str, Any]] | None:
     return tables[0].history if tables else None
 
 
-def _plot_retrievals(run: Any, test_embeddings: Any, path: Path, when: str) -> None:
+def plot_run_retrievals(run: Any, test_embeddings: Any, path: Path, when: str) -> None:
     """For image data, a grid of test queries and their 5 nearest test items, marked right or wrong."""
     from composer_dynsample.reporting import plot_retrievals
 
@@ -206,7 +206,7 @@ def _report(
             title=title,
             class_names=run.splits.class_names,
         )
-    _plot_retrievals(run, test_embeddings, run.run_dir / "retrievals.png", f"epoch {metrics['epochs']}")
+    plot_run_retrievals(run, test_embeddings, run.run_dir / "retrievals.png", f"epoch {metrics['epochs']}")
     if not quiet:
         against = {
             "leave-one-out among the test items": "leave-one-out among themselves (unseen classes)",

@@ -392,7 +392,9 @@ def test_eval_draws_its_retrievals_beside_the_json_and_keeps_the_training_plot(
 
     run_dir = copy_run(first_run, tmp_path / "run")
     drawn = []
-    monkeypatch.setattr(commands, "_plot_retrievals", lambda run, embeddings, path, when: drawn.append(path))
+    monkeypatch.setattr(
+        commands, "plot_run_retrievals", lambda run, embeddings, path, when: drawn.append(path)
+    )
     main(["eval", DIGITS, "--checkpoint", str(run_dir / "checkpoints" / "latest-rank0.pt")])
     main(["eval", DIGITS, "--checkpoint", str(run_dir / "checkpoints" / "latest-rank0.pt"),
           "--out", str(tmp_path / "elsewhere" / "scores.json")])  # fmt: skip

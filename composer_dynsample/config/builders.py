@@ -37,25 +37,25 @@ from composer_dynsample.config import registries
 from composer_dynsample.config.evaluation import build_eval_dataloader
 from composer_dynsample.config.loading import dataloader_config, evaluation_config, run_options, section
 from composer_dynsample.config.model_builders import (
-    _check_encoder,
-    _check_model_keys,
     build_encoder,
     build_loss,
     build_model,
+    check_encoder,
+    check_model_keys,
 )
 from composer_dynsample.config.registries import (
-    _LOADER_OWNED,
-    _SAMPLER_RESERVED,
     ALGORITHMS,
     CALLBACKS,
     DATASETS,
     ENCODERS,  # noqa: F401 (not used here: re-exported, as registries.__all__ names it)
+    LOADER_OWNED,
     LOGGERS,
     LOSSES,
     OPTIMIZERS,
+    SAMPLER_RESERVED,
     SAMPLERS,
     SCHEDULERS,
-    _entry,
+    resolve_entry,
 )
 from composer_dynsample.config.registry import (
     COMPONENT_KEY,
@@ -91,6 +91,7 @@ __all__ = [
     "build_sampler",
     "build_scheduler",
     "build_train_dataloader",
+    "check_trainer_basics",
     "composer_dataloader",
 ]
 __all__ += registries.__all__  # the registries are importable from here too
@@ -105,7 +106,7 @@ def build_data(cfg: DictConfig) -> DatasetSplits:
     """
     from composer_dynsample.data import DatasetSplits
 
-    entry, name, kwargs, _ = _entry("data", section(cfg, "data", "data"), DATASETS)
+    entry, name, kwargs, _ = resolve_entry("data", section(cfg, "data", "data"), DATASETS)
     if "tokenizer" in parameters(entry.target) and kwargs.get("tokenizer") is None:
         found = run_tokenizer(cfg)
         if found is not None:
@@ -130,7 +131,7 @@ def build_sampler(cfg: DictConfig, labels: torch.Tensor, seed: int, store: Any =
     """Build ``sampler`` for the train labels; ``num_replicas``/``rank`` come from the launcher, and a
     sampler of pairs (``mined_negatives``) reads which rows are passages and their text ids off ``store``."""
     values = section(cfg, "sampler", "sampler")
-    entry, name, kwargs, extras = _entry("sampler", values, SAMPLERS, reserved=_SAMPLER_RESERVED)
+    entry, name, kwargs, extras = resolve_entry("sampler", values, SAMPLERS, reserved=SAMPLER_RESERVED)
     if "seed" in parameters(entry.target):
         kwargs.setdefault("seed", seed)
     if "is_passage" in parameters(entry.target):
@@ -174,9 +175,9 @@ def build_train_dataloader(cfg: DictConfig, store: TensorStore | TextStore, seed
     sampler = build_sampler(cfg, store.labels, seed, store)
     component, kwargs = dataloader_config(cfg)
     if component is None:
-        entry = Registered(BatchSamplerDataLoader, reserved=_LOADER_OWNED)
+        entry = Registered(BatchSamplerDataLoader, reserved=LOADER_OWNED)
     else:
-        entry = Registered(import_component("dataloader._component_", component), reserved=_LOADER_OWNED)
+        entry = Registered(import_component("dataloader._component_", component), reserved=LOADER_OWNED)
         if not entry.accepts_any_key():
             check_keys("dataloader", kwargs, entry.valid_keys(), component)
     collate = TextCollate(store) if isinstance(store, TextStore) else GatherCollate(store)
@@ -195,7 +196,7 @@ def composer_dataloader(loader: DataLoader) -> DataLoader | DataSpec:
 def build_optimizer(cfg: DictConfig, model: torch.nn.Module) -> torch.optim.Optimizer:
     """Build ``optimizer`` over the model's parameters (the loss's too, when it has any)."""
     values = section(cfg, "optimizer", "optimizer")
-    entry, _, kwargs, _ = _entry("optimizer", values, OPTIMIZERS, reserved=("params",))
+    entry, _, kwargs, _ = resolve_entry("optimizer", values, OPTIMIZERS, reserved=("params",))
     if "betas" in kwargs and isinstance(kwargs["betas"], list):
         kwargs["betas"] = tuple(kwargs["betas"])
     return call("optimizer", entry, kwargs, model.parameters())
@@ -205,7 +206,7 @@ def build_scheduler(cfg: DictConfig) -> Any | None:
     """Build ``scheduler`` (a Composer scheduler), or ``None`` when the section is null or absent."""
     if cfg.get("scheduler") is None:
         return None
-    entry, _, kwargs, _ = _entry("scheduler", section(cfg, "scheduler", "scheduler"), SCHEDULERS)
+    entry, _, kwargs, _ = resolve_entry("scheduler", section(cfg, "scheduler", "scheduler"), SCHEDULERS)
     return call("scheduler", entry, kwargs)
 
 
@@ -223,7 +224,9 @@ def _set_entries(
             )
         keys = dict(keys)
         default = None if COMPONENT_KEY in keys else label  # without a _component_ the label names the target
-        entry, _, kwargs, _ = _entry(f"{path}.{label}", keys, registry, default=default, name_key=False)
+        entry, _, kwargs, _ = resolve_entry(
+            f"{path}.{label}", keys, registry, default=default, name_key=False
+        )
         entries.append((f"{path}.{label}", entry, kwargs))
     return entries
 
@@ -279,19 +282,19 @@ def check_config(cfg: DictConfig) -> None:
     """
     run_options(cfg)
     evaluation_config(cfg)
-    _check_trainer_basics(section(cfg, "trainer", "trainer"))
+    check_trainer_basics(section(cfg, "trainer", "trainer"))
     model = section(cfg, "model", "model")
     sections = [
         ("data", section(cfg, "data", "data"), DATASETS, {}, {}),
         ("model.loss", section(model, "loss", "model.loss"), LOSSES, {}, {}),
-        ("sampler", section(cfg, "sampler", "sampler"), SAMPLERS, {}, {"reserved": _SAMPLER_RESERVED}),
+        ("sampler", section(cfg, "sampler", "sampler"), SAMPLERS, {}, {"reserved": SAMPLER_RESERVED}),
         ("optimizer", section(cfg, "optimizer", "optimizer"), OPTIMIZERS, {}, {"reserved": ("params",)}),
     ]
     for path, values, registry, supplied, options in sections:
         if values:
-            entry, _, kwargs, _ = _entry(path, values, registry, supplied=supplied, **options)
+            entry, _, kwargs, _ = resolve_entry(path, values, registry, supplied=supplied, **options)
             check_types(path, entry, kwargs)
-    _check_encoder("model.encoder", section(model, "encoder", "model.encoder"))
+    check_encoder("model.encoder", section(model, "encoder", "model.encoder"))
     dataloader_config(cfg)
     _check_from_source(cfg, model)
 
@@ -310,17 +313,17 @@ def _check_from_source(cfg: DictConfig, model: Mapping[str, Any]) -> None:
     if scheduler is not None:
         values = section(cfg, "scheduler", "scheduler")
         if values.get(COMPONENT_KEY, values.get("name")) in SCHEDULERS:
-            _entry("scheduler", values, SourceRegistry(SCHEDULERS))
+            resolve_entry("scheduler", values, SourceRegistry(SCHEDULERS))
     signature = source_signature("composer_dynsample.models.embedding_model", "EmbeddingModel")
     if signature is not None:
-        _check_model_keys(model, signature.parameters)
+        check_model_keys(model, signature.parameters)
     signature = source_signature("composer.trainer.trainer", "Trainer")
     if signature is not None:
         valid = [key for key in signature.parameters if key not in TRAINER_OWNED]
         check_keys("trainer", section(cfg, "trainer", "trainer"), valid, "composer.Trainer")
 
 
-def _check_trainer_basics(values: Mapping[str, Any]) -> None:
+def check_trainer_basics(values: Mapping[str, Any]) -> None:
     """The trainer keys the builders own, ``max_duration`` and a local ``load_path``."""
     owned = [key for key in values if key in TRAINER_OWNED]
     if owned:

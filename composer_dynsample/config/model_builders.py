@@ -19,7 +19,7 @@ from omegaconf import DictConfig
 
 from composer_dynsample.config.evaluation import eval_metrics
 from composer_dynsample.config.loading import evaluation_config, section
-from composer_dynsample.config.registries import _MODEL_OWNED, ENCODERS, LOSSES, _entry, _peek
+from composer_dynsample.config.registries import ENCODERS, LOSSES, MODEL_OWNED, peek_entry, resolve_entry
 from composer_dynsample.config.registry import (
     COMPONENT_KEY,
     ConfigError,
@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from composer_dynsample.data import DatasetSplits
     from composer_dynsample.models.embedding_model import EmbeddingModel
 
-__all__ = ["build_encoder", "build_loss", "build_model"]
+__all__ = ["build_encoder", "build_loss", "build_model", "check_encoder", "check_model_keys"]
 
 _TOWERS = ("query_encoder", "passage_encoder")
 # What an encoder takes tells the data it reads: feature tensors of a shape, or token ids.
@@ -66,7 +66,7 @@ def _data_inputs(path: str, values: dict[str, Any], splits: DatasetSplits) -> di
         "input_length": feature_shape[-1],
         "input_size": list(feature_shape[1:]) if len(feature_shape) >= 3 else feature_shape[-1],
     }
-    if len(feature_shape) == 2 and "input_size" in parameters(_peek(path, values, ENCODERS)):
+    if len(feature_shape) == 2 and "input_size" in parameters(peek_entry(path, values, ENCODERS)):
         inferred["in_channels"], inferred["input_size"] = 1, list(feature_shape)  # (H, W) images
     return inferred
 
@@ -75,7 +75,7 @@ def _check_reads_the_data(path: str, values: dict[str, Any], splits: DatasetSpli
     """A text encoder on feature tensors, or a tensor encoder on texts, is refused in one line."""
     from composer_dynsample.data import TextStore
 
-    takes = parameters(_peek(path, values, ENCODERS))
+    takes = parameters(peek_entry(path, values, ENCODERS))
     reads_text = any(key in takes for key in _TEXT_INPUTS) or all(key in takes for key in _TOWERS)
     reads_tensors = any(key in takes for key in _TENSOR_INPUTS)
     named = values.get(COMPONENT_KEY, values.get("name"))
@@ -104,7 +104,7 @@ def _tower_section(path: str, tower: str, value: Any) -> dict[str, Any]:
 def _build_encoder(path: str, values: dict[str, Any], splits: DatasetSplits) -> torch.nn.Module:
     _check_reads_the_data(path, values, splits)
     inferred = _data_inputs(path, values, splits)
-    entry, name, kwargs, _ = _entry(path, values, ENCODERS, supplied=inferred)
+    entry, name, kwargs, _ = resolve_entry(path, values, ENCODERS, supplied=inferred)
     feature_shape = getattr(splits.train, "feature_shape", ())
     if name == "conv1d" and len(feature_shape) not in (1, 2):
         raise ConfigError(
@@ -131,7 +131,7 @@ def build_loss(cfg: DictConfig) -> torch.nn.Module:
     model = section(cfg, "model", "model")
     if model.get("loss") is None:
         return TripletMarginLoss(margin=0.2)
-    entry, _, kwargs, _ = _entry("model.loss", section(model, "loss", "model.loss"), LOSSES)
+    entry, _, kwargs, _ = resolve_entry("model.loss", section(model, "loss", "model.loss"), LOSSES)
     return call("model.loss", entry, kwargs)
 
 
@@ -144,7 +144,7 @@ def build_model(cfg: DictConfig, splits: DatasetSplits) -> EmbeddingModel:
     from composer_dynsample.models.embedding_model import EmbeddingModel
 
     model = section(cfg, "model", "model")
-    _check_model_keys(model, parameters(EmbeddingModel))
+    check_model_keys(model, parameters(EmbeddingModel))
     if model.get("encoder") is None:
         raise ConfigError(
             f"model needs an 'encoder' section; valid names: {sorted(ENCODERS)}, or a '_component_' dotted path."
@@ -156,19 +156,19 @@ def build_model(cfg: DictConfig, splits: DatasetSplits) -> EmbeddingModel:
     return call("model", Registered(EmbeddingModel), {**kwargs, "eval_metrics": metrics}, encoder, loss)
 
 
-def _check_encoder(path: str, values: dict[str, Any]) -> None:
+def check_encoder(path: str, values: dict[str, Any]) -> None:
     """The keys and value types of an encoder section, and of each tower's of a two-tower encoder."""
     if not values:
         return
-    entry, _, kwargs, _ = _entry(path, values, ENCODERS, supplied=_SHAPE_STAND_INS)
+    entry, _, kwargs, _ = resolve_entry(path, values, ENCODERS, supplied=_SHAPE_STAND_INS)
     if all(key in parameters(entry.target) for key in _TOWERS):
         for tower in _TOWERS:
-            _check_encoder(f"{path}.{tower}", _tower_section(path, tower, kwargs.pop(tower)))
+            check_encoder(f"{path}.{tower}", _tower_section(path, tower, kwargs.pop(tower)))
     check_types(path, entry, kwargs)
 
 
-def _check_model_keys(model: Mapping[str, Any], takes: Iterable[str]) -> None:
+def check_model_keys(model: Mapping[str, Any], takes: Iterable[str]) -> None:
     """The ``model`` section's keys: ``encoder``, ``loss`` and the arguments ``takes`` names (the
     ``EmbeddingModel``'s) that the builders do not supply themselves."""
-    valid = [key for key in takes if key not in _MODEL_OWNED] + ["encoder", "loss"]
+    valid = [key for key in takes if key not in MODEL_OWNED] + ["encoder", "loss"]
     check_keys("model", model, valid, "EmbeddingModel")

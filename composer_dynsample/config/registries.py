@@ -118,12 +118,12 @@ LOGGERS: dict[str, Registered | Lazy] = _from(
     "file=FileLogger in_memory=InMemoryLogger tensorboard=TensorboardLogger wandb=WandBLogger mlflow=MLFlowLogger",
 )
 # What the builder supplies to any sampler, optimizer or data loader target: never a config key.
-_SAMPLER_RESERVED = ("labels", "num_replicas", "rank")
-_LOADER_OWNED = ("dataset", "batch_sampler", "batch_size", "shuffle", "sampler", "drop_last", "collate_fn")
-_MODEL_OWNED = ("encoder", "loss", "train_metrics", "eval_metrics")
+SAMPLER_RESERVED = ("labels", "num_replicas", "rank")
+LOADER_OWNED = ("dataset", "batch_sampler", "batch_size", "shuffle", "sampler", "drop_last", "collate_fn")
+MODEL_OWNED = ("encoder", "loss", "train_metrics", "eval_metrics")
 
 
-def _entry(
+def resolve_entry(
     path: str,
     values: dict[str, Any],
     registry: Mapping[str, Any],
@@ -153,6 +153,6 @@ def _entry(
     return entry, name, {key: value for key, value in values.items() if key not in entry.extra}, extras
 
 
-def _peek(path: str, values: dict[str, Any], registry: Mapping[str, Any]) -> Any:
+def peek_entry(path: str, values: dict[str, Any], registry: Mapping[str, Any]) -> Any:
     """The target a section names, without consuming its keys (for choices that depend on the target)."""
     return resolve(path, dict(values), registry)[0].target

@@ -20,7 +20,6 @@ from composer_dynsample.callbacks.retrieval_gallery import RetrievalGallery
 from composer_dynsample.checkpoints import CheckpointError
 from composer_dynsample.config.builders import (
     TRAINER_OWNED,
-    _check_trainer_basics,
     build_algorithms,
     build_callbacks,
     build_data,
@@ -29,6 +28,7 @@ from composer_dynsample.config.builders import (
     build_optimizer,
     build_scheduler,
     build_train_dataloader,
+    check_trainer_basics,
     composer_dataloader,
 )
 from composer_dynsample.config.evaluation import LEAVE_ONE_OUT, build_evaluation, protocol_of
@@ -111,7 +111,7 @@ def _composer_run_dir(cfg: DictConfig, directory: Path) -> tuple[Path, tempfile.
 
 def _trainer_kwargs(cfg: DictConfig, run_dir: Path, composer_dir: Path) -> dict[str, Any]:
     values = section(cfg, "trainer", "trainer")
-    _check_trainer_basics(values)
+    check_trainer_basics(values)
     valid = [key for key in parameters(Trainer) if key not in TRAINER_OWNED]
     check_keys("trainer", values, valid, "composer.Trainer")
     expand_trainer_paths(values)
