@@ -43,6 +43,7 @@ __all__ = [
     "check_choice",
     "check_embeddings",
     "check_float",
+    "check_generator",
     "check_int",
     "check_labels",
     "check_pool",
@@ -165,6 +166,22 @@ def check_bool(name: str, value: object) -> bool:
     if not isinstance(value, (bool, np.bool_)):
         raise ValueError(f"{name} must be true or false, got {value!r}.")
     return bool(value)
+
+
+def check_generator(name: str, value: object) -> torch.Generator | None:
+    """Return ``value`` if it is a ``torch.Generator`` or ``None``, else raise :class:`InputTypeError`.
+
+    Example:
+        >>> check_generator("generator", 0)
+        Traceback (most recent call last):
+            ...
+        composer_dynsample.validation.InputTypeError: generator must be a torch.Generator or None, got an object of type int.
+    """
+    import torch
+
+    if value is not None and not isinstance(value, torch.Generator):
+        raise InputTypeError(f"{name} must be a torch.Generator or None, got {describe(value)}.")
+    return value
 
 
 def check_choice(name: str, value: object, choices: Iterable[str]) -> str:

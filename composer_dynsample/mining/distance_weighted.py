@@ -10,7 +10,7 @@ import torch
 from composer_dynsample.distances import RankMatrix
 from composer_dynsample.mining._common import AnchorChunk, LabelIndex, MiningInputs, Triplets, pair_triplets
 from composer_dynsample.mining.base import BaseMiner, functional_form
-from composer_dynsample.validation import InputTypeError, check_float, describe
+from composer_dynsample.validation import check_float, check_generator
 
 __all__ = ["DistanceWeightedMiner", "distance_weighted"]
 
@@ -73,9 +73,7 @@ class DistanceWeightedMiner(BaseMiner):
         self.nonzero_loss_cutoff = check_float(
             "nonzero_loss_cutoff", nonzero_loss_cutoff, minimum=0.0, strict_minimum=True
         )
-        if generator is not None and not isinstance(generator, torch.Generator):
-            raise InputTypeError(f"generator must be a torch.Generator or None, got {describe(generator)}.")
-        self.generator = generator
+        self.generator = check_generator("generator", generator)
         super().__init__(distance=distance, chunk_size=chunk_size)
 
     def mine(self, inputs: MiningInputs, index: LabelIndex) -> Triplets:  # type: ignore[override]

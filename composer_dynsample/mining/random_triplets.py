@@ -6,7 +6,7 @@ import torch
 
 from composer_dynsample.mining._common import MiningInputs, Triplets
 from composer_dynsample.mining.base import BaseMiner, functional_form
-from composer_dynsample.validation import InputTypeError, describe
+from composer_dynsample.validation import check_generator
 
 __all__ = ["RandomTripletsMiner", "random_triplets"]
 
@@ -35,9 +35,7 @@ class RandomTripletsMiner(BaseMiner):
     uses_label_index = False
 
     def __init__(self, *, generator: torch.Generator | None = None, distance: str = "cosine") -> None:
-        if generator is not None and not isinstance(generator, torch.Generator):
-            raise InputTypeError(f"generator must be a torch.Generator or None, got {describe(generator)}.")
-        self.generator = generator
+        self.generator = check_generator("generator", generator)
         super().__init__(distance=distance)
 
     def mine(self, inputs: MiningInputs, index: None) -> Triplets:  # type: ignore[override]
