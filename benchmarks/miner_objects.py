@@ -52,13 +52,14 @@ def bare_call(name: str) -> Callable[[torch.Tensor, torch.Tensor], tuple[torch.T
     miner_class, options = MINERS[name], OPTIONS[name]
 
     def call(emb: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        miner = object.__new__(miner_class)  # the options, checked as the functions checked them
-        miner_class.__init__(miner, **options)
+        miner = miner_class(**options)  # the options, checked on every call as the functions checked them
         with torch.no_grad():
             inputs = validate_mining_inputs(emb, labels, distance=miner.distance)
             if not miner_class.uses_label_index:
                 return miner.mine(inputs, None)
             index = LabelIndex(inputs.labels, inputs.ref_labels, inputs.self_offset)
+            if not bool((index.n_pos > 0).any()):  # the functions' check for a batch without positives
+                return miner.empty(inputs.device)
             return miner.mine(inputs, index)
 
     return call
