@@ -1,9 +1,12 @@
 """What ``composer-dynsample embed --input`` embeds: a file of the config's kind, read as training read its data.
 
 - **Texts** (a config whose data are texts): a JSON Lines, CSV, TSV or Parquet file or a ``datasets``
-  folder with a ``text`` column, or ``anchor`` and ``positive`` columns (pairs), tokenized with the
+  folder with a ``text`` column (passages), an ``anchor`` column (queries), or ``anchor`` and
+  ``positive`` columns (pairs), under the names the run's ``data.columns`` maps too, tokenized with the
   run's tokenizer and truncated to its ``max_length``. Rows of a ``text`` file are passages
-  (``is_query`` false); a pair file gives each pair's anchor (a query) and positive, in that order.
+  (``is_query`` false), rows of an ``anchor`` file queries (``is_query`` true: a two-tower encoder
+  embeds them with its query tower); a pair file gives each pair's anchor (a query) and positive, in
+  that order. Other columns are ignored. The file must be a regular file or a ``datasets`` folder.
 - **Images** (a config whose items are ``(C, H, W)`` images): a folder of image files, read and resized
   to the training images' size and channels.
 
@@ -63,18 +66,21 @@ def read_embed_input(
 
 
 def _read_texts(file: Path, splits: TextSplits) -> tuple[TextStore, dict[str, np.ndarray]]:
-    from composer_dynsample.data.text_table import read_text_tables, text_column
+    from composer_dynsample.data.text_table import map_columns, read_text_tables, text_column
     from composer_dynsample.data.tokenized import TextInterner, tokenize_texts
 
-    table, _ = read_text_tables(file, lambda column: column in ("text", "anchor", "positive"))
+    table = map_columns(read_text_tables(file)[0], splits.info.columns)
     if "text" in table.columns:
-        columns, layout = ["text"], "embed:text"
-    elif "anchor" in table.columns and "positive" in table.columns:
-        columns, layout = ["anchor", "positive"], "embed:anchor,positive"
+        columns = ["text"]
+    elif "anchor" in table.columns:
+        columns = ["anchor", "positive"] if "positive" in table.columns else ["anchor"]
     else:
         raise ValueError(
-            f"{file}: expected a column 'text', or columns 'anchor' and 'positive'; found {sorted(table.columns)}."
+            f"{table.name}: expected a column 'text' (passages), 'anchor' (queries), or 'anchor' and "
+            f"'positive' (pairs), found {list(table.found)}; rename one, or map it with the config's "
+            "data.columns (e.g. data.columns={anchor: query})."
         )
+    layout = "embed:" + ",".join(columns)
     texts = [text_column(table, column) for column in columns]
     ordered: list[Any] = [text for row in zip(*texts) for text in row]  # row by row: anchor, positive
     interner = TextInterner()
@@ -98,7 +104,7 @@ def _read_texts(file: Path, splits: TextSplits) -> tuple[TextStore, dict[str, np
         progress=False,
     )
     rows = np.repeat(np.arange(table.num_rows, dtype=np.int64), len(columns))
-    is_query = np.tile(np.array([len(columns) == 2, False]), table.num_rows)[: len(rows)]
+    is_query = np.tile(np.array([column == "anchor" for column in columns]), table.num_rows)
     store = TextStore(
         tokens,
         text_ids,

@@ -190,14 +190,15 @@ def test_bad_text_input_is_one_line_naming_the_file_line_and_column(run, tmp_pat
         assert error.startswith("composer-dynsample train: error: data: ") and message in error, error
         assert "rejected the config" not in error  # the loader's own line, not the call's arguments
     assert not (tmp_path / "r").exists()
+    (bad / "no_text.jsonl").write_text('{"positive": "a"}\n')  # an anchor alone is a query: embedded
     error = _one_line_error(
         capsys,
         ["embed", config, "--checkpoint", latest_checkpoint(folder / "run"),
-         "--input", str(bad / "no_positive.jsonl"), "--out", str(tmp_path / "x")],
+         "--input", str(bad / "no_text.jsonl"), "--out", str(tmp_path / "x")],
     )  # fmt: skip
     assert (
-        "no_positive.jsonl: expected a column 'text', or columns 'anchor' and 'positive'; found ['anchor']"
-        in error
+        "no_text.jsonl: expected a column 'text' (passages), 'anchor' (queries), or 'anchor' and 'positive' "
+        "(pairs), found ['positive']" in error
     )
     with pytest.raises(SystemExit) as stop:  # a split or a file, not both
         main(["embed", config, "--checkpoint", "c.pt", "--split", "test", "--input", "f.jsonl", "--out", "x"])

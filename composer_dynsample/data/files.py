@@ -19,7 +19,6 @@ raises :class:`FileNotFoundError`. :func:`read_npz` reads every array of an ``.n
 from __future__ import annotations
 
 import os
-import stat
 import zipfile
 import zlib
 from collections.abc import Mapping
@@ -31,7 +30,7 @@ import torch
 
 from composer_dynsample.data.splits import DatasetSplits, num_classes, stratified_split
 from composer_dynsample.data.store import TensorStore
-from composer_dynsample.validation import as_labels
+from composer_dynsample.validation import as_labels, check_path_kind
 
 __all__ = ["load_file", "read_npz"]
 
@@ -158,17 +157,6 @@ def _read_arrays(path: Path) -> Mapping[str, Any]:
     )
 
 
-def _special_file_kind(mode: int) -> str:
-    """What a file that is neither a regular file nor a directory is, in words."""
-    kinds = (
-        (stat.S_ISFIFO, "a named pipe, FIFO"),
-        (stat.S_ISSOCK, "a socket"),
-        (stat.S_ISCHR, "a character device"),
-        (stat.S_ISBLK, "a block device"),
-    )
-    return next((words for test, words in kinds if test(mode)), "a special file")
-
-
 def load_file(
     path: str | os.PathLike[str],
     *,
@@ -213,15 +201,8 @@ def load_file(
         (8, 2, 2, 'toy')
     """
     file = Path(path).expanduser()
-    if not file.exists():
-        raise FileNotFoundError(f"{file}: no such file or directory.")
-    mode = file.stat().st_mode
-    if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):  # opening a named pipe would wait for a writer
-        raise ValueError(
-            f"{file}: not a regular file ({_special_file_kind(mode)}); "
-            "expected an .npz, .pt or .pth file, or a directory of images."
-        )
-    if stat.S_ISDIR(mode):
+    # opening a named pipe would wait for a writer: refused before anything is opened
+    if check_path_kind(file, "an .npz, .pt or .pth file, or a directory of images", directory=True):
         from composer_dynsample.data.images import load_image_folder
 
         return load_image_folder(

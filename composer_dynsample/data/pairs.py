@@ -4,7 +4,8 @@ The input is a table with sentence-transformers' columns: ``anchor``, ``positive
 ``negative`` and/or ``negative_1`` .. ``negative_n`` (a JSON or ``datasets`` cell may also hold a list
 of negatives); formats as :func:`~composer_dynsample.data.text_table.read_text_tables` reads them
 (JSON Lines, CSV, TSV, Parquet, a ``save_to_disk`` folder). Other columns are ignored, except the one
-named by ``group``.
+named by ``group``. Columns under other names are read through ``columns``: ``{"anchor": "query",
+"positive": "pos"}`` (``data.columns`` in a config), for the training and the test file alike.
 
 **A pair is a class of two samples**, so P x K samplers (K = 2), miners, InfoNCE and cross-rank pools
 apply unchanged. Rows of a split's :class:`~composer_dynsample.data.text_store.TextStore`:
@@ -29,7 +30,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -38,7 +39,9 @@ from composer_dynsample.data._text_sources import tokenize_sources
 from composer_dynsample.data.text_store import TextInfo, TextSplits, TextStore
 from composer_dynsample.data.text_table import (
     TextTable,
+    check_column_map,
     check_loader_options,
+    check_unicode,
     hashable_column,
     read_text_tables,
     require_columns,
@@ -117,6 +120,7 @@ def _negative_cell(table: TextTable, row: int, column: str, value: Any) -> tuple
         if item is None or (isinstance(item, str) and not item.strip()):
             missing += 1
         elif isinstance(item, str):
+            check_unicode(table, row, column, item)
             texts.append(item)
         else:
             raise ValueError(
@@ -282,7 +286,11 @@ def _split(
             f"{pairs.table.path}: the test split is {'test_path' if test_path is not None else 'its test split'}; "
             f"test_fraction and group split a single file and must be None, got {test_fraction!r} and {group!r}."
         )
-    test_table = read_text_tables(test_path, _pair_columns(None))[0] if test_path is not None else bundled
+    test_table = (
+        read_text_tables(test_path, _pair_columns(None), pairs.table.renamed, own_names=True)[0]
+        if test_path is not None
+        else bundled
+    )
     test_pairs = read_pairs(test_table)  # type: ignore[arg-type]
     split = "test_path" if test_path is not None else "bundled"
     return test_pairs, np.arange(pairs.num_pairs), np.arange(test_pairs.num_pairs), split
@@ -311,6 +319,7 @@ def load_pairs(
     cache_dir: str | os.PathLike[str] | None = None,
     progress: bool | None = None,
     name: str | None = None,
+    columns: Mapping[str, str] | None = None,
 ) -> TextSplits:
     """Load anchor/positive(/negative) pairs, tokenized once and cached (see the module docstring).
 
@@ -334,6 +343,9 @@ def load_pairs(
             Default: ``default_cache_dir()/text``.
         progress (bool, optional): Progress bar while tokenizing; ``None`` shows one on a terminal only.
         name (str, optional): The name in the result. Default: the file's stem.
+        columns (Mapping[str, str], optional): Read these columns under another name: ``anchor``,
+            ``positive``, ``negative`` or ``negative_<n>`` to the file's column, e.g. ``{"anchor":
+            "query", "positive": "pos"}``; the test file is read with the same mapping. Default: ``None``.
 
     Returns:
         TextSplits: :class:`~composer_dynsample.data.text_store.TextStore` splits and their ``info``.
@@ -352,7 +364,8 @@ def load_pairs(
         (16, 24, [0, 0, 1, 1])
     """
     check_loader_options(max_length, test_fraction, seed)
-    table, bundled = read_text_tables(path, _pair_columns(group))
+    names = check_column_map(columns, ("anchor", "positive", "negative"))
+    table, bundled = read_text_tables(path, _pair_columns(group), names)
     pairs = read_pairs(table, group)
     test_pairs, train_idx, test_idx, split = _split(pairs, bundled, test_path, group, test_fraction, seed)
     cache = text_cache_dir(cache_dir)
@@ -380,6 +393,7 @@ def load_pairs(
         num_train_classes=num_train_labels,
         num_negatives=(train.num_rows - len(train), test.num_rows - len(test)),
         num_missing_negatives=sum(part.num_missing_negatives for part in parts),
+        columns=names,
     )
     num_classes = num_train_labels + test.num_rows - len(test) // 2
     return TextSplits(

@@ -348,6 +348,8 @@ class TextInfo:
         num_train_classes (int): Labels below this are the training split's.
         num_negatives (tuple[int, int]): Given negatives in the train and test split.
         num_missing_negatives (int): Empty or ``null`` negative cells, read as no negative.
+        columns (dict[str, str]): The columns read under another name (the loader's ``columns``), which
+            ``embed --input`` reads a file with too.
     """
 
     tokenizer: str
@@ -364,6 +366,7 @@ class TextInfo:
     num_train_classes: int = 0
     num_negatives: tuple[int, int] = (0, 0)
     num_missing_negatives: int = 0
+    columns: dict[str, str] = dataclasses.field(default_factory=dict)
 
     def load_tokenizer(self) -> TextTokenizer:
         """The tokenizer the texts were tokenized with, read back from ``tokenizer_path`` (or its folder)."""

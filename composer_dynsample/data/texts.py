@@ -1,7 +1,8 @@
 """Labelled texts (entity linking, intent matching): a ``text`` column and a ``label`` column.
 
 Formats as :func:`~composer_dynsample.data.text_table.read_text_tables` reads them (JSON Lines, CSV,
-TSV, Parquet, a ``save_to_disk`` folder); other columns are ignored. A label is any hashable value
+TSV, Parquet, a ``save_to_disk`` folder); other columns are ignored, and ``columns`` reads the two under
+other names (``{"text": "sentence", "label": "intent"}``, ``data.columns`` in a config). A label is any hashable value
 (a name, a number, an identifier); labels are numbered in sorted order and their values kept in
 ``info.label_names`` (``label_names[label]`` is the original), numbers before strings when mixed.
 
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -28,6 +30,7 @@ from composer_dynsample.data._text_sources import tokenize_sources
 from composer_dynsample.data.text_store import TextInfo, TextSplits, TextStore
 from composer_dynsample.data.text_table import (
     TextTable,
+    check_column_map,
     check_loader_options,
     hashable_column,
     read_text_tables,
@@ -116,7 +119,11 @@ def _test_table(
             f"{table.path}: the test split is {'test_path' if test_path is not None else 'its test split'}; "
             f"test_fraction splits a single file and must be None, got {test_fraction!r}."
         )
-    return read_text_tables(test_path, _keep)[0] if test_path is not None else bundled
+    return (
+        read_text_tables(test_path, _keep, table.renamed, own_names=True)[0]
+        if test_path is not None
+        else bundled
+    )
 
 
 def _keep(column: str) -> bool:
@@ -167,6 +174,7 @@ def load_texts(
     cache_dir: str | os.PathLike[str] | None = None,
     progress: bool | None = None,
     name: str | None = None,
+    columns: Mapping[str, str] | None = None,
 ) -> TextSplits:
     """Load labelled texts, tokenized once and cached, split by label (see the module docstring).
 
@@ -188,6 +196,9 @@ def load_texts(
             Default: ``default_cache_dir()/text``.
         progress (bool, optional): Progress bar while tokenizing; ``None`` shows one on a terminal only.
         name (str, optional): The name in the result. Default: the file's stem.
+        columns (Mapping[str, str], optional): Read ``text`` and/or ``label`` from columns of other names,
+            e.g. ``{"text": "sentence", "label": "intent"}``; the test file is read with the same mapping.
+            Default: ``None``.
 
     Returns:
         TextSplits: ``info.label_names`` maps each integer label back to the original.
@@ -206,7 +217,7 @@ def load_texts(
         (16, 4, ('a', 'b', 'd', 'e', 'c'))
     """
     check_loader_options(max_length, test_fraction, seed)
-    table, bundled = read_text_tables(path, _keep)
+    table, bundled = read_text_tables(path, _keep, check_column_map(columns, _COLUMNS))
     train = _read(table)
     test_table = _test_table(table, bundled, test_path, test_fraction)
     test = _read(test_table) if test_table is not None else train
@@ -234,7 +245,13 @@ def load_texts(
     )
     split = "labels" if test is train else "test_path" if test_path is not None else "bundled"
     info = TextInfo.describe(
-        text_tokenizer, stores, max_length, split, label_names=label_names, num_train_classes=num_train
+        text_tokenizer,
+        stores,
+        max_length,
+        split,
+        label_names=label_names,
+        num_train_classes=num_train,
+        columns=table.renamed,
     )
     return TextSplits(
         train=_store(train.text_ids, train_labels, train_rows, stores[0], text_tokenizer),

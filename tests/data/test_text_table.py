@@ -190,3 +190,26 @@ def test_datasets_folder_and_dataset_dict(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(ValueError, match=r"empty: not a datasets folder written by save_to_disk"):
         read_text_tables(tmp_path / "empty")
+
+
+def test_columns_are_mapped_in_every_format_and_a_missing_one_names_the_file_columns(tmp_path):
+    pyarrow = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as parquet
+
+    names = {"anchor": "query", "positive": "pos"}
+    parquet.write_table(
+        pyarrow.table({"query": ["a", "b"], "pos": ["c", "d"], "x": [1, 2]}), tmp_path / "p.parquet"
+    )
+    _jsonl(tmp_path / "p.jsonl", [{"query": "a", "pos": "c", "anchor": "own"}, {"query": "b", "pos": "d"}])
+    for file in (tmp_path / "p.parquet", tmp_path / "p.jsonl"):
+        table, _ = read_text_tables(file, lambda name: name in ("anchor", "positive"), names)
+        assert table.columns == {"anchor": ["a", "b"], "positive": ["c", "d"]}, (
+            file
+        )  # the file's own 'anchor' gives way
+        assert table.where(1, "positive").endswith("column 'pos'") and table.renamed == names
+    # without the mapping the rows are still counted: the missing column is named, not "no rows"
+    table, _ = read_text_tables(tmp_path / "p.parquet", lambda name: name in ("anchor", "positive"))
+    assert table.num_rows == 2 and table.found == ("query", "pos", "x")
+    with pytest.raises(ValueError, match=r"missing column 'anchor'.*found \['query', 'pos', 'x'\]") as error:
+        require_columns(table, ["anchor", "positive"], "X")
+    assert "columns={anchor: query, positive: pos}" in _one_line(error)
