@@ -32,8 +32,8 @@ TRAIN_HELP = """\
 Train from CONFIG.yaml (see yamls/) with dotted key.path=value overrides, for example
   composer-dynsample train yamls/mnist1d_default.yaml trainer.max_duration=10ep seed=1
 A mapping replaces a whole section: model.loss={_component_: my_losses.MyLoss, scale: 2}.
-Writes RUN_DIR/config.yaml, metrics.json, embeddings.png and checkpoints/ (and tokenizer.json for
-text data). Resume with
+Writes RUN_DIR/config.yaml, metrics.json and checkpoints/; embeddings.png (the test embeddings' PCA)
+for all data but text pairs, retrievals.png for images, tokenizer.json for texts. Resume with
 trainer.load_path=RUN_DIR/checkpoints/latest-rank0.pt and a larger trainer.max_duration, or set
 trainer.autoresume=true: rerunning the same command then continues from the run's latest checkpoint.
 Ctrl-C (or SIGTERM) saves a checkpoint at the batch reached and prints the command that resumes it

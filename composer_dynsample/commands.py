@@ -13,6 +13,7 @@ import functools
 import os
 import sys
 import time
+import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -50,7 +51,8 @@ __all__ = [
 
 
 class OutputError(ValueError):
-    """An ``--out`` path cannot be written: it is a directory, or under a file."""
+    """An ``--out`` path cannot be written: it is a directory (a non-empty one, for ``export``), under a
+    file, or in a folder that cannot be written in."""
 
 
 def set_cpu_threads() -> int | None:
@@ -74,18 +76,35 @@ def set_cpu_threads() -> int | None:
     return threads
 
 
-def _out_path(out: str | os.PathLike[str], example: str, suffix: str | None = None) -> Path:
-    """The file an ``--out`` names (``suffix`` appended when missing), or an :class:`OutputError`."""
+def _out_path(
+    out: str | os.PathLike[str], example: str = "", suffix: str | None = None, *, directory: bool = False
+) -> Path:
+    """The file an ``--out`` names (``suffix`` appended when missing), or with ``directory`` the new or
+    empty folder it names: checked before anything is loaded.
+
+    Raises:
+        OutputError: If the file is a directory, the folder exists and is not an empty directory, a
+            parent is a file, or the nearest existing folder cannot be written in (``os.access``).
+    """
     given = Path(out).expanduser()
     path = given if suffix is None or given.suffix == suffix else given.with_name(given.name + suffix)
+    if directory and path.exists() and (not path.is_dir() or any(path.iterdir())):
+        raise OutputError(f"--out {str(out)!r} exists and is not an empty directory; choose a new one.")
     for candidate in dict.fromkeys((given, path)):
-        if candidate.is_dir():
+        if not directory and candidate.is_dir():
             raise OutputError(
                 f"--out {str(candidate)!r} is a directory; give a file name, e.g. {str(candidate / example)!r}."
             )
     for parent in path.parents:
         if parent.exists() and not parent.is_dir():
             raise OutputError(f"--out {str(path)!r}: {str(parent)!r} is a file, not a directory.")
+    start = path if directory else path.parent
+    existing = next(folder for folder in (start, *start.parents) if folder.exists())
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise OutputError(
+            f"--out {str(path)!r}: the folder {str(existing)!r} is not writable (permission denied); "
+            "choose a folder you can write in."
+        )
     return path
 
 
@@ -164,8 +183,8 @@ def train(
     """Build a run from a config, train it, evaluate it and write its report.
 
     Every rank builds and trains; rank 0 alone writes ``RUN_DIR/config.yaml`` (once the Trainer is
-    built), ``metrics.json`` and ``embeddings.png`` and prints the metrics table. Checkpoints go to
-    ``RUN_DIR/checkpoints`` (Composer's ``save_folder``); ``trainer.load_path`` resumes from one, after
+    built), ``metrics.json`` and (except for text pairs) ``embeddings.png`` and prints the metrics
+    table. Checkpoints go to ``RUN_DIR/checkpoints`` (Composer's ``save_folder``); ``trainer.load_path`` resumes from one, after
     :func:`~composer_dynsample.checkpoints.check_checkpoint` unless ``trust_checkpoint``, and
     ``trainer.autoresume=true`` continues the run in ``run_dir`` from its latest one, when there is one.
 
@@ -221,6 +240,9 @@ def train(
             outputs.remove_empty_dir()
 
 
+_TRUNCATION_REPORT = r".* longer than max_length=\d+ tokens and were truncated"
+
+
 def _checkpoint_run(
     config: str | os.PathLike[str] | Mapping[str, Any],
     checkpoint: str | os.PathLike[str],
@@ -242,7 +264,10 @@ def _checkpoint_run(
     cfg, _, directory, _ = _prepare(
         config, overrides, run_dir, quiet=True, trust_checkpoint=True, settings=settings
     )
-    return _build(cfg, directory)
+    with warnings.catch_warnings():
+        # The data come back from the token cache that train wrote; train reported their truncation.
+        warnings.filterwarnings("ignore", message=_TRUNCATION_REPORT, category=UserWarning)
+        return _build(cfg, directory)
 
 
 def evaluate(
@@ -279,6 +304,7 @@ def evaluate(
         f"{path.stem}-retrievals.png" if _same_dir(path.parent, run_dir) else "retrievals.png"
     )
     run = _checkpoint_run(config, checkpoint, overrides, None, trust_checkpoint)
+    from composer_dynsample.config.evaluation import describe_protocol
     from composer_dynsample.reporting import format_metrics_table, write_json
 
     final, test_embeddings = evaluate_run(run)
@@ -286,7 +312,8 @@ def evaluate(
     if is_rank_zero():
         write_json(path, result)
         plot_run_retrievals(run, test_embeddings, plot, Path(checkpoint).name)
-        print(format_metrics_table(final, title=f"{run.splits.name}: {Path(checkpoint).name}"))
+        title, gallery_size = f"{run.splits.name}: {Path(checkpoint).name}", describe_protocol(run.splits)[1]
+        print(format_metrics_table(final, title=title, gallery_size=gallery_size))
         print(f"wrote {path}")
     return result
 
@@ -389,7 +416,8 @@ def export(
         Path: The directory written.
 
     Raises:
-        OutputError: If ``out`` exists and is not an empty directory (before anything is loaded).
+        OutputError: If ``out`` exists and is not an empty directory, is under a file, or is in a folder
+            that cannot be written in (before anything is loaded).
         ConfigError: If the data are not texts, or the encoder does not fit the format.
     """
     from composer_dynsample.config.registry import ConfigError
@@ -399,9 +427,7 @@ def export(
     from composer_dynsample.validation import check_choice
 
     export_format = check_choice("format", export_format, EXPORT_FORMATS)
-    target = Path(out).expanduser()
-    if target.exists() and (not target.is_dir() or any(target.iterdir())):
-        raise OutputError(f"--out {str(out)!r} exists and is not an empty directory; choose a new one.")
+    target = _out_path(out, directory=True)
     run = _checkpoint_run(config, checkpoint, overrides, None, trust_checkpoint)
     if not isinstance(run.splits, TextSplits):
         raise ConfigError(

@@ -11,6 +11,9 @@
   Pooling in the encoder's mode, Dense for the projection, Normalize when the model normalises) that
   ``SentenceTransformer(out_dir)`` loads and that embeds texts as the encoder does.
 
+Every file written is readable as any new file is (``0o666`` less the umask; ``safetensors`` alone
+would leave its weights ``0o600``). ``transformers``' load reports and progress bars are left out.
+
 The tokenizer may be a ``tokenizers.Tokenizer``, the path of its ``tokenizer.json``, or a ``transformers``
 tokenizer; its special tokens (``[PAD]``, ``[CLS]``, ...) are found in its vocabulary unless given.
 ``transformers`` and ``sentence-transformers`` (the ``[text]`` extra) are imported when a function runs.
@@ -36,6 +39,7 @@ from composer_dynsample.models.text import (
     TwoTowerEncoder,
     import_text_extra,
 )
+from composer_dynsample.models.transformer import quiet_transformers
 from composer_dynsample.validation import InputTypeError, check_bool, check_int, is_int
 
 __all__ = [
@@ -204,7 +208,17 @@ def export_huggingface(
         _write_encoder(_prepare(directory / name) if name else directory, tower, hf_tokenizer)
     if isinstance(encoder, TwoTowerEncoder):
         _write_config(directory, "TwoTowerEncoder", {})
+    _new_file_modes(directory)
     return directory
+
+
+def _new_file_modes(directory: Path) -> None:
+    """Give every file under ``directory`` the mode of a newly created file: ``0o666`` less the umask."""
+    umask = os.umask(0o022)
+    os.umask(umask)  # reading the umask sets it: set it back at once
+    for path in directory.rglob("*"):
+        if path.is_file() and not path.is_symlink():
+            path.chmod(0o666 & ~umask)
 
 
 def _tokenizer_for(
@@ -235,9 +249,11 @@ def _tokenizer_for(
 
 def _write_encoder(directory: Path, encoder: nn.Module, hf_tokenizer: Any) -> None:
     """The tokenizer, the weights (``save_pretrained`` or the state dict) and ``encoder_config.json``."""
-    hf_tokenizer.save_pretrained(str(directory))
+    with quiet_transformers():
+        hf_tokenizer.save_pretrained(str(directory))
+        if isinstance(encoder, TransformerEncoder):
+            encoder.model.save_pretrained(str(directory))
     if isinstance(encoder, TransformerEncoder):
-        encoder.model.save_pretrained(str(directory))
         state = {} if encoder.projection is None else encoder.projection.state_dict()
     else:
         state = encoder.state_dict()
@@ -295,7 +311,9 @@ def export_sentence_transformers(
     ``Pooling`` in the encoder's mode (``mean`` or ``cls``), ``Dense`` with the projection's weights and
     an identity activation (when the encoder projects), and ``Normalize`` when the embeddings are
     L2-normalised. ``SentenceTransformer(out_dir).encode(texts)`` then returns the encoder's embeddings
-    of the texts, tokenized with the same tokenizer.
+    of the texts, tokenized with the same tokenizer. sentence-transformers loads BERT-like models with
+    their pooler, which the encoder dropped: it is written with random weights (the pooling does not
+    use it), and a line says so.
 
     Args:
         model (torch.nn.Module): A :class:`TransformerEncoder` or an ``EmbeddingModel`` around one.
@@ -329,24 +347,47 @@ def export_sentence_transformers(
     with tempfile.TemporaryDirectory() as staging:
         staged = Path(staging) / "model"
         export_huggingface(encoder, tokenizer, staged, special_tokens=special_tokens, max_length=max_length)
-        transformer = modules.Transformer(str(staged))
-        steps: list[nn.Module] = [
-            transformer,
-            modules.Pooling(encoder.model.config.hidden_size, encoder.pooling),
-        ]
-        if encoder.projection is not None:
-            dense = modules.Dense(
-                encoder.projection.in_features,
-                encoder.projection.out_features,
-                bias=True,
-                activation_function=nn.Identity(),
-            )
-            dense.linear.load_state_dict(encoder.projection.state_dict())
-            steps.append(dense)
-        if normalized:
-            steps.append(modules.Normalize())
-        sentence_transformer(modules=steps, device="cpu").save(str(directory), create_model_card=False)
+        steps = _sentence_transformers_steps(modules, encoder, staged, normalized)
+        with quiet_transformers():
+            sentence_transformer(modules=steps, device="cpu").save(str(directory), create_model_card=False)
+    _new_file_modes(directory)
+    _say_added_pooler(directory, steps[0], encoder)
     return directory
+
+
+def _sentence_transformers_steps(
+    modules: Any, encoder: TransformerEncoder, staged: Path, normalized: bool
+) -> list[nn.Module]:
+    """The modules of the encoder's steps: Transformer (of ``staged``), Pooling, Dense and Normalize."""
+    with quiet_transformers():
+        transformer = modules.Transformer(str(staged))
+    steps: list[nn.Module] = [transformer, modules.Pooling(encoder.model.config.hidden_size, encoder.pooling)]
+    if encoder.projection is not None:
+        dense = modules.Dense(
+            encoder.projection.in_features,
+            encoder.projection.out_features,
+            bias=True,
+            activation_function=nn.Identity(),
+        )
+        dense.linear.load_state_dict(encoder.projection.state_dict())
+        steps.append(dense)
+    if normalized:
+        steps.append(modules.Normalize())
+    return steps
+
+
+def _say_added_pooler(directory: Path, transformer: nn.Module, encoder: TransformerEncoder) -> None:
+    """One line when sentence-transformers' model has a pooler that the encoder dropped (random weights)."""
+    model = getattr(transformer, "auto_model", None)
+    model = getattr(transformer, "model", None) if model is None else model
+    pooler = getattr(model, "pooler", None)
+    if not isinstance(pooler, nn.Module) or getattr(encoder.model, "pooler", None) is not None:
+        return
+    names = sorted({name.rpartition(".")[0] for name, _ in pooler.named_parameters(prefix="pooler")})
+    print(
+        f"export {directory}: sentence-transformers loads {type(encoder.model).__name__} with a pooler "
+        f"({', '.join(names)}) of random weights, which its {encoder.pooling} pooling does not use."
+    )
 
 
 def _sentence_transformers_modules() -> Any:

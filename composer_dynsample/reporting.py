@@ -19,6 +19,7 @@ import torch
 
 __all__ = [
     "format_metrics_table",
+    "metrics_table_title",
     "nearest_neighbours",
     "pca_2d",
     "plot_embeddings",
@@ -30,7 +31,6 @@ _NAMES = {
     "map_at_r": "MAP@R",
     "r_precision": "R-precision",
     "mrr": "MRR",
-    "csn_mrr": "MRR (CodeSearchNet, 1000 candidates)",
 }
 # Metrics with a cut-off, ``<prefix><k>``, and how the table names them.
 _AT_K = (("recall_at_", "Recall@"), ("mrr_at_", "MRR@"), ("ndcg_at_", "nDCG@"))
@@ -38,14 +38,48 @@ _AT_K = (("recall_at_", "Recall@"), ("mrr_at_", "MRR@"), ("ndcg_at_", "nDCG@"))
 _COUNTS = ("queries_without_positive", "num_queries")
 
 
-def _metric_label(name: str) -> str:
+def _metric_label(name: str, gallery_size: int | None = None) -> str:
     for prefix, label in _AT_K:
         if name.startswith(prefix):
             return f"{label}{name.removeprefix(prefix)}"
+    if name == "csn_mrr":
+        return f"MRR (CodeSearchNet, {_csn_candidates(gallery_size)} candidates)"
     return _NAMES.get(name, name)
 
 
-def format_metrics_table(metrics: Mapping[str, float], title: str = "final retrieval metrics") -> str:
+def _csn_candidates(gallery_size: int | None) -> str:
+    """How many candidates CodeSearchNet's MRR ranks each query among: its groups' size, at most the gallery."""
+    import inspect
+
+    from composer_dynsample.metrics.ranking import ranking_metrics
+
+    candidates = inspect.signature(ranking_metrics).parameters["csn_candidates"].default
+    return f"up to {candidates}" if gallery_size is None else str(min(candidates, gallery_size))
+
+
+def metrics_table_title(dataset: str, num_queries: int, protocol: str, gallery_size: int) -> str:
+    """The heading of a training run's metrics table: the data set, then what its test queries were scored against.
+
+    Args:
+        dataset (str): The data set's name (``DatasetSplits.name``).
+        num_queries (int): The test queries.
+        protocol (str): What :func:`~composer_dynsample.config.evaluation.describe_protocol` says.
+        gallery_size (int): The items the queries are ranked among.
+
+    Example:
+        >>> metrics_table_title("pairs", 500, "test queries vs test passages", 500)
+        'pairs: final retrieval metrics of 500 test queries vs 500 test passages'
+    """
+    against = {
+        "leave-one-out among the test items": "leave-one-out among themselves (unseen classes)",
+        "test queries vs test passages": f"vs {gallery_size} test passages",
+    }.get(protocol, f"vs {gallery_size} train items")
+    return f"{dataset}: final retrieval metrics of {num_queries} test queries {against}"
+
+
+def format_metrics_table(
+    metrics: Mapping[str, float], title: str = "final retrieval metrics", *, gallery_size: int | None = None
+) -> str:
     """Format retrieval metrics as a two-column text table.
 
     Args:
@@ -56,6 +90,9 @@ def format_metrics_table(metrics: Mapping[str, float], title: str = "final retri
             and ``num_queries`` are no rows: they make a closing line that says how many queries the
             metrics leave out (see :func:`~composer_dynsample.metrics.count_queries_without_positive`).
         title (str): The heading. Default: ``"final retrieval metrics"``.
+        gallery_size (int, optional): The items the queries were ranked among: CodeSearchNet's MRR ranks
+            each query among ``min(1000, gallery_size)`` candidates, and its row says how many.
+            Default: ``None`` (the row says "up to 1000").
 
     Returns:
         str: The table, one metric per line.
@@ -71,7 +108,7 @@ def format_metrics_table(metrics: Mapping[str, float], title: str = "final retri
         2 of 40 queries have no item of their class in the gallery: every metric leaves them out.
     """
     rows = [
-        (_metric_label(name), f"{number:.4f}" if math.isfinite(number) else "n/a")
+        (_metric_label(name, gallery_size), f"{number:.4f}" if math.isfinite(number) else "n/a")
         for name, number in _numbers(metrics)
         if name not in _COUNTS
     ]

@@ -2,7 +2,8 @@
 
 :func:`evaluate_run` scores the run's current model by the data's protocol (at the end of ``train``, and
 for ``eval`` with a checkpoint's weights). A training run's report is ``metrics.json`` (the metrics,
-times and what the run was), ``embeddings.png``, ``retrievals.png`` for image data, the metrics table
+times and what the run was), ``embeddings.png`` (not for text pairs, where a point per pair says little),
+``retrievals.png`` for image data, the metrics table
 and a summary line. A signal during the fit ends it with :class:`Interrupted`. The commands of
 :mod:`composer_dynsample.commands` call these; :class:`Interrupted` and :func:`evaluate_run` are
 importable from there too.
@@ -189,8 +190,14 @@ def plot_run_retrievals(run: Any, test_embeddings: Any, path: Path, when: str) -
 def _report(
     run: Any, metrics: dict[str, Any], final: dict[str, float], test_embeddings: Any, *, quiet: bool
 ) -> None:
-    """Rank 0's outputs of a training run: metrics.json, embeddings.png, the table and one summary line."""
-    from composer_dynsample.reporting import format_metrics_table, plot_embeddings, write_json
+    """Rank 0's outputs of a training run: metrics.json, embeddings.png (not for pairs), the table and one
+    summary line."""
+    from composer_dynsample.reporting import (
+        format_metrics_table,
+        metrics_table_title,
+        plot_embeddings,
+        write_json,
+    )
 
     write_json(run.run_dir / "metrics.json", metrics)
     title = f"{run.splits.name} test embeddings (PCA), epoch {metrics['epochs']}"
@@ -208,14 +215,10 @@ def _report(
         )
     plot_run_retrievals(run, test_embeddings, run.run_dir / "retrievals.png", f"epoch {metrics['epochs']}")
     if not quiet:
-        against = {
-            "leave-one-out among the test items": "leave-one-out among themselves (unseen classes)",
-            "test queries vs test passages": f"vs {metrics['gallery_size']} test passages",
-        }.get(metrics["protocol"], f"vs {metrics['gallery_size']} train items")
-        table_title = (
-            f"final retrieval metrics: {metrics['num_queries']} {run.splits.name} test queries {against}"
+        table_title = metrics_table_title(
+            run.splits.name, metrics["num_queries"], metrics["protocol"], metrics["gallery_size"]
         )
-        print("\n" + format_metrics_table(final, title=table_title))
+        print("\n" + format_metrics_table(final, title=table_title, gallery_size=metrics["gallery_size"]))
     resumed = f" (resumed at epoch {metrics['resumed_from_epoch']})" if metrics["resumed_from_batch"] else ""
     print(
         f"trained {metrics['epochs_this_run']} epochs{resumed} to epoch {metrics['epochs']} in "

@@ -42,6 +42,7 @@ from composer_dynsample.config.model_builders import (
     build_model,
     check_encoder,
     check_model_keys,
+    check_positions,
 )
 from composer_dynsample.config.registries import (
     ALGORITHMS,
@@ -295,6 +296,7 @@ def check_config(cfg: DictConfig) -> None:
             entry, _, kwargs, _ = resolve_entry(path, values, registry, supplied=supplied, **options)
             check_types(path, entry, kwargs)
     check_encoder("model.encoder", section(model, "encoder", "model.encoder"))
+    check_positions(cfg)  # data.max_length against a transformer's positions, the data not loaded
     dataloader_config(cfg)
     _check_from_source(cfg, model)
 

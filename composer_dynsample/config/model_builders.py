@@ -7,11 +7,16 @@
 sections. ``model.loss`` is ``target(**keys)``. :func:`build_model` puts them into the
 :class:`~composer_dynsample.EmbeddingModel` with the eval metrics of the data's protocol. Every name
 here is importable from :mod:`composer_dynsample.config.builders` too.
+
+:func:`check_positions` compares the data's ``max_length`` with the positions of each transformer
+encoder (its ``config``, or the ``config.json`` of its ``path``), before any data is loaded; the encoder
+builder checks it again with the loaded data's.
 """
 
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -19,7 +24,14 @@ from omegaconf import DictConfig
 
 from composer_dynsample.config.evaluation import eval_metrics
 from composer_dynsample.config.loading import evaluation_config, section
-from composer_dynsample.config.registries import ENCODERS, LOSSES, MODEL_OWNED, peek_entry, resolve_entry
+from composer_dynsample.config.registries import (
+    DATASETS,
+    ENCODERS,
+    LOSSES,
+    MODEL_OWNED,
+    peek_entry,
+    resolve_entry,
+)
 from composer_dynsample.config.registry import (
     COMPONENT_KEY,
     ConfigError,
@@ -36,7 +48,14 @@ if TYPE_CHECKING:
     from composer_dynsample.data import DatasetSplits
     from composer_dynsample.models.embedding_model import EmbeddingModel
 
-__all__ = ["build_encoder", "build_loss", "build_model", "check_encoder", "check_model_keys"]
+__all__ = [
+    "build_encoder",
+    "build_loss",
+    "build_model",
+    "check_encoder",
+    "check_model_keys",
+    "check_positions",
+]
 
 _TOWERS = ("query_encoder", "passage_encoder")
 # What an encoder takes tells the data it reads: feature tensors of a shape, or token ids.
@@ -116,6 +135,9 @@ def _build_encoder(path: str, values: dict[str, Any], splits: DatasetSplits) -> 
             kwargs[tower] = _build_encoder(
                 f"{path}.{tower}", _tower_section(path, tower, kwargs[tower]), splits
             )
+    max_length = getattr(splits.train, "max_length", None)
+    if _is_transformer(entry.target) and isinstance(max_length, int):
+        _check_transformer_positions(path, kwargs, max_length)
     encoder = call(path, entry, kwargs)
     import torch
 
@@ -172,3 +194,79 @@ def check_model_keys(model: Mapping[str, Any], takes: Iterable[str]) -> None:
     ``EmbeddingModel``'s) that the builders do not supply themselves."""
     valid = [key for key in takes if key not in MODEL_OWNED] + ["encoder", "loss"]
     check_keys("model", model, valid, "EmbeddingModel")
+
+
+def check_positions(cfg: DictConfig) -> None:
+    """``data.max_length`` against the positions of each transformer of ``model.encoder``, data unloaded.
+
+    The length is the data section's ``max_length``, else its loader's default; a transformer's
+    positions are read off its ``config`` (or the model type's default) or its folder's ``config.json``,
+    as :func:`~composer_dynsample.models.transformer.position_limit` says. Sections that name no
+    transformer, or data without a ``max_length``, are left alone.
+
+    Raises:
+        ConfigError: If ``data.max_length`` is more tokens than a transformer has positions for.
+    """
+    data = section(cfg, "data", "data")
+    if not data:
+        return
+    max_length = data.get("max_length")
+    if "max_length" not in data:
+        default = parameters(peek_entry("data", data, DATASETS)).get("max_length")
+        max_length = None if default is None else default.default
+    if isinstance(max_length, bool) or not isinstance(max_length, int):
+        return
+    encoder = section(section(cfg, "model", "model"), "encoder", "model.encoder")
+    _check_section_positions("model.encoder", encoder, max_length)
+
+
+def _check_section_positions(path: str, values: dict[str, Any], max_length: int) -> None:
+    """:func:`check_positions` for one encoder section and, of two towers, each tower's."""
+    if not values:
+        return
+    target = peek_entry(path, values, ENCODERS)
+    if all(key in parameters(target) for key in _TOWERS):
+        for tower in _TOWERS:
+            _check_section_positions(
+                f"{path}.{tower}", _tower_section(path, tower, values.get(tower)), max_length
+            )
+    elif _is_transformer(target):
+        _check_transformer_positions(path, values, max_length)
+
+
+def _is_transformer(target: Any) -> bool:
+    from composer_dynsample.models.transformer import TransformerEncoder
+
+    return isinstance(target, type) and issubclass(target, TransformerEncoder)
+
+
+def _check_transformer_positions(path: str, values: Mapping[str, Any], max_length: int) -> None:
+    """A one-line ConfigError when texts of ``max_length`` tokens do not fit the transformer's positions."""
+    from composer_dynsample.models.transformer import position_limit
+
+    model_path, config = values.get("path"), values.get("config")
+    if model_path is not None and not isinstance(model_path, (str, os.PathLike)):
+        return  # the encoder names a path of the wrong type itself
+    limit = position_limit(path=model_path) if model_path is not None else position_limit(config=config)
+    if limit is None or max_length <= limit.tokens:
+        return
+    positions, reserved = limit.max_position_embeddings, limit.max_position_embeddings - limit.tokens
+    if model_path is not None:
+        where = f"the model of {path}.path ({str(model_path)!r}) has max_position_embeddings {positions} (its config.json)"
+        fix = f"set data.max_length to at most {limit.tokens}"
+    else:
+        key = f"{path}.config.max_position_embeddings"
+        where = (
+            f"{key} is {positions}"
+            if not limit.default
+            else f"{key} is left at {positions}, the default for model_type {limit.model_type!r}"
+        )
+        fix = f"set data.max_length to at most {limit.tokens}, or {key} to at least {max_length + reserved}"
+    kept = (
+        f" ({limit.model_type!r} keeps {reserved} of them for padding: {limit.tokens} tokens)"
+        if reserved
+        else ""
+    )
+    raise ConfigError(
+        f"data.max_length is {max_length} but {where}{kept}: a longer text has no position embedding; {fix}."
+    )

@@ -4,19 +4,27 @@
 init), with mean or CLS pooling and an optional projection. It reads the same features as the other
 text encoders (see :mod:`composer_dynsample.models.text`); ``transformers`` is imported only when one
 is built. It is importable from :mod:`composer_dynsample.models.text` too.
+
+:func:`position_limit` reads how long a text such a model takes off its config, without building it
+(the config checks compare it with the data's ``max_length``); :func:`quiet_transformers` keeps
+``transformers``' load reports and progress bars out of the output.
 """
 
 from __future__ import annotations
 
+import contextlib
 import difflib
+import json
 import os
-from collections.abc import Mapping
+import warnings
+from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import nn
 
+from composer_dynsample.distributed import get_rank
 from composer_dynsample.models.tokens import (
     _positive,
     _projection,
@@ -26,9 +34,37 @@ from composer_dynsample.models.tokens import (
 )
 from composer_dynsample.validation import InputTypeError, check_choice
 
-__all__ = ["TRANSFORMER_POOLINGS", "TransformerEncoder"]
+__all__ = [
+    "PADDING_OFFSET_MODEL_TYPES",
+    "TRANSFORMER_POOLINGS",
+    "PositionLimit",
+    "TransformerEncoder",
+    "position_limit",
+    "quiet_transformers",
+]
 
 TRANSFORMER_POOLINGS = ("mean", "cls")
+# Model types that number positions from ``padding_idx + 1`` as RoBERTa does: two of their
+# ``max_position_embeddings`` never hold a token (RoBERTa's 514 positions take texts of 512 tokens).
+PADDING_OFFSET_MODEL_TYPES = frozenset(
+    {
+        "camembert",
+        "data2vec-text",
+        "esm",
+        "ibert",
+        "layoutlmv3",
+        "lilt",
+        "longformer",
+        "luke",
+        "markuplm",
+        "mpnet",
+        "roberta",
+        "roberta-prelayernorm",
+        "xlm-roberta",
+        "xlm-roberta-xl",
+        "xmod",
+    }
+)
 
 
 class TransformerEncoder(nn.Module):
@@ -55,6 +91,14 @@ class TransformerEncoder(nn.Module):
             Default: ``None``. Exactly one of ``path`` and ``config`` is given.
         pooling (str): ``"mean"`` or ``"cls"``. Default: ``"mean"``.
         embedding_dim (int, optional): Project to this dimension. Default: ``None``, the hidden size.
+
+    Attributes:
+        max_tokens (int | None): The longest text, in tokens (special tokens included), the model has
+            position embeddings for (see :func:`position_limit`); ``None`` when it does not say.
+
+    Loading from ``path`` prints no report of ``transformers``: a line says what of the folder's weights
+    was not loaded (its pooler, heads of other tasks), and a ``UserWarning`` names weights the folder
+    lacks (randomly initialised).
 
     Raises:
         ValueError: If ``path`` is not a local model directory, ``config`` names an unknown model type or
@@ -89,6 +133,7 @@ class TransformerEncoder(nn.Module):
                 f"(a model_type and its sizes), got {given}."
             )
         model = _load_pretrained(path) if path is not None else _from_config(config, vocab_size)
+        self.max_tokens = _token_positions(model.config.to_dict())
         table = model.get_input_embeddings().num_embeddings
         if vocab_size is not None and vocab_size > table:
             raise ValueError(
@@ -107,8 +152,19 @@ class TransformerEncoder(nn.Module):
         }
 
     def forward(self, features: Any) -> torch.Tensor:
-        """Embed the text features (see the module docstring) to ``(B, embedding_dim)``."""
+        """Embed the text features (see the module docstring) to ``(B, embedding_dim)``.
+
+        Raises:
+            ValueError: If the features are malformed, an id is outside the vocabulary, or the texts are
+                longer than the model has positions for (:attr:`max_tokens`).
+        """
         ids, mask = token_inputs(features, type(self).__name__, self.vocab_size)
+        if self.max_tokens is not None and ids.shape[-1] > self.max_tokens:
+            raise ValueError(
+                f"{type(self).__name__}: the texts are {ids.shape[-1]} tokens long but the model has positions "
+                f"for {self.max_tokens} (max_position_embeddings {self.model.config.max_position_embeddings}); "
+                f"truncate them to at most {self.max_tokens} tokens (the data's max_length)."
+            )
         extra = {}
         if isinstance(features, Mapping) and "token_type_ids" in features:
             extra["token_type_ids"] = features["token_type_ids"]
@@ -131,10 +187,144 @@ def _load_pretrained(path: str | os.PathLike[str]) -> nn.Module:
         )
     auto_model = import_text_extra("transformers", "TransformerEncoder").AutoModel
     try:
-        return _without_pooler(auto_model.from_pretrained, str(directory), local_files_only=True)
+        with quiet_transformers():
+            model, info = _without_pooler(
+                auto_model.from_pretrained, str(directory), local_files_only=True, output_loading_info=True
+            )
     except (OSError, ValueError) as error:
         first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         raise ValueError(f"path {str(path)!r}: the model could not be loaded: {first_line}") from error
+    _report_loading(str(path), type(model).__name__, info)
+    return model
+
+
+@contextlib.contextmanager
+def quiet_transformers() -> Iterator[None]:
+    """``transformers`` logs only errors and shows no progress bars inside; as before afterwards.
+
+    Its load report (a table of unexpected and missing weights, with terminal colour codes) and its
+    progress bars of loading and saving weights are left out: the callers say what matters in one line.
+    """
+    logging = import_text_extra("transformers", "TransformerEncoder").utils.logging
+    verbosity, bars = logging.get_verbosity(), logging.is_progress_bar_enabled()
+    logging.set_verbosity_error()
+    logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        logging.set_verbosity(verbosity)
+        if bars:
+            logging.enable_progress_bar()
+
+
+def _modules(keys: Any) -> list[str]:
+    """The outermost modules of parameter names, sorted: ``pooler.dense.weight`` -> ``pooler.dense``."""
+    names = sorted({str(key).rpartition(".")[0] or str(key) for key in keys or ()})
+    return [name for name in names if not any(name.startswith(f"{other}.") for other in names)]
+
+
+def _listed(names: list[str], limit: int = 4) -> str:
+    shown = ", ".join(names[:limit])
+    return shown if len(names) <= limit else f"{shown} and {len(names) - limit} more"
+
+
+def _report_loading(path: str, model_name: str, info: Mapping[str, Any]) -> None:
+    """One line on rank 0 for the folder's weights the encoder does not use; a warning for those it lacks."""
+    unused = _modules(info.get("unexpected_keys"))
+    pooler = [name for name in unused if "pooler" in name.split(".")]
+    others = [name for name in unused if name not in pooler]
+    notes = []
+    if pooler:
+        notes.append(f"its pooler ({_listed(pooler)}) is not used by mean/CLS pooling and was dropped")
+    if others:
+        notes.append(
+            f"{_listed(others)} are not part of {model_name} (heads of another task) and were not loaded"
+        )
+    if notes and get_rank() == 0:
+        print(f"model {path}: {'; '.join(notes)}.")
+    missing = _modules(info.get("missing_keys"))
+    if missing:
+        warnings.warn(
+            f"model {path}: the folder holds no weights for {_listed(missing)}; {model_name} initialised them "
+            "randomly: train the model before use.",
+            UserWarning,
+            stacklevel=4,
+        )
+
+
+class PositionLimit(NamedTuple):
+    """How long a text a transformer takes, read off its config (see :func:`position_limit`).
+
+    Attributes:
+        tokens (int): The most tokens a text may have, special tokens included.
+        max_position_embeddings (int): The config's value.
+        model_type (str): The config's ``model_type``.
+        default (bool): Whether ``max_position_embeddings`` is the model type's default (not given).
+    """
+
+    tokens: int
+    max_position_embeddings: int
+    model_type: str
+    default: bool = False
+
+
+def _token_positions(config: Mapping[str, Any]) -> int | None:
+    """The most tokens per text of a model config (a dict), or ``None`` when it sets no bound."""
+    positions = config.get("max_position_embeddings")
+    if isinstance(positions, bool) or not isinstance(positions, int) or positions < 1:
+        return None
+    if config.get("position_biased_input") is False:  # DeBERTa's relative positions only: no absolute table
+        return None
+    return positions - 2 if config.get("model_type") in PADDING_OFFSET_MODEL_TYPES else positions
+
+
+def position_limit(
+    *, path: str | os.PathLike[str] | None = None, config: Mapping[str, Any] | None = None
+) -> PositionLimit | None:
+    """The longest text a :class:`TransformerEncoder` of ``path`` or ``config`` takes, without building it.
+
+    A model of ``path`` is read from the folder's ``config.json`` (JSON only, no weights); a ``config``
+    without ``max_position_embeddings`` takes its model type's default
+    (``AutoConfig.for_model(model_type)``, 512 for BERT). BERT-like models count their special tokens
+    among the positions; RoBERTa-like ones (:data:`PADDING_OFFSET_MODEL_TYPES`) keep two positions for
+    padding, so ``max_position_embeddings`` 514 takes 512 tokens. DeBERTa with
+    ``position_biased_input: false`` has no bound.
+
+    Args:
+        path (str | os.PathLike, optional): A local model folder. Default: ``None``.
+        config (Mapping[str, Any], optional): A ``model_type`` and the config's other arguments.
+            Default: ``None``.
+
+    Returns:
+        PositionLimit | None: ``None`` when the config cannot be read or sets no bound (the encoder's own
+        checks name a folder or config that is wrong).
+    """
+    if path is not None:
+        try:
+            values = json.loads((Path(path).expanduser() / "config.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError, TypeError):
+            return None
+        default = False
+    elif isinstance(config, Mapping) and isinstance(config.get("model_type"), str):
+        values, default = dict(config), "max_position_embeddings" not in config
+        if default:
+            values["max_position_embeddings"] = _default_positions(config["model_type"])
+    else:
+        return None
+    tokens = _token_positions(values) if isinstance(values, Mapping) else None
+    if tokens is None:
+        return None
+    model_type = str(values.get("model_type", ""))
+    return PositionLimit(tokens, values["max_position_embeddings"], model_type, default)
+
+
+def _default_positions(model_type: str) -> int | None:
+    """``max_position_embeddings`` of ``AutoConfig.for_model(model_type)``, or ``None``."""
+    try:
+        auto_config = import_text_extra("transformers", "TransformerEncoder").AutoConfig
+        return getattr(auto_config.for_model(model_type), "max_position_embeddings", None)
+    except (ImportError, ValueError):
+        return None
 
 
 def _from_config(config: Any, vocab_size: int | None) -> nn.Module:
