@@ -90,7 +90,8 @@ PARALLELISM_OFF = (
     "n",
     "0",
 )  # TOKENIZERS_PARALLELISM values tokenizers reads as off
-# --quick: a corpus of a few standard-library packages (over 256 training pairs), built in a temporary folder
+# --quick: a corpus of a few standard-library packages (a few hundred training pairs, as many as the running
+# Python's standard library holds), built in a temporary folder
 QUICK_CORPUS = {
     "groups": [f"stdlib:{name}" for name in ("argparse", "asyncio", "csv", "email", "json", "logging")],
     "test_fraction": 0.3,
@@ -248,8 +249,13 @@ def recipe_step(vocab_size: int) -> Callable[[dict[str, Any]], None]:
 
 
 def measure_loader_vs_step(store: TextStore, vocab_size: int, rounds: int) -> dict[str, Any]:
-    """Median seconds of a collate, a DataLoader batch (0 workers) and a training step, interleaved."""
-    classes, per_class = RECIPE_BATCH
+    """Median seconds of a collate, a DataLoader batch (0 workers) and a training step, interleaved.
+
+    Batches are the recipe's P x K, with P at most half the store's pairs: the --quick corpus's pair count
+    follows the standard library of the Python running it, which differs between patch releases.
+    """
+    per_class = RECIPE_BATCH[1]
+    classes = max(2, min(RECIPE_BATCH[0], len(store) // per_class // 2))
     sampler = PKBatchSampler(store.labels, classes, per_class, num_replicas=1, rank=0, seed=0)
     collate = TextCollate(store)
     index_batches = itertools.cycle(list(sampler))
