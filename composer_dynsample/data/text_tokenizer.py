@@ -6,14 +6,24 @@
 * a model folder with ``transformers.AutoTokenizer.from_pretrained(folder, local_files_only=True)``,
   which must give a fast tokenizer (one backed by ``tokenizers``).
 
-A name that is not an existing path (a hub name such as ``bert-base-uncased``) is refused. Without a
-path it trains a tokenizer on the training split's texts (:func:`train_tokenizer`): ``"wordpiece"``
-(BERT's scheme, ``##`` marks a word's continuation) or ``"bpe"``, with ``[PAD]`` = 0, ``[UNK]`` = 1,
-``[CLS]`` = 2, ``[SEP]`` = 3, ``[MASK]`` = 4, NFKC normalisation, optional lower-casing, BERT's
-pre-tokenizer (whitespace and punctuation split) and ``[CLS] text [SEP]`` around every text.
-Training is deterministic: the same texts in the same order give the same JSON, byte for byte. The
-trained tokenizer is cached in ``cache_dir`` under a hash of its training texts and options, and
-written to ``save_path`` when one is given, so a run keeps the tokenizer its model was trained with.
+A name that is not an existing path (a hub name such as ``bert-base-uncased``) is refused, and so is
+a tokenizer whose vocabulary holds only special tokens: ``AutoTokenizer`` given a model folder with a
+``config.json`` but no vocabulary file builds one of five tokens that encodes every word as ``[UNK]``.
+(A vocabulary that misses most words of the data is refused once the data is tokenized, by
+:func:`~composer_dynsample.data._text_sources.tokenize_sources`.)
+
+Without a path it trains a tokenizer on the training split's texts (:func:`train_tokenizer`):
+``"wordpiece"`` (BERT's scheme, ``##`` marks a word's continuation) or ``"bpe"``, with ``[PAD]`` = 0,
+``[UNK]`` = 1, ``[CLS]`` = 2, ``[SEP]`` = 3, ``[MASK]`` = 4, NFKC normalisation, optional lower-casing,
+BERT's pre-tokenizer (whitespace and punctuation split) and ``[CLS] text [SEP]`` around every text. It
+learns from each text's first 100,000 characters, more than the model is shown of a text at any usual
+``max_length`` (see :mod:`~composer_dynsample.data.tokenized`), so one huge line (a minified file)
+costs no more memory than that. Training is deterministic: the same texts in the same order give the
+same JSON, byte for byte. The trained tokenizer is cached in ``cache_dir`` under a hash of its training
+texts and options, and written to ``save_path`` when one is given, so a run keeps the tokenizer its
+model was trained with. A cached tokenizer that does not load (a truncated file) is trained again and
+replaced, atomically; a cache folder that cannot be written is one
+:class:`~composer_dynsample.data.tokenized.TokenCacheError` line, checked before training.
 
 Determinism needs one step beyond the library: ``tokenizers``' WordPiece trainer (0.23) numbers the
 ``##`` continuation of each character in the iteration order of a randomly seeded hash map, and equal
@@ -33,6 +43,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from composer_dynsample.data.tokenized import cache_write_error, check_cache_dir
 from composer_dynsample.validation import check_bool, check_choice, check_int
 
 __all__ = ["SPECIAL_TOKENS", "TextTokenizer", "load_tokenizer", "resolve_tokenizer", "train_tokenizer"]
@@ -41,7 +52,8 @@ __all__ = ["SPECIAL_TOKENS", "TextTokenizer", "load_tokenizer", "resolve_tokeniz
 SPECIAL_TOKENS: tuple[str, ...] = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 _MODELS = ("wordpiece", "bpe")
 _PAD_CANDIDATES = ("[PAD]", "<pad>", "<|pad|>", "<|padding|>")
-_TRAIN_VERSION = 1  # bump when the training recipe changes: the cache key carries it
+_TRAIN_VERSION = 2  # bump when the training recipe changes: the cache key carries it
+_TRAIN_CHARS = 100_000  # a trained tokenizer learns from each text's first this many characters
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -63,6 +75,21 @@ class TextTokenizer:
     sha256: str
     source: str
     path: Path | None = None
+
+    @property
+    def special_ids(self) -> frozenset[int]:
+        """The ids of its special tokens (``[CLS]``, ``[SEP]``, ``[PAD]``, ...)."""
+        decoder = self.tokenizer.get_added_tokens_decoder()
+        return frozenset(int(i) for i, token in decoder.items() if token.special)
+
+    @property
+    def unknown_token(self) -> str | None:
+        """The token its model gives what it cannot encode, or ``None`` (a byte-level BPE has none)."""
+        token = getattr(self.tokenizer.model, "unk_token", None)
+        if token is None:  # a Unigram model names its unknown token by id, in its JSON only
+            unk_id = json.loads(self.tokenizer.to_str()).get("model", {}).get("unk_id")
+            token = None if unk_id is None else self.tokenizer.id_to_token(int(unk_id))
+        return None if token is None or self.tokenizer.token_to_id(token) is None else str(token)
 
 
 def _wrap(tokenizer: Any, source: str, pad_id: int | None = None, path: Path | None = None) -> TextTokenizer:
@@ -99,7 +126,8 @@ def load_tokenizer(path: str | os.PathLike[str]) -> TextTokenizer:
 
     Raises:
         FileNotFoundError: If ``path`` does not exist (hub names are not looked up).
-        ValueError: If the file does not parse as a tokenizer, or the folder holds no fast tokenizer.
+        ValueError: If the file does not parse as a tokenizer, the folder holds no fast tokenizer, or the
+            vocabulary holds only special tokens (a model folder without its vocabulary file).
 
     Example:
         >>> import tempfile
@@ -116,7 +144,7 @@ def load_tokenizer(path: str | os.PathLike[str]) -> TextTokenizer:
             "folder (nothing is downloaded), or leave it out to train one on the training split."
         )
     if file.is_dir():
-        return _load_folder(file)
+        return _check_vocabulary(_load_folder(file), file)
     from tokenizers import Tokenizer
 
     try:
@@ -127,7 +155,26 @@ def load_tokenizer(path: str | os.PathLike[str]) -> TextTokenizer:
             f"{file}: not a tokenizers JSON file ({first}); expected a tokenizer.json saved by "
             "tokenizers.Tokenizer.save or a transformers tokenizer's save_pretrained."
         ) from None
-    return _wrap(tokenizer, str(file), path=file)
+    return _check_vocabulary(_wrap(tokenizer, str(file), path=file), file)
+
+
+def _check_vocabulary(loaded: TextTokenizer, where: Path) -> TextTokenizer:
+    """``loaded``, if its vocabulary holds a token besides the special ones and the unknown token.
+
+    Raises:
+        ValueError: If it holds none: every word would encode as the unknown token.
+    """
+    vocab = loaded.tokenizer.get_vocab(with_added_tokens=True)
+    unknown = loaded.unknown_token
+    special = loaded.special_ids
+    if any(i not in special and token != unknown for token, i in vocab.items()):
+        return loaded
+    shown = ", ".join(token for token, _ in sorted(vocab.items(), key=lambda item: item[1])[:8])
+    raise ValueError(
+        f"tokenizer {where} has {len(vocab)} tokens, all of them special ({shown}): every word would "
+        f"encode as {unknown or 'nothing'}. A model folder needs its vocabulary (tokenizer.json, or "
+        "vocab.txt for BERT); give one that has it, or leave the tokenizer out to train one on the data."
+    )
 
 
 def _load_folder(folder: Path) -> TextTokenizer:
@@ -164,7 +211,8 @@ def train_tokenizer(
     """Train a WordPiece or BPE tokenizer on ``texts``, deterministically (see the module docstring).
 
     Args:
-        texts (Sequence[str]): The training texts, in a fixed order.
+        texts (Sequence[str]): The training texts, in a fixed order; only each one's first 100,000
+            characters are learnt from.
         model (str): ``"wordpiece"`` or ``"bpe"``. Default: ``"wordpiece"``.
         vocab_size (int): The largest vocabulary, special tokens included, at least 64; a small corpus
             may give fewer. Default: ``8192``.
@@ -191,6 +239,8 @@ def train_tokenizer(
     )
     normalizer = normalizers.Sequence(steps)
     specials = list(SPECIAL_TOKENS)
+    if any(len(text) > _TRAIN_CHARS for text in texts):  # bound the memory one huge text takes
+        texts = [text[:_TRAIN_CHARS] for text in texts]
     if model == "wordpiece":
         continuations = ["##" + char for char in _alphabet(texts, normalizer)]
         trainer = trainers.WordPieceTrainer(
@@ -238,6 +288,42 @@ def _training_key(texts: Sequence[str], model: str, vocab_size: int, lowercase: 
     return digest.hexdigest()
 
 
+def _load_cached(cached: Path, source: str) -> TextTokenizer | None:
+    """The trained tokenizer cached in ``cached``, or ``None`` if there is none or it does not load."""
+    if not cached.is_file():
+        return None
+    from tokenizers import Tokenizer
+
+    try:
+        return _wrap(Tokenizer.from_file(str(cached)), source, path=cached)
+    except Exception:  # a truncated or damaged file (tokenizers raises a bare Exception): train again
+        return None
+
+
+def _trained(
+    train_texts: Sequence[str], cache_dir: Path, model: str, vocab_size: int, lowercase: bool
+) -> TextTokenizer:
+    """The tokenizer trained on ``train_texts``, read from ``cache_dir`` or trained and cached there.
+
+    Raises:
+        TokenCacheError: If it must be trained and ``cache_dir`` cannot be written (checked first).
+    """
+    model = check_choice("tokenizer_model", model, _MODELS)
+    key = _training_key(train_texts, model, int(vocab_size), bool(lowercase))
+    cached = Path(cache_dir) / f"tokenizer-{key[:24]}.json"
+    source = f"trained: {model}, vocab_size={vocab_size}, lowercase={lowercase}, {len(train_texts)} texts"
+    loaded = _load_cached(cached, source)
+    if loaded is not None:
+        return loaded
+    check_cache_dir(cache_dir)
+    trained = train_tokenizer(train_texts, model=model, vocab_size=vocab_size, lowercase=lowercase)
+    try:
+        _atomic_write_text(cached, trained.to_str())
+    except OSError as error:
+        raise cache_write_error(Path(cache_dir), error) from error
+    return _wrap(trained, source, path=cached)
+
+
 def resolve_tokenizer(
     tokenizer: str | os.PathLike[str] | None,
     train_texts: Sequence[str],
@@ -254,7 +340,8 @@ def resolve_tokenizer(
         tokenizer (str | os.PathLike, optional): A local ``tokenizer.json`` or model folder, or ``None``
             to train one.
         train_texts (Sequence[str]): The training split's texts, used only when training.
-        cache_dir (Path): Where a trained tokenizer is cached, as ``tokenizer-<hash>.json``.
+        cache_dir (Path): Where a trained tokenizer is cached, as ``tokenizer-<hash>.json``; a cached
+            file that does not load is trained again and replaced.
         model (str): ``"wordpiece"`` or ``"bpe"``, when training. Default: ``"wordpiece"``.
         vocab_size (int): The vocabulary size, when training. Default: ``8192``.
         lowercase (bool): Lower-case before splitting, when training. Default: ``True``.
@@ -263,25 +350,27 @@ def resolve_tokenizer(
 
     Returns:
         TextTokenizer: The tokenizer; ``path`` is ``save_path`` when given.
+
+    Raises:
+        FileNotFoundError: If ``tokenizer`` does not exist.
+        ValueError: If ``tokenizer`` is not a usable tokenizer (:func:`load_tokenizer`), or ``save_path``
+            cannot be written.
+        TokenCacheError: If a tokenizer must be trained and ``cache_dir`` cannot be written (a file,
+            read-only, full); checked before training.
     """
     if tokenizer is not None:
         loaded = load_tokenizer(tokenizer)
     else:
-        model = check_choice("tokenizer_model", model, _MODELS)
-        key = _training_key(train_texts, model, int(vocab_size), bool(lowercase))
-        cached = Path(cache_dir) / f"tokenizer-{key[:24]}.json"
-        source = f"trained: {model}, vocab_size={vocab_size}, lowercase={lowercase}, {len(train_texts)} texts"
-        if cached.is_file():
-            from tokenizers import Tokenizer
-
-            loaded = _wrap(Tokenizer.from_file(str(cached)), source, path=cached)
-        else:
-            trained = train_tokenizer(train_texts, model=model, vocab_size=vocab_size, lowercase=lowercase)
-            _atomic_write_text(cached, trained.to_str())
-            loaded = _wrap(trained, source, path=cached)
+        loaded = _trained(train_texts, Path(cache_dir), model, vocab_size, lowercase)
     if save_path is None:
         return loaded
     target = Path(save_path).expanduser()
     target = target / "tokenizer.json" if target.is_dir() else target
-    _atomic_write_text(target, loaded.tokenizer.to_str())
+    try:
+        _atomic_write_text(target, loaded.tokenizer.to_str())
+    except OSError as error:
+        reason = error.strerror or str(error) or type(error).__name__
+        raise ValueError(
+            f"cannot write the tokenizer to {target}: {reason}; give save_tokenizer a path you can write."
+        ) from error
     return dataclasses.replace(loaded, path=target)
