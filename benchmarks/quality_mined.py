@@ -53,7 +53,7 @@ ONLINE_PAIRS, ONLINE_MINED = "online confusable pairs", "online mined corpus neg
 BOTH, RANDOM = "online mined + confusable pairs", "random corpus negatives (control)"
 RECIPES: dict[str, tuple[str, list[str]]] = {
     IN_BATCH: (PLAIN, []),
-    RANDOM: (MINED, ["algorithms.embedding_table=null"]),
+    RANDOM: (MINED, ["algorithms.embedding_table.feed_sampler=false"]),
     OFFLINE: (MINED, ["sampler.max_snapshots=1", "algorithms.embedding_table.refresh_interval=1ep"]),
     ONLINE_PAIRS: (PAIRS, []),
     ONLINE_MINED: (MINED, []),

@@ -53,7 +53,7 @@ def test_a_config_error_is_one_line_naming_the_key_and_the_closest():
     assert lines == [
         "composer-dynsample train: error: the config: unknown key 'sede' for the top level; valid keys: "
         "['algorithms', 'callbacks', 'data', 'dataloader', 'evaluation', 'loggers', 'model', 'optimizer', "
-        "'run_dir', 'sampler', 'scheduler', 'seed', 'trainer']. Did you mean 'seed'?"
+        "'resume_on_changed_data', 'run_dir', 'sampler', 'scheduler', 'seed', 'trainer']. Did you mean 'seed'?"
     ]
     assert "exit 2" in result.stderr
 

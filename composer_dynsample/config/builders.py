@@ -299,6 +299,9 @@ def check_config(cfg: DictConfig) -> None:
     check_positions(cfg)  # data.max_length against a transformer's positions, the data not loaded
     dataloader_config(cfg)
     _check_from_source(cfg, model)
+    registries.check_sampler_table(
+        section(cfg, "sampler", "sampler"), section(cfg, "algorithms", "algorithms")
+    )
 
 
 def _check_from_source(cfg: DictConfig, model: Mapping[str, Any]) -> None:

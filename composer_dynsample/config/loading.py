@@ -41,6 +41,7 @@ __all__ = [
 SECTIONS: tuple[str, ...] = (
     "seed",
     "run_dir",
+    "resume_on_changed_data",
     "data",
     "model",
     "sampler",
@@ -67,10 +68,13 @@ class RunOptions:
             (numpy's range). Default: ``0``.
         run_dir (str, optional): The output directory; ``--run-dir`` overrides it. Default:
             ``runs/<config file stem>``.
+        resume_on_changed_data (bool): Resume from a checkpoint trained on other data than the config's
+            (see :class:`~composer_dynsample.config.run.DataIdentity`). Default: ``False`` (refused).
     """
 
     seed: int = 0
     run_dir: Optional[str] = None  # noqa: UP045
+    resume_on_changed_data: bool = False
 
     def __post_init__(self) -> None:
         _checked("seed", lambda: check_int("seed", self.seed, minimum=0, maximum=2**32 - 1))
@@ -372,8 +376,9 @@ def section(cfg: DictConfig | Mapping[str, Any], key: str, path: str) -> dict[st
 
 
 def run_options(cfg: DictConfig) -> RunOptions:
-    """The validated top-level ``seed`` and ``run_dir``."""
-    values = {key: plain(cfg[key]) for key in ("seed", "run_dir") if key in cfg and cfg[key] is not None}
+    """The validated top-level ``seed``, ``run_dir`` and ``resume_on_changed_data``."""
+    keys = ("seed", "run_dir", "resume_on_changed_data")
+    values = {key: plain(cfg[key]) for key in keys if key in cfg and cfg[key] is not None}
     return structured("the config", values, RunOptions)
 
 

@@ -40,11 +40,22 @@ from composer_dynsample.config.loading import (
     run_options,
     section,
 )
+from composer_dynsample.config.registries import SAMPLERS, check_sampler_table, peek_entry
 from composer_dynsample.config.registry import ConfigError, check_keys, parameters
 from composer_dynsample.data import DatasetSplits
 from composer_dynsample.models.embedding_model import EmbeddingModel
+from composer_dynsample.resume import DataChangedError, data_changes, data_identity
+from composer_dynsample.validation import is_int
 
-__all__ = ["TrainingRun", "build_run", "composer_reads_as_path", "default_run_dir", "trainer_defaults"]
+__all__ = [
+    "DataIdentity",
+    "TrainingRun",
+    "build_run",
+    "check_pair_batches",
+    "composer_reads_as_path",
+    "default_run_dir",
+    "trainer_defaults",
+]
 
 
 def trainer_defaults(run_dir: Path, *, folder: Path | None = None) -> dict[str, Any]:
@@ -144,14 +155,100 @@ def _mismatch(error: RuntimeError, trainer_kwargs: dict[str, Any]) -> Checkpoint
     detail = lines[1] if len(lines) > 1 else lines[0]
     detail = detail if len(detail) <= 300 else detail[:297] + "..."
     more = f" (and {len(lines) - 2} more)" if len(lines) > 2 else ""
-    if trainer_kwargs.get("autoresume"):
-        source = f"the latest checkpoint in {str(trainer_kwargs.get('save_folder'))!r} (trainer.autoresume)"
-    else:
-        source = f"checkpoint {str(trainer_kwargs.get('load_path'))!r}"
     return CheckpointError(
-        f"{source} does not match the config's model (was it trained with this config and these "
-        f"overrides?): {detail}{more}"
+        f"{_checkpoint_source(trainer_kwargs)} does not match the config's model (was it trained with this "
+        f"config and these overrides?): {detail}{more}"
     )
+
+
+def _checkpoint_source(trainer_kwargs: dict[str, Any]) -> str:
+    """The checkpoint the Trainer loaded, as a message names it."""
+    if trainer_kwargs.get("autoresume"):
+        return f"the latest checkpoint in {str(trainer_kwargs.get('save_folder'))!r} (trainer.autoresume)"
+    return f"checkpoint {str(trainer_kwargs.get('load_path'))!r}"
+
+
+class DataIdentity(Callback):
+    """Record the run's data in every checkpoint, and refuse to resume from a checkpoint of other data.
+
+    A resumed run whose data file was replaced would go on training on other rows, and what the
+    checkpoint keeps per row (an embedding table, a sampler's snapshot) would point at the wrong ones.
+    The state is :func:`~composer_dynsample.resume.data_identity`; loading a checkpoint whose recorded
+    data differ raises :class:`~composer_dynsample.resume.DataChangedError` on every rank, unless
+    ``allow_changed``. A checkpoint that recorded nothing (saved without this callback) is not checked.
+
+    Args:
+        identity (dict[str, Any]): The run's data identity.
+        allow_changed (bool): Resume on other data anyway (``resume_on_changed_data: true``). Default: ``False``.
+    """
+
+    def __init__(self, identity: dict[str, Any], allow_changed: bool = False) -> None:
+        self.identity = dict(identity)
+        self.allow_changed = bool(allow_changed)
+
+    def state_dict(self) -> dict[str, Any]:
+        return dict(self.identity)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Compare the checkpoint's data with the run's.
+
+        Raises:
+            DataChangedError: If they differ and ``allow_changed`` is off.
+        """
+        changes = data_changes(state, self.identity)
+        if changes and not self.allow_changed:
+            raise DataChangedError(changes)
+
+
+def check_pair_batches(cfg: DictConfig, splits: DatasetSplits) -> None:
+    """For pairs data, refuse a sampler's batch that the training pairs cannot fill, in the words of pairs.
+
+    A pair is a class of exactly two rows, a query and its passage: a P x K sampler (``pk``,
+    ``hard_class_pk``) takes ``samples_per_class`` 2 and ``classes_per_batch`` pairs, ``mined_negatives``
+    takes ``pairs_per_batch`` pairs, and neither may exceed the training pairs. Other data, and other
+    samplers, are left to the sampler's own checks.
+
+    Args:
+        cfg (DictConfig): The config.
+        splits (DatasetSplits): Its data.
+
+    Raises:
+        ConfigError: If ``samples_per_class`` is above 2 (unless ``small_classes: replace``) or a batch
+            holds more pairs than the training split.
+    """
+    from composer_dynsample.samplers.pk import PKBatchSampler
+
+    store, values = splits.train, section(cfg, "sampler", "sampler")
+    is_query = getattr(store, "is_query", None)
+    if not values or is_query is None or not bool(is_query[: len(store)].any()):
+        return
+    target = peek_entry("sampler", values, SAMPLERS)
+    pairs = len(store) // 2
+    k = values.get("samples_per_class")
+    pk = isinstance(target, type) and issubclass(target, PKBatchSampler)
+    if pk and is_int(k) and int(k) > 2 and values.get("small_classes") != "replace":
+        raise ConfigError(
+            f"sampler.samples_per_class={k}: pairs data have exactly 2 rows per class, a query and its "
+            "passage, so samples_per_class must be 2 (and sampler.classes_per_batch counts the pairs of a "
+            "batch); for more passages per query use sampler.name: mined_negatives, or given negatives "
+            "(a 'negative' column)."
+        )
+    key = "classes_per_batch" if pk else "pairs_per_batch" if "is_passage" in parameters(target) else None
+    size = values.get(key) if key is not None else None
+    if is_int(size) and int(size) > pairs:
+        fix = f"use sampler.{key} in [2, {pairs}] or " if pairs >= 2 else ""
+        raise ConfigError(
+            f"sampler.{key}={size}: a batch of {size} pairs needs {size} training pairs, but the training "
+            f"split holds {pairs}{_test_share(splits)}; {fix}add training pairs."
+        )
+
+
+def _test_share(splits: DatasetSplits) -> str:
+    """`` (the test split took N of the file's pairs)`` when the test pairs were cut from the training file."""
+    info = getattr(splits, "info", None)
+    if getattr(info, "split", None) not in ("random", "group"):
+        return ""
+    return f" (the test split took {len(splits.test) // 2} of the file's pairs)"
 
 
 @dataclass
@@ -201,7 +298,11 @@ class TrainingRun:
 def build_run(
     cfg: DictConfig, run_dir: str | os.PathLike[str] | None = None, *, callbacks: Sequence[Callback] = ()
 ) -> TrainingRun:
-    """Build the data, model, loaders, optimizer, scheduler, algorithms, callbacks and the ``Trainer``.
+    """Build the data, loaders, model, optimizer, scheduler, algorithms, callbacks and the ``Trainer``.
+
+    The train loader is built before the model and the evaluation, so that a batch the data cannot fill
+    is said before anything that follows from the data's size. The run's callbacks end with a
+    :class:`DataIdentity`, which records the data in every checkpoint.
 
     Args:
         cfg (DictConfig): A config from :func:`~composer_dynsample.config.load_config`.
@@ -214,9 +315,10 @@ def build_run(
         Composer's ``Trainer`` creates (the checkpoint folder on rank 0; a ``load_path`` is loaded).
 
     Raises:
-        ConfigError: If a key or value is wrong.
+        ConfigError: If a key or value is wrong, or a model-aware sampler has no embedding table.
         CheckpointError: If the checkpoint loaded (``trainer.load_path``, or the latest one with
-            ``trainer.autoresume``) does not fit the model the config builds.
+            ``trainer.autoresume``) does not fit the model the config builds, or was trained on other
+            data (unless ``resume_on_changed_data: true``).
     """
     cfg = load_config(cfg)
     options = run_options(cfg)
@@ -225,52 +327,37 @@ def build_run(
     ).expanduser()
     cfg.run_dir = str(directory)
     evaluation = evaluation_config(cfg)
+    check_sampler_table(section(cfg, "sampler", "sampler"), section(cfg, "algorithms", "algorithms"))
     reproducibility.seed_all(options.seed)
     splits = build_data(cfg)
-    model = build_model(cfg, splits)
+    check_pair_batches(cfg, splits)
+    # The samplers draw from generators of their own: the model's initialisation does not depend on this order.
     train_loader = build_train_dataloader(cfg, splits.train, options.seed)
-    optimizer = build_optimizer(cfg, model)
-    scheduler = build_scheduler(cfg)
-    algorithms = build_algorithms(cfg)
-    all_callbacks = [*build_callbacks(cfg), *callbacks]
+    model = build_model(cfg, splits)
+    arguments: dict[str, Any] = {
+        "model": model,
+        "train_dataloader": composer_dataloader(train_loader),  # a DataSpec for texts
+        "optimizers": build_optimizer(cfg, model),
+        "schedulers": build_scheduler(cfg),
+        "algorithms": build_algorithms(cfg),
+        "seed": options.seed,
+    }
+    allow_changed = options.resume_on_changed_data
+    identity = DataIdentity(data_identity(splits), allow_changed=allow_changed)
+    all_callbacks = [*build_callbacks(cfg), *callbacks, identity]
     composer_dir, link_folder = _composer_run_dir(cfg, directory)
-    loggers = build_loggers(cfg, composer_dir)
+    arguments["loggers"] = build_loggers(cfg, composer_dir)
     trainer_kwargs = _trainer_kwargs(cfg, directory, composer_dir)
 
-    gallery = None
-    eval_kwargs: dict[str, Any] = {}
     # Data whose test classes are not in the train split (glyphs) scores each test item against the
     # other test items; the eval metrics do that when no gallery is attached. See config/evaluation.py.
     leave_one_out = protocol_of(splits) == LEAVE_ONE_OUT
-    if evaluation.interval is not None:
-        planned = build_evaluation(evaluation, splits)
-        gallery = planned.gallery
-        all_callbacks += [gallery] if gallery is not None else []
-        eval_kwargs = {"eval_dataloader": planned.evaluator, "eval_interval": evaluation.interval}
-    try:
-        with _composer_load_path(trainer_kwargs) as composer_kwargs:
-            trainer = Trainer(
-                model=model,
-                train_dataloader=composer_dataloader(train_loader),  # a DataSpec for texts
-                optimizers=optimizer,
-                schedulers=scheduler,
-                algorithms=algorithms,
-                callbacks=all_callbacks,
-                loggers=loggers,
-                seed=options.seed,
-                **eval_kwargs,
-                **composer_kwargs,
-            )
-    except (TypeError, ValueError) as error:
-        raise ConfigError(
-            f"trainer: composer.Trainer rejected the config {section(cfg, 'trainer', 'trainer')}: {error}"
-        ) from error
-    except RuntimeError as error:  # load_state_dict: the checkpoint's weights do not fit the model
-        shown = trainer_defaults(directory) if link_folder is not None else {}
-        mismatch = _mismatch(error, {**trainer_kwargs, **shown, **section(cfg, "trainer", "trainer")})
-        if mismatch is None:
-            raise
-        raise mismatch from error
+    gallery, eval_arguments = _evaluation(evaluation, splits)
+    all_callbacks += [gallery] if gallery is not None else []
+    arguments.update(eval_arguments)
+    shown = trainer_defaults(directory) if link_folder is not None else {}
+    named = {**trainer_kwargs, **shown, **section(cfg, "trainer", "trainer")}  # the paths the user gave
+    trainer = _trainer(cfg, {**arguments, "callbacks": all_callbacks}, trainer_kwargs, named)
     run = TrainingRun(
         cfg, directory, trainer, model, splits, train_loader, tuple(evaluation.ks), evaluation.distance
     )
@@ -278,3 +365,38 @@ def build_run(
     if link_folder is not None:
         run.composer_run_dir, run.link_folder = composer_dir, link_folder
     return run
+
+
+def _evaluation(evaluation: Any, splits: DatasetSplits) -> tuple[RetrievalGallery | None, dict[str, Any]]:
+    """The gallery callback and the Trainer's eval arguments; none without ``evaluation.interval``."""
+    if evaluation.interval is None:
+        return None, {}
+    planned = build_evaluation(evaluation, splits)
+    return planned.gallery, {"eval_dataloader": planned.evaluator, "eval_interval": evaluation.interval}
+
+
+def _trainer(
+    cfg: DictConfig, arguments: dict[str, Any], trainer_kwargs: dict[str, Any], named: dict[str, Any]
+) -> Trainer:
+    """The ``Trainer`` of the built objects and the ``trainer`` section; its errors as one line.
+
+    ``named`` holds the ``trainer`` paths as the user gave them, for naming the checkpoint loaded.
+    """
+    try:
+        with _composer_load_path(trainer_kwargs) as composer_kwargs:
+            return Trainer(**arguments, **composer_kwargs)
+    except DataChangedError as error:  # raised by DataIdentity while the checkpoint is loaded
+        raise CheckpointError(
+            f"{_checkpoint_source(named)} was trained on other data: {error}. Resuming would train on other "
+            "rows than those it was trained on (an embedding table or sampler state in it would point at the "
+            "wrong rows); resume with its data, or set resume_on_changed_data=true to continue on this data."
+        ) from None
+    except (TypeError, ValueError) as error:
+        raise ConfigError(
+            f"trainer: composer.Trainer rejected the config {section(cfg, 'trainer', 'trainer')}: {error}"
+        ) from error
+    except RuntimeError as error:  # load_state_dict: the checkpoint's weights do not fit the model
+        mismatch = _mismatch(error, named)
+        if mismatch is None:
+            raise
+        raise mismatch from error

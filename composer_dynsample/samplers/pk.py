@@ -198,10 +198,40 @@ def _unsatisfiable(
     if small_classes == "replace":
         problem = f"the labels hold only {counts.size} classes"
     else:
-        problem = f"only {eligible} of {counts.size} classes have {k} samples or more (small_classes='drop')"
-        largest_k = int(np.sort(counts)[::-1][p - 1]) if counts.size >= p else 0  # the P-th largest class
+        sizes = np.sort(counts)[::-1]
+        uniform = eligible == 0 and bool(sizes[0] == sizes[-1])
+        if uniform:  # every class the same size, smaller than K: K must be that size
+            noun = "sample" if sizes[0] == 1 else "samples"
+            problem = f"every one of the {counts.size} classes has exactly {sizes[0]} {noun}"
+        else:
+            problem = (
+                f"only {eligible} of {counts.size} classes have {k} samples or more (small_classes='drop')"
+            )
+        largest_k = int(sizes[p - 1]) if counts.size >= p else 0  # the P-th largest class
         if largest_k >= smallest_k:
-            options.append(f"samples_per_class in [{smallest_k}, {largest_k}] ({p} classes have that many)")
+            options.append(
+                _k_choice(smallest_k, largest_k) + f" ({p} classes have that many)" * (not uniform)
+            )
         if counts.size >= p:
-            options.append("small_classes='replace'")
+            options.append("small_classes='replace'" + (" (which repeats samples in a batch)" * uniform))
+        if not options:
+            options.append(_p_and_k(sizes, smallest_k))
     return f"classes_per_batch={p} x samples_per_class={k} cannot be satisfied: {problem}; use {' or '.join(options)}."
+
+
+def _k_choice(smallest: int, largest: int) -> str:
+    """``samples_per_class=2``, or ``samples_per_class in [2, 5]``."""
+    return (
+        f"samples_per_class={largest}"
+        if smallest == largest
+        else f"samples_per_class in [{smallest}, {largest}]"
+    )
+
+
+def _p_and_k(sizes: np.ndarray, smallest_k: int) -> str:
+    """A P and a K that work together when changing one of them alone does not (``sizes`` largest first)."""
+    if int(sizes[1]) < smallest_k:
+        return f"small_classes='replace' with classes_per_batch in [2, {sizes.size}]"
+    if sizes[0] == sizes[-1]:
+        return f"classes_per_batch in [2, {sizes.size}] with {_k_choice(smallest_k, int(sizes[0]))}"
+    return f"classes_per_batch=2 with {_k_choice(smallest_k, int(sizes[1]))}"

@@ -197,8 +197,8 @@ def test_accepts_tensor_and_list_labels():
         ),
         (
             {"classes_per_batch": 2, "samples_per_class": 9},
-            r"only 0 of 4 classes have 9 samples or more \(small_classes='drop'\); use samples_per_class in "
-            r"\[2, 8\] \(2 classes have that many\) or small_classes='replace'\.$",
+            r"every one of the 4 classes has exactly 8 samples; use samples_per_class in \[2, 8\] or "
+            r"small_classes='replace' \(which repeats samples in a batch\)\.$",
         ),
         (
             {"classes_per_batch": 2, "samples_per_class": 2, "small_classes": "pad"},
