@@ -54,7 +54,7 @@ import sys
 import tempfile
 import unicodedata
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -153,8 +153,31 @@ def text_hash(text: str) -> int:
         >>> 0 <= text_hash("x") < 2**63
         True
     """
-    digest = hashlib.blake2b(normalise_text(text).encode("utf-8", "surrogatepass"), digest_size=8).digest()
-    return int.from_bytes(digest, "little") >> 1
+    digest = hashlib.blake2b(digest_size=8)
+    for part in _normalised_parts(text):
+        digest.update(part.encode("utf-8", "surrogatepass"))
+    return int.from_bytes(digest.digest(), "little") >> 1
+
+
+_HASH_CHUNK = 1 << 20  # characters normalised at a time by text_hash: bounds the memory a long text takes
+
+
+def _normalised_parts(text: str, chunk: int = _HASH_CHUNK) -> Iterator[str]:
+    """:func:`normalise_text` of ``text`` in pieces whose concatenation is the whole, a chunk at a time.
+
+    A text is cut only just before an ASCII space: NFKC composes no character with a space and case
+    folding has no context, so each piece normalises as it would within the whole, and no word spans two
+    pieces. A text without such a space is normalised whole.
+    """
+    start, joined = 0, False
+    while start < len(text):
+        end = len(text) if len(text) - start <= chunk else text.find(" ", start + chunk)
+        end = len(text) if end < 0 else end
+        piece = normalise_text(text[start:end])
+        if piece:
+            yield (" " + piece) if joined else piece
+            joined = True
+        start = end
 
 
 class TextInterner:

@@ -140,3 +140,23 @@ def test_a_save_path_that_cannot_be_written_is_one_line(tmp_path):
     target = tmp_path / "file" / "tokenizer.json"
     with pytest.raises(ValueError, match=rf"cannot write the tokenizer to {target}: .*; give save_tokenizer"):
         resolve_tokenizer(None, TEXTS * 5, cache_dir=tmp_path / "cache", vocab_size=64, save_path=target)
+
+
+def test_text_hash_of_a_long_text_is_its_normalised_form_hashed_a_chunk_at_a_time():
+    import hashlib
+
+    import numpy as np
+
+    def whole(text: str) -> int:
+        digest = hashlib.blake2b(tokenized.normalise_text(text).encode("utf-8", "surrogatepass"), digest_size=8)
+        return int.from_bytes(digest.digest(), "little") >> 1
+
+    rng = np.random.default_rng(0)
+    pieces = ["Straße", "ＡＢＣ", "x\u00a0y", "ﬁle", "  ", " \n\t ", "e\u0301", "Σ", "word", "\u2003"]
+    text = "".join(rng.choice(pieces, 4000).tolist())
+    for chunk in (1, 7, 64, 1 << 20):
+        parts = list(tokenized._normalised_parts(text, chunk))
+        assert "".join(parts) == tokenized.normalise_text(text), chunk
+    assert tokenized.text_hash(text) == whole(text)
+    long = ("Ab  " * 600_000) + "ＸＹ\u00a0 end "  # 2.4M characters: hashed in chunks of 2**20
+    assert tokenized.text_hash(long) == whole(long) and tokenized.text_hash(" ") == whole(" ")
