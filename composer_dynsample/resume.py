@@ -196,11 +196,7 @@ def data_identity(splits: Any) -> dict[str, Any]:
 
     train = splits.train
     labels = np.ascontiguousarray(np.asarray(train.labels), dtype=np.int64)
-    files: dict[str, str] = {}
-    for store in (train, splits.test):
-        meta = getattr(getattr(store, "tokens", None), "meta", None)
-        if isinstance(meta, dict) and isinstance(meta.get("data_sha256"), str):
-            files[str(meta.get("source"))] = meta["data_sha256"]
+    files = dict(getattr(getattr(splits, "info", None), "files", None) or {})
     return {
         "train_rows": len(train),
         "test_rows": len(splits.test),

@@ -211,6 +211,19 @@ def test_a_resume_on_a_changed_data_file_is_refused_naming_both(trained, changed
     assert not (tmp_path / "resumed").exists()
 
 
+def test_a_copy_of_a_file_is_recorded_under_its_own_path(trained, tmp_path, capsys):
+    # the copy's token store is the original's (the same bytes): the checkpoint still names the copy
+    folder, config = trained
+    copy = tmp_path / "copy.jsonl"
+    copy.write_bytes((folder / "train.jsonl").read_bytes())
+    main(["train", config, f"data.path={copy}", "--quiet", "--run-dir", str(tmp_path / "run")])
+    write_jsonl(copy, pair_rows(32, seed=5))
+    argv = ["train", config, f"data.path={copy}", "trainer.max_duration=2ep", "--quiet"]
+    load = f"trainer.load_path={latest_checkpoint(tmp_path / 'run')}"
+    line = refusal([*argv, load, "--run-dir", str(tmp_path / "resumed")], capsys)
+    assert f"data file {str(copy)!r} has changed" in line and "train.jsonl" not in line, line
+
+
 def test_autoresume_on_a_changed_data_file_leaves_the_run_as_it_was(trained, changed, tmp_path, capsys):
     folder, config = trained
     run_dir = shutil.copytree(folder / "run", tmp_path / "run")

@@ -394,6 +394,7 @@ def load_pairs(
         num_negatives=(train.num_rows - len(train), test.num_rows - len(test)),
         num_missing_negatives=sum(part.num_missing_negatives for part in parts),
         columns=names,
+        files={part.table.name: part.table.sha256 for part in parts},
     )
     num_classes = num_train_labels + test.num_rows - len(test) // 2
     return TextSplits(

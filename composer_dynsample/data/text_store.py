@@ -350,6 +350,8 @@ class TextInfo:
         num_missing_negatives (int): Empty or ``null`` negative cells, read as no negative.
         columns (dict[str, str]): The columns read under another name (the loader's ``columns``), which
             ``embed --input`` reads a file with too.
+        files (dict[str, str]): The SHA-256 of each file read (of a ``datasets`` folder's files and
+            split), by its path: what a checkpoint records of the data.
     """
 
     tokenizer: str
@@ -367,6 +369,7 @@ class TextInfo:
     num_negatives: tuple[int, int] = (0, 0)
     num_missing_negatives: int = 0
     columns: dict[str, str] = dataclasses.field(default_factory=dict)
+    files: dict[str, str] = dataclasses.field(default_factory=dict)
 
     def load_tokenizer(self) -> TextTokenizer:
         """The tokenizer the texts were tokenized with, read back from ``tokenizer_path`` (or its folder)."""

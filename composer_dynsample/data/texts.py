@@ -252,6 +252,7 @@ def load_texts(
         label_names=label_names,
         num_train_classes=num_train,
         columns=table.renamed,
+        files={part.table.name: part.table.sha256 for part in parts},
     )
     return TextSplits(
         train=_store(train.text_ids, train_labels, train_rows, stores[0], text_tokenizer),
