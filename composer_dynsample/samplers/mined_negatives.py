@@ -3,7 +3,8 @@
 ANCE (Xiong et al. 2020) and RocketQA train a retriever on negatives taken from the corpus by an index
 of the model being trained, refreshed every few thousand steps by a second job. Here the index is
 :class:`~composer_dynsample.EmbeddingTable`, which the forward pass keeps up to date and hands to
-:class:`MinedNegativesPKBatchSampler` at every epoch start: identical on every rank, part of the
+:class:`MinedNegativesPKBatchSampler` at every epoch start (the first one too when the table's
+``warm_start`` encoded the training set with the starting model): identical on every rank, part of the
 checkpoint, with the false-negative guards of the field (a rank window, a margin relative to the
 positive, no identical texts).
 """
@@ -85,8 +86,9 @@ class MinedNegativesPKBatchSampler(DistributedBatchSampler):
         max_snapshots (int, optional): Take at most this many snapshots; later ones are ignored (no search
             runs) and the negatives stay those of the last one taken. ``1`` is offline mining: negatives
             mined once, from the table after the first (warm-up) epoch, then fixed, as
-            sentence-transformers' ``mine_hard_negatives`` or TAS-B's clustering are used. Default:
-            ``None`` (every epoch's).
+            sentence-transformers' ``mine_hard_negatives`` or TAS-B's clustering are used; with the
+            table's ``warm_start``, mined by the starting model before the first epoch, as
+            ``mine_hard_negatives`` mines with the base model. Default: ``None`` (every epoch's).
         refresh_every (int, optional): Also refresh the negatives every this many batches of a rank within
             an epoch: when the iteration reaches batch ``k * refresh_every`` of the epoch, the sampler searches
             the rows of :attr:`snapshot_source` (which :class:`~composer_dynsample.EmbeddingTable` sets to its

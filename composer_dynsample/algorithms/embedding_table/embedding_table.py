@@ -6,7 +6,9 @@ embeddings the step already computed (the batch carries each sample's ``index``)
 rank, so the table is identical everywhere and costs no extra forward pass. Class centroids, nearest
 classes and nearest samples are then functions of the table (:func:`class_centroids`), for samplers that
 build batches from what the current model confuses. An optional refresh re-embeds rows that grew old,
-in one batched no-grad pass in eval mode at chosen epoch starts, and logs what it cost.
+in one batched no-grad pass in eval mode at chosen epoch starts, and an optional warm start encodes the
+whole training set with the starting model before the first step, so a model-aware sampler mines from
+the first epoch on; both log what they cost.
 """
 
 from __future__ import annotations
@@ -19,6 +21,15 @@ import torch
 from composer.core import Algorithm, Event, State
 from composer.loggers import Logger
 
+from composer_dynsample.algorithms.embedding_table._training_set import (
+    dataset_length,
+    embed_rows,
+    encode_training_set,
+    rng_untouched,
+    train_collate,
+    train_labels,
+    train_loader,
+)
 from composer_dynsample.batches import find_in_batch
 from composer_dynsample.checkpoints import CheckpointError
 from composer_dynsample.distributed import (
@@ -26,10 +37,8 @@ from composer_dynsample.distributed import (
     broadcast_buffers,
     get_rank,
     get_world_size,
-    unwrap_model,
 )
 from composer_dynsample.mined import MinedBatch
-from composer_dynsample.models.embed import embed_store
 from composer_dynsample.validation import check_bool, check_choice, check_int, parse_time
 
 __all__ = ["EmbeddingTable", "class_centroids", "write_rows"]
@@ -115,9 +124,21 @@ class EmbeddingTable(Algorithm):
     ``no_grad`` in eval mode, each rank a share and the results gathered; the seconds and rows are logged
     as ``embedding_table/refresh_seconds`` and ``embedding_table/refreshed_rows``.
 
+    With ``warm_start``, at ``FIT_START`` of a run that starts at step 0 every row is encoded by the
+    starting model (the one encoding that offline mining pays), the same way: each rank a share, gathered,
+    so every rank holds the same rows, stamped with step 0. The sampler then takes its first snapshot at
+    the first epoch's start instead of the second's. The global random states (Python, NumPy, torch) are
+    put back afterwards and eval mode uses no dropout and updates no BatchNorm statistics, so the run's
+    batches and weights differ from a run without it only through what the sampler builds from the table.
+    A resumed run never encodes: its table comes from the checkpoint. The rows and seconds are kept in
+    :attr:`warm_start_cost` (and the checkpoint) and logged as ``embedding_table/warm_start_rows`` and
+    ``embedding_table/warm_start_seconds``.
+
     At every epoch end the table's staleness is logged and kept in :attr:`history` (one dict per epoch,
     in the checkpoint, and in the CLI's ``metrics.json``): ``staleness_mean`` and ``staleness_max``, the
-    batches since each written row was written, over ``rows_written`` rows of ``num_items``; with a
+    batches since each written row was written, over ``rows_written`` rows of ``num_items``;
+    ``rows_encoded`` and ``encode_seconds``, what the table encoded beyond the training forward passes in
+    the epoch (the warm start's rows and the refreshes', ``0`` when the forward pass alone feeds it); with a
     sampler that reports what its epoch's plan did (``guard_counts``, as
     :class:`~composer_dynsample.samplers.MinedNegativesPKBatchSampler`), that too, under ``sampler``.
 
@@ -131,7 +152,8 @@ class EmbeddingTable(Algorithm):
         refresh_interval (str, optional): A time string in epochs (``"5ep"``). Default: ``None`` (no refresh).
         refresh_max_age (int): Rows written more than this many batches ago are refreshed. Default: ``0``
             (all rows).
-        refresh_batch_size (int): Samples per forward pass of the refresh. Default: ``1024``.
+        refresh_batch_size (int): Samples per forward pass of the refresh and of the warm start.
+            Default: ``1024``.
         feed_sampler (bool): At every epoch start, hand the train batch sampler its snapshot when it takes
             one: class centroids (``update_class_embeddings``, as
             :class:`~composer_dynsample.samplers.HardClassPKBatchSampler` does) or the rows for nearest
@@ -140,6 +162,12 @@ class EmbeddingTable(Algorithm):
             ``snapshot_source`` attribute (:class:`~composer_dynsample.samplers.MinedNegativesPKBatchSampler`)
             gets the live rows for its refreshes within an epoch; keep the sampler's snapshot in the
             checkpoint so a resumed epoch is built from the same one. Default: ``True``.
+        warm_start (bool): Encode the whole training set with the starting model at ``FIT_START`` of a run
+            that starts at step 0, from the train loader's ``GatherCollate`` or ``TextCollate`` store, so the
+            sampler's first snapshot is the first epoch's. Default: ``False``.
+
+    Raises:
+        ValueError: If an option is out of its range or of the wrong type.
 
     Example:
         >>> from composer import Trainer
@@ -160,6 +188,7 @@ class EmbeddingTable(Algorithm):
         refresh_max_age: int = 0,
         refresh_batch_size: int = 1024,
         feed_sampler: bool = True,
+        warm_start: bool = False,
     ) -> None:
         self.num_items = check_int("num_items", num_items, minimum=1, allow_none=True)
         self._size_given = self.num_items is not None  # else read off the dataset at FIT_START
@@ -180,6 +209,10 @@ class EmbeddingTable(Algorithm):
         self.refresh_max_age = check_int("refresh_max_age", refresh_max_age, minimum=0)
         self.refresh_batch_size = check_int("refresh_batch_size", refresh_batch_size, minimum=1)
         self.feed_sampler = check_bool("feed_sampler", feed_sampler)
+        self.warm_start = check_bool("warm_start", warm_start)
+        #: The warm start's ``rows_encoded`` and ``seconds``; ``None`` until it ran (in the checkpoint).
+        self.warm_start_cost: dict[str, float] | None = None
+        self._encoded = {"rows": 0, "seconds": 0.0}  # encoded beyond the forward passes this epoch
         self.rows: torch.Tensor | None = None
         self.written_at: torch.Tensor | None = None
         self._sampler: Any = None  # the train batch sampler that takes class centroids, if any
@@ -256,7 +289,7 @@ class EmbeddingTable(Algorithm):
 
     def apply(self, event: Event, state: State, logger: Logger) -> None:
         if event == Event.FIT_START:
-            self._fit_start(state)
+            self._fit_start(state, logger)
         elif event == Event.EPOCH_END:
             self._epoch_end(state, logger)
         elif event == Event.EPOCH_START:
@@ -279,16 +312,18 @@ class EmbeddingTable(Algorithm):
             )
             self.write(gathered_indices, gathered, int(state.timestamp.batch))
 
-    def _fit_start(self, state: State) -> None:
-        """Size the table, find the sampler to feed, and give it back its snapshot when resuming."""
-        store = getattr(getattr(_train_loader(state), "collate_fn", None), "store", None)
+    def _fit_start(self, state: State, logger: Logger) -> None:
+        """Size the table, warm it, find the sampler to feed, and give it back its snapshot when resuming."""
+        store = getattr(getattr(train_loader(state), "collate_fn", None), "store", None)
         self._num_sampled = getattr(store, "num_sampled", None)
         if not self._size_given:
             # Composer loads a checkpoint before FIT_START: its table must fit the dataset read off now.
-            length = _dataset_length(state)
+            length = dataset_length(state)
             if self.rows is not None and self.rows.shape[0] != length:
                 raise _size_mismatch(self.rows.shape[0], length)
             self.num_items = length
+        if self.warm_start and self.warm_start_cost is None and int(state.timestamp.batch) == 0:
+            self._warm_start(state, logger)
         if not self.feed_sampler:
             return
         from composer_dynsample.callbacks.set_sampler_epoch import find_epoch_target
@@ -306,6 +341,31 @@ class EmbeddingTable(Algorithm):
             self._sampler.load_state_dict(self._saved_sampler_state)  # the interrupted epoch's centroids
             self._saved_sampler_state = None
 
+    def _warm_start(self, state: State, logger: Logger) -> None:
+        """Encode every row with the model as it starts, with the random states put back afterwards."""
+        started = time.perf_counter()
+        broadcast_buffers(state.model)  # rank 0's statistics, as the refresh
+        with rng_untouched():
+            indices, embeddings = encode_training_set(
+                state.model,
+                train_collate(state, "warm_start"),
+                int(self.num_items),  # type: ignore[arg-type]  # sized by _fit_start
+                self.refresh_batch_size,
+            )
+        self.write(indices, embeddings, int(state.timestamp.batch))
+        seconds = time.perf_counter() - started
+        self.warm_start_cost = {"rows_encoded": int(indices.numel()), "seconds": seconds}
+        self._count_encoded(int(indices.numel()), seconds)
+        logger.log_metrics(
+            {
+                "embedding_table/warm_start_rows": float(indices.numel()),
+                "embedding_table/warm_start_seconds": seconds,
+            }
+        )
+
+    def _count_encoded(self, rows: int, seconds: float) -> None:
+        self._encoded = {"rows": self._encoded["rows"] + rows, "seconds": self._encoded["seconds"] + seconds}
+
     def _snapshot_rows(self) -> tuple[torch.Tensor, torch.Tensor] | None:
         """The rows as a sampler searches them, and which hold an embedding (``None`` before any)."""
         if self.rows is None or self.written_at is None:
@@ -317,6 +377,8 @@ class EmbeddingTable(Algorithm):
         step = int(state.timestamp.batch)
         record: dict[str, Any] = {"epoch": int(state.timestamp.epoch), "step": step}
         record.update(self.staleness(step))
+        record.update(rows_encoded=self._encoded["rows"], encode_seconds=self._encoded["seconds"])
+        self._encoded = {"rows": 0, "seconds": 0.0}
         logger.log_metrics(
             {f"embedding_table/{key}": value for key, value in record.items() if key != "epoch"}
         )
@@ -337,7 +399,7 @@ class EmbeddingTable(Algorithm):
             skipped = getattr(self._sampler, "last_skipped", {})
             logger.log_metrics({f"embedding_table/skipped_{name}": float(n) for name, n in skipped.items()})
             return
-        labels = _train_labels(state).cpu().long()
+        labels = train_labels(state).cpu().long()
         classes = torch.as_tensor(self._sampler.classes, dtype=torch.int64)  # sorted, any integers
         dense = torch.searchsorted(classes, labels).clamp_(max=classes.numel() - 1)
         if not torch.equal(classes[dense], labels):
@@ -362,17 +424,23 @@ class EmbeddingTable(Algorithm):
         step = int(state.timestamp.batch)
         stale = ((self.written_at < 0) | (step - self.written_at > self.refresh_max_age)).nonzero().view(-1)
         mine = stale[get_rank() :: get_world_size()]
-        embeddings = _embed_rows(
-            state.model, _train_collate(state), mine, self.refresh_batch_size, self.rows.shape[1]
+        embeddings = embed_rows(
+            state.model,
+            train_collate(state, "refresh_interval"),
+            mine,
+            self.refresh_batch_size,
+            self.rows.shape[1],
         )
         gathered, gathered_indices, _ = all_gather_embeddings(
             embeddings, mine.to(embeddings.device), with_grad=False
         )
         if gathered_indices.numel():
             write_rows(self.rows, self.written_at, gathered_indices, gathered, step)
+        seconds = time.perf_counter() - started
+        self._count_encoded(int(stale.numel()), seconds)
         logger.log_metrics(
             {
-                "embedding_table/refresh_seconds": time.perf_counter() - started,
+                "embedding_table/refresh_seconds": seconds,
                 "embedding_table/refreshed_rows": float(stale.numel()),
             }
         )
@@ -385,6 +453,8 @@ class EmbeddingTable(Algorithm):
         sampler_state = getattr(self._sampler, "state_dict", None)
         state["sampler"] = sampler_state() if callable(sampler_state) else None
         state["history"] = list(self.history)
+        state["warm_start"] = self.warm_start_cost
+        state["encoded"] = dict(self._encoded)
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -397,6 +467,8 @@ class EmbeddingTable(Algorithm):
         self.written_at = None if written is None else written.to(self.device)
         self._saved_sampler_state = state.get("sampler")
         self.history = list(state.get("history", []))
+        self.warm_start_cost = state.get("warm_start")
+        self._encoded = dict(state.get("encoded") or {"rows": 0, "seconds": 0.0})
 
 
 def _batch_indices(state: State, key: str) -> torch.Tensor:
@@ -408,60 +480,8 @@ def _batch_indices(state: State, key: str) -> torch.Tensor:
     return indices.view(-1).to(torch.int64)
 
 
-def _train_loader(state: State) -> Any:
-    """The train ``DataLoader``, out of a ``DataSpec`` when Composer wrapped it in one."""
-    return getattr(state.train_dataloader, "dataloader", state.train_dataloader)
-
-
-def _train_labels(state: State) -> torch.Tensor:
-    """The training set's labels, from the index dataset or the collate's store."""
-    loader = _train_loader(state)
-    labels = getattr(getattr(loader, "dataset", None), "labels", None)
-    if not isinstance(labels, torch.Tensor):
-        labels = getattr(getattr(getattr(loader, "collate_fn", None), "store", None), "labels", None)
-    if not isinstance(labels, torch.Tensor):
-        raise ValueError(
-            "EmbeddingTable: class centroids need the training labels, and neither the train dataset nor its "
-            "collate has a labels tensor; use composer_dynsample.data.IndexDataset and GatherCollate."
-        )
-    return labels
-
-
 def _size_mismatch(rows: int, items: int | None) -> CheckpointError:
     return CheckpointError(
         f"the checkpoint's embedding table has {rows} rows, this run's training set {items}; resume with "
         "the same data."
     )
-
-
-def _dataset_length(state: State) -> int:
-    loader = _train_loader(state)
-    dataset = getattr(loader, "dataset", None)
-    try:
-        return check_int("num_items", len(dataset), minimum=1)  # type: ignore[arg-type]
-    except TypeError:
-        raise ValueError(
-            "EmbeddingTable: cannot read the training set's size off the train dataloader; pass num_items."
-        ) from None
-
-
-def _train_collate(state: State) -> Any:
-    loader = _train_loader(state)
-    collate = getattr(loader, "collate_fn", None)
-    if getattr(collate, "store", None) is None:
-        raise ValueError(
-            "EmbeddingTable: a refresh re-embeds samples from the train loader's GatherCollate store, and this "
-            "loader has none; use composer_dynsample.data.GatherCollate or leave refresh_interval unset."
-        )
-    return collate
-
-
-def _embed_rows(
-    model: torch.nn.Module, collate: Any, indices: torch.Tensor, batch_size: int, dim: int
-) -> torch.Tensor:
-    """Embed the items at ``indices`` as the train collate builds them, under ``no_grad`` in eval mode."""
-    if indices.numel() == 0:
-        parameter = next(unwrap_model(model).parameters(), None)
-        return torch.empty(0, dim, device=parameter.device if parameter is not None else "cpu")
-    transform = getattr(collate, "transform", None)
-    return embed_store(model, collate.store, rows=indices.cpu(), batch_size=batch_size, transform=transform)
