@@ -423,7 +423,7 @@ def export(
     from composer_dynsample.config.registry import ConfigError
     from composer_dynsample.data import TextSplits
     from composer_dynsample.distributed import unwrap_model
-    from composer_dynsample.export import export_huggingface, export_sentence_transformers
+    from composer_dynsample.export import export_huggingface, export_sentence_transformers, run_metrics
     from composer_dynsample.validation import check_choice
 
     export_format = check_choice("format", export_format, EXPORT_FORMATS)
@@ -436,8 +436,11 @@ def export(
     write = export_sentence_transformers if export_format == EXPORT_FORMATS[0] else export_huggingface
     if is_rank_zero():
         tokenizer, max_length = run.splits.info.load_tokenizer(), run.splits.info.max_length
+        card = {}  # a sentence-transformers folder's model card: the run's data, recipe and metrics
+        if write is export_sentence_transformers:
+            card = {"config": run.config, "metrics": run_metrics(_run_dir_of(Path(checkpoint)))}
         try:
-            write(unwrap_model(run.trainer.state.model), tokenizer, target, max_length=max_length)
+            write(unwrap_model(run.trainer.state.model), tokenizer, target, max_length=max_length, **card)
         except (TypeError, ValueError) as error:
             raise ConfigError(f"export --format {export_format}: {error}") from error
         print(f"wrote the {export_format} model of {Path(checkpoint).name} to {target}")

@@ -9,7 +9,10 @@
   (``query/``, ``passage/``). ``encoder_config.json`` names the class and its arguments.
 * :func:`export_sentence_transformers` writes a sentence-transformers model directory (Transformer,
   Pooling in the encoder's mode, Dense for the projection, Normalize when the model normalises) that
-  ``SentenceTransformer(out_dir)`` loads and that embeds texts as the encoder does.
+  ``SentenceTransformer(out_dir)`` loads and that embeds texts as the encoder does. Its model card,
+  ``README.md`` (:func:`model_card`), says the pooling, normalisation and ``max_seq_length`` (a
+  folder's unless the config chose otherwise) and, given the run's config and metrics
+  (:func:`run_metrics`), the training data, the recipe and the scores.
 
 Every file written is readable as any new file is (``0o666`` less the umask; ``safetensors`` alone
 would leave its weights ``0o600``). ``transformers``' load reports and progress bars are left out.
@@ -30,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from omegaconf import OmegaConf
 from torch import nn
 
 from composer_dynsample.models.text import (
@@ -46,11 +50,16 @@ __all__ = [
     "export_huggingface",
     "export_sentence_transformers",
     "load_exported_encoder",
+    "model_card",
     "pretrained_tokenizer",
+    "run_metrics",
 ]
 
 CONFIG_FILE = "encoder_config.json"
 STATE_FILE = "encoder_state.pt"
+# The config keys a model card calls the recipe.
+_RECIPE = ("model.encoder", "model.loss", "model.normalize", "sampler", "optimizer", "scheduler")
+_RECIPE_OF_THE_RUN = ("algorithms", "trainer.max_duration", "seed")
 _TOKEN_ENCODERS: dict[str, type[nn.Module]] = {
     "BagOfTokensEncoder": BagOfTokensEncoder,
     "TextCNNEncoder": TextCNNEncoder,
@@ -304,16 +313,17 @@ def export_sentence_transformers(
     normalize: bool | None = None,
     special_tokens: Mapping[str, str] | None = None,
     max_length: int | None = None,
+    config: Mapping[str, Any] | None = None,
+    metrics: Mapping[str, Any] | None = None,
 ) -> Path:
-    """Write a :class:`TransformerEncoder` as a sentence-transformers model directory.
+    """Write a :class:`TransformerEncoder` as a sentence-transformers model directory, with a model card.
 
     The modules are the encoder's own steps: ``Transformer`` (the ``AutoModel`` and the tokenizer),
     ``Pooling`` in the encoder's mode (``mean`` or ``cls``), ``Dense`` with the projection's weights and
     an identity activation (when the encoder projects), and ``Normalize`` when the embeddings are
-    L2-normalised. ``SentenceTransformer(out_dir).encode(texts)`` then returns the encoder's embeddings
-    of the texts, tokenized with the same tokenizer. sentence-transformers loads BERT-like models with
-    their pooler, which the encoder dropped: it is written with random weights (the pooling does not
-    use it), and a line says so.
+    L2-normalised: ``SentenceTransformer(out_dir).encode(texts)`` embeds as the encoder does. BERT-like
+    models load there with their pooler, which the encoder dropped: it is written with random weights
+    (the pooling does not use it), and a line says so. ``README.md`` is :func:`model_card`'s.
 
     Args:
         model (torch.nn.Module): A :class:`TransformerEncoder` or an ``EmbeddingModel`` around one.
@@ -322,8 +332,9 @@ def export_sentence_transformers(
         normalize (bool, optional): Add ``Normalize``. Default: ``None``, the ``EmbeddingModel``'s
             ``normalize``, or ``True`` (``EmbeddingModel``'s default) for a bare encoder.
         special_tokens (Mapping[str, str], optional): See :func:`pretrained_tokenizer`. Default: ``None``.
-        max_length (int, optional): See :func:`export_huggingface`; sentence-transformers' ``max_seq_length``.
-            Default: ``None``.
+        max_length (int, optional): See :func:`export_huggingface` (sentence-transformers' ``max_seq_length``).
+        config (Mapping[str, Any], optional): The run's config, for the model card.
+        metrics (Mapping[str, Any], optional): The run's ``metrics.json``, for the model card.
 
     Returns:
         Path: ``out_dir``.
@@ -333,23 +344,23 @@ def export_sentence_transformers(
             or as :func:`export_huggingface`.
     """
     encoder, normalized = _unwrap(model, normalize)
+    card = {"max_length": max_length, "normalize": normalized, "config": config, "metrics": metrics}
     if not isinstance(encoder, TransformerEncoder):
         raise ValueError(
             f"export_sentence_transformers needs a TransformerEncoder (the format holds a Hugging Face "
             f"transformer), got {type(encoder).__name__}; export_huggingface writes its state dict and config."
         )
-    sentence_transformer = import_text_extra(
-        "sentence_transformers", "export_sentence_transformers"
-    ).SentenceTransformer
-    modules = _sentence_transformers_modules()
+    library = import_text_extra("sentence_transformers", "export_sentence_transformers")
     _tokenizer_for(encoder, tokenizer, special_tokens, max_length)  # checked before out_dir is created
     directory = _prepare(out_dir)
     with tempfile.TemporaryDirectory() as staging:
         staged = Path(staging) / "model"
         export_huggingface(encoder, tokenizer, staged, special_tokens=special_tokens, max_length=max_length)
-        steps = _sentence_transformers_steps(modules, encoder, staged, normalized)
+        steps = _sentence_transformers_steps(_sentence_transformers_modules(), encoder, staged, normalized)
         with quiet_transformers():
-            sentence_transformer(modules=steps, device="cpu").save(str(directory), create_model_card=False)
+            saved = library.SentenceTransformer(modules=steps, device="cpu")
+            saved.save(str(directory), create_model_card=False)
+    (directory / "README.md").write_text(model_card(model, title=directory.name, **card), encoding="utf-8")
     _new_file_modes(directory)
     _say_added_pooler(directory, steps[0], encoder)
     return directory
@@ -397,3 +408,82 @@ def _sentence_transformers_modules() -> Any:
     except ImportError:
         from sentence_transformers import models as modules
     return modules
+
+
+def run_metrics(run_dir: str | os.PathLike[str]) -> dict[str, Any] | None:
+    """The ``metrics.json`` of a run directory as a dict; ``None`` when it has none that reads as one."""
+    try:
+        values = json.loads((Path(run_dir).expanduser() / "metrics.json").read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        return None
+    return values if isinstance(values, dict) else None
+
+
+def model_card(
+    model: nn.Module,
+    *,
+    max_length: int | None = None,
+    normalize: bool | None = None,
+    config: Mapping[str, Any] | None = None,
+    metrics: Mapping[str, Any] | None = None,
+    title: str = "model",
+) -> str:
+    """The ``README.md`` of an exported model, in plain Markdown: the model, and the run when given.
+
+    Args:
+        model (torch.nn.Module): A :class:`TransformerEncoder`, or an ``EmbeddingModel`` around one.
+        max_length (int, optional): The longest input in tokens (``max_seq_length``). Default: ``None``.
+        normalize (bool, optional): Whether embeddings are L2-normalised. Default: ``None``, the model's.
+        config (Mapping[str, Any], optional): The run's config: its ``data``, and the recipe (encoder, loss,
+            sampler, optimizer, schedule, duration, seed).
+        metrics (Mapping[str, Any], optional): The run's ``metrics.json``: its scores (fractional numbers),
+            beside the starting model's (``at_start``).
+        title (str): The card's heading. Default: ``"model"``.
+
+    Returns:
+        str: The card.
+    """
+    encoder, normalized = _unwrap(model, normalize)
+    config = OmegaConf.create(dict(config or {}))
+    data = {k: v for k, v in (config.get("data") or {}).items() if k not in ("cache_dir", "progress")}
+    recipe = {key: OmegaConf.select(config, key) for key in _RECIPE + _RECIPE_OF_THE_RUN}
+    sections = {
+        "Model": _model_lines(encoder, normalized, max_length),
+        "Training data": [f"data.{key}: `{_shown(value)}`" for key, value in data.items()],
+        "Recipe": [f"{key}: `{_shown(value)}`" for key, value in recipe.items() if value is not None],
+    }
+    lines = [f"# {title}", "", "A text embedding model trained with composer-dynsample.", "", "## Use", ""]
+    lines += ["```python", "from sentence_transformers import SentenceTransformer", ""]
+    lines += [f"model = SentenceTransformer({title!r})", 'embeddings = model.encode(["a text"])', "```"]
+    for heading, items in sections.items():
+        lines += ["", f"## {heading}", "", *(f"- {item}" for item in items)] if items else []
+    return "\n".join(lines + _metric_lines(metrics or {})) + "\n"
+
+
+def _model_lines(encoder: nn.Module, normalized: bool, max_length: int | None) -> list[str]:
+    """The card's list of the model: the encoder, where it started, pooling, projection, normalisation."""
+    folder, config, projection = getattr(encoder, "folder", None), encoder.model.config, encoder.projection
+    start = f"started from `{folder.path}`" if folder is not None else "randomly initialised"
+    return [
+        f"Encoder: {type(encoder.model).__name__} ({config.model_type}, hidden size {config.hidden_size}), {start}",
+        f"Pooling: {encoder.pooling}",
+        f"Projection: linear to {projection.out_features}" if projection is not None else "Projection: none",
+        f"Normalisation: {'L2 (Normalize)' if normalized else 'none'}",
+        f"max_seq_length: {max_length if max_length is not None else encoder.max_tokens}",
+    ]
+
+
+def _metric_lines(metrics: Mapping[str, Any]) -> list[str]:
+    """The card's table of scores, beside the starting model's when given; seconds (``*_s``) left out."""
+    start = metrics.get("at_start") if isinstance(metrics.get("at_start"), Mapping) else {}
+    cols = [metrics, start] if start else [metrics]
+    keys = [key for key, value in metrics.items() if isinstance(value, float) and not key.endswith("_s")]
+    rows = [[key, *(f"{c[key]:.4f}" if isinstance(c.get(key), float) else "" for c in cols)] for key in keys]
+    head = [["metric", "value", "at start"][: len(cols) + 1], ["---"] * (len(cols) + 1)]
+    return ["", "## Metrics", "", *("| " + " | ".join(row) + " |" for row in head + rows)] if rows else []
+
+
+def _shown(value: Any) -> str:
+    """A config value as the card shows it: mappings and lists as JSON (an OmegaConf node's too)."""
+    value = OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
+    return json.dumps(value, default=str) if isinstance(value, (dict, list)) else str(value)

@@ -65,12 +65,18 @@ def write_config(folder: Path, encoder: dict, **data: object) -> str:
 
 
 def save_bert(folder: Path, max_position_embeddings: int = 64) -> Path:
-    """A tiny BERT saved with ``save_pretrained``, its pooler's weights included."""
+    """A tiny BERT saved with ``save_pretrained``, its pooler's weights included, and a tokenizer of the
+    test pairs' words: a model folder is the whole model, its tokenizer included."""
     import transformers
+
+    from composer_dynsample.data.text_tokenizer import train_tokenizer
+    from composer_dynsample.export import pretrained_tokenizer
 
     sizes = {key: value for key, value in TINY_BERT.items() if key != "model_type"}
     config = transformers.BertConfig(vocab_size=300, max_position_embeddings=max_position_embeddings, **sizes)
     transformers.BertModel(config, add_pooling_layer=True).save_pretrained(folder)
+    texts = [text for row in pair_rows(32, seed=0) for text in row.values()]
+    pretrained_tokenizer(train_tokenizer(texts, vocab_size=200)).save_pretrained(folder)
     return folder
 
 

@@ -7,7 +7,9 @@ What the builder supplies itself (a sampler's labels, the optimizer's parameters
 sizes read off the data) is the same for a registered name and for a ``_component_``:
 
 - ``data``: ``target(**keys)`` returns a :class:`~composer_dynsample.data.DatasetSplits`; a text
-  loader's tokenizer is the run's ``RUN_DIR/tokenizer.json`` when it has one (see :func:`build_data`).
+  loader's tokenizer is the run's ``RUN_DIR/tokenizer.json`` when it has one, else, for a transformer
+  of a model folder (``model.encoder.path``), the folder's, whose ``max_seq_length`` is the default
+  ``max_length`` too (see :func:`build_data`).
 - ``model.encoder``: ``target(**keys)``; ``in_features``, ``in_channels``, ``input_length`` and
   ``input_size`` are filled from the data's item shape, and a text encoder's ``vocab_size`` from the
   tokenizer, when the target takes them and the config leaves them out; ``two_tower`` builds its
@@ -41,8 +43,10 @@ from composer_dynsample.config.model_builders import (
     build_loss,
     build_model,
     check_encoder,
+    check_model_folder,
     check_model_keys,
     check_positions,
+    folder_data_defaults,
 )
 from composer_dynsample.config.registries import (
     ALGORITHMS,
@@ -102,16 +106,27 @@ def build_data(cfg: DictConfig) -> DatasetSplits:
     """Load the dataset the ``data`` section names, with its other keys.
 
     A text loader left without a ``tokenizer`` reads the one of the run it continues (see
-    :func:`~composer_dynsample.config.run_tokenizer.run_tokenizer`), so a resumed, evaluated or exported model meets the ids it was trained on.
+    :func:`~composer_dynsample.config.run_tokenizer.run_tokenizer`), so a resumed, evaluated or exported
+    model meets the ids it was trained on; else, when ``model.encoder`` is a transformer of a model
+    folder, the folder's tokenizer, and its ``max_seq_length`` as ``max_length`` when that is unset too
+    (see :func:`~composer_dynsample.config.model_builders.folder_data_defaults`).
     An error of the loader about the data (a file, its line and column) is one line naming ``data``.
+
+    Raises:
+        ConfigError: If a key or value is wrong, a data file is missing or malformed, or the model folder
+            refuses the data's tokenizer (see :func:`check_config`).
     """
     from composer_dynsample.data import DatasetSplits
 
     entry, name, kwargs, _ = resolve_entry("data", section(cfg, "data", "data"), DATASETS)
+    found = None
     if "tokenizer" in parameters(entry.target) and kwargs.get("tokenizer") is None:
         found = run_tokenizer(cfg)
         if found is not None:
             kwargs["tokenizer"] = str(found)
+    for key, value in folder_data_defaults(cfg, tokenizer=found is None).items():
+        if kwargs.get(key) is None:
+            kwargs[key] = value
     try:
         splits = call("data", entry, kwargs)
     except FileNotFoundError as error:
@@ -275,8 +290,10 @@ def check_config(cfg: DictConfig) -> None:
 
     Run options, ``evaluation``, the trainer's time and checkpoint path, then the keys and value types of
     ``data``, ``model.encoder``, ``model.loss``, ``sampler``, ``dataloader`` and ``optimizer`` against their
-    targets' signatures: an error there answers without loading data, and with at most torch imported
-    (Composer only when a section names a Composer class). The builders check the rest as they build.
+    targets' signatures, ``data.max_length`` against a transformer's positions, and a model folder's
+    pooling and tokenizer against the config (its JSON files read, no weights): an error there answers
+    without loading data, and with at most torch imported (Composer only when a section names a
+    Composer class). The builders check the rest as they build.
 
     Raises:
         ConfigError: The first problem found, naming the key.
@@ -297,6 +314,7 @@ def check_config(cfg: DictConfig) -> None:
             check_types(path, entry, kwargs)
     check_encoder("model.encoder", section(model, "encoder", "model.encoder"))
     check_positions(cfg)  # data.max_length against a transformer's positions, the data not loaded
+    check_model_folder(cfg)  # a model folder's pooling and tokenizer against the config
     dataloader_config(cfg)
     _check_from_source(cfg, model)
     registries.check_sampler_table(

@@ -1,12 +1,15 @@
 """The Hugging Face ``transformers`` encoder: token ids and an attention mask to ``(B, embedding_dim)``.
 
 :class:`TransformerEncoder` wraps any ``AutoModel``, from a local directory or from a config (random
-init), with mean or CLS pooling and an optional projection. It reads the same features as the other
-text encoders (see :mod:`composer_dynsample.models.text`); ``transformers`` is imported only when one
-is built. It is importable from :mod:`composer_dynsample.models.text` too.
+init), with mean or CLS pooling and an optional projection. A sentence-transformers folder gives its
+pooling (its ``Pooling`` module's mode) unless one is given; its model may sit in a subfolder
+(``0_Transformer``), as :mod:`~composer_dynsample.models.sentence_folder` reads it. It reads the same
+features as the other text encoders (see :mod:`composer_dynsample.models.text`); ``transformers`` is
+imported only when one is built. It is importable from :mod:`composer_dynsample.models.text` too.
 
 :func:`position_limit` reads how long a text such a model takes off its config, without building it
-(the config checks compare it with the data's ``max_length``); :func:`quiet_transformers` keeps
+(the config checks compare it with the data's ``max_length``); :func:`folder_pooling` is the pooling a
+folder gives, or a one-line error for one the encoder lacks; :func:`quiet_transformers` keeps
 ``transformers``' load reports and progress bars out of the output.
 """
 
@@ -18,13 +21,13 @@ import json
 import os
 import warnings
 from collections.abc import Iterator, Mapping
-from pathlib import Path
 from typing import Any, NamedTuple
 
 import torch
 from torch import nn
 
 from composer_dynsample.distributed import get_rank
+from composer_dynsample.models.sentence_folder import ModelFolder, read_model_folder
 from composer_dynsample.models.tokens import (
     _positive,
     _projection,
@@ -39,6 +42,7 @@ __all__ = [
     "TRANSFORMER_POOLINGS",
     "PositionLimit",
     "TransformerEncoder",
+    "folder_pooling",
     "position_limit",
     "quiet_transformers",
 ]
@@ -71,8 +75,9 @@ class TransformerEncoder(nn.Module):
     """A Hugging Face ``transformers`` encoder (``AutoModel``) with mean or CLS pooling.
 
     Built from a local model directory (``path``: ``from_pretrained`` with ``local_files_only``; never a
-    download) or from a config (``config``: ``{"model_type": "bert", "hidden_size": ..., ...}``, random
-    init through ``AutoConfig.for_model``). The model's own pooler (BERT's ``pooler``, unused by mean
+    download; of a sentence-transformers folder, its ``Transformer`` module's, at its root or in a
+    subfolder such as ``0_Transformer``) or from a config (``config``: ``{"model_type": "bert",
+    "hidden_size": ..., ...}``, random init through ``AutoConfig.for_model``). The model's own pooler (BERT's ``pooler``, unused by mean
     or CLS pooling of the hidden states) is removed, so that every parameter takes part in the loss, as
     DDP requires. ``"mean"`` pooling averages the last hidden states over ``attention_mask``; ``"cls"``
     takes the first position's. An optional linear projection maps them to ``embedding_dim``.
@@ -89,20 +94,26 @@ class TransformerEncoder(nn.Module):
         path (str | os.PathLike, optional): A local directory holding a Hugging Face model. Default: ``None``.
         config (Mapping[str, Any], optional): ``model_type`` and the config's other arguments.
             Default: ``None``. Exactly one of ``path`` and ``config`` is given.
-        pooling (str): ``"mean"`` or ``"cls"``. Default: ``"mean"``.
+        pooling (str, optional): ``"mean"`` or ``"cls"``. Default: ``None``: the mode of the ``Pooling``
+            module of a sentence-transformers ``path`` (its ``1_Pooling/config.json``), else ``"mean"``.
         embedding_dim (int, optional): Project to this dimension. Default: ``None``, the hidden size.
 
     Attributes:
         max_tokens (int | None): The longest text, in tokens (special tokens included), the model has
             position embeddings for (see :func:`position_limit`); ``None`` when it does not say.
+        folder (ModelFolder | None): What ``path`` says of its model (pooling, normalisation, length),
+            read by :func:`~composer_dynsample.models.sentence_folder.read_model_folder`; ``None`` with
+            ``config``.
 
     Loading from ``path`` prints no report of ``transformers``: a line says what of the folder's weights
     was not loaded (its pooler, heads of other tasks), and a ``UserWarning`` names weights the folder
-    lacks (randomly initialised).
+    lacks (randomly initialised) and modules of a sentence-transformers folder the encoder does not
+    build (a ``Dense`` after the pooling).
 
     Raises:
-        ValueError: If ``path`` is not a local model directory, ``config`` names an unknown model type or
-            argument, ``vocab_size`` disagrees with the model, or an argument is out of range.
+        ValueError: If ``path`` is not a local model directory, its folder pools otherwise than by mean
+            or CLS and ``pooling`` is not given, ``config`` names an unknown model type or argument,
+            ``vocab_size`` disagrees with the model, or an argument is out of range.
 
     Example:
         >>> config = {"model_type": "bert", "hidden_size": 16, "num_hidden_layers": 1,
@@ -119,10 +130,13 @@ class TransformerEncoder(nn.Module):
         vocab_size: int | None = None,
         path: str | os.PathLike[str] | None = None,
         config: Mapping[str, Any] | None = None,
-        pooling: str = "mean",
+        pooling: str | None = None,
         embedding_dim: int | None = None,
     ) -> None:
         super().__init__()
+        self.folder = _read_folder(path) if path is not None and config is None else None
+        if pooling is None:
+            pooling = "mean" if self.folder is None else folder_pooling(self.folder)
         self.pooling = check_choice("pooling", pooling, TRANSFORMER_POOLINGS)
         if vocab_size is not None:
             vocab_size = _positive("vocab_size", vocab_size)
@@ -132,7 +146,11 @@ class TransformerEncoder(nn.Module):
                 "TransformerEncoder needs exactly one of path (a local model directory) and config "
                 f"(a model_type and its sizes), got {given}."
             )
-        model = _load_pretrained(path) if path is not None else _from_config(config, vocab_size)
+        model = (
+            _load_pretrained(path, self.folder)
+            if self.folder is not None
+            else _from_config(config, vocab_size)
+        )
         self.max_tokens = _token_positions(model.config.to_dict())
         table = model.get_input_embeddings().num_embeddings
         if vocab_size is not None and vocab_size > table:
@@ -174,11 +192,46 @@ class TransformerEncoder(nn.Module):
         return pooled if self.projection is None else self.projection(pooled)
 
 
-def _load_pretrained(path: str | os.PathLike[str]) -> nn.Module:
-    """``AutoModel.from_pretrained`` from a local directory only; a one-line error for anything else."""
+def _read_folder(path: Any) -> ModelFolder:
+    """What the folder ``path`` says (see :mod:`~composer_dynsample.models.sentence_folder`).
+
+    Raises:
+        InputTypeError: If ``path`` is not a string or path.
+        ValueError: If its ``modules.json`` or a module's settings cannot be read.
+    """
     if not isinstance(path, (str, os.PathLike)):
         raise InputTypeError(f"path must be a local directory (a string), got {type(path).__name__}.")
-    directory = Path(path).expanduser()
+    return read_model_folder(path)
+
+
+def folder_pooling(folder: ModelFolder, key: str = "pooling", path_key: str = "path") -> str:
+    """The pooling of ``folder`` for a :class:`TransformerEncoder`: its ``Pooling`` module's, else mean.
+
+    Args:
+        folder (ModelFolder): What the model folder says.
+        key (str): The key the error names for choosing the pooling (``"model.encoder.pooling"`` in a
+            config). Default: ``"pooling"``.
+        path_key (str): The key the error names for the folder. Default: ``"path"``.
+
+    Returns:
+        str: ``"mean"`` or ``"cls"``.
+
+    Raises:
+        ValueError: If the folder pools otherwise (``max``, ``lasttoken``, several modes together).
+    """
+    if folder.pooling is None or folder.pooling in TRANSFORMER_POOLINGS:
+        return folder.pooling or "mean"
+    where = folder.pooling_file.relative_to(folder.path) if folder.pooling_file is not None else "?"
+    raise ValueError(
+        f"{path_key} {str(folder.path)!r} pools by {folder.pooling!r} ({where}), which TransformerEncoder "
+        f"does not do; set {key}='mean' or 'cls' to train with one of those (its embeddings then differ "
+        "from the folder's)."
+    )
+
+
+def _load_pretrained(path: str | os.PathLike[str], folder: ModelFolder) -> nn.Module:
+    """``AutoModel.from_pretrained`` from a local directory only; a one-line error for anything else."""
+    directory = folder.model_dir
     if not (directory / "config.json").is_file():
         reason = "holds no config.json" if directory.is_dir() else "does not exist"
         raise ValueError(
@@ -195,6 +248,13 @@ def _load_pretrained(path: str | os.PathLike[str]) -> nn.Module:
         first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         raise ValueError(f"path {str(path)!r}: the model could not be loaded: {first_line}") from error
     _report_loading(str(path), type(model).__name__, info)
+    if folder.other_modules:
+        warnings.warn(
+            f"model {path}: modules.json lists {_listed(list(folder.other_modules))}, which "
+            "TransformerEncoder does not build: its embeddings are not the folder's (sentence-transformers').",
+            UserWarning,
+            stacklevel=3,
+        )
     return model
 
 
@@ -283,9 +343,10 @@ def position_limit(
 ) -> PositionLimit | None:
     """The longest text a :class:`TransformerEncoder` of ``path`` or ``config`` takes, without building it.
 
-    A model of ``path`` is read from the folder's ``config.json`` (JSON only, no weights); a ``config``
-    without ``max_position_embeddings`` takes its model type's default
-    (``AutoConfig.for_model(model_type)``, 512 for BERT). BERT-like models count their special tokens
+    A model of ``path`` is read from the folder's ``config.json`` (JSON only, no weights; that of its
+    ``Transformer`` module in a sentence-transformers folder); a ``config`` without
+    ``max_position_embeddings`` takes its model type's default (``AutoConfig.for_model(model_type)``,
+    512 for BERT). BERT-like models count their special tokens
     among the positions; RoBERTa-like ones (:data:`PADDING_OFFSET_MODEL_TYPES`) keep two positions for
     padding, so ``max_position_embeddings`` 514 takes 512 tokens. DeBERTa with
     ``position_biased_input: false`` has no bound.
@@ -301,7 +362,8 @@ def position_limit(
     """
     if path is not None:
         try:
-            values = json.loads((Path(path).expanduser() / "config.json").read_text(encoding="utf-8"))
+            directory = read_model_folder(path).model_dir  # a sentence-transformers folder's model
+            values = json.loads((directory / "config.json").read_text(encoding="utf-8"))
         except (OSError, ValueError, TypeError):
             return None
         default = False
