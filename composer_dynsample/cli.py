@@ -20,7 +20,7 @@ DESCRIPTION = """\
 Model-aware sampling for metric learning on MosaicML Composer.
 
   composer-dynsample train CONFIG.yaml [key.path=value ...] [--run-dir DIR]
-  composer-dynsample eval  CONFIG.yaml --checkpoint PATH [key.path=value ...]
+  composer-dynsample eval  CONFIG.yaml [--checkpoint PATH] [key.path=value ...]
   composer-dynsample embed CONFIG.yaml --checkpoint PATH --out FILE.npz [--split test | --input FILE]
   composer-dynsample export CONFIG.yaml --checkpoint PATH --out DIR [--format sentence-transformers]
 
@@ -38,6 +38,9 @@ trainer.load_path=RUN_DIR/checkpoints/latest-rank0.pt and a larger trainer.max_d
 trainer.autoresume=true: rerunning the same command then continues from the run's latest checkpoint.
 Ctrl-C (or SIGTERM) saves a checkpoint at the batch reached and prints the command that resumes it
 (exit status 130, or 143). One train at a time uses a run directory (RUN_DIR/train.lock).
+evaluation.at_start=true also scores the starting model before the first step (the training is the
+same as without it) and reports it beside the final metrics: a column of the table, "at_start" in
+metrics.json; a resumed run does not score it again (it reports what its checkpoint recorded).
 The progress bar is off when stdout is not a terminal (or with --quiet) unless the config sets
 trainer.progress_bar.
 """
@@ -62,10 +65,13 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _checkpoint_command(commands: Any, name: str, summary: str, description: str) -> argparse.ArgumentParser:
+def _checkpoint_command(
+    commands: Any, name: str, summary: str, description: str, *, required: bool = True
+) -> argparse.ArgumentParser:
     command = commands.add_parser(name, help=summary, description=description)
     _add_common(command)
-    command.add_argument("--checkpoint", type=Path, required=True, help="the checkpoint file")
+    what = "the checkpoint file" if required else "the checkpoint file (default: the model as built)"
+    command.add_argument("--checkpoint", type=Path, required=required, default=None, help=what)
     return command
 
 
@@ -106,15 +112,22 @@ def _add_eval_command(commands: Any) -> None:
     evaluate = _checkpoint_command(
         commands,
         "eval",
-        "retrieval metrics of a saved checkpoint (table and json; a retrievals plot for image data)",
+        "retrieval metrics of a saved checkpoint or of the model as built (table and json; a retrievals "
+        "plot for image data)",
         "Score CHECKPOINT on the test split as at the end of train: against the train gallery, "
-        "leave-one-out among the test items, or, for text pairs, the test queries against the test passages.",
+        "leave-one-out among the test items, or, for text pairs, the test queries against the test passages. "
+        "Without --checkpoint, score the model the config builds before training (a pretrained folder, or "
+        "the random initialisation of its seed: the model train starts from; trainer.load_path and "
+        "autoresume are ignored); nothing is trained and no checkpoint folder is made.",
+        required=False,
     )
     evaluate.add_argument(
         "--out",
         type=Path,
         default=None,
-        help="metrics json (default: RUN_DIR/eval.json); image data also get a retrievals plot beside it",
+        help="metrics json (default: RUN_DIR/eval.json beside the checkpoint's folder; without --checkpoint "
+        "RUN_DIR/eval-start.json, RUN_DIR the config's run_dir or runs/<config name>); image data also get "
+        "a retrievals plot beside it",
     )
 
 

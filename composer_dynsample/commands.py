@@ -1,4 +1,5 @@
-"""What the ``composer-dynsample`` commands do: train a config, evaluate or embed with a checkpoint.
+"""What the ``composer-dynsample`` commands do: train a config, evaluate (a checkpoint or the model as built),
+embed or export with a checkpoint.
 
 Each function takes a config (file or mapping) and dotted overrides, builds the run with
 :func:`composer_dynsample.config.build_run`, and writes its results into a run directory. The command
@@ -18,6 +19,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from composer_dynsample import training
 from composer_dynsample.resume import (
     autoresume_enabled,
     checked_load_path,
@@ -37,6 +39,7 @@ from composer_dynsample.training import Interrupted, evaluate_run, fit_and_repor
 __all__ = [
     "EXPORT_FORMATS",
     "RUN_OUTPUTS",
+    "START_EVAL_FILE",
     "Interrupted",
     "OutputError",
     "RunDirError",
@@ -180,7 +183,7 @@ def train(
     trust_checkpoint: bool = False,
     quiet: bool = False,
 ) -> dict[str, Any]:
-    """Build a run from a config, train it, evaluate it and write its report.
+    """Build a run from a config, train it, evaluate it (with ``evaluation.at_start`` its start too), report it.
 
     Every rank builds and trains; rank 0 alone writes ``RUN_DIR/config.yaml`` (once the Trainer is
     built), ``metrics.json`` and (except for text pairs) ``embeddings.png`` and prints the metrics
@@ -226,7 +229,7 @@ def train(
         from composer_dynsample.callbacks.checkpoint_on_interrupt import CheckpointOnInterrupt
 
         interrupt = CheckpointOnInterrupt()
-        run = _build(cfg, directory, callbacks=[interrupt])
+        run = _build(cfg, directory, callbacks=[interrupt, training.start_metrics_keeper()])
         interrupt.save = functools.partial(save_checkpoint_now, run)
         resume = functools.partial(resume_command, config, overrides, quiet=quiet, trust=trust_checkpoint)
         metrics = fit_and_report(run, interrupt, resume, config_path, overrides, started, quiet=quiet)
@@ -243,78 +246,115 @@ def train(
 _TRUNCATION_REPORT = r".* longer than max_length=\d+ tokens and were truncated"
 
 
-def _checkpoint_run(
+#: The json ``eval`` writes in the run directory for the model as built: not a checkpoint's ``eval.json``.
+START_EVAL_FILE = "eval-start.json"
+
+
+def _prepare_model_run(
     config: str | os.PathLike[str] | Mapping[str, Any],
-    checkpoint: str | os.PathLike[str],
+    checkpoint: str | os.PathLike[str] | None,
     overrides: Sequence[str],
     run_dir: str | os.PathLike[str] | None,
     trust_checkpoint: bool,
-) -> Any:
-    """A run with the checkpoint's model weights loaded and nothing saved: for eval and embed."""
+) -> tuple[Any, Path]:
+    """The checked config and run directory of a run that only embeds, with the checkpoint's weights
+    (``None``: the model as built; ``trainer.load_path`` and ``autoresume`` ignored) and nothing saved.
+
+    Raises:
+        CheckpointError: If ``checkpoint`` is unsafe or broken.
+        ConfigError: If the config is wrong.
+    """
     from composer_dynsample.checkpoints import check_checkpoint
 
-    check_checkpoint(checkpoint, trusted=trust_checkpoint)
-    settings = {
-        "trainer.load_path": str(Path(checkpoint).expanduser()),
-        "trainer.load_weights_only": True,
+    if checkpoint is not None:
+        check_checkpoint(checkpoint, trusted=trust_checkpoint)
+    settings: dict[str, Any] = {
+        "trainer.load_path": None if checkpoint is None else str(Path(checkpoint).expanduser()),
+        **({"trainer.load_weights_only": True} if checkpoint is not None else {}),
         "trainer.autoresume": False,  # the config's autoresume would load the run's latest checkpoint instead
         "trainer.save_folder": None,
         "evaluation.interval": None,
+        "evaluation.at_start": False,
     }
     cfg, _, directory, _ = _prepare(
         config, overrides, run_dir, quiet=True, trust_checkpoint=True, settings=settings
     )
+    return cfg, directory
+
+
+def _build_model_run(cfg: Any, directory: Path, *, trained: bool = True) -> Any:
+    """Build a run of :func:`_prepare_model_run`; texts' truncation is told unless ``trained`` (train told it)."""
     with warnings.catch_warnings():
-        # The data come back from the token cache that train wrote; train reported their truncation.
-        warnings.filterwarnings("ignore", message=_TRUNCATION_REPORT, category=UserWarning)
+        if trained:
+            warnings.filterwarnings("ignore", message=_TRUNCATION_REPORT, category=UserWarning)
         return _build(cfg, directory)
+
+
+def _checkpoint_run(
+    config: str | os.PathLike[str] | Mapping[str, Any],
+    checkpoint: str | os.PathLike[str] | None,
+    overrides: Sequence[str],
+    run_dir: str | os.PathLike[str] | None,
+    trust_checkpoint: bool,
+) -> Any:
+    """A run of :func:`_prepare_model_run`, built: for eval, embed and export."""
+    return _build_model_run(*_prepare_model_run(config, checkpoint, overrides, run_dir, trust_checkpoint))
 
 
 def evaluate(
     config: str | os.PathLike[str] | Mapping[str, Any],
-    checkpoint: str | os.PathLike[str],
+    checkpoint: str | os.PathLike[str] | None = None,
     overrides: Sequence[str] = (),
     *,
     out: str | os.PathLike[str] | None = None,
     trust_checkpoint: bool = False,
 ) -> dict[str, Any]:
-    """Score a saved checkpoint on the test split by the data's protocol, as at the end of ``train``.
+    """Score a saved checkpoint, or the model as built, on the test split by the data's protocol, as
+    ``train`` does at its end (and at its start with ``evaluation.at_start``).
+
+    Without a checkpoint the model is the one the config builds before training (a pretrained folder's
+    weights, or the random initialisation of its ``seed``: the model ``train`` starts from); the config's
+    ``trainer.load_path`` and ``trainer.autoresume`` are ignored. Nothing is trained or checkpointed.
+    For image data the test queries' nearest test items are drawn beside the json: ``retrievals.png``,
+    or in the run directory ``<json stem>-retrievals.png`` (its ``retrievals.png`` is the training run's).
 
     Args:
-        config (str | os.PathLike | Mapping): The config the checkpoint was trained with.
-        checkpoint (str | os.PathLike): The checkpoint file.
+        config (str | os.PathLike | Mapping): The config (the one the checkpoint was trained with).
+        checkpoint (str | os.PathLike, optional): The checkpoint file. Default: ``None`` (the model as built).
         overrides (Sequence[str]): Dotted overrides (e.g. ``evaluation.ks=[1,10]``). Default: none.
         out (str | os.PathLike, optional): Where to write the metrics as JSON. Default: ``eval.json``
-            beside the checkpoint's ``checkpoints`` folder (the run directory).
+            beside the checkpoint's ``checkpoints`` folder (the run directory); without a checkpoint
+            :data:`START_EVAL_FILE` in the config's run directory (``run_dir``, else ``runs/<config stem>``).
         trust_checkpoint (bool): Skip the safety check of the file. Default: ``False``.
 
-    For image data the test queries and their nearest test items are also drawn beside the json: as
-    ``retrievals.png``, or ``<json stem>-retrievals.png`` in the checkpoint's run directory, whose
-    ``retrievals.png`` is the training run's (``eval-retrievals.png`` by default).
-
     Returns:
-        dict[str, Any]: The metrics, the checkpoint and the timestamp it holds.
+        dict[str, Any]: The metrics, the checkpoint (``None`` without one) and the dataset's name.
 
     Raises:
-        OutputError: If ``out`` is a directory or under a file (before anything is loaded).
+        OutputError: If ``out`` is a directory or under a file (before the data are loaded).
+        ConfigError: If the config is wrong.
+        CheckpointError: If ``checkpoint`` is unsafe, broken, or does not fit the config's model.
     """
-    run_dir = _run_dir_of(Path(checkpoint))
-    path = _out_path(out if out is not None else run_dir / "eval.json", "eval.json")
+    prepared = None
+    if checkpoint is None:
+        prepared = _prepare_model_run(config, None, overrides, None, trust_checkpoint)
+        run_dir, name = prepared[1], START_EVAL_FILE
+    else:
+        run_dir, name = _run_dir_of(Path(checkpoint)), "eval.json"
+    path = _out_path(out if out is not None else run_dir / name, "eval.json")
     plot = path.with_name(
         f"{path.stem}-retrievals.png" if _same_dir(path.parent, run_dir) else "retrievals.png"
     )
-    run = _checkpoint_run(config, checkpoint, overrides, None, trust_checkpoint)
-    from composer_dynsample.config.evaluation import describe_protocol
-    from composer_dynsample.reporting import format_metrics_table, write_json
-
+    if prepared is None:
+        prepared = _prepare_model_run(config, checkpoint, overrides, None, trust_checkpoint)
+    run = _build_model_run(*prepared, trained=checkpoint is not None)
     final, test_embeddings = evaluate_run(run)
-    result = {**final, "checkpoint": str(checkpoint), "dataset": run.splits.name}
+    given = None if checkpoint is None else str(checkpoint)
+    result = {**final, "checkpoint": given, "dataset": run.splits.name}
     if is_rank_zero():
-        write_json(path, result)
-        plot_run_retrievals(run, test_embeddings, plot, Path(checkpoint).name)
-        title, gallery_size = f"{run.splits.name}: {Path(checkpoint).name}", describe_protocol(run.splits)[1]
-        print(format_metrics_table(final, title=title, gallery_size=gallery_size))
-        print(f"wrote {path}")
+        model = Path(checkpoint).name if checkpoint is not None else "the model as built (no checkpoint)"
+        plot_run_retrievals(run, test_embeddings, plot, model)
+        training.report_evaluation(run, result, path, model)
     return result
 
 

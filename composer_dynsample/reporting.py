@@ -78,9 +78,13 @@ def metrics_table_title(dataset: str, num_queries: int, protocol: str, gallery_s
 
 
 def format_metrics_table(
-    metrics: Mapping[str, float], title: str = "final retrieval metrics", *, gallery_size: int | None = None
+    metrics: Mapping[str, float],
+    title: str = "final retrieval metrics",
+    *,
+    gallery_size: int | None = None,
+    start: Mapping[str, float] | None = None,
 ) -> str:
-    """Format retrieval metrics as a two-column text table.
+    """Format retrieval metrics as a text table: a column of values, or the starting model's beside them.
 
     Args:
         metrics (Mapping[str, float]): ``recall_at_{k}``, ``map_at_r``, ``r_precision`` (or the ranking
@@ -93,6 +97,9 @@ def format_metrics_table(
         gallery_size (int, optional): The items the queries were ranked among: CodeSearchNet's MRR ranks
             each query among ``min(1000, gallery_size)`` candidates, and its row says how many.
             Default: ``None`` (the row says "up to 1000").
+        start (Mapping[str, float], optional): The starting model's metrics (``evaluation.at_start``):
+            the table then has a column ``at start`` before the column ``final`` (``metrics``), with
+            ``n/a`` where ``start`` lacks a row's metric. Default: ``None`` (one column, ``value``).
 
     Returns:
         str: The table, one metric per line.
@@ -106,19 +113,38 @@ def format_metrics_table(
         Recall@1  0.9750
         MAP@R     0.8000
         2 of 40 queries have no item of their class in the gallery: every metric leaves them out.
+        >>> print(format_metrics_table({"recall_at_1": 0.975}, title="test", start={"recall_at_1": 0.5}))
+        test
+        metric    at start   final
+        --------  --------  ------
+        Recall@1    0.5000  0.9750
     """
+    columns = {"value": dict(_numbers(metrics))}
+    if start is not None:
+        columns = {"at start": dict(_numbers(start)), "final": columns["value"]}
+    names = [name for name, _ in _numbers(metrics) if name not in _COUNTS]
     rows = [
-        (_metric_label(name, gallery_size), f"{number:.4f}" if math.isfinite(number) else "n/a")
-        for name, number in _numbers(metrics)
-        if name not in _COUNTS
+        [_metric_label(name, gallery_size), *(_cell(values.get(name)) for values in columns.values())]
+        for name in names
     ]
-    width = max([len("metric"), *(len(label) for label, _ in rows)])
-    value_width = max([len("value"), *(len(value) for _, value in rows)])
-    lines = [title, f"{'metric':<{width + 2}}{'value':>{value_width}}"]
-    lines.append(f"{'-' * width}  {'-' * value_width}")
-    lines += [f"{label:<{width + 2}}{value:>{value_width}}" for label, value in rows]
+    lines = _aligned([["metric", *columns], *rows])
     note = _queries_without_positive_note(metrics)
-    return "\n".join(line.rstrip() for line in [*lines, *([note] if note else [])])
+    return "\n".join(text.rstrip() for text in [title, *lines, *([note] if note else [])])
+
+
+def _aligned(rows: list[list[str]]) -> list[str]:
+    """A header row, a rule and the other rows: the first column left-aligned, the others right-aligned."""
+    widths = [max(len(row[index]) for row in rows) for index in range(len(rows[0]))]
+    rule = ["-" * width for width in widths]
+    return [
+        f"{row[0]:<{widths[0]}}  " + "  ".join(f"{text:>{size}}" for text, size in zip(row[1:], widths[1:]))
+        for row in [rows[0], rule, *rows[1:]]
+    ]
+
+
+def _cell(number: float | None) -> str:
+    """A metric's value as the table shows it: four decimals, ``n/a`` for NaN or a missing value."""
+    return f"{number:.4f}" if number is not None and math.isfinite(number) else "n/a"
 
 
 def _queries_without_positive_note(metrics: Mapping[str, Any]) -> str | None:

@@ -1,25 +1,36 @@
 """What ``train`` does with a built run: fit it, score the test split and write rank 0's report.
 
 :func:`evaluate_run` scores the run's current model by the data's protocol (at the end of ``train``, and
-for ``eval`` with a checkpoint's weights). A training run's report is ``metrics.json`` (the metrics,
-times and what the run was), ``embeddings.png`` (not for text pairs, where a point per pair says little),
-``retrievals.png`` for image data, the metrics table
-and a summary line. A signal during the fit ends it with :class:`Interrupted`. The commands of
-:mod:`composer_dynsample.commands` call these; :class:`Interrupted` and :func:`evaluate_run` are
-importable from there too.
+for ``eval`` with a checkpoint's weights or the model as built). With ``evaluation.at_start`` the
+starting model is scored too, before the first step, without touching the random state the training
+draws from; :func:`start_metrics_keeper` keeps its metrics in the run's checkpoints. A training run's
+report is ``metrics.json`` (the metrics, times and what the run was), ``embeddings.png`` (not for text
+pairs, where a point per pair says little), ``retrievals.png`` for image data, the metrics table (the
+starting model's column beside the final one) and a summary line. A signal during the fit ends it with
+:class:`Interrupted`. The commands of :mod:`composer_dynsample.commands` call these;
+:class:`Interrupted` and :func:`evaluate_run` are importable from there too.
 """
 
 from __future__ import annotations
 
+import contextlib
+import numbers
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from composer_dynsample.resume import interrupt_message
 from composer_dynsample.run_dir import is_rank_zero
 
-__all__ = ["Interrupted", "evaluate_run", "fit_and_report", "plot_run_retrievals"]
+__all__ = [
+    "Interrupted",
+    "evaluate_run",
+    "fit_and_report",
+    "plot_run_retrievals",
+    "report_evaluation",
+    "start_metrics_keeper",
+]
 
 
 class Interrupted(Exception):
@@ -76,6 +87,88 @@ def evaluate_run(run: Any) -> tuple[dict[str, float], Any]:
     return final_metrics(model, run.splits, run.ks, run.distance)
 
 
+#: The name of :func:`start_metrics_keeper`'s callback: the key of its state in a checkpoint.
+_KEEPER = "StartMetrics"
+
+
+def start_metrics_keeper() -> Any:
+    """A Composer callback that keeps the starting model's metrics in every checkpoint of the run.
+
+    ``train`` adds one to its run; :func:`fit_and_report` sets its ``metrics`` when it scores the
+    starting model (``evaluation.at_start``). A resumed run does not score the model it resumes (that is
+    no longer the starting model): it reads them back from the checkpoint and reports them again, or
+    ``None`` when the run that saved the checkpoint did not score its start. Its state, saved under the
+    key ``StartMetrics``, holds numbers and ``None`` only.
+
+    Returns:
+        composer.core.Callback: The callback, its ``metrics`` ``None``.
+    """
+    from composer.core import Callback
+
+    class StartMetrics(Callback):
+        """The starting model's metrics (``None`` until scored), saved in and loaded from checkpoints."""
+
+        def __init__(self) -> None:
+            self.metrics: dict[str, float] | None = None
+
+        def state_dict(self) -> dict[str, Any]:
+            return {"metrics": self.metrics}
+
+        def load_state_dict(self, state: dict[str, Any]) -> None:
+            self.metrics = state.get("metrics")
+
+    StartMetrics.__qualname__ = _KEEPER  # Composer keys a callback's state by its qualified name
+    return StartMetrics()
+
+
+@contextlib.contextmanager
+def _random_state_kept() -> Iterator[None]:
+    """Restore Python's, numpy's and torch's global random states (CPU, and CUDA when in use) on exit."""
+    import random
+
+    import numpy as np
+    import torch
+
+    python, numpy, cpu = random.getstate(), np.random.get_state(), torch.get_rng_state()
+    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
+    try:
+        yield
+    finally:
+        random.setstate(python)
+        np.random.set_state(numpy)
+        torch.set_rng_state(cpu)
+        if cuda is not None:
+            torch.cuda.set_rng_state_all(cuda)
+
+
+def _plain_numbers(metrics: Mapping[str, Any]) -> dict[str, Any]:
+    """The metrics as Python numbers: what a checkpoint may hold and ``metrics.json`` writes."""
+    return {
+        name: int(value) if isinstance(value, numbers.Integral) else float(value)
+        for name, value in metrics.items()
+    }
+
+
+def _score_start(run: Any, start_batch: int) -> tuple[dict[str, Any] | None, float | None]:
+    """``(the starting model's metrics, seconds spent)``: scored now when ``evaluation.at_start`` is on
+    and the run starts at batch 0 (every rank scores it), else what the run's ``StartMetrics`` callback
+    (:func:`start_metrics_keeper`) read from the checkpoint it resumed."""
+    from composer_dynsample.config.loading import evaluation_config
+
+    callbacks = run.trainer.state.callbacks
+    keeper = next((item for item in callbacks if type(item).__qualname__ == _KEEPER), None)
+    kept = keeper.metrics if keeper is not None else None
+    if start_batch > 0 or not evaluation_config(run.config).at_start:
+        return (dict(kept) if kept is not None else None), None
+    started = time.perf_counter()
+    with _random_state_kept():  # the training draws the same batches and dropout masks as without it
+        metrics = _plain_numbers(evaluate_run(run)[0])
+    if keeper is not None:
+        keeper.metrics = dict(metrics)
+    run.trainer.logger.log_metrics({f"at_start/{name}": value for name, value in metrics.items()})
+    return metrics, round(time.perf_counter() - started, 3)
+
+
 def fit_and_report(
     run: Any,
     interrupt: Any,
@@ -86,7 +179,15 @@ def fit_and_report(
     *,
     quiet: bool,
 ) -> dict[str, Any]:
-    """Write the config, fit (turning a signal into :class:`Interrupted`), evaluate and report."""
+    """Write the config, score the starting model when asked, fit (turning a signal into
+    :class:`Interrupted`), evaluate and report.
+
+    With ``evaluation.at_start: true`` every rank scores the starting model before the first step; the
+    random state the training draws from is restored afterwards, so the training is the same as without
+    it. ``metrics.json`` holds those metrics under ``at_start`` (``None`` when not scored) and the table
+    shows them beside the final ones. A resumed run does not score again: it reports what its
+    checkpoint recorded, when the run has a :func:`start_metrics_keeper` callback.
+    """
     from composer.utils import dist
 
     from composer_dynsample.callbacks.checkpoint_on_interrupt import TrainingInterrupted
@@ -99,6 +200,7 @@ def fit_and_report(
         write_run_tokenizer(run.splits, run.run_dir)  # text data: eval, embed and export read it back
     state = run.trainer.state
     start_batch, start_epoch = int(state.timestamp.batch), int(state.timestamp.epoch)
+    at_start, at_start_seconds = _score_start(run, start_batch)
     fit_start = time.perf_counter()
     try:
         with interrupt.catching_signals():
@@ -112,6 +214,8 @@ def fit_and_report(
     run.trainer.logger.log_metrics({f"final/{name}": value for name, value in final.items()})
     metrics = {
         **final,
+        "at_start": at_start,
+        "at_start_time_s": at_start_seconds,
         "wall_time_s": round(fit_seconds, 3),
         "total_time_s": round(time.perf_counter() - started, 3),
         **_run_record(run, config_path, overrides, start_epoch=start_epoch, start_batch=start_batch),
@@ -187,6 +291,19 @@ def plot_run_retrievals(run: Any, test_embeddings: Any, path: Path, when: str) -
     )
 
 
+def report_evaluation(run: Any, result: dict[str, Any], path: Path, model: str) -> None:
+    """Rank 0's json and table of ``eval``: ``result`` (the metrics, ``checkpoint`` and ``dataset``) written
+    to ``path``, and the metrics table titled by the data and ``model`` (what was scored)."""
+    from composer_dynsample.config.evaluation import describe_protocol
+    from composer_dynsample.reporting import format_metrics_table, write_json
+
+    write_json(path, result)
+    metrics = {name: value for name, value in result.items() if name not in ("checkpoint", "dataset")}
+    title, gallery_size = f"{run.splits.name}: {model}", describe_protocol(run.splits)[1]
+    print(format_metrics_table(metrics, title=title, gallery_size=gallery_size))
+    print(f"wrote {path}")
+
+
 def _report(
     run: Any, metrics: dict[str, Any], final: dict[str, float], test_embeddings: Any, *, quiet: bool
 ) -> None:
@@ -218,7 +335,10 @@ def _report(
         table_title = metrics_table_title(
             run.splits.name, metrics["num_queries"], metrics["protocol"], metrics["gallery_size"]
         )
-        print("\n" + format_metrics_table(final, title=table_title, gallery_size=metrics["gallery_size"]))
+        table = format_metrics_table(
+            final, title=table_title, gallery_size=metrics["gallery_size"], start=metrics["at_start"]
+        )
+        print("\n" + table)
     resumed = f" (resumed at epoch {metrics['resumed_from_epoch']})" if metrics["resumed_from_batch"] else ""
     print(
         f"trained {metrics['epochs_this_run']} epochs{resumed} to epoch {metrics['epochs']} in "

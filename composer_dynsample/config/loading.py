@@ -91,6 +91,9 @@ class EvaluationConfig:
         distance (str): ``"cosine"`` or ``"euclidean"``. Default: ``"cosine"``.
         batch_size (int): Queries per evaluation batch. Default: ``1000``.
         gallery_batch_size (int): Gallery items embedded per forward pass. Default: ``2048``.
+        at_start (bool): ``train`` also scores the starting model (before the first step, by the same
+            protocol as at the end) and reports it beside the final metrics, under ``at_start`` in
+            ``metrics.json``; a resumed run does not score it again. Default: ``False``.
     """
 
     interval: Any = "1ep"
@@ -98,6 +101,7 @@ class EvaluationConfig:
     distance: str = "cosine"
     batch_size: int = 1000
     gallery_batch_size: int = 2048
+    at_start: bool = False
 
     def __post_init__(self) -> None:
         ks = list(self.ks)
