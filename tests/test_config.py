@@ -48,9 +48,23 @@ _CODE_SEARCH = [
 CHEAP = {"code_search": _CODE_SEARCH, "code_search_transformer": _CODE_SEARCH}
 
 
+def _finetune_overrides(tmp_path: Path) -> list[str]:
+    """A tiny sentence-transformers folder and pairs of its words for the fine-tuning recipe."""
+    from tests.models.test_sentence_folder import save_sentence_folder
+    from tests.text_data import pair_rows, write_jsonl
+
+    folder = save_sentence_folder(tmp_path / "model", pooling="mean", max_seq_length=24)
+    write_jsonl(tmp_path / "train.jsonl", pair_rows(32, seed=0))
+    write_jsonl(tmp_path / "test.jsonl", pair_rows(12, seed=1))
+    data = f"{{name: pairs, path: {tmp_path / 'train.jsonl'}, test_path: {tmp_path / 'test.jsonl'}}}"
+    return [f"model.encoder.path={folder}", f"data={data}", "sampler.classes_per_batch=8"]
+
+
 @pytest.mark.parametrize("config", YAMLS, ids=[path.stem for path in YAMLS])
 def test_every_recipe_builds_and_trains_one_batch(config, tmp_path):
     overrides = CHEAP.get(config.stem, [])
+    if config.stem == "finetune_code_search":
+        overrides = _finetune_overrides(tmp_path)
     run = build(tmp_path, "trainer.max_duration=1ba", "evaluation.interval=null", *overrides, config=config)
     assert isinstance(
         run.model.encoder,
@@ -321,3 +335,10 @@ def test_every_registry_name_resolves_to_its_target():
             entry = lookup(registry_name, name, registry)
             assert callable(entry.target), (registry_name, name)
     assert builders.SAMPLERS["two_stream"].extra == {"primary_fraction": 0.5}
+
+
+def test_the_finetune_recipe_is_the_documented_one():
+    cfg = load_config(next(path for path in YAMLS if path.name == "finetune_code_search.yaml"))
+    assert (cfg.optimizer.name, cfg.optimizer.lr, cfg.scheduler.name) == ("adamw", 2e-5, "linear_with_warmup")
+    assert (cfg.scheduler.t_warmup, cfg.scheduler.alpha_f, cfg.evaluation.at_start) == ("0.1dur", 0.0, True)
+    assert cfg.model.encoder.name == "transformer" and cfg.sampler.classes_per_batch == 16
