@@ -38,6 +38,7 @@ Writes ``results/finetune_code.{json,md,png}`` with the ``recipes -> runs`` layo
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import os
@@ -275,7 +276,59 @@ def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def table(recipes: dict[str, dict[str, Any]], seeds: list[int], args: Any) -> str:
+def _difference(
+    first: dict[str, Any], second: dict[str, Any], metric: str = "csn_mrr"
+) -> tuple[float, float]:
+    """``(mean of first - mean of second, two standard errors of that difference)``."""
+    return first[metric] - second[metric], 2 * math.hypot(first[f"{metric}_se"], second[f"{metric}_se"])
+
+
+def goals(recipes: dict[str, dict[str, Any]]) -> list[str]:
+    """The issue's goals, each a sentence with its figures and whether it is met (differences in CSN MRR)."""
+    lines = []
+    if ZERO_SHOT in recipes:
+        behind = [
+            name
+            for name in TRAINED
+            if name in recipes and recipes[name]["csn_mrr"] <= recipes[ZERO_SHOT]["csn_mrr"]
+        ]
+        lines.append(
+            "Every fine-tuned recipe beats zero-shot: "
+            + ("met." if not behind else f"missed by {', '.join(behind)}.")
+        )
+    pairs = [
+        (OURS_OFFLINE, OURS_IN_BATCH, "> 2 SE"), (OURS_ONLINE, OURS_IN_BATCH, "> 2 SE"),
+        (ST_MINED, ST_IN_BATCH, "> 2 SE"), (OURS_ONLINE, OURS_OFFLINE, "> 2 SE"),
+        (OURS_IN_BATCH, ST_IN_BATCH, "within 2 SE"),
+    ]  # fmt: skip
+    for first, second, goal in pairs:
+        if first in recipes and second in recipes:
+            gap, two_se = _difference(recipes[first], recipes[second])
+            met = abs(gap) <= two_se if goal == "within 2 SE" else gap > two_se
+            lines.append(
+                f"{first} - {second}: {gap:+.4f} (2 SE {two_se:.4f}); goal {goal}: {'met' if met else 'missed'}."
+            )
+    ours, theirs = recipes.get(OURS_IN_BATCH), recipes.get(ST_IN_BATCH)
+    if ours and theirs and "s_per_step" in ours and "s_per_step" in theirs:
+        time_ratio, rss_ratio = (
+            ours["s_per_step"] / theirs["s_per_step"],
+            ours["peak_rss_mib"] / theirs["peak_rss_mib"],
+        )
+        lines.append(
+            f"In-batch step, this project / sentence-transformers: {time_ratio:.2f}x the time, {rss_ratio:.2f}x the "
+            f"peak RSS (goal <= 1.0x both: {'met' if max(time_ratio, rss_ratio) <= 1 else 'missed'})."
+        )
+    return lines
+
+
+def headline_ratio(recipes: dict[str, dict[str, Any]]) -> float | None:
+    """The online recipe's CSN MRR over this project's in-batch recipe's."""
+    if OURS_ONLINE in recipes and OURS_IN_BATCH in recipes:
+        return recipes[OURS_ONLINE]["csn_mrr"] / recipes[OURS_IN_BATCH]["csn_mrr"]
+    return None
+
+
+def table(recipes: dict[str, dict[str, Any]], seeds: list[int], options: dict[str, Any]) -> str:
     rows = []
     for name, result in recipes.items():
         cells = [
@@ -287,9 +340,10 @@ def table(recipes: dict[str, dict[str, Any]], seeds: list[int], args: Any) -> st
         rows.append([name, *cells, step, rss])
     text = markdown_table(["recipe", *HEADERS, "s/step", "peak RSS MiB"], "lrrrrrrr", rows)
     return (
-        f"Fine-tuning all-MiniLM-L6-v2 on code search (unseen packages): {args.train_pairs} training pairs, "
-        f"{args.steps} steps of {args.batch} pairs, {args.test_queries} test queries, max_length "
-        f"{args.max_length}, {args.threads} threads, {len(seeds)} seed(s), mean +- standard error.\n\n{text}"
+        f"Fine-tuning all-MiniLM-L6-v2 on code search (unseen packages): {options['train_pairs']} training "
+        f"pairs, {options['steps']} steps of {options['batch']} pairs, {options['test_queries']} test queries, "
+        f"max_length {options['max_length']}, {options['threads']} threads, {len(seeds)} seed(s), mean +- "
+        f"standard error.\n\n{text}\n\n" + "\n".join(f"- {line}" for line in goals(recipes))
     )
 
 
@@ -331,7 +385,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--eval-batch", type=int, default=128)
     parser.add_argument("--recipes", nargs="+", default=None)
     parser.add_argument("--merge", action="store_true", help="keep the stored recipes this run does not redo")
+    parser.add_argument("--report", action="store_true", help="rewrite the table and plot of the stored json")
     args = parser.parse_args(argv)
+    if args.report:
+        stored = json.loads(
+            (args.out / ("finetune_code_quick.json" if args.quick else "finetune_code.json")).read_text()
+        )
+        return _write(argparse.Namespace(**{**vars(args), "merge": False}), stored, stored["seeds"])
     if args.quick:
         args.train_pairs, args.test_queries, args.steps, args.batch, args.refresh_every = 64, 32, 6, 4, 3
     seeds = args.seeds if args.seeds is not None else ([0] if args.quick else [0, 1, 2])
@@ -391,13 +451,13 @@ def _write(args: Any, result: dict[str, Any], seeds: list[int]) -> dict[str, Any
         recipes = merged_recipes(
             args.out / "finetune_code.json", recipes, seeds, [ZERO_SHOT, BM25, *TRAINED], keep_others=True
         )
-    shown = {**result, "recipes": recipes}
+    shown = {**result, "recipes": recipes, "ratio": headline_ratio(recipes), "goals": goals(recipes)}
     return write_results(
         args.out,
         "finetune_code",
         args.quick,
         shown,
-        table(recipes, seeds, args),
+        table(recipes, seeds, result["options"]),
         plot=lambda path: plot(recipes, path),
     )
 

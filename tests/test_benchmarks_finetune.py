@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 
 import pytest
@@ -66,5 +67,39 @@ def test_the_summary_is_the_mean_and_standard_error_over_seeds() -> None:
     summary = finetune.summarise(runs)
     assert summary["csn_mrr"] == pytest.approx(0.6) and summary["csn_mrr_se"] == pytest.approx(0.1)
     assert summary["s_per_step"] == 1.5 and summary["peak_rss_mib"] == 100
-    text = finetune.table({finetune.OURS_IN_BATCH: summary}, [0, 1], _args())
+    text = finetune.table({finetune.OURS_IN_BATCH: summary}, [0, 1], vars(_args()))
     assert "| this project, in-batch (InfoNCE) | 0.6000 +- 0.1000 |" in text and "| 1.50 | 100 |" in text
+
+
+def _recipe(finetune, mean: float, se: float, s_per_step: float = 1.0) -> dict:
+    return {
+        "runs": [{"csn_mrr": mean}] * 3, "s_per_step": s_per_step, "peak_rss_mib": 100.0,
+        **{m: mean for m in finetune.METRICS}, **{f"{m}_se": se for m in finetune.METRICS},
+    }  # fmt: skip
+
+
+def test_the_goals_compare_recipes_beyond_two_standard_errors_and_report_rewrites_the_table(tmp_path):
+    pytest.importorskip("bm25s")
+    finetune = load_benchmark("finetune_code")
+    recipes = {
+        finetune.ZERO_SHOT: _recipe(finetune, 0.60, 0.0),
+        finetune.ST_IN_BATCH: _recipe(finetune, 0.700, 0.003, s_per_step=2.0),
+        finetune.OURS_IN_BATCH: _recipe(finetune, 0.705, 0.003, s_per_step=2.5),
+        finetune.OURS_OFFLINE: _recipe(finetune, 0.712, 0.003),  # +0.007, 2 SE of the difference 0.0085
+        finetune.OURS_ONLINE: _recipe(finetune, 0.725, 0.003),
+    }
+    lines = finetune.goals(recipes)
+    assert lines[0] == "Every fine-tuned recipe beats zero-shot: met."
+    verdicts = {line.split(":")[0]: line.rsplit(": ", 1)[1] for line in lines[1:-1]}
+    assert verdicts[f"{finetune.OURS_OFFLINE} - {finetune.OURS_IN_BATCH}"] == "missed."
+    assert verdicts[f"{finetune.OURS_ONLINE} - {finetune.OURS_IN_BATCH}"] == "met."
+    assert verdicts[f"{finetune.OURS_ONLINE} - {finetune.OURS_OFFLINE}"] == "met."
+    assert verdicts[f"{finetune.OURS_IN_BATCH} - {finetune.ST_IN_BATCH}"] == "met."
+    assert lines[-1].startswith("In-batch step, this project / sentence-transformers: 1.25x the time, 1.00x")
+    assert finetune.headline_ratio(recipes) == pytest.approx(0.725 / 0.705)
+    stored = {"recipes": recipes, "seeds": [0, 1, 2], "options": vars(_args())}
+    (tmp_path / "finetune_code.json").write_text(json.dumps(stored))
+    finetune.main(["--report", "--out", str(tmp_path)])
+    assert "goal > 2 SE: met" in (tmp_path / "finetune_code.md").read_text()
+    assert (tmp_path / "finetune_code.png").stat().st_size > 0
+    assert json.loads((tmp_path / "finetune_code.json").read_text())["ratio"] == pytest.approx(0.725 / 0.705)
