@@ -1,8 +1,11 @@
-"""What the command-line tests share: a text-pairs data section, and the train and embed calls."""
+"""What the command-line tests share: a text-pairs data section, the train and embed calls, and the check
+of a refusal (exit status 2, one line)."""
 
 from __future__ import annotations
 
 from pathlib import Path
+
+import pytest
 
 from composer_dynsample.cli import main
 
@@ -35,3 +38,14 @@ def train_unevaluated(config: str, max_duration: str, run_dir: Path) -> None:
 def embed_input(config: str, checkpoint: str, source: Path, out: Path) -> None:
     """``composer-dynsample embed CONFIG --checkpoint CHECKPOINT --input SOURCE --out OUT``."""
     main(["embed", config, "--checkpoint", checkpoint, "--input", str(source), "--out", str(out)])
+
+
+def one_line_error(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
+    """Run the command line on ``argv``: it must exit with status 2 and one line on stderr, returned."""
+    capsys.readouterr()  # what came before
+    with pytest.raises(SystemExit) as stop:
+        main(argv)
+    error = capsys.readouterr().err.strip()
+    assert stop.value.code == 2, error
+    assert len(error.splitlines()) == 1, error
+    return error

@@ -25,3 +25,18 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if deselected:
         config.hook.pytest_deselected(items=deselected)
         items[:] = selected
+
+
+@pytest.fixture
+def transformers_log():
+    """What ``transformers`` logs during a test: its own handler may hold a stream captured earlier."""
+    import io
+    import logging
+
+    from transformers.utils import logging as transformers_logging
+
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    transformers_logging.add_handler(handler)
+    yield stream
+    transformers_logging.remove_handler(handler)

@@ -22,7 +22,7 @@ from composer_dynsample.config.run import build_run
 from composer_dynsample.data import TextCollate
 from composer_dynsample.data.text_tokenizer import train_tokenizer
 from composer_dynsample.models.sentence_folder import read_model_folder
-from tests.cli_helpers import latest_checkpoint
+from tests.cli_helpers import latest_checkpoint, one_line_error
 from tests.models.test_sentence_folder import POSITIONS, save_bert_folder, save_sentence_folder
 from tests.text_data import pair_rows, write_jsonl
 
@@ -59,12 +59,7 @@ def write_config(folder: Path, encoder: dict, model: dict | None = None, **data:
 
 def train_error(capsys, config: str, run_dir: Path, *overrides: str) -> str:
     """The one line ``train`` exits with (code 2), having written no run folder."""
-    capsys.readouterr()  # what saving the test's model folders printed
-    with pytest.raises(SystemExit) as stop:
-        main(["train", config, *overrides, "--run-dir", str(run_dir)])
-    error = capsys.readouterr().err.strip()
-    assert stop.value.code == 2, error
-    assert len(error.splitlines()) == 1, error
+    error = one_line_error(capsys, ["train", config, *overrides, "--run-dir", str(run_dir)])
     assert error.startswith(PREFIX), error
     assert not run_dir.exists()
     return error[len(PREFIX) :]

@@ -11,7 +11,7 @@ import yaml
 pytest.importorskip("tokenizers")
 
 from composer_dynsample.cli import main
-from tests.cli_helpers import embed_input, latest_checkpoint, pairs_data, train_unevaluated
+from tests.cli_helpers import embed_input, latest_checkpoint, one_line_error, pairs_data, train_unevaluated
 from tests.text_data import pair_rows, write_jsonl
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
@@ -156,15 +156,6 @@ def test_export_of_a_bag_of_tokens_model(run, tmp_path, capsys):
     assert isinstance(load_exported_encoder(tmp_path / "hf"), BagOfTokensEncoder)
 
 
-def _one_line_error(capsys, argv) -> str:
-    with pytest.raises(SystemExit) as stop:
-        main(argv)
-    error = capsys.readouterr().err.strip()
-    assert stop.value.code == 2, error
-    assert len(error.splitlines()) == 1, error
-    return error
-
-
 def test_bad_text_input_is_one_line_naming_the_file_line_and_column(run, tmp_path, capsys):
     folder, config, _ = run
     bad = tmp_path / "bad"
@@ -186,12 +177,12 @@ def test_bad_text_input_is_one_line_naming_the_file_line_and_column(run, tmp_pat
     ]
     for override, message in cases:
         argv = ["train", config, override, "data.test_path=null", "--run-dir", str(tmp_path / "r")]
-        error = _one_line_error(capsys, argv)
+        error = one_line_error(capsys, argv)
         assert error.startswith("composer-dynsample train: error: data: ") and message in error, error
         assert "rejected the config" not in error  # the loader's own line, not the call's arguments
     assert not (tmp_path / "r").exists()
     (bad / "no_text.jsonl").write_text('{"positive": "a"}\n')  # an anchor alone is a query: embedded
-    error = _one_line_error(
+    error = one_line_error(
         capsys,
         ["embed", config, "--checkpoint", latest_checkpoint(folder / "run"),
          "--input", str(bad / "no_text.jsonl"), "--out", str(tmp_path / "x")],

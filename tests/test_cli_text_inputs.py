@@ -17,7 +17,7 @@ import yaml
 pytest.importorskip("tokenizers")
 
 from composer_dynsample.cli import main
-from tests.cli_helpers import embed_input, latest_checkpoint, pairs_data, train_unevaluated
+from tests.cli_helpers import embed_input, latest_checkpoint, one_line_error, pairs_data, train_unevaluated
 from tests.text_data import pair_rows, write_jsonl
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
@@ -41,12 +41,7 @@ def _config(folder: Path, **data: object) -> str:
 
 def _refused(capsys: pytest.CaptureFixture[str], argv: list[str], run_dir: Path | None = None) -> str:
     """Run the command line: it must exit with 2 and one line on stderr, leaving ``run_dir`` unmade."""
-    capsys.readouterr()
-    with pytest.raises(SystemExit) as stop:
-        main(argv)
-    error = capsys.readouterr().err.strip()
-    assert stop.value.code == 2, error
-    assert "\n" not in error and "Traceback" not in error, error
+    error = one_line_error(capsys, argv)
     assert run_dir is None or not run_dir.exists()
     return error
 

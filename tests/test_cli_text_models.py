@@ -16,7 +16,7 @@ pytest.importorskip("transformers")
 
 from composer_dynsample.cli import main
 from composer_dynsample.reporting import format_metrics_table, metrics_table_title
-from tests.cli_helpers import latest_checkpoint, pairs_data
+from tests.cli_helpers import latest_checkpoint, one_line_error, pairs_data
 from tests.text_data import pair_rows, write_jsonl
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
@@ -28,21 +28,6 @@ TINY_BERT = {
     "num_attention_heads": 2,
     "intermediate_size": 32,
 }
-
-
-@pytest.fixture
-def transformers_log():
-    """What ``transformers`` logs during a test: its own handler may hold a stream captured earlier."""
-    import io
-    import logging
-
-    from transformers.utils import logging as transformers_logging
-
-    stream = io.StringIO()
-    handler = logging.StreamHandler(stream)
-    transformers_logging.add_handler(handler)
-    yield stream
-    transformers_logging.remove_handler(handler)
 
 
 def write_config(folder: Path, encoder: dict, **data: object) -> str:
@@ -78,15 +63,6 @@ def save_bert(folder: Path, max_position_embeddings: int = 64) -> Path:
     texts = [text for row in pair_rows(32, seed=0) for text in row.values()]
     pretrained_tokenizer(train_tokenizer(texts, vocab_size=200)).save_pretrained(folder)
     return folder
-
-
-def one_line_error(capsys, argv: list[str]) -> str:
-    with pytest.raises(SystemExit) as stop:
-        main(argv)
-    error = capsys.readouterr().err.strip()
-    assert stop.value.code == 2, error
-    assert len(error.splitlines()) == 1, error
-    return error
 
 
 # data.max_length and the transformer's positions

@@ -18,7 +18,7 @@ from composer_dynsample.config.registries import check_sampler_table
 from composer_dynsample.config.registry import ConfigError
 from composer_dynsample.data import DatasetSplits, TensorStore
 from composer_dynsample.resume import data_changes, data_identity
-from tests.cli_helpers import latest_checkpoint, pairs_data
+from tests.cli_helpers import latest_checkpoint, one_line_error, pairs_data
 from tests.text_data import pair_rows, write_jsonl
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
@@ -54,12 +54,9 @@ def write_data(folder, train: int = 32, test: int = 8) -> None:
 
 def refusal(argv: list[str], capsys) -> str:
     """The one line of stderr of a command that exits with status 2."""
-    with pytest.raises(SystemExit) as exit_info:
-        main(argv)
-    err = capsys.readouterr().err.strip().splitlines()
-    assert exit_info.value.code == 2 and len(err) == 1, err
-    assert err[0].startswith("composer-dynsample train: error: "), err
-    return err[0]
+    error = one_line_error(capsys, argv)
+    assert error.startswith("composer-dynsample train: error: "), error
+    return error
 
 
 # ----------------------------------------------------------------------------- batches of pairs (P x K)

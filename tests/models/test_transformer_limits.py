@@ -21,21 +21,6 @@ BERT = {"model_type": "bert", "hidden_size": 16, "num_hidden_layers": 1, "num_at
         "intermediate_size": 32, "max_position_embeddings": 12}  # fmt: skip
 
 
-@pytest.fixture
-def transformers_log():
-    """What ``transformers`` logs during a test: its own handler may hold a stream captured earlier."""
-    import io
-    import logging
-
-    from transformers.utils import logging as transformers_logging
-
-    stream = io.StringIO()
-    handler = logging.StreamHandler(stream)
-    transformers_logging.add_handler(handler)
-    yield stream
-    transformers_logging.remove_handler(handler)
-
-
 def test_positions_are_read_off_a_config_or_a_folder_without_building_the_model(tmp_path):
     assert position_limit(config=BERT) == PositionLimit(12, 12, "bert")
     assert position_limit(config={"model_type": "bert"}) == PositionLimit(512, 512, "bert", default=True)
