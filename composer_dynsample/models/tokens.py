@@ -20,7 +20,7 @@ from torch import nn
 
 from composer_dynsample.validation import InputTypeError, check_int, describe
 
-__all__ = ["import_text_extra", "masked_max_pool", "masked_mean_pool", "token_inputs"]
+__all__ = ["import_text_extra", "length_groups", "masked_max_pool", "masked_mean_pool", "token_inputs"]
 
 
 def import_text_extra(module: str, needed_by: str) -> Any:
@@ -96,6 +96,44 @@ def _integer_tensor(value: object) -> bool:
         and not value.is_complex()
         and value.dtype != torch.bool
     )
+
+
+def length_groups(mask: torch.Tensor, min_saving: float = 0.25) -> list[torch.Tensor] | None:
+    """Two groups of rows, shorter and longer, that pad to fewer positions than the batch as a whole.
+
+    A batch of short queries and long passages padded to its longest row spends most of a transformer's
+    work on the queries' padding. Sorted by length, the rows are cut where the two groups, each padded to
+    its own longest row, hold the fewest positions; the cut is made when it saves at least ``min_saving``
+    of the batch's positions. Only right-padded masks are grouped (each row's ones come first).
+
+    Args:
+        mask (torch.Tensor): ``(B, L)`` attention mask.
+        min_saving (float): The least share of positions a cut must save. Default: ``0.25``.
+
+    Returns:
+        list[torch.Tensor] | None: The row indices of the shorter and of the longer group (each sorted by
+        length), or ``None`` when one group is as good.
+
+    Example:
+        >>> mask = torch.tensor([[1, 1, 0, 0, 0, 0], [1, 1, 1, 1, 1, 1], [1, 0, 0, 0, 0, 0]])
+        >>> [rows.tolist() for rows in length_groups(mask)]
+        [[2, 0], [1]]
+    """
+    if mask.dim() != 2 or mask.shape[0] < 2:
+        return None
+    lengths = mask.sum(dim=1)
+    positions = torch.arange(mask.shape[1], device=mask.device)
+    if not torch.equal(mask.bool(), positions[None, :] < lengths[:, None]):
+        return None  # left padding or holes: the rows cannot be cut to a common width
+    ordered, order = torch.sort(lengths, stable=True)
+    count, widest = len(ordered), int(ordered[-1])
+    cuts = torch.arange(1, count, device=mask.device)
+    cost = cuts * ordered[:-1] + (count - cuts) * widest  # rows before the cut padded to the cut's row
+    best = int(torch.argmin(cost))
+    if float(cost[best]) > (1 - min_saving) * count * widest:
+        return None
+    cut = int(cuts[best])
+    return [order[:cut], order[cut:]]
 
 
 def masked_mean_pool(hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

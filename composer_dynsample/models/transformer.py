@@ -32,10 +32,11 @@ from composer_dynsample.models.tokens import (
     _positive,
     _projection,
     import_text_extra,
+    length_groups,
     masked_mean_pool,
     token_inputs,
 )
-from composer_dynsample.validation import InputTypeError, check_choice
+from composer_dynsample.validation import InputTypeError, check_bool, check_choice
 
 __all__ = [
     "PADDING_OFFSET_MODEL_TYPES",
@@ -97,6 +98,11 @@ class TransformerEncoder(nn.Module):
         pooling (str, optional): ``"mean"`` or ``"cls"``. Default: ``None``: the mode of the ``Pooling``
             module of a sentence-transformers ``path`` (its ``1_Pooling/config.json``), else ``"mean"``.
         embedding_dim (int, optional): Project to this dimension. Default: ``None``, the hidden size.
+        trim_padding (bool): Run a batch's shorter and longer rows as two groups, each cut to its own
+            longest row, when that saves a quarter of the positions or more
+            (:func:`~composer_dynsample.models.tokens.length_groups`): a batch of short queries and long
+            passages no longer runs the queries' padding through every layer. The embeddings are those of
+            the whole batch (the padding is masked out either way) up to float rounding. Default: ``True``.
 
     Attributes:
         max_tokens (int | None): The longest text, in tokens (special tokens included), the model has
@@ -132,8 +138,10 @@ class TransformerEncoder(nn.Module):
         config: Mapping[str, Any] | None = None,
         pooling: str | None = None,
         embedding_dim: int | None = None,
+        trim_padding: bool = True,
     ) -> None:
         super().__init__()
+        self.trim_padding = check_bool("trim_padding", trim_padding)
         self.folder = _read_folder(path) if path is not None and config is None else None
         if pooling is None:
             pooling = "mean" if self.folder is None else folder_pooling(self.folder)
@@ -186,10 +194,26 @@ class TransformerEncoder(nn.Module):
         extra = {}
         if isinstance(features, Mapping) and "token_type_ids" in features:
             extra["token_type_ids"] = features["token_type_ids"]
+        groups = length_groups(mask) if self.trim_padding else None
+        if groups is None:
+            pooled = self._pooled(ids, mask, extra)
+        else:  # short and long rows apart, each group cut to its own longest row
+            parts = []
+            for rows in groups:
+                width = int(mask[rows].sum(dim=1).max())
+                cut = {key: value[rows, :width] for key, value in extra.items()}
+                parts.append(self._pooled(ids[rows, :width], mask[rows, :width], cut))
+            order = torch.cat(groups)
+            inverse = torch.empty_like(order)
+            inverse[order] = torch.arange(len(order), device=order.device)
+            pooled = torch.cat(parts)[inverse]
+        return pooled if self.projection is None else self.projection(pooled)
+
+    def _pooled(self, ids: torch.Tensor, mask: torch.Tensor, extra: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The model's pooled last hidden states of ``ids`` (``(B, hidden)``)."""
         outputs = self.model(input_ids=ids, attention_mask=mask, **extra)
         hidden = outputs.last_hidden_state if hasattr(outputs, "last_hidden_state") else outputs[0]
-        pooled = hidden[:, 0] if self.pooling == "cls" else masked_mean_pool(hidden, mask)
-        return pooled if self.projection is None else self.projection(pooled)
+        return hidden[:, 0] if self.pooling == "cls" else masked_mean_pool(hidden, mask)
 
 
 def _read_folder(path: Any) -> ModelFolder:
