@@ -446,11 +446,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
 
 def _write(args: Any, result: dict[str, Any], seeds: list[int]) -> dict[str, Any]:
-    recipes = result["recipes"]
+    recipes, stored = result["recipes"], args.out / "finetune_code.json"
     if args.merge:
-        recipes = merged_recipes(
-            args.out / "finetune_code.json", recipes, seeds, [ZERO_SHOT, BM25, *TRAINED], keep_others=True
-        )
+        recipes = merged_recipes(stored, recipes, seeds, [ZERO_SHOT, BM25, *TRAINED], keep_others=True)
+        if result.get("st_mining") is None and stored.exists():  # the mining of the recipes kept
+            result = {**result, "st_mining": json.loads(stored.read_text()).get("st_mining")}
     shown = {**result, "recipes": recipes, "ratio": headline_ratio(recipes), "goals": goals(recipes)}
     return write_results(
         args.out,
