@@ -6,8 +6,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import yaml
 
 from composer_dynsample.cli import main
+from tests.text_data import pair_rows, write_jsonl
 
 
 def pairs_data(folder: Path, **data: object) -> dict:
@@ -49,3 +51,23 @@ def one_line_error(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
     assert stop.value.code == 2, error
     assert len(error.splitlines()) == 1, error
     return error
+
+
+def write_tiny_pairs_config(folder: Path, data: dict, model: dict, lr: float) -> str:
+    """``folder/pairs.yaml``: 32 training and 8 test pairs written into ``folder``, the ``data`` and
+    ``model`` sections given, 8 pairs a batch, AdamW at ``lr``, 2 batches, no evaluation; its path."""
+    write_jsonl(folder / "train.jsonl", pair_rows(32, seed=0))
+    write_jsonl(folder / "test.jsonl", pair_rows(8, seed=1))
+    config = {
+        "seed": 0,
+        "data": data,
+        "model": model,
+        "sampler": {"name": "pk", "classes_per_batch": 8, "samples_per_class": 2},
+        "optimizer": {"name": "adamw", "lr": lr},
+        "evaluation": {"interval": None, "ks": [1, 5]},
+        "trainer": {"max_duration": "2ba", "progress_bar": False},
+        "loggers": {},
+    }
+    path = folder / "pairs.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return str(path)

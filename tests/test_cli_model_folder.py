@@ -10,7 +10,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-import yaml
 
 pytest.importorskip("tokenizers")
 pytest.importorskip("transformers")
@@ -22,9 +21,9 @@ from composer_dynsample.config.run import build_run
 from composer_dynsample.data import TextCollate
 from composer_dynsample.data.text_tokenizer import train_tokenizer
 from composer_dynsample.models.sentence_folder import read_model_folder
-from tests.cli_helpers import latest_checkpoint, one_line_error
+from tests.cli_helpers import latest_checkpoint, one_line_error, write_tiny_pairs_config
 from tests.models.test_sentence_folder import POSITIONS, save_bert_folder, save_sentence_folder
-from tests.text_data import pair_rows, write_jsonl
+from tests.text_data import pair_rows
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
@@ -34,27 +33,15 @@ PREFIX = "composer-dynsample train: error: "
 def write_config(folder: Path, encoder: dict, model: dict | None = None, **data: object) -> str:
     """A pairs config of ``folder``'s tiny train and test files with ``encoder``, 2 batches, no evaluation;
     ``data`` sets no tokenizer and no max_length unless given."""
-    write_jsonl(folder / "train.jsonl", pair_rows(32, seed=0))
-    write_jsonl(folder / "test.jsonl", pair_rows(8, seed=1))
-    config = {
-        "seed": 0,
-        "data": {
-            "name": "pairs",
-            "path": str(folder / "train.jsonl"),
-            "test_path": str(folder / "test.jsonl"),
-            "cache_dir": str(folder / "cache"),
-            **data,
-        },
-        "model": {"encoder": encoder, "loss": {"name": "info_nce", "temperature": 0.1}, **(model or {})},
-        "sampler": {"name": "pk", "classes_per_batch": 8, "samples_per_class": 2},
-        "optimizer": {"name": "adamw", "lr": 0.001},
-        "evaluation": {"interval": None, "ks": [1, 5]},
-        "trainer": {"max_duration": "2ba", "progress_bar": False},
-        "loggers": {},
+    section = {
+        "name": "pairs",
+        "path": str(folder / "train.jsonl"),
+        "test_path": str(folder / "test.jsonl"),
+        "cache_dir": str(folder / "cache"),
+        **data,
     }
-    path = folder / "pairs.yaml"
-    path.write_text(yaml.safe_dump(config))
-    return str(path)
+    sections = {"encoder": encoder, "loss": {"name": "info_nce", "temperature": 0.1}, **(model or {})}
+    return write_tiny_pairs_config(folder, section, sections, lr=0.001)
 
 
 def train_error(capsys, config: str, run_dir: Path, *overrides: str) -> str:

@@ -9,15 +9,14 @@ import sys
 from pathlib import Path
 
 import pytest
-import yaml
 
 pytest.importorskip("tokenizers")
 pytest.importorskip("transformers")
 
 from composer_dynsample.cli import main
 from composer_dynsample.reporting import format_metrics_table, metrics_table_title
-from tests.cli_helpers import latest_checkpoint, one_line_error, pairs_data
-from tests.text_data import pair_rows, write_jsonl
+from tests.cli_helpers import latest_checkpoint, one_line_error, pairs_data, write_tiny_pairs_config
+from tests.text_data import pair_rows
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
@@ -32,21 +31,8 @@ TINY_BERT = {
 
 def write_config(folder: Path, encoder: dict, **data: object) -> str:
     """A pairs config of ``folder``'s tiny train and test files with ``encoder``, 2 batches, no evaluation."""
-    write_jsonl(folder / "train.jsonl", pair_rows(32, seed=0))
-    write_jsonl(folder / "test.jsonl", pair_rows(8, seed=1))
-    config = {
-        "seed": 0,
-        "data": pairs_data(folder, **data),
-        "model": {"normalize": True, "encoder": encoder, "loss": {"name": "info_nce", "temperature": 0.1}},
-        "sampler": {"name": "pk", "classes_per_batch": 8, "samples_per_class": 2},
-        "optimizer": {"name": "adamw", "lr": 0.01},
-        "evaluation": {"interval": None, "ks": [1, 5]},
-        "trainer": {"max_duration": "2ba", "progress_bar": False},
-        "loggers": {},
-    }
-    path = folder / "pairs.yaml"
-    path.write_text(yaml.safe_dump(config))
-    return str(path)
+    model = {"normalize": True, "encoder": encoder, "loss": {"name": "info_nce", "temperature": 0.1}}
+    return write_tiny_pairs_config(folder, pairs_data(folder, **data), model, lr=0.01)
 
 
 def save_bert(folder: Path, max_position_embeddings: int = 64) -> Path:
