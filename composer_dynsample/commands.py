@@ -414,7 +414,7 @@ def embed(
     else:
         store = run.splits.test if split == "test" else run.splits.train
         arrays, what = split_arrays(store), f"{split} split of {run.splits.name}"
-    embeddings = embed_store(run.trainer.state.model, store).cpu()
+    embeddings = embed_store(run.trainer.state.model, store, batch_size=run.batch_sizes[1]).cpu()
     if is_rank_zero():
         path.parent.mkdir(parents=True, exist_ok=True)
         np.savez(path, embeddings=embeddings.numpy().astype(np.float32), **arrays)

@@ -84,7 +84,10 @@ def evaluate_run(run: Any) -> tuple[dict[str, float], Any]:
 
     model = run.trainer.state.model
     broadcast_buffers(model)  # every rank evaluates rank 0's model (BatchNorm statistics differ per rank)
-    return final_metrics(model, run.splits, run.ks, run.distance)
+    queries, gallery = run.batch_sizes
+    return final_metrics(
+        model, run.splits, run.ks, run.distance, batch_size=queries, gallery_batch_size=gallery
+    )
 
 
 #: The name of :func:`start_metrics_keeper`'s callback: the key of its state in a checkpoint.
@@ -260,16 +263,22 @@ def _run_record(
         "checkpoint": saved[-1] if saved else None,
         "load_path": run.config.trainer.get("load_path"),
         "eval_history": run.gallery.history if run.gallery is not None else [],
-        "embedding_table": _table_history(state),
+        **_table_record(state),
     }
 
 
-def _table_history(state: Any) -> list[dict[str, Any]] | None:
-    """The embedding table's per-epoch staleness and sampler counts, when the run has a table."""
+def _table_record(state: Any) -> dict[str, Any]:
+    """The embedding table's per-epoch staleness and sampler counts (``embedding_table``) and the cost of its
+    warm start (``embedding_table_warm_start``: rows encoded and seconds, also for a run shorter than an
+    epoch, which has no epoch record); ``None`` for each when the run has no table or no warm start."""
     from composer_dynsample.algorithms import EmbeddingTable
 
     tables = [algorithm for algorithm in state.algorithms if isinstance(algorithm, EmbeddingTable)]
-    return tables[0].history if tables else None
+    table = tables[0] if tables else None
+    return {
+        "embedding_table": table.history if table is not None else None,
+        "embedding_table_warm_start": table.warm_start_cost if table is not None else None,
+    }
 
 
 def plot_run_retrievals(run: Any, test_embeddings: Any, path: Path, when: str) -> None:

@@ -222,3 +222,16 @@ def test_labelled_texts_train_leave_one_out_with_their_label_names(tmp_path):
     assert 0.0 <= metrics["recall_at_1"] <= 1.0 and "map_at_r" in metrics
     assert metrics["class_names"][:2] == ["intent_0", "intent_1"]
     assert (tmp_path / "run" / "embeddings.png").is_file()
+
+
+def test_embed_holds_at_most_the_gallery_batch_size_in_a_forward_pass(run, tmp_path, monkeypatch):
+    from composer_dynsample.models.text import BagOfTokensEncoder
+
+    folder, config, _ = run
+    seen, forward = [], BagOfTokensEncoder.forward
+    monkeypatch.setattr(
+        BagOfTokensEncoder, "forward", lambda self, features: seen.append(len(out := forward(self, features))) or out
+    )
+    checkpoint = latest_checkpoint(folder / "run")
+    main(["embed", config, "--checkpoint", checkpoint, "evaluation.gallery_batch_size=5", "--out", str(tmp_path / "e")])
+    assert np.load(tmp_path / "e.npz")["embeddings"].shape[0] == sum(seen) == 24 and max(seen) == 5, seen

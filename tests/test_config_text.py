@@ -191,3 +191,39 @@ def test_a_loaders_value_errors_are_its_own_line_after_data(data):
     with pytest.raises(ConfigError) as error:
         build_run(cfg, data["cache"] / "unused")
     assert str(error.value) == "data: p.jsonl: line 3, column 'anchor': the text is empty."
+
+
+def _batch_rows(encoder) -> list[int]:
+    """Record the rows of every forward pass of ``encoder``."""
+    seen: list[int] = []
+    encoder.register_forward_hook(lambda module, args, out: seen.append(out.shape[0]))
+    return seen
+
+
+def test_the_final_evaluation_embeds_in_the_evaluation_batch_sizes(tmp_path, data):
+    """The evaluation after training, ``eval`` and ``evaluation.at_start`` hold at most ``batch_size``
+    queries and ``gallery_batch_size`` passages in a forward pass (they once embedded 1,024 at a time,
+    whatever the config said: 3 GB of transformer activations on 1,000 code passages), with the scores of
+    one whole batch."""
+    from composer_dynsample.training import evaluate_run
+
+    run = build(tmp_path / "run", data, "evaluation.batch_size=3", "evaluation.gallery_batch_size=5")
+    assert run.batch_sizes == (3, 5)
+    seen = _batch_rows(run.model.encoder)
+    result, embeddings = evaluate_run(run)
+    queries = embeddings.shape[0]
+    assert max(seen) == 5 and 3 in seen and sum(seen) == 2 * queries, seen
+    whole, _ = final_metrics(run.model, run.splits, [1, 5], "cosine", batch_size=10**4, gallery_batch_size=10**4)
+    assert result == pytest.approx(whole, abs=1e-6)
+
+
+def test_an_embedding_table_encodes_in_the_gallery_batch_size_unless_told(tmp_path, data):
+    from composer_dynsample.algorithms import EmbeddingTable
+
+    def table(*overrides):
+        run = build(tmp_path / "run", data, "evaluation.gallery_batch_size=7", *overrides)
+        (found,) = [a for a in run.trainer.state.algorithms if isinstance(a, EmbeddingTable)]
+        return found
+
+    assert table("algorithms.embedding_table={}").refresh_batch_size == 7
+    assert table("algorithms.embedding_table={refresh_batch_size: 4}").refresh_batch_size == 4

@@ -227,7 +227,7 @@ def build_scheduler(cfg: DictConfig) -> Any | None:
 
 
 def _set_entries(
-    path: str, values: Mapping[str, Any], registry: Mapping[str, Any]
+    path: str, values: Mapping[str, Any], registry: Mapping[str, Any], supplied: Mapping[str, Any] | None = None
 ) -> list[tuple[str, Registered, dict[str, Any]]]:
     """Resolve and check every entry of a ``{label: keys}`` section; null entries are off."""
     entries = []
@@ -241,20 +241,26 @@ def _set_entries(
         keys = dict(keys)
         default = None if COMPONENT_KEY in keys else label  # without a _component_ the label names the target
         entry, _, kwargs, _ = resolve_entry(
-            f"{path}.{label}", keys, registry, default=default, name_key=False
+            f"{path}.{label}", keys, registry, default=default, name_key=False, supplied=supplied
         )
         entries.append((f"{path}.{label}", entry, kwargs))
     return entries
 
 
-def _build_set(path: str, values: Mapping[str, Any], registry: Mapping[str, Any]) -> list[Any]:
+def _build_set(
+    path: str, values: Mapping[str, Any], registry: Mapping[str, Any], supplied: Mapping[str, Any] | None = None
+) -> list[Any]:
     """Build every entry of a ``{label: keys}`` section; null entries are off."""
-    return [call(where, entry, kwargs) for where, entry, kwargs in _set_entries(path, values, registry)]
+    return [
+        call(where, entry, kwargs) for where, entry, kwargs in _set_entries(path, values, registry, supplied)
+    ]
 
 
-def build_algorithms(cfg: DictConfig) -> list[Any]:
-    """Build ``algorithms`` (e.g. ``hard_negative_mining``)."""
-    return _build_set("algorithms", section(cfg, "algorithms", "algorithms"), ALGORITHMS)
+def build_algorithms(cfg: DictConfig, supplied: Mapping[str, Any] | None = None) -> list[Any]:
+    """Build ``algorithms`` (e.g. ``hard_negative_mining``); ``supplied`` fills the arguments of those names
+    that an algorithm takes and its section leaves out (``build_run``: an embedding table's
+    ``refresh_batch_size``, the evaluation's ``gallery_batch_size``)."""
+    return _build_set("algorithms", section(cfg, "algorithms", "algorithms"), ALGORITHMS, supplied)
 
 
 def build_callbacks(cfg: DictConfig) -> list[Any]:

@@ -246,25 +246,33 @@ def build_evaluation(evaluation: EvaluationConfig, splits: DatasetSplits) -> Eva
 
 
 def final_metrics(
-    model: torch.nn.Module, splits: DatasetSplits, ks: Sequence[int], distance: str
+    model: torch.nn.Module,
+    splits: DatasetSplits,
+    ks: Sequence[int],
+    distance: str,
+    *,
+    batch_size: int = 1000,
+    gallery_batch_size: int = 2048,
 ) -> tuple[dict[str, float], torch.Tensor]:
     """Score the test split with ``model`` by the data's protocol, in one pass: ``(metrics, query embeddings)``.
 
     Every rank computes the same result (each embeds the whole split). The metrics are those of
     :func:`eval_metrics` by the same names, ``queries_without_positive`` (the queries every metric
-    leaves out) and ``num_queries``.
+    leaves out) and ``num_queries``. The queries are embedded ``batch_size`` at a time and the gallery
+    ``gallery_batch_size`` at a time (``evaluation.batch_size`` and ``evaluation.gallery_batch_size``):
+    what a forward pass holds at once, the evaluation's peak memory.
     """
     from composer_dynsample.metrics import count_queries_without_positive, ranking_metrics, retrieval_metrics
     from composer_dynsample.models.embed import embed_store, store_labels
 
     protocol, test = protocol_of(splits), splits.test
     rows = query_rows(splits)
-    queries = embed_store(model, test, rows=rows)
+    queries = embed_store(model, test, rows=rows, batch_size=batch_size)
     labels = store_labels(test, rows).to(queries.device)
     result: dict[str, float]
     if protocol == QUERIES_VS_PASSAGES:
         passages = gallery_rows(splits)
-        gallery = embed_store(model, test, rows=passages)
+        gallery = embed_store(model, test, rows=passages, batch_size=gallery_batch_size)
         values = ranking_metrics(
             queries, labels, gallery, store_labels(test, passages).to(gallery.device),
             distance=distance, recall_ks=list(ks), mrr_ks=RANKING_KS, ndcg_ks=RANKING_KS,
@@ -274,7 +282,7 @@ def final_metrics(
     else:
         gallery, gallery_labels = None, None
         if protocol == TRAIN_GALLERY:
-            gallery = embed_store(model, splits.train)
+            gallery = embed_store(model, splits.train, batch_size=gallery_batch_size)
             gallery_labels = store_labels(splits.train).to(gallery.device)
         values = retrieval_metrics(queries, labels, gallery, gallery_labels, ks=tuple(ks), distance=distance)
         result = {name: float(value) for name, value in values.items()}

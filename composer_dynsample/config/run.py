@@ -264,6 +264,8 @@ class TrainingRun:
         train_dataloader (DataLoader): The P x K train loader.
         ks (tuple[int, ...]): The ``K`` of Recall@K.
         distance (str): The evaluation distance.
+        batch_sizes (tuple[int, int]): Queries and gallery items per forward pass of the evaluation after
+            training (``evaluation.batch_size`` and ``evaluation.gallery_batch_size``).
         gallery (RetrievalGallery | None): The callback that attaches the gallery at ``EVAL_START``: the
             train split, or a pair split's test passages (``None`` when the test split is scored
             leave-one-out, or without evaluation).
@@ -281,6 +283,7 @@ class TrainingRun:
     train_dataloader: DataLoader
     ks: tuple[int, ...]
     distance: str
+    batch_sizes: tuple[int, int] = (1000, 2048)
     gallery: RetrievalGallery | None = None
     seed: int = 0
     leave_one_out: bool = False
@@ -339,7 +342,8 @@ def build_run(
         "train_dataloader": composer_dataloader(train_loader),  # a DataSpec for texts
         "optimizers": build_optimizer(cfg, model),
         "schedulers": build_scheduler(cfg),
-        "algorithms": build_algorithms(cfg),
+        # An embedding table's encodes (warm start, refresh) batch as the evaluation's gallery unless told.
+        "algorithms": build_algorithms(cfg, supplied={"refresh_batch_size": evaluation.gallery_batch_size}),
         "seed": options.seed,
     }
     allow_changed = options.resume_on_changed_data
@@ -362,6 +366,7 @@ def build_run(
         cfg, directory, trainer, model, splits, train_loader, tuple(evaluation.ks), evaluation.distance
     )
     run.gallery, run.seed, run.leave_one_out = gallery, options.seed, leave_one_out
+    run.batch_sizes = (evaluation.batch_size, evaluation.gallery_batch_size)
     if link_folder is not None:
         run.composer_run_dir, run.link_folder = composer_dir, link_folder
     return run

@@ -152,8 +152,9 @@ class EmbeddingTable(Algorithm):
         refresh_interval (str, optional): A time string in epochs (``"5ep"``). Default: ``None`` (no refresh).
         refresh_max_age (int): Rows written more than this many batches ago are refreshed. Default: ``0``
             (all rows).
-        refresh_batch_size (int): Samples per forward pass of the refresh and of the warm start.
-            Default: ``1024``.
+        refresh_batch_size (int): Samples per forward pass of the refresh and of the warm start: what one
+            pass holds at once (a transformer's activations grow with it times the text length).
+            Default: ``1024``; a config run's default is ``evaluation.gallery_batch_size``.
         feed_sampler (bool): At every epoch start, hand the train batch sampler its snapshot when it takes
             one: class centroids (``update_class_embeddings``, as
             :class:`~composer_dynsample.samplers.HardClassPKBatchSampler` does) or the rows for nearest
