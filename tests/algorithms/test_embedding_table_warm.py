@@ -235,3 +235,16 @@ def test_the_command_line_warm_start_mines_the_first_epoch(tmp_path):
     main(["train", config, "--quiet", "--run-dir", str(tmp_path / "run")])
     (record,) = json.loads((tmp_path / "run" / "metrics.json").read_text())["embedding_table"]
     assert record["sampler"]["no_embedding"] == 0 and record["rows_encoded"] == 64  # 32 training pairs
+
+
+def test_a_run_shorter_than_an_epoch_records_the_warm_start_cost(tmp_path):
+    pytest.importorskip("tokenizers")
+    from composer_dynsample.cli import main
+    from tests.test_cli_text_runs import MINED, write_config, write_data
+
+    write_data(tmp_path)
+    config = write_config(tmp_path, MINED, algorithms={"embedding_table": {"warm_start": True}})
+    main(["train", config, "trainer.max_duration=1ba", "--quiet", "--run-dir", str(tmp_path / "run")])
+    metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    assert metrics["embedding_table"] == [] and metrics["embedding_table_warm_start"]["rows_encoded"] == 64
+    assert metrics["embedding_table_warm_start"]["seconds"] > 0
