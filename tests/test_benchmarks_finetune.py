@@ -68,7 +68,7 @@ def test_the_summary_is_the_mean_and_standard_error_over_seeds() -> None:
     assert summary["csn_mrr"] == pytest.approx(0.6) and summary["csn_mrr_se"] == pytest.approx(0.1)
     assert summary["s_per_step"] == 1.5 and summary["peak_rss_mib"] == 100
     text = finetune.table({finetune.OURS_IN_BATCH: summary}, [0, 1], vars(_args()))
-    assert "| this project, in-batch (InfoNCE) | 0.6000 +- 0.1000 |" in text and "| 1.50 | 100 |" in text
+    assert "| this project, in-batch (InfoNCE) | 0.6000 +- 0.1000 |" in text and "| 1.50 | - | 100 |" in text
 
 
 def _recipe(finetune, mean: float, se: float, s_per_step: float = 1.0) -> dict:
