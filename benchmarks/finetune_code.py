@@ -31,8 +31,9 @@ difference counts only beyond two standard errors over seeds.
 
     python benchmarks/finetune_code.py [--quick] [--device cpu|cuda] [--seeds 0 1 2] [--threads 2]
         [--train-pairs 3000] [--test-queries 1000] [--steps 60] [--batch 16] [--recipes NAME ...] [--merge]
+        [--name finetune_code] [--report]
 
-Writes ``results/finetune_code.{json,md,png}`` with the ``recipes -> runs`` layout of
+Writes ``results/NAME.{json,md,png}`` (``finetune_code`` unless ``--name``) with the ``recipes -> runs`` layout of
 ``quality_code.json``.
 """
 
@@ -390,12 +391,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--refresh-every", type=int, default=20)
     parser.add_argument("--eval-batch", type=int, default=32, help="texts per forward pass of every encode")
     parser.add_argument("--recipes", nargs="+", default=None)
+    parser.add_argument(
+        "--name", default="finetune_code", help="the results' file name (an ablation beside the main table)"
+    )
     parser.add_argument("--merge", action="store_true", help="keep the stored recipes this run does not redo")
     parser.add_argument("--report", action="store_true", help="rewrite the table and plot of the stored json")
     args = parser.parse_args(argv)
     if args.report:
         stored = json.loads(
-            (args.out / ("finetune_code_quick.json" if args.quick else "finetune_code.json")).read_text()
+            (args.out / (f"{args.name}_quick.json" if args.quick else f"{args.name}.json")).read_text()
         )
         return _write(argparse.Namespace(**{**vars(args), "merge": False}), stored, stored["seeds"])
     if args.quick:
@@ -452,7 +456,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
 
 def _write(args: Any, result: dict[str, Any], seeds: list[int]) -> dict[str, Any]:
-    recipes, stored = result["recipes"], args.out / "finetune_code.json"
+    recipes, stored = result["recipes"], args.out / f"{args.name}.json"
     if args.merge:
         recipes = merged_recipes(stored, recipes, seeds, [ZERO_SHOT, BM25, *TRAINED], keep_others=True)
         if result.get("st_mining") is None and stored.exists():  # the mining of the recipes kept
@@ -460,7 +464,7 @@ def _write(args: Any, result: dict[str, Any], seeds: list[int]) -> dict[str, Any
     shown = {**result, "recipes": recipes, "ratio": headline_ratio(recipes), "goals": goals(recipes)}
     return write_results(
         args.out,
-        "finetune_code",
+        args.name,
         args.quick,
         shown,
         table(recipes, seeds, result["options"]),
