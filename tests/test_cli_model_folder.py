@@ -23,7 +23,7 @@ from composer_dynsample.data.text_tokenizer import train_tokenizer
 from composer_dynsample.models.sentence_folder import read_model_folder
 from tests.cli_helpers import latest_checkpoint, one_line_error, write_tiny_pairs_config
 from tests.models.test_sentence_folder import POSITIONS, save_bert_folder, save_sentence_folder
-from tests.text_data import pair_rows
+from tests.text_data import pair_rows, write_jsonl
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
@@ -217,3 +217,31 @@ def test_export_writes_a_model_card_of_the_run(folder, tmp_path, capsys):
     for recipe in ("info_nce", "pk", "adamw", "trainer.max_duration: `2ba`", "seed: `0`"):
         assert recipe in card, recipe
     assert f"| mrr | {metrics['mrr']:.4f} |" in card
+
+
+def test_eval_without_a_checkpoint_scores_what_sentence_transformers_encodes(tmp_path):
+    """``eval CONFIG`` of a folder, no checkpoint: the metrics of the folder's own sentence-transformers
+    embeddings of the same queries and passages, ranked by brute force (one positive per query). Mean
+    pooling: the tiny random model's CLS vectors nearly tie, which would test the tie rule instead."""
+    from sentence_transformers import SentenceTransformer
+
+    folder = save_sentence_folder(tmp_path / "mean", pooling="mean", max_seq_length=24)
+    config = write_config(tmp_path, {"name": "transformer", "path": str(folder)})
+    rows = pair_rows(40, seed=1)
+    write_jsonl(tmp_path / "test.jsonl", rows)
+    main(["eval", config, "--out", str(tmp_path / "start.json")])
+    ours = json.loads((tmp_path / "start.json").read_text())
+    reference = SentenceTransformer(str(folder), device="cpu")
+    queries = reference.encode([row["anchor"] for row in rows], convert_to_tensor=True)
+    passages = reference.encode([row["positive"] for row in rows], convert_to_tensor=True)
+    scores = torch.nn.functional.normalize(queries, dim=1) @ torch.nn.functional.normalize(passages, dim=1).T
+    rank = 1 + (scores > scores.diagonal()[:, None]).sum(dim=1).double()
+    expected = {
+        "mrr": (1 / rank).mean(), "csn_mrr": (1 / rank).mean(), "mrr_at_10": torch.where(rank <= 10, 1 / rank, 0).mean(),
+        "recall_at_1": (rank <= 1).double().mean(), "recall_at_5": (rank <= 5).double().mean(),
+        "ndcg_at_10": torch.where(rank <= 10, 1 / torch.log2(rank + 1), 0).mean(),
+    }  # fmt: skip
+    assert ours["checkpoint"] is None and ours["num_queries"] == 40
+    assert 0.1 < expected["mrr"] < 0.9 and scores.unique().numel() == scores.numel()  # no ties, no saturation
+    for key, value in expected.items():
+        assert ours[key] == pytest.approx(float(value), abs=1e-4), key
