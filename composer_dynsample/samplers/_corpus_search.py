@@ -9,18 +9,27 @@ function of the snapshot: every rank computes the same ones.
 
 from __future__ import annotations
 
+import importlib.util
 import math
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, NamedTuple
 
 import numpy as np
 import torch
 
+from composer_dynsample.samplers._ivf import InvertedFileIndex
 from composer_dynsample.samplers._ranking import SLACK, rank_columns
-from composer_dynsample.samplers.neighbours import check_search
-from composer_dynsample.validation import check_float, check_int
+from composer_dynsample.validation import check_choice, check_float, check_int
 
-__all__ = ["GUARDS", "CorpusCandidates", "corpus_candidates", "pair_layout"]
+__all__ = [
+    "CORPUS_SEARCHES",
+    "GUARDS",
+    "CorpusCandidates",
+    "check_corpus_search",
+    "corpus_candidates",
+    "pair_layout",
+]
 
 #: What the guards of :func:`corpus_candidates` drop, in the order they are tried on a candidate.
 GUARDS = ("rank_window", "duplicate", "same_query", "margin")
@@ -28,7 +37,15 @@ _SIMILARITY_BUDGET = 2**25  # float32 entries of one chunk's similarity block: 1
 # Anchors per faiss call: faiss blocks its own similarities, and its flat index is about 9 times slower
 # per anchor when called with a few dozen (measured at 100,000 x 128 on one thread).
 _FAISS_QUERIES = 1024
-_IVF_PROBES = 32  # IVF cells searched per query, of about sqrt(N)
+_IVF_PROBES = 32  # faiss IVF cells searched per query, of about sqrt(N)
+#: Valid values of ``search`` for :func:`corpus_candidates` (and the mined-negatives sampler).
+CORPUS_SEARCHES = ("auto", "exact", "ivf", "faiss", "faiss_ivf")
+_FAISS_SEARCHES = ("faiss", "faiss_ivf")
+# Up to this many passages with an embedding, ``search="auto"`` is exact: MEASURED_AUTO
+EXACT_SEARCH_MAX_PASSAGES = 50_000
+_IVF_QUERIES = 1 << 17  # anchors per scan of the own IVF: about 100 MiB of queries and running top-k
+_RERANK_ANCHORS = 256  # anchors per float64 rerank: their candidate rows stay in a core's cache
+_CALIBRATION_ANCHORS = 256  # anchors the own IVF searches exactly to choose its probes
 
 
 class CorpusCandidates(NamedTuple):
@@ -100,6 +117,18 @@ def dense_ids(duplicate_ids: np.ndarray | None, size: int) -> np.ndarray:
     return np.unique(duplicate_ids, return_inverse=True)[1].astype(np.int64).reshape(-1)
 
 
+def check_corpus_search(search: object) -> str:
+    """Validate a corpus ``search`` (one of :data:`CORPUS_SEARCHES`) and, for a faiss one, that faiss is
+    installed; raise a one-line error saying what would work otherwise."""
+    check_choice("search", search, CORPUS_SEARCHES)
+    if search in _FAISS_SEARCHES and importlib.util.find_spec("faiss") is None:
+        raise ImportError(
+            f"search={search!r} needs faiss, which is not installed: pip install 'composer-dynsample[faiss]' "
+            "(faiss-cpu), or use search='ivf' (approximate) or 'exact'."
+        )
+    return str(search)
+
+
 def corpus_candidates(
     embeddings: torch.Tensor,
     labels: Sequence[int] | np.ndarray,
@@ -113,6 +142,7 @@ def corpus_candidates(
     pairs: np.ndarray | None = None,
     chunk_size: int | None = None,
     search: str = "exact",
+    device: torch.device | str | None = None,
 ) -> CorpusCandidates:
     """Each anchor's nearest passages of other pairs by cosine similarity, through false-negative guards.
 
@@ -127,9 +157,13 @@ def corpus_candidates(
 
     Searches (every one keeps 8 spare candidates, ranked again in float64 with ties in row order):
     ``"exact"`` compares a chunk of anchors with every passage in torch (memory ``chunk_size x
-    passages``); ``"faiss"`` uses faiss's exact ``IndexFlatIP`` (the same lists); ``"faiss_ivf"`` faiss's
-    approximate ``IndexIVFFlat`` (about ``sqrt(N)`` cells, 32 searched per anchor). The faiss searches
-    need the ``faiss`` extra. Memory is linear in the number of rows.
+    passages``); ``"ivf"`` is the project's own approximate inverted-file search in torch
+    (:class:`~composer_dynsample.samplers._ivf.InvertedFileIndex`: about ``sqrt(8 N)`` k-means cells,
+    the probes measured on 256 anchors searched exactly so that their cells hold 95% of those anchors'
+    nearest passages); ``"auto"`` is ``"exact"`` up to 50,000 passages with an embedding and ``"ivf"``
+    above; ``"faiss"`` uses faiss's exact ``IndexFlatIP`` (the same lists as ``"exact"``);
+    ``"faiss_ivf"`` faiss's approximate ``IndexIVFFlat`` (about ``sqrt(N)`` cells, 32 searched per
+    anchor). The faiss searches need the ``faiss`` extra. Memory is linear in the number of rows.
 
     Args:
         embeddings (torch.Tensor): ``(N, D)`` embeddings, one row per row of ``labels``.
@@ -145,8 +179,13 @@ def corpus_candidates(
         pairs (numpy.ndarray, optional): The pairs (numbered by sorted label) whose anchors to search.
             Default: all.
         chunk_size (int, optional): Anchors per similarity block. Default: about 128 MiB of similarities
-            for ``"exact"`` (at most 1024 anchors), 1024 anchors per call for the faiss searches.
-        search (str): ``"exact"``, ``"faiss"`` or ``"faiss_ivf"``. Default: ``"exact"``.
+            for ``"exact"`` (at most 1024 anchors), 1024 anchors per call for the faiss searches, 131,072
+            per scan for ``"ivf"``.
+        search (str): One of :data:`CORPUS_SEARCHES`: ``"auto"``, ``"exact"``, ``"ivf"``, ``"faiss"`` or
+            ``"faiss_ivf"``. Default: ``"exact"``.
+        device (torch.device | str, optional): Where the ``"exact"`` and ``"ivf"`` searches run (a CUDA
+            device: the passage matrix and the similarity blocks live there); the float64 rerank and the
+            guards stay on the CPU. Default: the CPU.
 
     Returns:
         CorpusCandidates: The passage rows examined, which passed, what each guard dropped and which
@@ -160,52 +199,109 @@ def corpus_candidates(
     """
     check_int("window", window, minimum=1)
     check_int("skip_top", skip_top, minimum=0)
-    check_search(search)
+    search = check_corpus_search(search)
     if max_relative_similarity is not None:
         check_float("max_relative_similarity", max_relative_similarity, minimum=0, strict_minimum=True)
     labels, is_passage = np.asarray(labels, dtype=np.int64), np.asarray(is_passage, dtype=bool)
     base = embeddings.detach().cpu()
     anchors, positives, pair_of = pair_layout(labels, is_passage)
-    texts = dense_ids(duplicate_ids, labels.size)
     usable = _usable_rows(base, valid)
     pairs = np.arange(anchors.size) if pairs is None else np.asarray(pairs, dtype=np.int64)
     searched = usable[anchors[pairs]] & (usable[positives[pairs]] | (max_relative_similarity is None))
     database = np.flatnonzero(usable[positives])  # pairs whose passage has an embedding
     column_of = np.full(anchors.size, -1, dtype=np.int64)
     column_of[database] = np.arange(database.size)
-    database_rows = positives[database]
-    fast = torch.nn.functional.normalize(base[torch.from_numpy(database_rows)].float(), dim=1)
-    find = _finder(search, fast)
+    if search == "auto":
+        search = "exact" if database.size <= EXACT_SEARCH_MAX_PASSAGES else "ivf"
     width = skip_top + window
-    ranked = np.full((pairs.size, width), -1, dtype=np.int64)
-    kept = np.zeros((pairs.size, width), dtype=bool)
-    dropped = np.zeros((pairs.size, len(GUARDS)), dtype=np.int64)
-    queries = np.flatnonzero(searched)
-    step = chunk_size or (
-        max(1, min(1024, _SIMILARITY_BUDGET // max(1, database.size)))
-        if search == "exact"
-        else _FAISS_QUERIES
+    # The calibration anchors of "ivf": a seeded sample of every pair's anchor, so the probes are a
+    # function of the snapshot alone, not of the pairs searched.
+    calibration = _calibration(base, anchors, usable, column_of) if search == "ivf" else None
+    unit = _unit_rows(base, positives[database])
+    find = _finder(
+        search, unit, torch.device("cpu" if device is None else device), calibration, width + SLACK
     )
-    for start in range(0, queries.size, check_int("chunk_size", step, minimum=1)):
-        at = queries[start : start + step]
-        own = pairs[at]
-        query = torch.nn.functional.normalize(base[torch.from_numpy(anchors[own])].float(), dim=1)
-        found = find(query, torch.from_numpy(column_of[own]), width + SLACK)
-        rows = np.where(found >= 0, database_rows[np.maximum(found, 0)], -1)
-        values, ranked[at] = _rerank(base, anchors[own], rows, width)
-        guard = _Guard(texts, anchors, pair_of, (anchors[own], positives[own]), skip_top)
-        if max_relative_similarity is not None:
-            guard.margin = max_relative_similarity * _similarity(base, anchors[own], positives[own])
-        kept[at], dropped[at] = guard(values, ranked[at])
-    return CorpusCandidates(ranked, kept, dropped, searched)
+    del unit  # the finders keep what they need: the IVF its own copy, cell after cell
+    screen = _Screen(
+        base, dense_ids(duplicate_ids, labels.size), (anchors, positives, pair_of), skip_top, width
+    )
+    screen.margin = max_relative_similarity
+    step = check_int("chunk_size", chunk_size or _default_step(search, database.size), minimum=1)
+    return _search_all(
+        find, screen, (pairs, np.flatnonzero(searched), column_of, positives[database]), step, searched
+    )
+
+
+def _default_step(search: str, passages: int) -> int:
+    """Anchors per call of the finder: a similarity block of ``"exact"``, a faiss call, an IVF scan."""
+    if search == "exact":
+        return max(1, min(1024, _SIMILARITY_BUDGET // max(1, passages)))
+    return _IVF_QUERIES if search == "ivf" else _FAISS_QUERIES
+
+
+def _search_all(
+    find: Callable[..., np.ndarray],
+    screen: _Screen,
+    layout: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray],
+    step: int,
+    searched: np.ndarray,
+) -> CorpusCandidates:
+    """Find the candidates of the ``searched`` anchors ``step`` at a time (torch, on its threads), then
+    rerank and guard them in blocks of :data:`_RERANK_ANCHORS` on as many threads (numpy: each block
+    alike on any). One after the other: torch's threads would wait on busy cores for every operation."""
+    pairs, queries, column_of, database_rows = layout
+    out = CorpusCandidates(
+        np.full((pairs.size, screen.width), -1, dtype=np.int64),
+        np.zeros((pairs.size, screen.width), dtype=bool),
+        np.zeros((pairs.size, len(GUARDS)), dtype=np.int64),
+        searched,
+    )
+    if queries.size * (screen.width + SLACK) > screen.base.shape[0]:  # each row gathered more than once
+        screen.norms = _row_norms(screen.base)
+    cells = None
+    if isinstance(find, InvertedFileIndex):  # anchors in cell order: a block probes few cells
+        blocks = range(0, queries.size, 65536)
+        order, cells = find.cell_order(
+            _unit_rows(screen.base, screen.anchors[pairs[queries[b : b + 65536]]]) for b in blocks
+        )
+        queries = queries[order]
+    with ThreadPoolExecutor(max_workers=max(1, torch.get_num_threads())) as pool:
+        for start in range(0, queries.size, step):
+            at = queries[start : start + step]
+            own = pairs[at]
+            query, columns = _unit_rows(screen.base, screen.anchors[own]), torch.from_numpy(column_of[own])
+            known = {} if cells is None else {"nearest": cells[start : start + step]}  # the IVF's cells
+            found = find(query, columns, screen.width + SLACK, **known)
+            rows = np.where(found >= 0, database_rows[np.maximum(found, 0)], -1)
+            blocks = [slice(b, b + _RERANK_ANCHORS) for b in range(0, at.size, _RERANK_ANCHORS)]
+            done = pool.map(screen, [own[block] for block in blocks], [rows[block] for block in blocks])
+            for block, (ranked, kept, dropped) in zip(blocks, done, strict=True):
+                out.ranked[at[block]], out.kept[at[block]], out.dropped[at[block]] = ranked, kept, dropped
+    return out
+
+
+def _calibration(
+    base: torch.Tensor, anchors: np.ndarray, usable: np.ndarray, column_of: np.ndarray
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Up to :data:`_CALIBRATION_ANCHORS` anchors with an embedding, seeded, as unit rows, and their own
+    positive's column (``-1``: none)."""
+    pairs = np.flatnonzero(usable[anchors])
+    rng = np.random.default_rng(0)
+    chosen = np.sort(rng.choice(pairs, size=min(_CALIBRATION_ANCHORS, pairs.size), replace=False))
+    return _unit_rows(base, anchors[chosen]), torch.from_numpy(column_of[chosen])
+
+
+def _unit_rows(base: torch.Tensor, rows: np.ndarray) -> torch.Tensor:
+    """``base[rows]`` in float32, each row scaled to unit length."""
+    return torch.nn.functional.normalize(torch.index_select(base, 0, torch.from_numpy(rows)).float(), dim=1)
 
 
 def _usable_rows(base: torch.Tensor, valid: torch.Tensor | np.ndarray | None) -> np.ndarray:
     """Rows with an embedding: ``valid`` (default all) and finite and not zero."""
     usable = np.empty(base.shape[0], dtype=bool)
-    for start in range(0, base.shape[0], 65536):  # blocks: no temporary of the table's size
-        block = base[start : start + 65536].float()
-        usable[start : start + 65536] = (
+    for start in range(0, base.shape[0], 8192):  # blocks: no temporary of the table's size
+        block = base[start : start + 8192].float()
+        usable[start : start + 8192] = (
             torch.isfinite(block).all(dim=1) & (block.abs().sum(dim=1) > 0)
         ).numpy()
     if valid is not None:
@@ -216,17 +312,27 @@ def _usable_rows(base: torch.Tensor, valid: torch.Tensor | np.ndarray | None) ->
     return usable
 
 
-def _finder(search: str, fast: torch.Tensor) -> Callable[[torch.Tensor, torch.Tensor, int], np.ndarray]:
+def _finder(
+    search: str,
+    fast: torch.Tensor,
+    device: torch.device,
+    calibration: tuple[torch.Tensor, torch.Tensor] | None,
+    neighbours: int,
+) -> Callable[[torch.Tensor, torch.Tensor, int], np.ndarray]:
     """``find(queries, own, width)``: each query's ``width`` most similar database columns by float32
     similarity, its ``own`` column (``-1``: none) left out, ``-1`` where there are fewer."""
+    if search == "ivf":
+        return InvertedFileIndex(fast, sample=calibration, neighbours=neighbours, device=device)
     if search == "exact":
+        fast = fast.to(device)
 
         def find_exact(queries: torch.Tensor, own: torch.Tensor, width: int) -> np.ndarray:
-            similarity = queries @ fast.T
+            own = own.to(device)
+            similarity = queries.to(device) @ fast.T
             has = torch.nonzero(own >= 0).flatten()
             similarity[has, own[has]] = float("-inf")
             values, columns = similarity.topk(min(width, fast.shape[0]), dim=1, sorted=False)
-            return torch.where(torch.isfinite(values), columns, -1).numpy()
+            return torch.where(torch.isfinite(values), columns, -1).cpu().numpy()
 
         return find_exact
     index = _faiss_index(search, fast)
@@ -273,24 +379,53 @@ def _faiss_index(search: str, fast: torch.Tensor) -> Any:
     return index
 
 
-def _unit64(base: torch.Tensor, rows: np.ndarray) -> np.ndarray:
-    """``base[rows]`` in float64, each row scaled to unit length (numpy: one thread, one summation order)."""
-    vectors = base[torch.from_numpy(np.ascontiguousarray(rows).reshape(-1))].double().numpy()
-    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+def _row_norms(base: torch.Tensor) -> np.ndarray:
+    """Every row's float64 length, computed as :func:`_unit64` computes it (row by row: the same bits)."""
+    norms = np.empty(base.shape[0])
+    for start in range(0, base.shape[0], 8192):  # 8 MiB blocks: reused memory, not fresh pages
+        block = _numpy_rows(base[start : start + 8192]).astype(np.float64)
+        norms[start : start + 8192] = np.linalg.norm(block, axis=1)
+    return norms
+
+
+def _numpy_rows(rows: torch.Tensor) -> np.ndarray:
+    """``rows`` as a numpy array of their own float type (float64 for one numpy lacks)."""
+    return (
+        rows.numpy() if rows.dtype in (torch.float16, torch.float32, torch.float64) else rows.double().numpy()
+    )
+
+
+def _unit64(base: torch.Tensor, rows: np.ndarray, norms: np.ndarray | None = None) -> np.ndarray:
+    """``base[rows]`` in float64, each row scaled to unit length (numpy: one thread, one summation order);
+    with ``norms`` (:func:`_row_norms`) the lengths are looked up, not summed again: the same bits."""
+    flat = np.ascontiguousarray(rows).reshape(-1)
+    if base.dtype in (torch.float16, torch.float32, torch.float64):  # numpy's gather: 1.5 times faster
+        vectors = np.take(base.numpy(), flat, axis=0)
+    else:
+        vectors = torch.index_select(base, 0, torch.from_numpy(flat)).double().numpy()
+    if norms is None:
+        vectors = vectors.astype(np.float64)
+        vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+    else:  # the float cast is exact, so this is the float64 division above
+        vectors = np.divide(vectors, norms[flat][:, None], dtype=np.float64)
     return vectors.reshape(*np.shape(rows), base.shape[1])
 
 
-def _similarity(base: torch.Tensor, first: np.ndarray, second: np.ndarray) -> np.ndarray:
+def _similarity(
+    base: torch.Tensor, first: np.ndarray, second: np.ndarray, norms: np.ndarray | None = None
+) -> np.ndarray:
     """Float64 cosine similarity of rows ``first[i]`` and ``second[i]``."""
-    return np.einsum("qd,qd->q", _unit64(base, first), _unit64(base, second))
+    return np.einsum("qd,qd->q", _unit64(base, first, norms), _unit64(base, second, norms))
 
 
 def _rerank(
-    base: torch.Tensor, anchors: np.ndarray, rows: np.ndarray, keep: int
+    base: torch.Tensor, anchors: np.ndarray, rows: np.ndarray, keep: int, norms: np.ndarray | None = None
 ) -> tuple[np.ndarray, np.ndarray]:
     """The ``keep`` most similar of each anchor's candidate ``rows`` by float64 cosine similarity, ties in
     row order: ``(values, rows)``, ``-inf`` and ``-1`` where an anchor has fewer."""
-    similarity = np.einsum("qd,qkd->qk", _unit64(base, anchors), _unit64(base, np.maximum(rows, 0)))
+    similarity = np.einsum(
+        "qd,qkd->qk", _unit64(base, anchors, norms), _unit64(base, np.maximum(rows, 0), norms)
+    )
     similarity[rows < 0] = -np.inf
     order = rank_columns(-similarity, rows, keep)
     values, ranked = np.take_along_axis(similarity, order, 1), np.take_along_axis(rows, order, 1)
@@ -298,6 +433,33 @@ def _rerank(
         pad = ((0, 0), (0, keep - ranked.shape[1]))
         values, ranked = np.pad(values, pad, constant_values=-np.inf), np.pad(ranked, pad, constant_values=-1)
     return values, ranked
+
+
+class _Screen:
+    """The float64 rerank and the guards of a block of anchors: ``screen(pairs, rows)``."""
+
+    def __init__(
+        self,
+        base: torch.Tensor,
+        texts: np.ndarray,
+        layout: tuple[np.ndarray, np.ndarray, np.ndarray],
+        skip_top: int,
+        width: int,
+    ) -> None:
+        self.base, self.texts, self.skip_top, self.width = base, texts, skip_top, width
+        self.anchors, self.positives, self.pair_of = layout
+        self.margin: float | None = None  # max_relative_similarity
+        self.norms: np.ndarray | None = None  # every row's float64 length, when many rows are reranked
+
+    def __call__(self, pairs: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(ranked, kept, dropped)`` of the anchors of ``pairs`` from their candidate passage ``rows``."""
+        anchors, positives = self.anchors[pairs], self.positives[pairs]
+        values, ranked = _rerank(self.base, anchors, rows, self.width, self.norms)
+        guard = _Guard(self.texts, self.anchors, self.pair_of, (anchors, positives), self.skip_top)
+        if self.margin is not None:
+            guard.margin = self.margin * _similarity(self.base, anchors, positives, self.norms)
+        kept, dropped = guard(values, ranked)
+        return ranked, kept, dropped
 
 
 class _Guard:

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from composer_dynsample.samplers._ivf import _kmeans, _nearest_centre
 from composer_dynsample.samplers._ranking import SLACK, rank_columns
 from composer_dynsample.samplers.base import epoch_rng
 from composer_dynsample.samplers.pk import PKBatchSampler
@@ -29,8 +30,6 @@ __all__ = ["HardClassPKBatchSampler", "nearest_classes"]
 CLASS_SEARCHES = ("auto", "exact", "ivf")
 # Up to this many classes with a centroid, ``search="auto"`` is exact: a few seconds at most on 2 cores.
 EXACT_SEARCH_MAX_CLASSES = 10_000
-_KMEANS_ITERATIONS = 10
-_KMEANS_POINTS_PER_CELL = 32
 _IVF_PROBES = 8  # a cell's queries meet the classes of about this many average cells
 
 
@@ -180,30 +179,6 @@ def _smallest(values: torch.Tensor, labels: np.ndarray, keep: int) -> np.ndarray
     kept, top = values.topk(keep, dim=1, largest=False)
     chosen = labels[top.numpy()]
     return np.take_along_axis(chosen, rank_columns(kept.numpy(), chosen, keep), axis=1)
-
-
-def _kmeans(points: torch.Tensor, cells: int) -> torch.Tensor:
-    """``cells`` k-means centres of float32 ``points``: seeded start, fixed iterations, float64 sums in a fixed order."""
-    order = torch.randperm(points.shape[0], generator=torch.Generator().manual_seed(0))
-    points = points[order[: _KMEANS_POINTS_PER_CELL * cells]]  # a fixed subsample trains the centres
-    centres = points[:cells].clone()
-    data = points.double().numpy()
-    for _ in range(_KMEANS_ITERATIONS):
-        assign = _nearest_centre(points, centres).numpy()
-        order = np.argsort(assign, kind="stable")
-        sizes = np.bincount(assign, minlength=cells)
-        filled = np.flatnonzero(sizes)
-        sums = np.add.reduceat(data[order], (np.cumsum(sizes) - sizes)[filled], axis=0)
-        centres[torch.from_numpy(filled)] = torch.from_numpy(sums / sizes[filled, None]).float()
-    return centres
-
-
-def _nearest_centre(points: torch.Tensor, centres: torch.Tensor, chunk_size: int = 8192) -> torch.Tensor:
-    """The index of each point's nearest centre (float32; the lowest index among equals)."""
-    centre_norms = (centres * centres).sum(dim=1)
-    return torch.cat(
-        [(centre_norms[None, :] - 2 * block @ centres.T).argmin(dim=1) for block in points.split(chunk_size)]
-    )
 
 
 class HardClassPKBatchSampler(PKBatchSampler):
