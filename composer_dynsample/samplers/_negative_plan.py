@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from composer_dynsample.samplers._corpus_search import GUARDS, CorpusCandidates
 from composer_dynsample.validation import as_labels
 
 _DRAWS_PER_BLOCK = 4096  # random passages drawn at a time; a fixed size keeps the plan a pure function
@@ -101,6 +102,43 @@ class NegativePlanner:
         choices = np.flatnonzero(allowed)
         pair = int(choices[self.rng.integers(0, choices.size)])
         return int(self.positives[pair]), int(self.passage_texts[pair])
+
+
+def ordered_candidates(
+    snapshot: CorpusCandidates | None,
+    own: np.ndarray,
+    rng: np.random.Generator,
+    counts: dict[str, int],
+    pairs_per_batch: int,
+    width: int,
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """The anchors' kept candidates, each row in a random order with ``-1`` last, and the candidates they
+    must not take (examined and not kept; ``None`` before a snapshot).
+
+    Args:
+        snapshot (CorpusCandidates, optional): The candidate lists, ``None`` before the first snapshot.
+        own (numpy.ndarray): The pair of each anchor of the batches, batch after batch.
+        rng (numpy.random.Generator): The segment's random stream (``own.size x width`` draws).
+        counts (dict[str, int]): The plan's counts: the snapshot's guard counts over these anchors and
+            ``no_embedding`` are set.
+        pairs_per_batch (int): P.
+        width (int): ``skip_top + window``, the candidates each list holds.
+
+    Returns:
+        tuple[numpy.ndarray, numpy.ndarray | None]: Both ``(n, P, width)``, ``-1`` where empty.
+    """
+    shape = (own.size // pairs_per_batch, pairs_per_batch, width)
+    keys = rng.random((own.size, width))
+    if snapshot is None:
+        counts["no_embedding"] = int(own.size)
+        return np.full(shape, -1, dtype=np.int64), None
+    for name, total in zip(GUARDS, snapshot.dropped[own].sum(axis=0).tolist()):
+        counts[name] = int(total)
+    counts["no_embedding"] = int((~snapshot.searched[own]).sum())
+    ranked, kept = snapshot.ranked[own], snapshot.kept[own]
+    order = np.argsort(np.where(kept, keys, 2.0), axis=1, kind="stable")
+    ordered = np.take_along_axis(np.where(kept, ranked, -1), order, axis=1)
+    return ordered.reshape(shape), np.where(kept, -1, ranked).reshape(shape)
 
 
 #: row_array's wording of as_labels' shape errors: the rows of a sampler's per-pair arrays.

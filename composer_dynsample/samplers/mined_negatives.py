@@ -12,23 +12,30 @@ positive, no identical texts).
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
 import torch
 
+from composer_dynsample.samplers._background import BackgroundRefreshes
 from composer_dynsample.samplers._corpus_search import (
     GUARDS,
     CorpusCandidates,
+    check_corpus_search,
     corpus_candidates,
     dense_ids,
     pair_layout,
 )
-from composer_dynsample.samplers._negative_plan import NegativePlanner, row_array
+from composer_dynsample.samplers._negative_plan import (
+    NegativePlanner,
+    ordered_candidates,
+    row_array,
+)
+from composer_dynsample.samplers._refresh_schedule import RefreshSchedule
 from composer_dynsample.samplers.base import DistributedBatchSampler, epoch_rng
 from composer_dynsample.samplers.hard_class import HardClassPKBatchSampler
-from composer_dynsample.samplers.neighbours import check_max_relative_similarity, check_search
+from composer_dynsample.samplers.neighbours import check_max_relative_similarity
 from composer_dynsample.samplers.pk import PKBatchSampler
 from composer_dynsample.validation import check_float, check_int
 
@@ -39,7 +46,7 @@ PLAN_COUNTS = (*GUARDS, "in_batch", "random", "no_embedding")
 _SEGMENT_STREAM = 1 << 20  # the random stream of a refresh segment: 4 is the epoch's first
 
 
-class MinedNegativesPKBatchSampler(DistributedBatchSampler):
+class MinedNegativesPKBatchSampler(RefreshSchedule, DistributedBatchSampler):
     """P pairs per batch, as :class:`~composer_dynsample.PKBatchSampler` with K = 2, and each anchor's
     nearest passages of other pairs in the embedding table as its negatives.
 
@@ -76,8 +83,11 @@ class MinedNegativesPKBatchSampler(DistributedBatchSampler):
             Default: ``negatives_per_anchor`` (the hardest ones).
         max_relative_similarity (float, optional): Drop candidates more similar to the anchor than this
             times the anchor's similarity to its positive; ``None`` turns the guard off. Default: ``0.95``.
-        search (str): ``"exact"`` (torch), ``"faiss"`` (exact, the same lists) or ``"faiss_ivf"``
-            (approximate, for large corpora); the faiss ones need the ``faiss`` extra. Default: ``"exact"``.
+        search (str): ``"exact"`` (torch), ``"ivf"`` (the project's own approximate inverted-file search
+            in torch, for large corpora: about 23 s for 1,000,000 pairs on 2 threads, window recall
+            about 0.95), ``"auto"`` (exact up to 50,000 passages, ``"ivf"`` above), ``"faiss"`` (exact,
+            the same lists as ``"exact"``) or ``"faiss_ivf"`` (approximate); the faiss ones need the
+            ``faiss`` extra. Default: ``"exact"``.
         hard_fraction (float): The pairs of a batch as :class:`~composer_dynsample.samplers.HardClassPKBatchSampler`
             builds them with K = 2, each pair's centroid the mean of its anchor's and positive's unit rows
             in the snapshot (TAS-B's batches of similar queries, refreshed by the current model): this
@@ -98,6 +108,17 @@ class MinedNegativesPKBatchSampler(DistributedBatchSampler):
             same step and a resume with the same configuration searches again what the interrupted run
             searched; the snapshots already taken in an epoch are in :meth:`state_dict`. Default: ``None``
             (at epoch starts only).
+        refresh_in_background (bool): Needs ``refresh_every``. Every search but the run's first snapshot
+            (searched inline: nothing is in force yet) runs beside training, in a daemon thread, on a copy
+            of the rows taken when it starts, and applies one segment later: a search started at the
+            epoch's batch ``k * refresh_every`` (``k >= 1``, or ``k = 0`` for the snapshot handed over at the
+            epoch start) applies from batch ``(k + 1) * refresh_every``, where the iteration waits for a
+            late one (an error in it is raised there, naming the refresh); one whose batch is past the
+            epoch's end is not started. Until then batches take the newest snapshot in force (an epoch's
+            first segment: the previous epoch's last). The batches stay a pure function of ``(seed,
+            epoch, the rows at those points)``; :meth:`state_dict` waits for the searches running and
+            keeps them, so a resume neither searches them again nor changes a batch. ``hard_fraction``'s
+            pair centroids still change at the epoch start. Default: ``False``.
         num_replicas, rank, seed, drop_last: As for :class:`~composer_dynsample.PKBatchSampler`.
 
     Example:
@@ -128,6 +149,7 @@ class MinedNegativesPKBatchSampler(DistributedBatchSampler):
         hard_fraction: float = 0.0,
         max_snapshots: int | None = None,
         refresh_every: int | None = None,
+        refresh_in_background: bool = False,
         num_replicas: int | None = None,
         rank: int | None = None,
         seed: int = 0,
@@ -146,8 +168,11 @@ class MinedNegativesPKBatchSampler(DistributedBatchSampler):
             "window", negatives_per_anchor if window is None else window, minimum=self.negatives_per_anchor
         )
         self.max_relative_similarity = check_max_relative_similarity(max_relative_similarity)
-        self.search = check_search(search)
-        self._set_snapshot_schedule(max_snapshots, refresh_every)
+        self.search = check_corpus_search(search)
+        #: Where the exact and ``"ivf"`` searches run (``None``: the CPU); ``EmbeddingTable`` sets the model's
+        #: CUDA device when the model is on one. The float64 ranking and the guards stay on the CPU.
+        self.search_device: torch.device | str | None = None
+        self._set_snapshot_schedule(max_snapshots, refresh_every, refresh_in_background)
         group = 2 + self.negatives_per_anchor
         super().__init__(
             self.labels.size,
@@ -169,17 +194,6 @@ class MinedNegativesPKBatchSampler(DistributedBatchSampler):
         self._cached: dict[tuple[int, int, int], tuple[np.ndarray, dict[str, int]]] = {}
         self.last_skipped: dict[str, int] = dict.fromkeys(GUARDS, 0)
         self._check_enough_batches()
-
-    def _set_snapshot_schedule(self, max_snapshots: int | None, refresh_every: int | None) -> None:
-        """Check and set when snapshots are taken (``max_snapshots``, ``refresh_every``), none taken yet."""
-        self.max_snapshots = check_int("max_snapshots", max_snapshots, minimum=1, allow_none=True)
-        self._snapshots_taken = 0  # snapshots handed over and searched, pending ones included
-        self.refresh_every = check_int("refresh_every", refresh_every, minimum=1, allow_none=True)
-        #: ``() -> (rows, valid)`` for a refresh within an epoch; set by ``EmbeddingTable``.
-        self.snapshot_source: Callable[[], tuple[torch.Tensor, torch.Tensor | None] | None] | None = None
-        # The refreshes of the newest epoch that had any: {epoch: {segment: snapshot}}.
-        self._segments: dict[int, dict[int, CorpusCandidates]] = {}
-        self._refresh_digest = ""  # a hash chain over every refresh taken: in the snapshot fingerprint
 
     def _pair_sampler(self, seed: int) -> PKBatchSampler:
         """The sampler of the batches' pairs, over every rank (this sampler shards the batches): P x K with
@@ -241,7 +255,9 @@ class MinedNegativesPKBatchSampler(DistributedBatchSampler):
 
         The name is :class:`~composer_dynsample.EmbeddingTable`'s protocol for samplers that take the
         rows themselves; what each guard dropped over all anchors is left in ``last_skipped``. Once
-        ``max_snapshots`` were taken, the call does nothing (``last_skipped`` all zero).
+        ``max_snapshots`` were taken, the call does nothing (``last_skipped`` all zero). With
+        ``refresh_in_background`` and a snapshot in force, the search runs beside the next epoch's first
+        segment and ``last_skipped`` is set when the epoch's batch ``refresh_every`` joins it.
         """
         if (
             not isinstance(embeddings, torch.Tensor)
@@ -257,16 +273,15 @@ class MinedNegativesPKBatchSampler(DistributedBatchSampler):
         if self._capped():
             self.last_skipped = dict.fromkeys(GUARDS, 0)
             return
-        self._snapshots_taken += 1
-        self._pending = self._search(embeddings, valid)
-        if isinstance(self._pair_batches, HardClassPKBatchSampler):
+        if self.refresh_in_background and self._in_force():
+            self._hand_over(embeddings, valid)  # searched beside the next epoch's first segment
+        else:
+            self._snapshots_taken += 1
+            self._pending = self._search(embeddings, valid)
+            totals = self._pending.dropped.sum(axis=0).tolist()
+            self.last_skipped = {name: int(count) for name, count in zip(GUARDS, totals)}
+        if isinstance(self._pair_batches, HardClassPKBatchSampler):  # the next epoch's pairs
             self._pair_batches.update_class_embeddings(*self._pair_centroids(embeddings, valid))
-        totals = self._pending.dropped.sum(axis=0).tolist()
-        self.last_skipped = {name: int(count) for name, count in zip(GUARDS, totals)}
-
-    def _capped(self) -> bool:
-        """Whether ``max_snapshots`` were taken: no further search, at an epoch start or within one."""
-        return self.max_snapshots is not None and self._snapshots_taken >= self.max_snapshots
 
     def _search(self, embeddings: torch.Tensor, valid: torch.Tensor | None) -> CorpusCandidates:
         return corpus_candidates(
@@ -279,6 +294,7 @@ class MinedNegativesPKBatchSampler(DistributedBatchSampler):
             duplicate_ids=self.duplicate_ids,
             valid=valid,
             search=self.search,
+            device=self.search_device,
         )
 
     def _pair_centroids(
@@ -297,40 +313,19 @@ class MinedNegativesPKBatchSampler(DistributedBatchSampler):
         return sums / counts.clamp(min=1).unsqueeze(1), counts
 
     def set_epoch(self, epoch: int) -> None:
-        """Set the epoch; a snapshot handed over since the last call applies from this epoch on."""
+        """Set the epoch; a snapshot handed over since the last call applies from this epoch on (with
+        ``refresh_in_background``, from the epoch's batch ``refresh_every`` on)."""
         super().set_epoch(epoch)
         self._pair_batches.set_epoch(epoch)
         if self._pending is not None:
             self._activate(self._pending)
             self._pending = None
+        if self.refresh_in_background:
+            self._roll_forward(epoch)
 
     def _activate(self, snapshot: CorpusCandidates | None) -> None:
         self._snapshot = snapshot
         self._segments, self._cached = {}, {}
-
-    @property
-    def refreshes(self) -> int:
-        """Refreshes within the current epoch so far (``refresh_every``)."""
-        return len(self._segments.get(self.epoch, {}))
-
-    def _refresh(self, segment: int) -> None:
-        """Search the source's rows for the epoch's ``segment`` (once: a resumed epoch keeps its own)."""
-        if self.snapshot_source is None or self.epoch < max(self._segments, default=-1):
-            return  # an earlier epoch iterated again (Composer spins them on resume): no search
-        if segment in self._segments.get(self.epoch, {}):
-            return
-        if self._capped():
-            return
-        found = self.snapshot_source()
-        if found is None:
-            return
-        self._snapshots_taken += 1
-        searched = self._search(*found)
-        self._segments = {self.epoch: {**self._segments.get(self.epoch, {}), segment: searched}}
-        digest = hashlib.sha256(f"{self._refresh_digest}:{self.epoch}:{segment}".encode())
-        for array in (searched.ranked, searched.kept, searched.searched):
-            digest.update(np.ascontiguousarray(array).tobytes())
-        self._refresh_digest = digest.hexdigest()
 
     def __iter__(self) -> Iterator[list[int]]:  # type: ignore[override]
         if self.refresh_every is None:
@@ -338,9 +333,29 @@ class MinedNegativesPKBatchSampler(DistributedBatchSampler):
             return
         per_rank = len(self)
         for start in range(0, per_rank, self.refresh_every):
-            if start:
+            if start and self.refresh_in_background:
+                self._boundary(start // self.refresh_every, per_rank)
+            elif start:
                 self._refresh(start // self.refresh_every)
-            yield from self.rank_batches()[start : start + self.refresh_every].tolist()
+            yield from self._rank_segment(start // self.refresh_every, per_rank).tolist()
+
+    def _rank_segment(self, segment: int, per_rank: int) -> np.ndarray:
+        """This rank's batches ``segment x refresh_every`` onwards, ``refresh_every`` of them (fewer at the end):
+        the rows :meth:`rank_batches` holds there, with only the negatives of the segments they come from
+        built (a refresh rebuilds none of the epoch's later segments, which a later refresh replaces)."""
+        step = (self.refresh_every or 0) * self.num_replicas
+        pairs = self._pair_batches.global_batches(self.epoch)
+        at = np.arange(
+            segment * (self.refresh_every or 0), min((segment + 1) * (self.refresh_every or 0), per_rank)
+        )
+        rows = (at * self.num_replicas + self.rank) % pairs.shape[0]  # the padding wraps to the epoch's start
+        negatives = np.empty((rows.size, self.pairs_per_batch * self.negatives_per_anchor), dtype=np.int64)
+        for source in np.unique(rows // step).tolist():
+            chosen = rows // step == source
+            negatives[chosen] = self._segment_negatives(self.epoch, source, pairs, step)[0][
+                rows[chosen] - source * step
+            ]
+        return np.concatenate([pairs[rows], negatives], axis=1)
 
     def resume_epoch(self, epoch: int, global_batches_done: int, batches_to_skip: int) -> None:
         """As for :class:`~composer_dynsample.samplers.DistributedBatchSampler`; refused with
@@ -367,9 +382,12 @@ class MinedNegativesPKBatchSampler(DistributedBatchSampler):
         return digest.hexdigest()
 
     def state_dict(self) -> dict[str, Any]:
-        """The epoch and the candidate lists its batches are built from, for an exact resume."""
+        """The epoch and the candidate lists its batches are built from, for an exact resume; the searches
+        running beside training (``refresh_in_background``) are waited for and kept."""
+        self._join_background()
         return {
             "epoch": self.epoch,
+            "handover": self._background.handover_state(),
             "snapshot": _as_dict(self._snapshot),
             "pending": _as_dict(self._pending),
             "snapshots_taken": self._snapshots_taken,
@@ -399,6 +417,7 @@ class MinedNegativesPKBatchSampler(DistributedBatchSampler):
             int(epoch): {int(segment): CorpusCandidates(**found) for segment, found in by_segment.items()}
             for epoch, by_segment in (state.get("segments") or {}).items()
         }
+        self._background = BackgroundRefreshes(state.get("handover"))  # searches running here are dropped
         if state.get("pair_batches") is not None and isinstance(self._pair_batches, HardClassPKBatchSampler):
             self._pair_batches.load_state_dict(state["pair_batches"])
 
@@ -422,25 +441,33 @@ class MinedNegativesPKBatchSampler(DistributedBatchSampler):
         n = pairs.shape[0]
         step = n if self.refresh_every is None else self.refresh_every * self.num_replicas
         parts, counts = [], dict.fromkeys(PLAN_COUNTS, 0)
-        refreshed = self._segments.get(int(epoch), {})
-        if any(key[0] != epoch for key in self._cached):
-            self._cached = {}  # one epoch's segments at a time
-        for segment, start in enumerate(range(0, n, step)):
-            source = max((s for s in refreshed if s <= segment), default=-1)  # -1: the epoch's snapshot
-            key = (int(epoch), segment, source)
-            if key not in self._cached:
-                snapshot = self._snapshot if source < 0 else refreshed[source]
-                stream = 4 if segment == 0 else _SEGMENT_STREAM + segment
-                self._cached[key] = self._build(
-                    pairs[start : start + step], snapshot, epoch_rng(self.seed, epoch, stream)
-                )
-            negatives, part_counts = self._cached[key]
+        for segment in range(-(-n // step)):
+            negatives, part_counts = self._segment_negatives(epoch, segment, pairs, step)
             parts.append(negatives)
             for name, value in part_counts.items():
                 counts[name] += value
         batches = np.concatenate([pairs, np.concatenate(parts)], axis=1)
         batches.flags.writeable = False
         return batches, counts
+
+    def _segment_negatives(
+        self, epoch: int, segment: int, pairs: np.ndarray, step: int
+    ) -> tuple[np.ndarray, dict[str, int]]:
+        """The negatives of the epoch's global batches ``segment x step`` onwards (``step`` of them) and their
+        counts, from the snapshot in force there, built once per (epoch, segment, snapshot)."""
+        refreshed = self._segments.get(int(epoch), {})
+        if any(key[0] != epoch for key in self._cached):
+            self._cached = {}  # one epoch's segments at a time
+        source = max((s for s in refreshed if s <= segment), default=-1)  # -1: the epoch's snapshot
+        key = (int(epoch), segment, source)
+        if key not in self._cached:
+            snapshot = self._snapshot if source < 0 else refreshed[source]
+            stream = 4 if segment == 0 else _SEGMENT_STREAM + segment
+            start = segment * step
+            self._cached[key] = self._build(
+                pairs[start : start + step], snapshot, epoch_rng(self.seed, epoch, stream)
+            )
+        return self._cached[key]
 
     def _build(
         self, pairs: np.ndarray, snapshot: CorpusCandidates | None, rng: np.random.Generator
@@ -452,7 +479,8 @@ class MinedNegativesPKBatchSampler(DistributedBatchSampler):
         anchor_rows = np.where(first_is_anchor, chunks[:, :, 0], chunks[:, :, 1]).reshape(-1)
         own = self._pair_of[anchor_rows]
         counts = dict.fromkeys(PLAN_COUNTS, 0)
-        ordered, forbidden = self._ordered_candidates(own, rng, counts, snapshot)
+        width = self.skip_top + self.window
+        ordered, forbidden = ordered_candidates(snapshot, own, rng, counts, self.pairs_per_batch, width)
         planner = NegativePlanner(
             self._texts, self._positives, self._texts[self._anchors], self.negatives_per_anchor, rng
         )
@@ -465,30 +493,6 @@ class MinedNegativesPKBatchSampler(DistributedBatchSampler):
         counts["in_batch"], counts["random"] = planner.in_batch, planner.random
         negatives.flags.writeable = False  # cached: shared by every caller of this epoch's plan
         return negatives, counts
-
-    def _ordered_candidates(
-        self,
-        own: np.ndarray,
-        rng: np.random.Generator,
-        counts: dict[str, int],
-        snapshot: CorpusCandidates | None,
-    ) -> tuple[np.ndarray, np.ndarray | None]:
-        """The epoch's anchors' kept candidates, each row in a random order with ``-1`` last, and the
-        candidates they must not take (examined and not kept; ``None`` before a snapshot), both ``(n, P,
-        skip_top + window)``; the snapshot's guard counts over these anchors are added to ``counts``."""
-        width = self.skip_top + self.window
-        shape = (own.size // self.pairs_per_batch, self.pairs_per_batch, width)
-        keys = rng.random((own.size, width))
-        if snapshot is None:
-            counts["no_embedding"] = int(own.size)
-            return np.full(shape, -1, dtype=np.int64), None
-        for name, total in zip(GUARDS, snapshot.dropped[own].sum(axis=0).tolist()):
-            counts[name] = int(total)
-        counts["no_embedding"] = int((~snapshot.searched[own]).sum())
-        ranked, kept = snapshot.ranked[own], snapshot.kept[own]
-        order = np.argsort(np.where(kept, keys, 2.0), axis=1, kind="stable")
-        ordered = np.take_along_axis(np.where(kept, ranked, -1), order, axis=1)
-        return ordered.reshape(shape), np.where(kept, -1, ranked).reshape(shape)
 
 
 def _as_dict(found: CorpusCandidates | None) -> dict[str, np.ndarray] | None:

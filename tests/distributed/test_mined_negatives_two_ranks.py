@@ -82,20 +82,32 @@ def test_ranks_with_different_snapshots_are_caught():
         trainer_for(batches, []).fit()
 
 
-def test_refreshes_within_epochs_stay_identical_on_both_ranks_and_resume_exactly():
+@pytest.mark.parametrize(
+    ("background", "every", "refreshes"),
+    # Inline: refreshes at batches 4 and 8 of the last epoch. In the background, every 3 batches: the
+    # epoch start's search applies from batch 3, those started at batches 3 and 6 from 6 and 9.
+    [(False, 4, 2), (True, 3, 3)],
+    ids=["inline", "background"],
+)
+def test_refreshes_within_epochs_stay_identical_on_both_ranks_and_resume_exactly(
+    background, every, refreshes
+):
     folder = shared_tmp_dir()
-    # 96 pairs, 4 a batch: 12 batches a rank and epoch, a refresh every 4 of them.
-    batches, seen = sampler(refresh_every=4, max_relative_similarity=None), {}
+    # 96 pairs, 4 a batch: 12 batches a rank and epoch.
+    options = {"refresh_every": every, "refresh_in_background": background, "max_relative_similarity": None}
+    batches, seen = sampler(**options), {}
     table = EmbeddingTable()
-    options = {"save_folder": str(folder), "save_interval": "18ba"}
-    trainer_for(batches, [HardNegativeMining("semi_hard"), table], seen, **options).fit()
-    assert batches.refreshes == 2  # at batches 4 and 8 of the last epoch
+    trainer_options = {"save_folder": str(folder), "save_interval": "18ba"}
+    trainer_for(batches, [HardNegativeMining("semi_hard"), table], seen, **trainer_options).fit()
+    assert batches.refreshes == refreshes
     mine = (batches.snapshot_fingerprint(), table.fingerprint(), [r["sampler"] for r in table.history])
     every_rank = dist.all_gather_object(mine)
     assert every_rank[0] == every_rank[1]
-    # Batch 18 is epoch 1, batch 6: after that epoch's first refresh, before its second.
-    resumed, resumed_seen = sampler(refresh_every=4, max_relative_similarity=None), {}
-    options = {"load_path": str(folder / "ep1-ba18-rank{rank}.pt")}
-    trainer_for(resumed, [HardNegativeMining("semi_hard"), EmbeddingTable()], resumed_seen, **options).fit()
+    # Batch 18 is epoch 1, batch 6: inline after that epoch's first refresh, before its second; in the
+    # background with the search started at batch 3 not joined yet.
+    resumed, resumed_seen = sampler(**options), {}
+    trainer_options = {"load_path": str(folder / "ep1-ba18-rank{rank}.pt")}
+    algorithms = [HardNegativeMining("semi_hard"), EmbeddingTable()]
+    trainer_for(resumed, algorithms, resumed_seen, **trainer_options).fit()
     assert resumed_seen["batches"] == [item for item in seen["batches"] if item[0] >= 18]
     assert resumed.snapshot_fingerprint() == batches.snapshot_fingerprint()

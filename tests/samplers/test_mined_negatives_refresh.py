@@ -87,7 +87,7 @@ def test_an_elastic_resume_is_refused_with_refreshes():
 
 
 # -------------------------------------------------------------------------- through the Trainer
-def make_run(num_workers=0, **kwargs):
+def make_run(num_workers=0, refresh_in_background=False, **kwargs):
     """48 pairs, 4 pairs x (2 + 2 negatives) a batch, 12 batches an epoch, a refresh every 3 batches."""
     from composer import Trainer
     from composer.core import Callback
@@ -109,6 +109,7 @@ def make_run(num_workers=0, **kwargs):
         window=4,
         max_relative_similarity=None,
         refresh_every=3,
+        refresh_in_background=refresh_in_background,
         seed=3,
     )
     table = EmbeddingTable()
@@ -170,3 +171,44 @@ def test_refreshes_follow_the_loader_and_a_mid_epoch_resume_trains_the_same_batc
     assert resumed.in_order() == full.in_order()[16:]
     assert resumed_sampler.snapshot_fingerprint() == sampler.snapshot_fingerprint()
     assert resumed_at == [step for step in expected if step >= 15]
+
+
+@pytest.mark.parametrize("drop_last", [True, False])
+def test_a_refresh_builds_only_the_segments_the_iteration_reaches(drop_last, monkeypatch):
+    """Each segment's negatives are built once, from the snapshot in force there, never for segments a
+    later refresh replaces (at 1,000,000 pairs the whole epoch's plan takes seconds: rebuilt at every
+    refresh, it stalled the iteration quadratically). On 3 ranks, padded or not, the batches are
+    ``rank_batches``'."""
+    labels, is_passage, texts, first = pairs_data(62, 3)
+    built = []
+    build = MinedNegativesPKBatchSampler._build
+    monkeypatch.setattr(
+        MinedNegativesPKBatchSampler,
+        "_build",
+        lambda self, pairs, *rest: built.append(len(pairs)) or build(self, pairs, *rest),
+    )
+    for rank in range(3):
+        sampler = sampler_for(
+            labels,
+            is_passage,
+            texts,
+            3,
+            2,
+            window=4,
+            refresh_every=2,
+            num_replicas=3,
+            rank=rank,
+            drop_last=drop_last,
+        )
+        sampler.snapshot_source = lambda: (
+            torch.randn(124, 4, generator=torch.Generator().manual_seed(len(built))),
+            None,
+        )
+        sampler.update_neighbours(first)
+        sampler.set_epoch(1)
+        built.clear()
+        yielded = np.asarray(list(sampler))
+        segments = -(-len(sampler) // 2)
+        # One build per segment reached (a padded rank's last batch wraps to segment 0, built already).
+        assert segments - 1 <= len(built) <= segments and sum(built) <= 3 * 2 * segments, built
+        assert np.array_equal(yielded, sampler.rank_batches(1)) and sampler.refreshes == segments - 1

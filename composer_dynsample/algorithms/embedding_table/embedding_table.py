@@ -338,6 +338,7 @@ class EmbeddingTable(Algorithm):
             self._sampler.snapshot_source = (
                 self._snapshot_rows
             )  # refreshes within an epoch read the live table
+        _search_on_the_model_device(self._sampler, state.model)
         if self._sampler is not None and self._saved_sampler_state is not None:
             self._sampler.load_state_dict(self._saved_sampler_state)  # the interrupted epoch's centroids
             self._saved_sampler_state = None
@@ -486,3 +487,13 @@ def _size_mismatch(rows: int, items: int | None) -> CheckpointError:
         f"the checkpoint's embedding table has {rows} rows, this run's training set {items}; resume with "
         "the same data."
     )
+
+
+def _search_on_the_model_device(sampler: Any, model: torch.nn.Module) -> None:
+    """Run a sampler's corpus search (``search_device``) on the model's device when that is a CUDA device
+    and the sampler was given none: the GPU that trains also searches."""
+    if sampler is None or not hasattr(sampler, "search_device") or sampler.search_device is not None:
+        return
+    parameter = next(model.parameters(), None)
+    if parameter is not None and parameter.device.type == "cuda":
+        sampler.search_device = parameter.device
