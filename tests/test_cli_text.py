@@ -230,8 +230,20 @@ def test_embed_holds_at_most_the_gallery_batch_size_in_a_forward_pass(run, tmp_p
     folder, config, _ = run
     seen, forward = [], BagOfTokensEncoder.forward
     monkeypatch.setattr(
-        BagOfTokensEncoder, "forward", lambda self, features: seen.append(len(out := forward(self, features))) or out
+        BagOfTokensEncoder,
+        "forward",
+        lambda self, features: seen.append(len(out := forward(self, features))) or out,
     )
     checkpoint = latest_checkpoint(folder / "run")
-    main(["embed", config, "--checkpoint", checkpoint, "evaluation.gallery_batch_size=5", "--out", str(tmp_path / "e")])
+    main(
+        [
+            "embed",
+            config,
+            "--checkpoint",
+            checkpoint,
+            "evaluation.gallery_batch_size=5",
+            "--out",
+            str(tmp_path / "e"),
+        ]
+    )
     assert np.load(tmp_path / "e.npz")["embeddings"].shape[0] == sum(seen) == 24 and max(seen) == 5, seen

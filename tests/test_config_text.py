@@ -213,7 +213,9 @@ def test_the_final_evaluation_embeds_in_the_evaluation_batch_sizes(tmp_path, dat
     result, embeddings = evaluate_run(run)
     queries = embeddings.shape[0]
     assert max(seen) == 5 and 3 in seen and sum(seen) == 2 * queries, seen
-    whole, _ = final_metrics(run.model, run.splits, [1, 5], "cosine", batch_size=10**4, gallery_batch_size=10**4)
+    whole, _ = final_metrics(
+        run.model, run.splits, [1, 5], "cosine", batch_size=10**4, gallery_batch_size=10**4
+    )
     assert result == pytest.approx(whole, abs=1e-6)
 
 

@@ -227,7 +227,10 @@ def build_scheduler(cfg: DictConfig) -> Any | None:
 
 
 def _set_entries(
-    path: str, values: Mapping[str, Any], registry: Mapping[str, Any], supplied: Mapping[str, Any] | None = None
+    path: str,
+    values: Mapping[str, Any],
+    registry: Mapping[str, Any],
+    supplied: Mapping[str, Any] | None = None,
 ) -> list[tuple[str, Registered, dict[str, Any]]]:
     """Resolve and check every entry of a ``{label: keys}`` section; null entries are off."""
     entries = []
@@ -248,7 +251,10 @@ def _set_entries(
 
 
 def _build_set(
-    path: str, values: Mapping[str, Any], registry: Mapping[str, Any], supplied: Mapping[str, Any] | None = None
+    path: str,
+    values: Mapping[str, Any],
+    registry: Mapping[str, Any],
+    supplied: Mapping[str, Any] | None = None,
 ) -> list[Any]:
     """Build every entry of a ``{label: keys}`` section; null entries are off."""
     return [
