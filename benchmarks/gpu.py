@@ -1,6 +1,6 @@
 """What has a CUDA path in this package, run on a GPU: equal to the CPU, and how fast?
 
-Five checks, each independent (one that fails records its error and the others still run):
+Six checks, each independent (one that fails records its error and the others still run):
 
 1. ``miners``: every miner of :mod:`composer_dynsample.mining` on the same clustered, L2-normalised
    float32 embeddings (D = 128, 16 per class) on the CPU and on CUDA, compared as sorted sets of tuples
@@ -30,6 +30,9 @@ Five checks, each independent (one that fails records its error and the others s
    ``batch_hard`` against it and taking a cross-rank :class:`~composer_dynsample.InfoNCELoss` step
    (``global_mean=True``): the averaged gradient must equal one process's on the concatenated batch
    with the same tuples; the median step time is recorded.
+6. ``corpus_search``: mined corpus negatives searched on the GPU (``_gpu_corpus.py``): every anchor of
+   1,000,000 pairs exactly and with the own IVF, against the CPU's exact search of 2,000 anchors (equal
+   lists, window recall), with the seconds of each.
 
 Without CUDA every check is skipped with its reason, the results go to ``gpu_cpu_only.*`` (never over a
 GPU machine's ``gpu.*``) and the exit status is 0. On CUDA the exit status is 1 when a check failed.
@@ -55,11 +58,12 @@ import torch
 from _common import machine_info, markdown_table, time_interleaved, write_results
 from _common import parser as make_parser
 from _cuda import one_line, synchronize
+from _gpu_corpus import check_corpus_search
 from _gpu_miners import check_miners, miners_tables
 from _gpu_ranks import check_nccl
 
 ROOT = Path(__file__).resolve().parent.parent
-CHECKS = ("miners", "training", "pin_memory", "transformer", "nccl")
+CHECKS = ("miners", "training", "pin_memory", "transformer", "nccl", "corpus_search")
 NO_CUDA = "CUDA is not available (torch.cuda.is_available() is False)"
 WHY_CUDA = {
     "miners": "no CUDA miners to compare with the CPU ones",
@@ -67,6 +71,7 @@ WHY_CUDA = {
     "pin_memory": "pinned memory only speeds up copies to a CUDA device",
     "transformer": "the fp32 vs bf16 autocast step rate and peak memory are measured on a CUDA device",
     "nccl": "NCCL needs 2 CUDA devices",
+    "corpus_search": "the corpus search of mined negatives is timed on a CUDA device",
 }
 PRECISIONS = ("fp32", "amp_fp16", "amp_bf16")
 
@@ -346,6 +351,7 @@ def check_runners(quick: bool, device: torch.device | None = None) -> dict[str, 
             "pin_memory": lambda: check_pin_memory(device, rows=1024, image=32, batch=256, rounds=2),
             "transformer": lambda: check_transformer(device, 2, 128, batch=32, length=32, steps=2, rounds=2),
             "nccl": lambda: check_nccl(batch=128, steps=3),
+            "corpus_search": lambda: check_corpus_search(device, pairs=20_000, anchors=500),
         }
     return {
         "miners": lambda: check_miners(device, (1024, 4096), 1024, budget_s=2.0),
@@ -353,6 +359,7 @@ def check_runners(quick: bool, device: torch.device | None = None) -> dict[str, 
         "pin_memory": lambda: check_pin_memory(device, rows=16384, image=64, batch=512, rounds=5),
         "transformer": lambda: check_transformer(device, 4, 256, batch=128, length=128, steps=10, rounds=5),
         "nccl": lambda: check_nccl(batch=1024, steps=20),
+        "corpus_search": lambda: check_corpus_search(device, pairs=1_000_000),
     }
 
 

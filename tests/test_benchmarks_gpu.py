@@ -240,3 +240,11 @@ def test_a_check_that_raises_is_recorded_and_the_others_still_run(tmp_path: Path
     assert (tmp_path / "gpu_quick.json").exists() and not (tmp_path / "gpu_cpu_only_quick.json").exists()
     assert "| miners | error | RuntimeError: CUDA error" in table
     assert json.loads((tmp_path / "gpu_quick.json").read_text())["checks"]["nccl"]["status"] == "skipped"
+
+
+def test_the_corpus_search_check_passes_with_the_cpu_standing_in_for_the_gpu() -> None:
+    corpus = _benchmark_module("_gpu_corpus")
+    result = corpus.check_corpus_search(CPU, pairs=3_000, anchors=300)
+    assert result["status"] == "passed", result
+    exact, ivf = result["rows"][:2]
+    assert exact["equal_to_cpu"] and exact["window_recall"] == 1.0 and ivf["window_recall"] >= 0.9
