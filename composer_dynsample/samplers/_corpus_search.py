@@ -41,7 +41,9 @@ _IVF_PROBES = 32  # faiss IVF cells searched per query, of about sqrt(N)
 #: Valid values of ``search`` for :func:`corpus_candidates` (and the mined-negatives sampler).
 CORPUS_SEARCHES = ("auto", "exact", "ivf", "faiss", "faiss_ivf")
 _FAISS_SEARCHES = ("faiss", "faiss_ivf")
-# Up to this many passages with an embedding, ``search="auto"`` is exact: MEASURED_AUTO
+# Up to this many passages with an embedding, ``search="auto"`` is exact, above it the own IVF (which
+# needs no faiss). benchmarks/corpus_negatives.py, 2 threads: at 10,000 pairs both refresh in under a
+# second; at 100,000 exact takes 57 s against 2.9 s (window recall 0.96); at 1,000,000 the IVF 27 s.
 EXACT_SEARCH_MAX_PASSAGES = 50_000
 _IVF_QUERIES = 1 << 17  # anchors per scan of the own IVF: about 100 MiB of queries and running top-k
 _RERANK_ANCHORS = 256  # anchors per float64 rerank: their candidate rows stay in a core's cache

@@ -84,10 +84,10 @@ class MinedNegativesPKBatchSampler(RefreshSchedule, DistributedBatchSampler):
         max_relative_similarity (float, optional): Drop candidates more similar to the anchor than this
             times the anchor's similarity to its positive; ``None`` turns the guard off. Default: ``0.95``.
         search (str): ``"exact"`` (torch), ``"ivf"`` (the project's own approximate inverted-file search
-            in torch, for large corpora: about 23 s for 1,000,000 pairs on 2 threads, window recall
-            about 0.95), ``"auto"`` (exact up to 50,000 passages, ``"ivf"`` above), ``"faiss"`` (exact,
-            the same lists as ``"exact"``) or ``"faiss_ivf"`` (approximate); the faiss ones need the
-            ``faiss`` extra. Default: ``"exact"``.
+            in torch, for large corpora: 1,000,000 pairs at D = 128 in about 21 s on 2 threads, window
+            recall about 0.95), ``"auto"`` (exact up to 50,000 passages, ``"ivf"`` above), ``"faiss"``
+            (exact, the same lists as ``"exact"``) or ``"faiss_ivf"`` (approximate); the faiss ones need
+            the ``faiss`` extra. Default: ``"exact"``.
         hard_fraction (float): The pairs of a batch as :class:`~composer_dynsample.samplers.HardClassPKBatchSampler`
             builds them with K = 2, each pair's centroid the mean of its anchor's and positive's unit rows
             in the snapshot (TAS-B's batches of similar queries, refreshed by the current model): this
