@@ -1,10 +1,8 @@
-"""Lazy module attributes (PEP 562): re-exports imported from their module on first use, and names that
-moved elsewhere, still readable from their old module with a deprecation warning."""
+"""Lazy module attributes (PEP 562): re-exports imported from their module on first use."""
 
 from __future__ import annotations
 
 import importlib
-import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -46,32 +44,3 @@ def lazy_exports(
         return sorted({*namespace, *owner} - {"__getattr__", "__dir__"})
 
     return __getattr__, __dir__
-
-
-def moved_names(old_module: str, moved: Mapping[str, str]) -> Callable[[str], Any]:
-    """``__getattr__`` for a module whose names ``{name: new module}`` moved: each still reads, with a
-    ``DeprecationWarning`` naming its new home; any other name raises ``AttributeError``.
-
-    Example:
-        >>> import warnings
-        >>> getattr_ = moved_names("old", {"dumps": "json"})
-        >>> with warnings.catch_warnings(record=True) as caught:
-        ...     warnings.simplefilter("always")
-        ...     getattr_("dumps")([1])
-        '[1]'
-        >>> str(caught[0].message)
-        'old.dumps moved to json.dumps; the old name goes away in the next release.'
-    """
-
-    def __getattr__(name: str) -> Any:
-        module = moved.get(name)
-        if module is None:
-            raise AttributeError(f"module {old_module!r} has no attribute {name!r}")
-        warnings.warn(
-            f"{old_module}.{name} moved to {module}.{name}; the old name goes away in the next release.",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return getattr(importlib.import_module(module), name)
-
-    return __getattr__

@@ -11,7 +11,6 @@ import torch
 from composer.core import Callback, State, get_precision_context
 from composer.loggers import Logger
 
-from composer_dynsample._lazy import moved_names
 from composer_dynsample.data.store import TensorStore
 from composer_dynsample.data.text_store import TextStore
 from composer_dynsample.distributed import broadcast_buffers
@@ -20,12 +19,6 @@ from composer_dynsample.models.embed import embed_store as _embed_store
 from composer_dynsample.models.embed import store_labels as _store_labels
 
 __all__ = ["RetrievalGallery"]
-
-
-# embed_store and store_labels moved to composer_dynsample.models.embed.
-__getattr__ = moved_names(
-    __name__, dict.fromkeys(("embed_store", "store_labels"), "composer_dynsample.models.embed")
-)
 
 
 class RetrievalGallery(Callback):

@@ -167,12 +167,3 @@ def test_the_model_reads_dicts_and_sequences_alike():
     expected = model.embed(FEATURES)
     for batch in ({"x": FEATURES, "y": LABELS}, (FEATURES, LABELS), [FEATURES, LABELS, "extra"]):
         assert torch.equal(model(batch), expected)
-
-
-def test_the_old_private_path_still_reads_with_a_deprecation_warning():
-    from composer_dynsample import batches
-    from composer_dynsample.algorithms import _batch
-    from tests.moved_names import assert_moved, assert_no_such_name
-
-    assert_moved([(_batch, batches, name) for name in ("batch_rows", "batch_tensor", "find_in_batch")])
-    assert_no_such_name(_batch)

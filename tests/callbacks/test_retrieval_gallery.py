@@ -9,7 +9,6 @@ import torch
 from composer_dynsample import EmbeddingModel
 from composer_dynsample.data import TensorStore
 from composer_dynsample.models.embed import embed_store
-from tests.moved_names import assert_moved, assert_no_such_name
 
 
 def test_embed_store_checks_batch_size_and_takes_numpy_integers():
@@ -32,18 +31,3 @@ def test_embed_store_gives_every_submodule_its_own_mode_back():
     encoder[1].eval()
     embed_store(model, TensorStore(torch.randn(6, 4), torch.arange(6) % 2))
     assert model.training and encoder[0].training and not encoder[1].training
-
-
-def test_the_old_homes_of_embed_store_still_work_with_a_deprecation_warning():
-    import composer_dynsample.callbacks as callbacks
-    from composer_dynsample.callbacks import retrieval_gallery
-    from composer_dynsample.models import embed
-
-    assert_moved(
-        [
-            (retrieval_gallery, embed, "embed_store"),
-            (retrieval_gallery, embed, "store_labels"),
-            (callbacks, embed, "embed_store"),
-        ]
-    )
-    assert_no_such_name(retrieval_gallery)

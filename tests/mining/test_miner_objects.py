@@ -3,7 +3,6 @@ carrying their output kind, named in one registry; the old module paths still wo
 
 from __future__ import annotations
 
-import importlib
 import inspect
 
 import pytest
@@ -23,7 +22,6 @@ from composer_dynsample.mining import (
     mining_step,
     skipped_step,
 )
-from tests.moved_names import assert_moved, assert_no_such_name
 
 OPTIONS = {
     "batch_hard": {},
@@ -180,24 +178,3 @@ def test_a_skipped_step_has_zero_embeddings_attached_to_every_parameter():
     assert len(mined.indices_tuple) == 4 and mined.stats == {"skipped": 1.0}
     mined.embeddings.sum().backward()
     assert all(p.grad is not None and not p.grad.any() for p in layer.parameters())
-
-
-def test_old_module_paths_still_work_with_a_deprecation_warning():
-    from composer_dynsample.algorithms.hard_negative_mining import hard_negative_mining
-    from composer_dynsample.algorithms.hard_negative_mining import memory as old_memory
-    from composer_dynsample.mining import memory, miners, registry
-
-    semi_hard = importlib.import_module(
-        "composer_dynsample.mining.semi_hard"
-    )  # the package's name is the function
-
-    assert_moved(
-        [
-            (miners, semi_hard, "semi_hard"),
-            (miners, semi_hard, "SEMI_HARD_FALLBACKS"),
-            (hard_negative_mining, registry, "STRATEGIES"),
-            (old_memory, memory, "CrossBatchMemory"),
-        ]
-    )
-    for module in (miners, hard_negative_mining, old_memory):
-        assert_no_such_name(module)

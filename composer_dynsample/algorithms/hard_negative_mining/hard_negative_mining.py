@@ -16,7 +16,6 @@ from typing import Any
 from composer.core import Algorithm, Event, State
 from composer.loggers import Logger
 
-from composer_dynsample._lazy import moved_names
 from composer_dynsample.algorithms.hard_negative_mining.checks import (
     CollapseWatch,
     NothingMinedWatch,
@@ -37,8 +36,6 @@ from composer_dynsample.mining.step import all_ranks_finite, mining_step, skippe
 from composer_dynsample.validation import check_choice, check_float, check_int, parse_time
 
 __all__ = ["HardNegativeMining", "mine"]
-
-__getattr__ = moved_names(__name__, {"STRATEGIES": "composer_dynsample.mining.registry"})
 
 _ON_NONFINITE = ("raise", "skip")
 
