@@ -84,7 +84,7 @@ def _threads(count: int) -> str:
 
 
 def cli_threads(cpus: int, local_ranks: int) -> int:
-    """The torch threads per rank that ``composer_dynsample.commands.set_cpu_threads`` picks."""
+    """The torch threads per rank that ``composer_dynsample.cli.commands.set_cpu_threads`` picks."""
     share = max(1, cpus // local_ranks)
     return share if share >= 4 else 1
 

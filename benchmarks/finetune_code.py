@@ -3,7 +3,7 @@ without hard negatives mined by a model.
 
 all-MiniLM-L6-v2 (the ``bench`` extra: ``benchmarks/_pretrained.py``; it saw CodeSearchNet pairs in its
 pre-training, so its absolute scores on Python code flatter it, while recipes from the same start compare
-fairly) is fine-tuned on pairs of the code-search corpus (:mod:`composer_dynsample.data.code_search`: a
+fairly) is fine-tuned on pairs of the code-search corpus (:mod:`composer_dynsample.data.text.code_search`: a
 docstring's first paragraph and its function's code) from the training packages, and tested on queries
 of packages never seen in training. Every recipe has the same start, seeds, steps, batch of pairs,
 ``max_length``, learning rate and schedule (AdamW at 2e-5, linear warm-up over 10% of the steps, linear
@@ -89,7 +89,7 @@ def prepare_data(folder: Path, train_pairs: int, test_queries: int, quick: bool)
     """A seeded subset of the corpus's training pairs and of its test pairs, written as JSON Lines."""
     import numpy as np
 
-    from composer_dynsample.data.code_search import build_code_search
+    from composer_dynsample.data.text.code_search import build_code_search
 
     corpus = build_code_search(**({"max_pairs_per_group": 20} if quick else {}))
     rng = np.random.default_rng(0)

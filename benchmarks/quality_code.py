@@ -1,7 +1,7 @@
 """Code search on packages never seen in training: BM25 against the dense recipes.
 
 CodeSearchNet's task (Husain et al. 2019) on the Python installed here
-(:mod:`composer_dynsample.data.code_search`): the query is the first paragraph of a public function's
+(:mod:`composer_dynsample.data.text.code_search`): the query is the first paragraph of a public function's
 docstring, the answer the function's code without it; the test split holds whole distributions that no
 training pair comes from. Scores (:mod:`composer_dynsample.metrics.ranking`) are CodeSearchNet's MRR
 (each query against its own code and 999 other test functions, ties counted against the query) and,
@@ -187,7 +187,7 @@ def main(argv: list[str] | None = None) -> dict:
     args = parser.parse_args(argv)
     seeds = args.seeds if args.seeds is not None else ([0] if args.quick else [0, 1, 2])
     quick = ["trainer.max_duration=1ep", "data.max_pairs_per_group=20"] if args.quick else []
-    from composer_dynsample.data.code_search import build_code_search
+    from composer_dynsample.data.text.code_search import build_code_search
 
     corpus = build_code_search(**({"max_pairs_per_group": 20} if args.quick else {}))
     baseline = bm25(read_pairs(corpus.test_path))

@@ -241,7 +241,7 @@ def main(argv: list[str] | None = None) -> dict:
     seeds = args.seeds if args.seeds is not None else ([0] if args.quick else [0, 1, 2])
     small = {"max_pairs_per_group": 20} if args.quick else {}
     quick = ["trainer.max_duration=2ep", "data.max_pairs_per_group=20"] if args.quick else []
-    from composer_dynsample.data.code_search import build_code_search
+    from composer_dynsample.data.text.code_search import build_code_search
 
     corpus = build_code_search(**small)
     baseline = bm25(read_pairs(corpus.test_path))

@@ -64,13 +64,13 @@ from _common import (
 from _common import parser as make_parser
 
 from composer_dynsample.data import IndexDataset, load_code_search
-from composer_dynsample.data._text_sources import tokenize_sources
-from composer_dynsample.data.code_search import build_code_search
-from composer_dynsample.data.pairs import PairTable, read_pairs
-from composer_dynsample.data.text_store import TextCollate, TextSplits, TextStore
-from composer_dynsample.data.text_table import read_text_tables
-from composer_dynsample.data.text_tokenizer import TextTokenizer, train_tokenizer
-from composer_dynsample.data.tokenized import TokenStore, TokenStoreWriter, tokenize_texts
+from composer_dynsample.data.text._sources import tokenize_sources
+from composer_dynsample.data.text.code_search import build_code_search
+from composer_dynsample.data.text.pairs import PairTable, read_pairs
+from composer_dynsample.data.text.store import TextCollate, TextSplits, TextStore
+from composer_dynsample.data.text.table import read_text_tables
+from composer_dynsample.data.text.tokenized import TokenStore, TokenStoreWriter, tokenize_texts
+from composer_dynsample.data.text.tokenizer import TextTokenizer, train_tokenizer
 from composer_dynsample.losses import InfoNCELoss
 from composer_dynsample.models.text import BagOfTokensEncoder
 from composer_dynsample.samplers import PKBatchSampler

@@ -2,7 +2,7 @@
 
 Trains the same short recipe (``composer-dynsample train``, a fresh process each time) with
 ``OMP_NUM_THREADS`` at each count asked for (default: 1, 2 and every core) and once with it unset,
-which is what the command line chooses by itself (:func:`composer_dynsample.commands.set_cpu_threads`),
+which is what the command line chooses by itself (:func:`composer_dynsample.cli.commands.set_cpu_threads`),
 in interleaved rounds, and reports each setting's median ``trainer.fit()`` time against one thread.
 
     python benchmarks/threads.py [--quick] [--config yamls/mnist1d_default.yaml] [--epochs 3] [--rounds 3]

@@ -1,6 +1,6 @@
 """``python -m composer_dynsample`` is the ``composer-dynsample`` command."""
 
-from composer_dynsample.cli import main
+from composer_dynsample.cli.main import main
 
 if __name__ == "__main__":
     main()

@@ -12,7 +12,7 @@ from composer.core import Callback, State, get_precision_context
 from composer.loggers import Logger
 
 from composer_dynsample.data.store import TensorStore
-from composer_dynsample.data.text_store import TextStore
+from composer_dynsample.data.text.store import TextStore
 from composer_dynsample.distributed import broadcast_buffers
 from composer_dynsample.models.embed import Store, check_rows
 from composer_dynsample.models.embed import embed_store as _embed_store

@@ -183,7 +183,7 @@ def build_eval_dataloader(store: Store, batch_size: int, rows: np.ndarray | None
     from torch.utils.data import DataLoader
 
     from composer_dynsample.data import GatherCollate, IndexDataset, TextCollate, TextStore
-    from composer_dynsample.data.text_store import count_tokens
+    from composer_dynsample.data.text.store import count_tokens
 
     if isinstance(store, TextStore):
         chosen = np.arange(len(store)) if rows is None else np.asarray(rows, dtype=np.int64)

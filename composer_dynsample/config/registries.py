@@ -48,9 +48,9 @@ def _from(module: str, pairs: str) -> dict[str, Lazy]:
 DATASETS: dict[str, Registered | Lazy] = {
     **_from("composer_dynsample.data", "mnist1d=load_mnist1d digits=load_digits file=load_file"),
     "glyphs": Lazy("composer_dynsample.data.glyphs", "load_glyphs"),
-    "pairs": Lazy("composer_dynsample.data.pairs", "load_pairs"),
-    "texts": Lazy("composer_dynsample.data.texts", "load_texts"),
-    "code_search": Lazy("composer_dynsample.data.code_search_pairs", "load_code_search"),
+    "pairs": Lazy("composer_dynsample.data.text.pairs", "load_pairs"),
+    "texts": Lazy("composer_dynsample.data.text.texts", "load_texts"),
+    "code_search": Lazy("composer_dynsample.data.text.code_search_pairs", "load_code_search"),
 }
 _ENCODERS, _TEXT = "composer_dynsample.models.encoders", "composer_dynsample.models.text"
 _TRANSFORMER = "composer_dynsample.models.transformer"

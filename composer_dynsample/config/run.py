@@ -43,8 +43,8 @@ from composer_dynsample.config.loading import (
 from composer_dynsample.config.registries import SAMPLERS, check_sampler_table, peek_entry
 from composer_dynsample.config.registry import ConfigError, check_keys, parameters
 from composer_dynsample.data import DatasetSplits
+from composer_dynsample.data.identity import DataChangedError, data_changes, data_identity
 from composer_dynsample.models.embedding_model import EmbeddingModel
-from composer_dynsample.resume import DataChangedError, data_changes, data_identity
 from composer_dynsample.validation import is_int
 
 __all__ = [
@@ -173,8 +173,8 @@ class DataIdentity(Callback):
 
     A resumed run whose data file was replaced would go on training on other rows, and what the
     checkpoint keeps per row (an embedding table, a sampler's snapshot) would point at the wrong ones.
-    The state is :func:`~composer_dynsample.resume.data_identity`; loading a checkpoint whose recorded
-    data differ raises :class:`~composer_dynsample.resume.DataChangedError` on every rank, unless
+    The state is :func:`~composer_dynsample.data.identity.data_identity`; loading a checkpoint whose recorded
+    data differ raises :class:`~composer_dynsample.data.identity.DataChangedError` on every rank, unless
     ``allow_changed``. A checkpoint that recorded nothing (saved without this callback) is not checked.
 
     Args:

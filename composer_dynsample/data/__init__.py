@@ -23,20 +23,26 @@ Texts take the same path with a :class:`TextStore` (token ids in memory-mapped f
 "is_query"}, "labels", "text_hash"}``; Composer sizes them through :func:`text_data_spec`. The text
 loaders return :class:`TextSplits`: :func:`load_pairs` (anchor/positive/negative pairs),
 :func:`load_texts` (labelled texts) and :func:`load_code_search` (docstring -> code pairs of the
-Python installed here).
+Python installed here); they live in :mod:`composer_dynsample.data.text`.
 """
 
-from composer_dynsample.data.code_search_pairs import load_code_search
 from composer_dynsample.data.digits import load_digits
 from composer_dynsample.data.files import load_file
 from composer_dynsample.data.glyphs import GlyphCacheError, GlyphInfo, GlyphSplits, load_glyphs
 from composer_dynsample.data.images import load_image_folder
 from composer_dynsample.data.mnist1d import load_mnist1d
-from composer_dynsample.data.pairs import load_pairs
 from composer_dynsample.data.splits import DatasetSplits, default_cache_dir, stratified_split
 from composer_dynsample.data.store import GatherCollate, IndexDataset, TensorStore, Unsqueeze
-from composer_dynsample.data.text_store import TextCollate, TextInfo, TextSplits, TextStore, text_data_spec
-from composer_dynsample.data.texts import load_texts
+from composer_dynsample.data.text import (
+    TextCollate,
+    TextInfo,
+    TextSplits,
+    TextStore,
+    load_code_search,
+    load_pairs,
+    load_texts,
+    text_data_spec,
+)
 
 __all__ = [
     "DatasetSplits",

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from composer_dynsample.data.store import TensorStore
-from composer_dynsample.data.text_store import TextCollate, TextStore
+from composer_dynsample.data.text.store import TextCollate, TextStore
 from composer_dynsample.distributed import unwrap_model
 from composer_dynsample.validation import check_int
 
@@ -84,7 +84,7 @@ def embed_store(
     The model's ``embed(features)`` is used when it has one (as
     :class:`~composer_dynsample.EmbeddingModel` does), else ``eval_forward({"features", "labels"})``.
     The model's train/eval mode is restored afterwards. Texts are gathered and padded by
-    :class:`~composer_dynsample.data.text_store.TextCollate` (without given negatives), sorted by
+    :class:`~composer_dynsample.data.text.store.TextCollate` (without given negatives), sorted by
     length so that each batch pads little; the result is in the order of ``rows``.
 
     Args:

@@ -91,10 +91,10 @@ def run(store, sampler, table, *, collate=None, callbacks=(), loggers=(), **opti
 
 def test_the_warm_rows_equal_a_direct_encoding_of_the_texts_by_the_starting_model(tmp_path):
     pytest.importorskip("tokenizers")
-    from composer_dynsample.data.pairs import load_pairs
-    from composer_dynsample.data.text_store import TextCollate, text_data_spec
+    from composer_dynsample.data.text.pairs import load_pairs
+    from composer_dynsample.data.text.store import TextCollate, text_data_spec
     from composer_dynsample.models.text import BagOfTokensEncoder
-    from tests.text_data import write_pairs
+    from tests.data.text.helpers import write_pairs
 
     path = write_pairs(tmp_path / "pairs.jsonl", 40, negatives=True)
     store = load_pairs(path, vocab_size=200, max_length=16, cache_dir=tmp_path / "cache").train
@@ -227,8 +227,8 @@ def test_warm_start_options_and_loaders_it_cannot_encode_are_named():
 
 def test_the_command_line_warm_start_mines_the_first_epoch(tmp_path):
     pytest.importorskip("tokenizers")
-    from composer_dynsample.cli import main
-    from tests.test_cli_text_runs import MINED, write_config, write_data
+    from composer_dynsample.cli.main import main
+    from tests.cli.test_text_runs import MINED, write_config, write_data
 
     write_data(tmp_path)
     config = write_config(tmp_path, MINED, algorithms={"embedding_table": {"warm_start": True}})
@@ -239,8 +239,8 @@ def test_the_command_line_warm_start_mines_the_first_epoch(tmp_path):
 
 def test_a_run_shorter_than_an_epoch_records_the_warm_start_cost(tmp_path):
     pytest.importorskip("tokenizers")
-    from composer_dynsample.cli import main
-    from tests.test_cli_text_runs import MINED, write_config, write_data
+    from composer_dynsample.cli.main import main
+    from tests.cli.test_text_runs import MINED, write_config, write_data
 
     write_data(tmp_path)
     config = write_config(tmp_path, MINED, algorithms={"embedding_table": {"warm_start": True}})

@@ -10,11 +10,11 @@ pytest.importorskip("tokenizers")
 
 from composer_dynsample import EmbeddingModel
 from composer_dynsample.callbacks.retrieval_gallery import RetrievalGallery
-from composer_dynsample.data.pairs import load_pairs
-from composer_dynsample.data.text_store import TextCollate
+from composer_dynsample.data.text.pairs import load_pairs
+from composer_dynsample.data.text.store import TextCollate
 from composer_dynsample.models.embed import embed_store, store_labels
 from composer_dynsample.models.text import BagOfTokensEncoder
-from tests.text_data import write_pairs
+from tests.data.text.helpers import write_pairs
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ from composer.core import Callback, State
 from composer.loggers import Logger
 from composer.utils import dist
 
-from composer_dynsample.commands import Interrupted, train
+from composer_dynsample.cli.commands import Interrupted, train
 from tests.distributed._helpers import shared_tmp_dir
 
 pytestmark = [pytest.mark.world_size(2), pytest.mark.filterwarnings("ignore::UserWarning")]

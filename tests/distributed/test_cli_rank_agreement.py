@@ -21,7 +21,7 @@ import pytest
 from composer.utils import dist, get_device
 from omegaconf import OmegaConf
 
-from composer_dynsample.commands import train
+from composer_dynsample.cli.commands import train
 from composer_dynsample.config import ConfigError
 from composer_dynsample.config.ranks import check_same_config_on_every_rank, flatten_config
 

@@ -13,10 +13,10 @@ from composer.utils import dist
 
 pytest.importorskip("tokenizers")
 
-from composer_dynsample.commands import train
-from tests.cli_helpers import pairs_data
+from composer_dynsample.cli.commands import train
+from tests.cli.helpers import pairs_data
+from tests.data.text.helpers import pair_rows, write_jsonl
 from tests.distributed._helpers import shared_tmp_dir
-from tests.text_data import pair_rows, write_jsonl
 
 pytestmark = [pytest.mark.world_size(2), pytest.mark.filterwarnings("ignore::UserWarning")]
 

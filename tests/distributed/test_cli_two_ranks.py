@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from composer.utils import dist
 
-from composer_dynsample.commands import train
+from composer_dynsample.cli.commands import train
 from tests.distributed._helpers import shared_tmp_dir
 
 pytestmark = [pytest.mark.world_size(2), pytest.mark.filterwarnings("ignore::UserWarning")]

@@ -22,11 +22,11 @@ pytest.importorskip("tokenizers")
 
 from composer_dynsample import EmbeddingModel, HardNegativeMining, InfoNCELoss, SetSamplerEpoch, mine
 from composer_dynsample.data import IndexDataset, TextCollate, text_data_spec
-from composer_dynsample.data.pairs import load_pairs
+from composer_dynsample.data.text.pairs import load_pairs
 from composer_dynsample.models.text import BagOfTokensEncoder
 from composer_dynsample.samplers.dataloader import build_dataloader
 from composer_dynsample.samplers.mined_negatives import MinedNegativesPKBatchSampler
-from tests.text_data import write_pairs
+from tests.data.text.helpers import write_pairs
 
 pytestmark = [pytest.mark.world_size(2), pytest.mark.filterwarnings("ignore::UserWarning")]
 

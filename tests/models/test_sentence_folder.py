@@ -2,7 +2,7 @@
 length, the encoder built from it, and an export of it that says the same.
 
 :func:`save_sentence_folder` (a tiny BERT with a tokenizer trained here, saved by sentence-transformers)
-is used by tests/test_cli_model_folder.py too.
+is used by tests/cli/test_model_folder.py too.
 """
 
 from __future__ import annotations
@@ -17,11 +17,11 @@ pytest.importorskip("tokenizers")
 pytest.importorskip("transformers")
 
 from composer_dynsample import EmbeddingModel
-from composer_dynsample.data.text_tokenizer import train_tokenizer
+from composer_dynsample.data.text.tokenizer import train_tokenizer
 from composer_dynsample.export import export_sentence_transformers, pretrained_tokenizer
 from composer_dynsample.models.sentence_folder import read_model_folder, tokenizer_vocabulary
 from composer_dynsample.models.transformer import TransformerEncoder, position_limit
-from tests.text_data import pair_rows
+from tests.data.text.helpers import pair_rows
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 

@@ -433,8 +433,8 @@ def test_options_and_plan_cover_the_new_settings():
 
 
 def test_from_store_reads_a_pairs_store(tmp_path):
-    from composer_dynsample.data.pairs import load_pairs
-    from tests.text_data import write_pairs
+    from composer_dynsample.data.text.pairs import load_pairs
+    from tests.data.text.helpers import write_pairs
 
     splits = load_pairs(
         write_pairs(tmp_path / "pairs.jsonl", 40),

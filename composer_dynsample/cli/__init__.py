@@ -1,0 +1,12 @@
+"""The ``composer-dynsample`` application: the command line and the work behind each command.
+
+- :mod:`~composer_dynsample.cli.main`: argument parsing and the entry point, ``main``;
+- :mod:`~composer_dynsample.cli.commands`: ``train``, ``eval``, ``embed`` and ``export``;
+- :mod:`~composer_dynsample.cli.training`: the training run and its report;
+- :mod:`~composer_dynsample.cli.resume`: the checkpoint a run loads, ``trainer.autoresume``, the save on a signal;
+- :mod:`~composer_dynsample.cli.run_dir`: the run directory, its lock and its outputs;
+- :mod:`~composer_dynsample.cli.reporting`: metric tables, JSON and PNG plots;
+- :mod:`~composer_dynsample.cli.inputs`: the files ``embed`` reads.
+
+The library (samplers, algorithms, miners, models, data, config builders) never imports from here.
+"""

@@ -1,0 +1,127 @@
+"""What ``composer-dynsample embed --input`` embeds: a file of the config's kind, read as training read its data.
+
+- **Texts** (a config whose data are texts): a JSON Lines, CSV, TSV or Parquet file or a ``datasets``
+  folder with a ``text`` column (passages), an ``anchor`` column (queries), or ``anchor`` and
+  ``positive`` columns (pairs), under the names the run's ``data.columns`` maps too, tokenized with the
+  run's tokenizer and truncated to its ``max_length``. Rows of a ``text`` file are passages
+  (``is_query`` false), rows of an ``anchor`` file queries (``is_query`` true: a two-tower encoder
+  embeds them with its query tower); a pair file gives each pair's anchor (a query) and positive, in
+  that order. Other columns are ignored. The file must be a regular file or a ``datasets`` folder.
+- **Images** (a config whose items are ``(C, H, W)`` images): a folder of image files, read and resized
+  to the training images' size and channels.
+
+The result is a store to embed and the arrays written beside the embeddings: ``indices``, each
+embedding's row in the file (0-based, in file order), and for texts ``is_query``.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from composer_dynsample.data import DatasetSplits, TensorStore, TextSplits, TextStore
+
+__all__ = ["read_embed_input", "split_arrays"]
+
+
+def read_embed_input(
+    path: str | os.PathLike[str], splits: DatasetSplits
+) -> tuple[TensorStore | TextStore, dict[str, np.ndarray]]:
+    """Read ``path`` as items of the kind ``splits`` holds: ``(store to embed, arrays for the .npz)``.
+
+    Args:
+        path (str | os.PathLike): The file (texts) or folder (images).
+        splits (DatasetSplits): The run's data, for its tokenizer and ``max_length``, or its image size.
+
+    Returns:
+        tuple: The store (every sampled row is embedded, in order) and ``indices`` (and ``is_query``).
+
+    Raises:
+        FileNotFoundError: If ``path`` does not exist.
+        ValueError: One line naming the file (and line and column) of bad content, or data of a kind
+            that takes no ``--input``.
+    """
+    file = Path(path).expanduser()
+    if not file.exists():
+        raise FileNotFoundError(f"--input {str(path)!r}: no such file or directory.")
+    if isinstance(splits, TextSplits):
+        return _read_texts(file, splits)
+    shape = splits.train.feature_shape
+    if len(shape) != 3:
+        raise ValueError(
+            f"--input reads texts (for text data) or a folder of images (for image data), but "
+            f"{splits.name!r} holds feature vectors of shape {shape}; embed one of its splits with --split."
+        )
+    if not file.is_dir():
+        raise ValueError(f"--input {str(path)!r}: for image data, give a folder of images.")
+    from composer_dynsample.data.images import read_images
+
+    images, _ = read_images(file, size=(shape[1], shape[2]), grayscale=shape[0] == 1)
+    store = TensorStore(images, torch.zeros(len(images), dtype=torch.int64))
+    return store, {"indices": np.arange(len(images), dtype=np.int64)}
+
+
+def _read_texts(file: Path, splits: TextSplits) -> tuple[TextStore, dict[str, np.ndarray]]:
+    from composer_dynsample.data.text.table import map_columns, read_text_tables, text_column
+    from composer_dynsample.data.text.tokenized import TextInterner, tokenize_texts
+
+    table = map_columns(read_text_tables(file)[0], splits.info.columns)
+    if "text" in table.columns:
+        columns = ["text"]
+    elif "anchor" in table.columns:
+        columns = ["anchor", "positive"] if "positive" in table.columns else ["anchor"]
+    else:
+        raise ValueError(
+            f"{table.name}: expected a column 'text' (passages), 'anchor' (queries), or 'anchor' and "
+            f"'positive' (pairs), found {list(table.found)}; rename one, or map it with the config's "
+            "data.columns (e.g. data.columns={anchor: query})."
+        )
+    layout = "embed:" + ",".join(columns)
+    texts = [text_column(table, column) for column in columns]
+    ordered: list[Any] = [text for row in zip(*texts) for text in row]  # row by row: anchor, positive
+    interner = TextInterner()
+    text_ids = interner.add_all(ordered)
+    tokenizer = splits.info.load_tokenizer()
+
+    def locate(text_id: int) -> str:
+        position = ordered.index(interner.texts[text_id])
+        return table.where(position // len(columns), columns[position % len(columns)])
+
+    tokens = tokenize_texts(
+        interner.texts,
+        tokenizer.tokenizer,
+        max_length=splits.info.max_length,
+        cache_dir=splits.info.cache_dirs[0].parent,
+        data_sha256=table.sha256,
+        tokenizer_sha256=tokenizer.sha256,
+        layout=layout,
+        source=str(file),
+        locate=locate,
+        progress=False,
+    )
+    rows = np.repeat(np.arange(table.num_rows, dtype=np.int64), len(columns))
+    is_query = np.tile(np.array([column == "anchor" for column in columns]), table.num_rows)
+    store = TextStore(
+        tokens,
+        text_ids,
+        np.zeros(len(rows), np.int64),
+        pad_id=tokenizer.pad_id,
+        vocab_size=tokenizer.vocab_size,
+        is_query=is_query,
+        source_rows=rows,
+    )
+    return store, {"indices": rows, "is_query": is_query}
+
+
+def split_arrays(store: TensorStore | TextStore) -> dict[str, np.ndarray]:
+    """The arrays written beside a split's embeddings: ``labels``, ``indices`` (its rows) and, for texts,
+    ``is_query`` and ``source_rows`` (each row's row in the data file)."""
+    arrays = {"labels": store.labels.numpy(), "indices": np.arange(len(store), dtype=np.int64)}
+    if isinstance(store, TextStore):
+        arrays["is_query"] = store.is_query[: len(store)]
+        arrays["source_rows"] = store.source_rows[: len(store)]
+    return arrays

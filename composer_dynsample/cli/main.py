@@ -1,0 +1,245 @@
+"""The ``composer-dynsample`` command line: argument parsing only; the work is in :mod:`composer_dynsample.cli.commands`.
+
+Nothing heavy is imported until a command runs, so ``--help``, ``--version`` and config errors answer at
+once; every expected error (a config key, a checkpoint, the run directory) ends in one line on stderr
+and exit status 2. A training run stopped by ``SIGINT`` or ``SIGTERM`` says in one line where its checkpoint
+is and how to resume, with exit status ``128 + signal``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+__all__ = ["main"]
+
+DESCRIPTION = """\
+Model-aware sampling for metric learning on MosaicML Composer.
+
+  composer-dynsample train CONFIG.yaml [key.path=value ...] [--run-dir DIR]
+  composer-dynsample eval  CONFIG.yaml [--checkpoint PATH] [key.path=value ...]
+  composer-dynsample embed CONFIG.yaml --checkpoint PATH --out FILE.npz [--split test | --input FILE]
+  composer-dynsample export CONFIG.yaml --checkpoint PATH --out DIR [--format sentence-transformers]
+
+The same commands run on many processes under
+  composer -n N -m composer_dynsample train ...   or   torchrun --nproc_per_node N -m composer_dynsample train ...
+"""
+
+TRAIN_HELP = """\
+Train from CONFIG.yaml (see yamls/) with dotted key.path=value overrides, for example
+  composer-dynsample train yamls/mnist1d_default.yaml trainer.max_duration=10ep seed=1
+A mapping replaces a whole section: model.loss={_component_: my_losses.MyLoss, scale: 2}.
+Writes RUN_DIR/config.yaml, metrics.json and checkpoints/; embeddings.png (the test embeddings' PCA)
+for all data but text pairs, retrievals.png for images, tokenizer.json for texts. Resume with
+trainer.load_path=RUN_DIR/checkpoints/latest-rank0.pt and a larger trainer.max_duration, or set
+trainer.autoresume=true: rerunning the same command then continues from the run's latest checkpoint.
+Ctrl-C (or SIGTERM) saves a checkpoint at the batch reached and prints the command that resumes it
+(exit status 130, or 143). One train at a time uses a run directory (RUN_DIR/train.lock).
+evaluation.at_start=true also scores the starting model before the first step (the training is the
+same as without it) and reports it beside the final metrics: a column of the table, "at_start" in
+metrics.json; a resumed run does not score it again (it reports what its checkpoint recorded).
+The progress bar is off when stdout is not a terminal (or with --quiet) unless the config sets
+trainer.progress_bar.
+"""
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("composer-dynsample")
+    except PackageNotFoundError:
+        return "unknown (not installed)"
+
+
+def _add_common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("config", type=Path, help="the YAML config (see yamls/)")
+    parser.add_argument("overrides", nargs="*", help="key.path=value overrides, applied in order")
+    parser.add_argument(
+        "--trust-checkpoint",
+        action="store_true",
+        help="load a checkpoint without checking that it holds only this project's types (only for files you trust)",
+    )
+
+
+def _checkpoint_command(
+    commands: Any, name: str, summary: str, description: str, *, required: bool = True
+) -> argparse.ArgumentParser:
+    command = commands.add_parser(name, help=summary, description=description)
+    _add_common(command)
+    what = "the checkpoint file" if required else "the checkpoint file (default: the model as built)"
+    command.add_argument("--checkpoint", type=Path, required=required, default=None, help=what)
+    return command
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of ``composer-dynsample``."""
+    parser = argparse.ArgumentParser(
+        prog="composer-dynsample",
+        description=DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"composer-dynsample {_version()}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="{train,eval,embed,export}")
+    _add_train_command(commands)
+    _add_eval_command(commands)
+    _add_embed_command(commands)
+    _add_export_command(commands)
+    return parser
+
+
+def _add_train_command(commands: Any) -> None:
+    """``train``: the config, its overrides and the run directory's options."""
+    train = commands.add_parser(
+        "train",
+        help="train an embedding model from a YAML config",
+        description=TRAIN_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    _add_common(train)
+    train.add_argument(
+        "--run-dir", type=Path, default=None, help="output directory (default: runs/<config name>)"
+    )
+    train.add_argument("--overwrite", action="store_true", help="replace a previous run in the run directory")
+    train.add_argument("--quiet", action="store_true", help="no progress bar and no metrics table")
+
+
+def _add_eval_command(commands: Any) -> None:
+    """``eval``: a checkpoint's metrics, written as json."""
+    evaluate = _checkpoint_command(
+        commands,
+        "eval",
+        "retrieval metrics of a saved checkpoint or of the model as built (table and json; a retrievals "
+        "plot for image data)",
+        "Score CHECKPOINT on the test split as at the end of train: against the train gallery, "
+        "leave-one-out among the test items, or, for text pairs, the test queries against the test passages. "
+        "Without --checkpoint, score the model the config builds before training (a pretrained folder, or "
+        "the random initialisation of its seed: the model train starts from; trainer.load_path and "
+        "autoresume are ignored); nothing is trained and no checkpoint folder is made.",
+        required=False,
+    )
+    evaluate.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="metrics json (default: RUN_DIR/eval.json beside the checkpoint's folder; without --checkpoint "
+        "RUN_DIR/eval-start.json, RUN_DIR the config's run_dir or runs/<config name>); image data also get "
+        "a retrievals plot beside it",
+    )
+
+
+def _add_embed_command(commands: Any) -> None:
+    """``embed``: a split's (or a file's) embeddings, written as .npz."""
+    embed = _checkpoint_command(
+        commands,
+        "embed",
+        "embeddings, labels and indices of a split or a file, from a saved checkpoint, as .npz",
+        "Write the embeddings, labels and indices of one split, or of the items of a file, embedded by "
+        "CHECKPOINT's model (texts are tokenized with the run's tokenizer).",
+    )
+    source = embed.add_mutually_exclusive_group()
+    source.add_argument(
+        "--split", choices=("test", "train"), default=None, help="which split (default: test)"
+    )
+    source.add_argument(
+        "--input",
+        type=Path,
+        default=None,
+        help="embed this instead: a JSONL/CSV/TSV/Parquet file with a 'text' column (or 'anchor' and "
+        "'positive') for text data, a folder of images for image data",
+    )
+    embed.add_argument(
+        "--out", type=Path, required=True, help="the .npz file to write (.npz is appended when missing)"
+    )
+
+
+def _add_export_command(commands: Any) -> None:
+    """``export``: a text encoder and its tokenizer, written for sentence-transformers or transformers."""
+    export = _checkpoint_command(
+        commands,
+        "export",
+        "write a trained text encoder for sentence-transformers or Hugging Face transformers",
+        "Write CHECKPOINT's text encoder and the run's tokenizer to a new directory: a sentence-transformers "
+        "model (transformer encoders; SentenceTransformer(DIR) embeds as the model does) or Hugging Face files.",
+    )
+    export.add_argument("--out", type=Path, required=True, help="a new or empty directory")
+    export.add_argument(
+        "--format",
+        choices=("sentence-transformers", "huggingface"),
+        default="sentence-transformers",
+        help="the directory's format (default: sentence-transformers)",
+    )
+
+
+def _one_line_errors(*known: type[BaseException]) -> tuple[type[BaseException], ...]:
+    """The errors printed as one line. Evaluated only when an error reaches ``except``, so a module not
+    loaded yet (the distributed helpers, which import torch) adds its error class only once it is loaded:
+    an error of that class cannot exist before."""
+    classes = [*known, FileNotFoundError]
+    distributed = sys.modules.get("composer_dynsample.distributed")
+    if distributed is not None:
+        classes.append(distributed.RankMismatchError)  # ranks built different samplers: every rank says so
+    return tuple(classes)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Entry point of ``composer-dynsample`` and ``python -m composer_dynsample``."""
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    not_overrides = [item for item in extra if "=" not in item or item.startswith("-")]
+    if not_overrides:
+        parser.error(f"unrecognized arguments: {' '.join(not_overrides)}")
+    overrides = [*args.overrides, *extra]
+    from composer_dynsample.checkpoints import CheckpointError
+    from composer_dynsample.cli import commands
+    from composer_dynsample.config.registry import ConfigError
+
+    try:
+        _run_command(commands, args, overrides)
+    except _one_line_errors(
+        ConfigError, CheckpointError, commands.RunDirError, commands.OutputError
+    ) as error:
+        print(f"composer-dynsample {args.command}: error: {error}", file=sys.stderr)
+        raise SystemExit(2) from None
+    except commands.Interrupted as stop:
+        print(f"composer-dynsample {args.command}: {stop}", file=sys.stderr)
+        raise SystemExit(stop.exit_code) from None
+    except KeyboardInterrupt:
+        print(
+            f"composer-dynsample {args.command}: interrupted; nothing saved since the last checkpoint",
+            file=sys.stderr,
+        )
+        raise SystemExit(130) from None
+
+
+def _run_command(commands: Any, args: argparse.Namespace, overrides: list[str]) -> None:
+    """Call the function of :mod:`composer_dynsample.cli.commands` that ``args.command`` names."""
+    every_command = {"trust_checkpoint": args.trust_checkpoint}  # the keyword each command takes
+    if args.command == "train":
+        commands.train(
+            args.config,
+            overrides,
+            run_dir=args.run_dir,
+            overwrite=args.overwrite,
+            quiet=args.quiet,
+            **every_command,
+        )
+    elif args.command == "eval":
+        commands.evaluate(args.config, args.checkpoint, overrides, out=args.out, **every_command)
+    elif args.command == "embed":
+        commands.embed(
+            args.config,
+            args.checkpoint,
+            args.out,
+            overrides,
+            split=args.split,
+            input_path=args.input,
+            **every_command,
+        )
+    else:
+        commands.export(
+            args.config, args.checkpoint, args.out, overrides, export_format=args.format, **every_command
+        )

@@ -1,0 +1,27 @@
+"""Texts on the index-only path: token ids in memory-mapped files, a padding collate and the text loaders.
+
+- :class:`TextStore`, :class:`TextSplits`, :class:`TextInfo`, :class:`TextCollate` and
+  :func:`text_data_spec` (:mod:`~composer_dynsample.data.text.store`): a split of texts and its batches
+  ``{"index", "features": {"input_ids", "attention_mask", "is_query"}, "labels", "text_hash"}``;
+- :func:`load_pairs` (anchor/positive/negative pairs) and :func:`load_texts` (labelled texts) read a
+  user's file through one column mapping (:mod:`~composer_dynsample.data.text.table`);
+- :func:`load_code_search`: docstring -> code pairs of the Python installed here;
+- the token cache (:mod:`~composer_dynsample.data.text.tokenized`) and the tokenizer a run uses
+  (:mod:`~composer_dynsample.data.text.tokenizer`).
+"""
+
+from composer_dynsample.data.text.code_search_pairs import load_code_search
+from composer_dynsample.data.text.pairs import load_pairs
+from composer_dynsample.data.text.store import TextCollate, TextInfo, TextSplits, TextStore, text_data_spec
+from composer_dynsample.data.text.texts import load_texts
+
+__all__ = [
+    "TextCollate",
+    "TextInfo",
+    "TextSplits",
+    "TextStore",
+    "load_code_search",
+    "load_pairs",
+    "load_texts",
+    "text_data_spec",
+]

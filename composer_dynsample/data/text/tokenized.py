@@ -1,0 +1,645 @@
+"""Texts tokenized once, cached on disk, and read back memory-mapped.
+
+:func:`tokenize_texts` encodes a list of distinct texts with a Hugging Face ``tokenizers.Tokenizer``
+(``encode_batch``, multi-threaded in Rust, in chunks) and writes a :class:`TokenStore` folder:
+
+* ``ids.npy``: every text's token ids, concatenated, ``uint32``;
+* ``offsets.npy``: ``int64``, ``len + 1`` entries; text ``i`` is ``ids[offsets[i]:offsets[i + 1]]``;
+* ``text_hash.npy``: ``int64``, a 63-bit hash of each text's normalised form (:func:`text_hash`);
+* ``meta.json``: the cache key's parts and the counts (texts, tokens, texts truncated).
+
+Why flat ``.npy`` files opened with ``np.load(mmap_mode="r")`` rather than Arrow: a batch's rows are a
+zero-copy view of the page cache (no deserialisation, nothing copied into each DataLoader worker: a
+forked worker shares the pages, a spawned one re-opens the files by path); gathering a row is O(1)
+(two offsets, one slice); training needs numpy only, not ``pyarrow``; and a corpus larger than RAM
+works, since only the pages a batch touches are read.
+
+The folder is named by the SHA-256 of the data file's bytes, the tokenizer's JSON serialization hash,
+``max_length`` and the loader's column layout, so a changed file, tokenizer or ``max_length`` misses it
+and a rerun reads it back without tokenizing. It is written into a temporary folder that is renamed
+into place (``os.replace``), so an interrupted run never leaves a half-written cache; two processes
+that build the same cache at once both succeed and the first rename wins.
+
+Texts longer than ``max_length`` tokens (special tokens included) are truncated by the tokenizer,
+counted (:attr:`TokenStore.num_truncated`) and reported once per load with a warning.
+
+A tokenizer encodes a whole text before it truncates it (a 50 MB line takes a minute and gigabytes),
+so a longer text is first cut to a character budget: ``max_length`` times the characters one token
+can cover (its longest vocabulary entry, at least 16) times 4 (:func:`char_budget`). Every text so cut
+counts as truncated. The cut is kept when the cut text's encoding overflows ``max_length`` and every
+token kept lies in a word before the cut text's last one, the only word a cut can change (words as the
+tokenizer's pre-tokenizer splits them): then the tokens kept are exactly the whole text's. Otherwise
+(long whitespace runs, characters the normaliser drops, one word running from the kept tokens past the
+cut) the text is encoded again with 4 times the budget, up to 64 times, and cut there regardless. So
+a text that fits in ``max_length`` tokens is never cut, unless it is longer than 64 budgets; a text
+gets other ids than the whole text would only if its first 64 budgets hold fewer than ``max_length``
+tokens or a word that long. (A tokenizer without a pre-tokenizer keeps any cut that overflows.)
+:func:`text_hash` still hashes the whole text.
+
+Before anything is tokenized for it, the cache folder is created and a file written and removed in it
+(:func:`check_cache_dir`); a folder that is a file, read-only or full, there or while a store is
+written, is one :class:`TokenCacheError` line naming the folder and what to do.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import errno
+import hashlib
+import itertools
+import json
+import os
+import shutil
+import sys
+import tempfile
+import unicodedata
+import warnings
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import numpy as np
+
+__all__ = [
+    "TextInterner",
+    "TokenCacheError",
+    "TokenStore",
+    "TokenStoreWriter",
+    "cache_write_error",
+    "char_budget",
+    "check_cache_dir",
+    "normalise_text",
+    "text_cache_dir",
+    "text_hash",
+    "tokenize_texts",
+]
+
+_CACHE_VERSION = 1  # bump when the layout of a token store changes: the cache key carries it
+_CHUNK = 8192  # texts per encode_batch call: bounds the Python objects alive at once
+_FILES = ("ids.npy", "offsets.npy", "text_hash.npy", "meta.json")
+_CHARS_PER_TOKEN = 16  # the fewest characters a token is assumed to cover when budgeting a text
+_BUDGET_SAFETY = 4  # the budget's margin over max_length tokens of the longest vocabulary entry
+_BUDGET_GROWTH = 4  # a cut text that did not overflow is encoded again with this many times the budget
+_BUDGET_RETRIES = 3  # ... at most this many times: up to 4**3 = 64 budgets
+
+
+class TokenCacheError(ValueError):
+    """A token cache folder that cannot be used: damaged, from another layout, or not writable."""
+
+
+def _blocking_file(directory: Path) -> Path | None:
+    """The file that stands where ``directory`` or one of its parents should be a folder, if any."""
+    for path in (directory, *directory.parents):
+        if path.exists() or path.is_symlink():
+            return None if path.is_dir() else path
+    return None
+
+
+def cache_write_error(directory: Path, error: OSError) -> TokenCacheError:
+    """The one-line error for a cache folder that cannot be written: what the system said, and what to do.
+
+    Example:
+        >>> import errno
+        >>> print(cache_write_error(Path("/c"), OSError(errno.ENOSPC, "No space left on device")))
+        cannot write the text cache in /c: No space left on device; free space there, or set cache_dir to a folder on a disk with room.
+    """
+    reason = error.strerror or str(error) or type(error).__name__
+    blocking = _blocking_file(directory) if error.errno in (errno.EEXIST, errno.ENOTDIR) else None
+    if blocking is not None:
+        what = f"{blocking} is a file, not a folder; set cache_dir to a folder, or move the file away"
+    elif error.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        what = f"{reason}; make it writable, or set cache_dir to a folder you can write"
+    elif error.errno in (errno.ENOSPC, errno.EDQUOT):
+        what = f"{reason}; free space there, or set cache_dir to a folder on a disk with room"
+    else:
+        what = f"{reason}; set cache_dir to another folder"
+    return TokenCacheError(f"cannot write the text cache in {directory}: {what}.")
+
+
+def check_cache_dir(directory: str | os.PathLike[str]) -> None:
+    """Create the cache folder ``directory`` if needed, and write and remove a file in it: a cheap check
+    made before anything is computed for it.
+
+    Raises:
+        TokenCacheError: If the folder cannot be created or written (see :func:`cache_write_error`).
+    """
+    folder = Path(directory).expanduser()
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        fd, name = tempfile.mkstemp(prefix=".write-check-", dir=folder)
+        os.close(fd)
+        os.unlink(name)
+    except OSError as error:
+        raise cache_write_error(folder, error) from error
+
+
+def normalise_text(text: str) -> str:
+    """The form two texts must share to count as identical: NFKC, case-folded, whitespace collapsed.
+
+    Example:
+        >>> normalise_text("  Hello\\n  WORLD ") == normalise_text("hello world")
+        True
+    """
+    return " ".join(unicodedata.normalize("NFKC", text).casefold().split())
+
+
+def text_hash(text: str) -> int:
+    """A 63-bit hash (a non-negative int64) of :func:`normalise_text` of ``text``: BLAKE2b, 8 bytes.
+
+    Example:
+        >>> text_hash("Hello  world") == text_hash("hello world") != text_hash("hello")
+        True
+        >>> 0 <= text_hash("x") < 2**63
+        True
+    """
+    digest = hashlib.blake2b(digest_size=8)
+    for part in _normalised_parts(text):
+        digest.update(part.encode("utf-8", "surrogatepass"))
+    return int.from_bytes(digest.digest(), "little") >> 1
+
+
+_HASH_CHUNK = 1 << 20  # characters normalised at a time by text_hash: bounds the memory a long text takes
+
+
+def _normalised_parts(text: str, chunk: int = _HASH_CHUNK) -> Iterator[str]:
+    """:func:`normalise_text` of ``text`` in pieces whose concatenation is the whole, a chunk at a time.
+
+    A text is cut only just before an ASCII space: NFKC composes no character with a space and case
+    folding has no context, so each piece normalises as it would within the whole, and no word spans two
+    pieces. A text without such a space is normalised whole.
+    """
+    start, joined = 0, False
+    while start < len(text):
+        end = len(text) if len(text) - start <= chunk else text.find(" ", start + chunk)
+        end = len(text) if end < 0 else end
+        piece = normalise_text(text[start:end])
+        if piece:
+            yield (" " + piece) if joined else piece
+            joined = True
+        start = end
+
+
+class TextInterner:
+    """Number distinct texts in order of first appearance, so a text repeated in the data is tokenized once.
+
+    Example:
+        >>> interner = TextInterner()
+        >>> [interner.add(text) for text in ("a", "b", "a")], interner.texts
+        ([0, 1, 0], ['a', 'b'])
+    """
+
+    def __init__(self) -> None:
+        self.texts: list[str] = []
+        self._ids: dict[str, int] = {}
+
+    def __len__(self) -> int:
+        return len(self.texts)
+
+    def add(self, text: str) -> int:
+        """The id of ``text``, a new one if it was not seen before."""
+        found = self._ids.get(text)
+        if found is None:
+            found = self._ids[text] = len(self.texts)
+            self.texts.append(text)
+        return found
+
+    def add_all(self, texts: Sequence[str]) -> np.ndarray:
+        """The ids of ``texts``, as ``int64``."""
+        return np.fromiter(map(self.add, texts), dtype=np.int64, count=len(texts))
+
+
+def text_cache_dir(cache_dir: str | os.PathLike[str] | None) -> Path:
+    """Where the text loaders cache tokens and trained tokenizers: ``cache_dir``, or ``default_cache_dir()/text``."""
+    if cache_dir is not None:
+        return Path(cache_dir).expanduser()
+    from composer_dynsample.data.splits import default_cache_dir
+
+    return default_cache_dir() / "text"
+
+
+class TokenStore:
+    """The token ids of many texts, memory-mapped from a folder written by :class:`TokenStoreWriter`.
+
+    Pickling keeps only the folder's path: a spawned DataLoader worker re-opens the files instead of
+    receiving a copy of the ids.
+
+    Args:
+        directory (str | os.PathLike): The folder.
+
+    Attributes:
+        directory (Path): The folder.
+        ids (np.ndarray): ``uint32`` token ids of all texts, concatenated (memory-mapped).
+        offsets (np.ndarray): ``int64`` ``(len + 1,)``: text ``i`` is ``ids[offsets[i]:offsets[i + 1]]``.
+        text_hash (np.ndarray): ``int64`` ``(len,)`` hashes of the normalised texts.
+        meta (dict): The contents of ``meta.json``.
+        from_cache (bool): Whether :func:`tokenize_texts` found it rather than built it.
+
+    Raises:
+        TokenCacheError: If a file is missing or the arrays do not agree with ``meta.json``.
+
+    Example:
+        >>> import tempfile
+        >>> folder = Path(tempfile.mkdtemp()) / "tokens"
+        >>> with TokenStoreWriter(folder, {"max_length": 8}) as writer:
+        ...     writer.append(np.array([2, 7, 3, 2, 3]), np.array([3, 2]), np.array([11, 12]))
+        >>> store = TokenStore(folder)
+        >>> len(store), store.row(0).tolist()
+        (2, [2, 7, 3])
+        >>> ids, mask = store.pad(np.array([1, 0]), pad_id=0)
+        >>> ids.tolist(), mask.tolist()
+        ([[2, 3, 0], [2, 7, 3]], [[1, 1, 0], [1, 1, 1]])
+    """
+
+    def __init__(self, directory: str | os.PathLike[str]) -> None:
+        self.directory = Path(directory)
+        self.from_cache = False
+        missing = [name for name in _FILES if not (self.directory / name).is_file()]
+        if missing:
+            raise TokenCacheError(
+                f"{self.directory}: not a token store, {missing[0]} is missing. {self._hint()}"
+            )
+        try:
+            self.meta: dict[str, Any] = json.loads((self.directory / "meta.json").read_text())
+            self.offsets = np.load(self.directory / "offsets.npy", mmap_mode="r")
+            self.text_hash = np.load(self.directory / "text_hash.npy", mmap_mode="r")
+            num_tokens = int(self.meta["num_tokens"])
+            mode = "r" if num_tokens else None  # an empty file cannot be memory-mapped
+            self.ids = np.load(self.directory / "ids.npy", mmap_mode=mode)
+            num_texts = int(self.meta["num_texts"])
+        except (OSError, ValueError, KeyError, TypeError) as error:
+            raise TokenCacheError(
+                f"{self.directory}: unreadable token store ({error}). {self._hint()}"
+            ) from None
+        shapes_ok = (
+            self.ids.shape == (num_tokens,)
+            and self.offsets.shape == (num_texts + 1,)
+            and self.text_hash.shape == (num_texts,)
+            and int(self.offsets[-1]) == num_tokens
+        )
+        if not shapes_ok:
+            raise TokenCacheError(
+                f"{self.directory}: the arrays do not match meta.json ({num_texts} texts, {num_tokens} "
+                f"tokens). {self._hint()}"
+            )
+
+    def _hint(self) -> str:
+        return f"Delete {self.directory} to tokenize again."
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({str(self.directory)!r}, num_texts={len(self)}, num_tokens={self.num_tokens})"
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"directory": str(self.directory), "from_cache": self.from_cache}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["directory"])  # type: ignore[misc]
+        self.from_cache = state["from_cache"]
+
+    @property
+    def num_tokens(self) -> int:
+        """The number of token ids over all texts."""
+        return int(self.meta["num_tokens"])
+
+    @property
+    def num_truncated(self) -> int:
+        """How many texts were longer than ``max_length`` tokens and were truncated."""
+        return int(self.meta.get("num_truncated", 0))
+
+    @property
+    def max_length(self) -> int | None:
+        """The ``max_length`` the texts were truncated to, if recorded."""
+        value = self.meta.get("max_length")
+        return None if value is None else int(value)
+
+    def lengths(self) -> np.ndarray:
+        """``int64`` ``(len,)``: each text's number of tokens."""
+        return np.diff(np.asarray(self.offsets))
+
+    def row(self, text_id: int) -> np.ndarray:
+        """The token ids of one text (a read-only view)."""
+        return self.ids[int(self.offsets[text_id]) : int(self.offsets[text_id + 1])]
+
+    def pad(self, text_ids: np.ndarray, pad_id: int) -> tuple[np.ndarray, np.ndarray]:
+        """Gather texts and right-pad them to the longest of them.
+
+        Args:
+            text_ids (np.ndarray): ``(B,)`` text indices.
+            pad_id (int): The id written at padded positions.
+
+        Returns:
+            tuple[np.ndarray, np.ndarray]: ``int64`` ``(B, L)`` ids and ``int64`` ``(B, L)`` attention mask,
+            ``L`` the longest text's length.
+        """
+        text_ids = np.asarray(text_ids, dtype=np.int64)
+        starts = np.asarray(self.offsets[text_ids])
+        lengths = np.asarray(self.offsets[text_ids + 1]) - starts
+        width = int(lengths.max()) if len(lengths) else 0
+        positions = np.arange(width, dtype=np.int64)
+        mask = positions[None, :] < lengths[:, None]
+        ids = np.full((len(text_ids), width), pad_id, dtype=np.int64)
+        ids[mask] = self.ids[(starts[:, None] + positions[None, :])[mask]]
+        return ids, mask.astype(np.int64)
+
+
+class TokenStoreWriter:
+    """Write a :class:`TokenStore` folder atomically, chunk by chunk, without holding all ids in memory.
+
+    The ids stream into ``ids.npy`` in a temporary sibling folder; on a clean exit the ``.npy`` header
+    gets the final length (numpy pads headers so the length can grow in place), the offsets, hashes and
+    ``meta.json`` are written, and the folder is renamed to ``directory``. On an exception the temporary
+    folder is removed. If ``directory`` appeared meanwhile (another process built the same cache), it is
+    kept and the new copy dropped.
+
+    Args:
+        directory (Path): The folder to create.
+        meta (dict): JSON-serialisable entries for ``meta.json`` (``num_texts`` and ``num_tokens`` are
+            added; ``num_truncated`` may be set on the writer before it closes).
+    """
+
+    def __init__(self, directory: str | os.PathLike[str], meta: dict[str, Any]) -> None:
+        self.directory = Path(directory)
+        self.meta = dict(meta)
+        self.num_truncated = 0
+        self._lengths: list[np.ndarray] = []
+        self._hashes: list[np.ndarray] = []
+        self._num_tokens = 0
+
+    def _header(self, num_tokens: int) -> dict[str, Any]:
+        return {
+            "descr": np.lib.format.dtype_to_descr(np.dtype(np.uint32)),
+            "fortran_order": False,
+            "shape": (num_tokens,),
+        }
+
+    def __enter__(self) -> TokenStoreWriter:
+        self.directory.parent.mkdir(parents=True, exist_ok=True)
+        self._tmp = Path(tempfile.mkdtemp(prefix=self.directory.name + ".tmp-", dir=self.directory.parent))
+        try:
+            self._ids = open(self._tmp / "ids.npy", "wb")  # closed in __exit__
+            np.lib.format.write_array_header_1_0(self._ids, self._header(0))
+        except BaseException:
+            if hasattr(self, "_ids"):
+                self._ids.close()
+            shutil.rmtree(self._tmp, ignore_errors=True)
+            raise
+        self._data_start = self._ids.tell()
+        return self
+
+    def append(self, ids: np.ndarray, lengths: np.ndarray, hashes: np.ndarray) -> None:
+        """Add texts: their concatenated ``ids``, each one's token count and each one's hash."""
+        lengths = np.asarray(lengths, dtype=np.int64)
+        ids = np.asarray(ids)
+        if ids.size and (ids.min() < 0 or ids.max() > np.iinfo(np.uint32).max):
+            raise ValueError("token ids must fit in uint32 (0 .. 2**32 - 1).")
+        if int(lengths.sum()) != ids.size or len(hashes) != len(lengths):
+            raise ValueError(
+                f"append got {ids.size} ids for lengths summing to {int(lengths.sum())} and "
+                f"{len(hashes)} hashes for {len(lengths)} texts; they must agree."
+            )
+        self._ids.write(ids.astype(np.uint32, copy=False).tobytes())
+        self._lengths.append(lengths)
+        self._hashes.append(np.asarray(hashes, dtype=np.int64))
+        self._num_tokens += ids.size
+
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, traceback: TracebackType | None
+    ) -> None:
+        try:
+            if kind is None:
+                self._finish()
+        finally:
+            self._ids.close()
+            shutil.rmtree(self._tmp, ignore_errors=True)
+
+    def _finish(self) -> None:
+        self._ids.seek(0)
+        np.lib.format.write_array_header_1_0(self._ids, self._header(self._num_tokens))
+        if self._ids.tell() != self._data_start:
+            raise RuntimeError("the .npy header changed length; the token store cannot be finished in place.")
+        self._ids.close()
+        lengths = np.concatenate(self._lengths) if self._lengths else np.zeros(0, np.int64)
+        np.save(self._tmp / "offsets.npy", np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64))
+        np.save(
+            self._tmp / "text_hash.npy",
+            np.concatenate(self._hashes) if self._hashes else np.zeros(0, np.int64),
+        )
+        meta = {**self.meta, "num_texts": len(lengths), "num_tokens": self._num_tokens}
+        meta["num_truncated"] = self.num_truncated
+        (self._tmp / "meta.json").write_text(json.dumps(meta, indent=1, sort_keys=True) + "\n")
+        os.chmod(self._tmp, 0o755)  # mkdtemp creates 0700; a shared cache should be readable
+        try:
+            os.replace(self._tmp, self.directory)
+        except OSError:
+            if not (self.directory / "meta.json").is_file():  # not a finished store that won the race
+                raise
+
+
+def _progress(total: int, description: str, show: bool | None) -> Any:
+    from tqdm.auto import tqdm
+
+    enabled = sys.stderr.isatty() if show is None else bool(show)
+    return tqdm(total=total, desc=description, unit=" texts", disable=not enabled, leave=False)
+
+
+def char_budget(tokenizer: Any, max_length: int) -> int:
+    """The characters a text is cut to before it is encoded: ``max_length`` times the longest vocabulary
+    entry (at least 16 characters) times 4; see the module docstring for why nothing that fits is lost.
+
+    Example:
+        >>> from composer_dynsample.data.text.tokenizer import train_tokenizer
+        >>> char_budget(train_tokenizer(["a b c", "a b"], vocab_size=64), max_length=8)
+        512
+    """
+    longest = max(map(len, tokenizer.get_vocab(with_added_tokens=True)), default=0)
+    return int(max_length) * max(_CHARS_PER_TOKEN, longest) * _BUDGET_SAFETY
+
+
+@dataclasses.dataclass(frozen=True)
+class _Encoder:
+    """A truncating ``tokenizers.Tokenizer`` and the character budget of the texts it is given."""
+
+    tokenizer: Any
+    budget: int
+
+
+def _encode(encoder: _Encoder, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray, int]:
+    """Encode one chunk: ``(concatenated ids, lengths, number truncated)``. A text longer than the
+    encoder's budget is cut (:func:`_encode_cut`) and counts as truncated."""
+    tokenizer, budget = encoder.tokenizer, encoder.budget
+    encode = getattr(tokenizer, "encode_batch_fast", tokenizer.encode_batch)  # no offsets: faster
+    encodings: list[Any] = [None] * len(texts)
+    whole = [i for i, text in enumerate(texts) if len(text) <= budget]
+    for i, encoding in zip(whole, encode([texts[i] for i in whole]), strict=True):
+        encodings[i] = encoding
+    cut = _encode_cut(
+        tokenizer, texts, [i for i, text in enumerate(texts) if len(text) > budget], budget, encodings
+    )
+    id_lists = [encoding.ids for encoding in encodings]
+    lengths = np.fromiter(map(len, id_lists), dtype=np.int64, count=len(id_lists))
+    ids = np.fromiter(itertools.chain.from_iterable(id_lists), dtype=np.int64, count=int(lengths.sum()))
+    truncated = sum(1 for i, encoding in enumerate(encodings) if encoding.overflowing or i in cut)
+    return ids, lengths, truncated
+
+
+def _encode_cut(
+    tokenizer: Any, texts: Sequence[str], pending: list[int], budget: int, encodings: list[Any]
+) -> set[int]:
+    """Encode texts ``pending`` cut to ``budget`` characters into ``encodings``; return those still cut.
+
+    A cut is kept when the encoding is what the whole text's would be (:func:`_cut_is_exact`); otherwise
+    the text is encoded again with 4 times the budget, 3 times at most, and the last cut is kept.
+    """
+    split = tokenizer.pre_tokenizer is not None  # without a pre-tokenizer, the whole text is one word
+    cut: set[int] = set()
+    for attempt in range(_BUDGET_RETRIES + 1):
+        if not pending:
+            break
+        again = []
+        for i, encoding in zip(
+            pending, tokenizer.encode_batch([texts[i][:budget] for i in pending]), strict=True
+        ):
+            encodings[i] = encoding
+            if len(texts[i]) <= budget:
+                continue  # encoded whole
+            if attempt == _BUDGET_RETRIES or _cut_is_exact(encoding, split):
+                cut.add(i)
+            else:
+                again.append(i)
+        pending, budget = again, budget * _BUDGET_GROWTH
+    return cut
+
+
+def _cut_is_exact(encoding: Any, split: bool) -> bool:
+    """Whether the tokens kept of a cut text's encoding are the whole text's: it overflows, and the
+    tokens kept all lie in words before its last one, the only word the cut can have changed."""
+    if not encoding.overflowing:
+        return False  # the whole text might fit: more of it is needed to tell
+    if not split:
+        return True
+    kept = [word for word in encoding.word_ids if word is not None]
+    rest = [word for part in encoding.overflowing for word in part.word_ids if word is not None]
+    return bool(kept and rest) and max(kept) < max(rest)
+
+
+def _write_token_store(
+    directory: Path,
+    meta: dict[str, Any],
+    texts: Sequence[str],
+    tokenizer: Any,
+    locate: Callable[[int], str] | None,
+    progress: bool | None,
+) -> None:
+    """Encode ``texts`` chunk by chunk, truncated to ``meta["max_length"]``, into the store ``directory``,
+    once its folder's parent is known to be writable.
+
+    Raises:
+        ValueError: If a text encodes to no tokens, naming where it is (``locate``, else its number).
+        TokenCacheError: If the store cannot be written (a file, read-only, a full disk).
+    """
+    from tokenizers import Tokenizer
+
+    check_cache_dir(directory.parent)
+    encoder = Tokenizer.from_str(tokenizer.to_str())
+    encoder.no_padding()
+    encoder.enable_truncation(meta["max_length"])
+    budget = char_budget(encoder, meta["max_length"])
+    try:
+        _write_chunks(directory, meta, texts, _Encoder(encoder, budget), locate, progress)
+    except OSError as error:
+        raise cache_write_error(directory.parent, error) from error
+
+
+def _write_chunks(
+    directory: Path,
+    meta: dict[str, Any],
+    texts: Sequence[str],
+    encoder: _Encoder,
+    locate: Callable[[int], str] | None,
+    progress: bool | None,
+) -> None:
+    """The loop of :func:`_write_token_store`: encode a chunk, check it, append it."""
+    source = meta["source"]
+    with (
+        TokenStoreWriter(directory, meta) as writer,
+        _progress(len(texts), f"tokenizing {source}", progress) as bar,
+    ):
+        for start in range(0, len(texts), _CHUNK):
+            chunk = texts[start : start + _CHUNK]
+            ids, lengths, truncated = _encode(encoder, chunk)
+            if not lengths.all():
+                first = start + int(np.flatnonzero(lengths == 0)[0])
+                where = locate(first) if locate is not None else f"{source}: text {first}"
+                raise ValueError(
+                    f"{where}: the text encodes to no tokens with this tokenizer; remove or fix it."
+                )
+            writer.append(ids, lengths, np.fromiter(map(text_hash, chunk), dtype=np.int64, count=len(chunk)))
+            writer.num_truncated += truncated
+            bar.update(len(chunk))
+
+
+def cache_key(data_sha256: str, tokenizer_sha256: str, max_length: int, layout: str) -> str:
+    """The SHA-256 naming a token cache: data bytes, tokenizer JSON, ``max_length`` and column layout."""
+    parts = [_CACHE_VERSION, data_sha256, tokenizer_sha256, int(max_length), layout]
+    return hashlib.sha256(json.dumps(parts).encode()).hexdigest()
+
+
+def tokenize_texts(
+    texts: Sequence[str],
+    tokenizer: Any,
+    *,
+    max_length: int,
+    cache_dir: str | os.PathLike[str],
+    data_sha256: str,
+    tokenizer_sha256: str,
+    layout: str,
+    source: str,
+    locate: Callable[[int], str] | None = None,
+    progress: bool | None = None,
+) -> TokenStore:
+    """Tokenize ``texts`` into a cached :class:`TokenStore`, or open the cached one.
+
+    Args:
+        texts (Sequence[str]): The distinct texts, in a fixed order (text ``i`` is row ``i``).
+        tokenizer (tokenizers.Tokenizer): The tokenizer (left unchanged: a copy truncates).
+        max_length (int): Truncate every text to this many tokens, special tokens included, at least 2.
+        cache_dir (str | os.PathLike): Where the store folder ``tokens-<key>`` goes.
+        data_sha256 (str): The data file's SHA-256 (part of the key).
+        tokenizer_sha256 (str): The tokenizer's JSON SHA-256 (part of the key).
+        layout (str): Which columns of the file made ``texts``, and how (part of the key).
+        source (str): The data file, for messages and the progress bar.
+        locate (Callable[[int], str], optional): Where text ``i`` is in the file, for an error about it.
+        progress (bool, optional): Show a progress bar; ``None`` shows one only on a terminal.
+
+    Returns:
+        TokenStore: ``from_cache`` tells whether it was read back.
+
+    Raises:
+        ValueError: If a text encodes to no tokens.
+        TokenCacheError: If the cached store does not hold ``len(texts)`` texts, or it must be built
+            and ``cache_dir`` cannot be written (a file, read-only, full).
+    """
+    key = cache_key(data_sha256, tokenizer_sha256, max_length, layout)
+    directory = Path(cache_dir).expanduser() / f"tokens-{key[:24]}"
+    cached = (directory / "meta.json").is_file()
+    if not cached:
+        meta = {"key": key, "max_length": int(max_length), "layout": layout, "source": source}
+        meta.update(data_sha256=data_sha256, tokenizer_sha256=tokenizer_sha256)
+        _write_token_store(directory, meta, texts, tokenizer, locate, progress)
+    store = TokenStore(directory)
+    store.from_cache = cached
+    if len(store) != len(texts):
+        raise TokenCacheError(
+            f"{directory}: holds {len(store)} texts but {source} has {len(texts)}. Delete it to tokenize again."
+        )
+    if store.num_truncated:
+        warnings.warn(
+            f"{store.num_truncated} of {len(store)} distinct texts in {source} are longer than "
+            f"max_length={max_length} tokens and were truncated.",
+            UserWarning,
+            stacklevel=4,  # the loader's caller: tokenize_texts <- tokenize_sources <- load_*
+        )
+    return store

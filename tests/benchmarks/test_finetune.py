@@ -1,0 +1,105 @@
+"""benchmarks/finetune_code.py: its recipes are valid configs of the fine-tuning recipe, and its summary."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import pytest
+
+from composer_dynsample.config.builders import check_config
+from composer_dynsample.config.loading import load_config
+from tests.benchmarks.helpers import load_benchmark
+
+
+def _args(**values: object) -> argparse.Namespace:
+    defaults = {"batch": 16, "window": 8, "refresh_every": 20, "steps": 60, "train_pairs": 3000}
+    return argparse.Namespace(**{**defaults, "test_queries": 1000, "max_length": 128, "threads": 2, **values})
+
+
+@pytest.fixture(scope="module")
+def model_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from tests.models.test_sentence_folder import save_sentence_folder
+
+    return save_sentence_folder(tmp_path_factory.mktemp("model") / "st", pooling="mean", max_seq_length=24)
+
+
+@pytest.mark.parametrize("recipe", ["in-batch", "offline", "online"])
+def test_each_of_this_project_s_recipes_is_a_valid_config(
+    recipe: str, tmp_path: Path, model_folder: Path
+) -> None:
+    pytest.importorskip("bm25s")  # quality_code, which the benchmark imports, needs it at import
+    finetune = load_benchmark("finetune_code")
+    name = {
+        "in-batch": finetune.OURS_IN_BATCH,
+        "offline": finetune.OURS_OFFLINE,
+        "online": finetune.OURS_ONLINE,
+    }
+    data = {"train": {"path": str(tmp_path / "train.jsonl")}, "test": {"path": str(tmp_path / "test.jsonl")}}
+    overrides = [finetune.data_override(data, 24), *finetune.ours_overrides(name[recipe], _args())]
+    cfg = load_config(
+        finetune.CONFIG, [f"model.encoder.path={model_folder}", "evaluation.at_start=false", *overrides]
+    )
+    check_config(cfg)
+    if recipe == "in-batch":
+        assert cfg.sampler.name == "pk" and cfg.sampler.classes_per_batch == 16
+    else:
+        assert cfg.sampler.name == "mined_negatives" and cfg.algorithms.embedding_table.warm_start is True
+        assert cfg.sampler.pairs_per_batch == 16 and cfg.sampler.negatives_per_anchor == 1
+        assert (cfg.sampler.get("max_snapshots"), cfg.sampler.get("refresh_every")) == (
+            (1, None) if recipe == "offline" else (None, 20)
+        )
+
+
+def test_the_summary_is_the_mean_and_standard_error_over_seeds() -> None:
+    pytest.importorskip("bm25s")
+    finetune = load_benchmark("finetune_code")
+    runs = [
+        {
+            "seed": seed,
+            "s_per_step": 1.0 + seed,
+            "peak_rss_mib": 100,
+            **dict.fromkeys(finetune.METRICS, value),
+        }
+        for seed, value in enumerate([0.5, 0.7])
+    ]
+    summary = finetune.summarise(runs)
+    assert summary["csn_mrr"] == pytest.approx(0.6) and summary["csn_mrr_se"] == pytest.approx(0.1)
+    assert summary["s_per_step"] == 1.5 and summary["peak_rss_mib"] == 100
+    text = finetune.table({finetune.OURS_IN_BATCH: summary}, [0, 1], vars(_args()))
+    assert "| this project, in-batch (InfoNCE) | 0.6000 +- 0.1000 |" in text and "| 1.50 | - | 100 |" in text
+
+
+def _recipe(finetune, mean: float, se: float, s_per_step: float = 1.0) -> dict:
+    return {
+        "runs": [{"csn_mrr": mean}] * 3, "s_per_step": s_per_step, "peak_rss_mib": 100.0,
+        **{m: mean for m in finetune.METRICS}, **{f"{m}_se": se for m in finetune.METRICS},
+    }  # fmt: skip
+
+
+def test_the_goals_compare_recipes_beyond_two_standard_errors_and_report_rewrites_the_table(tmp_path):
+    pytest.importorskip("bm25s")
+    finetune = load_benchmark("finetune_code")
+    recipes = {
+        finetune.ZERO_SHOT: _recipe(finetune, 0.60, 0.0),
+        finetune.ST_IN_BATCH: _recipe(finetune, 0.700, 0.003, s_per_step=2.0),
+        finetune.OURS_IN_BATCH: _recipe(finetune, 0.705, 0.003, s_per_step=2.5),
+        finetune.OURS_OFFLINE: _recipe(finetune, 0.712, 0.003),  # +0.007, 2 SE of the difference 0.0085
+        finetune.OURS_ONLINE: _recipe(finetune, 0.725, 0.003),
+    }
+    lines = finetune.goals(recipes)
+    assert lines[0] == "Every fine-tuned recipe beats zero-shot: met."
+    verdicts = {line.split(":")[0]: line.rsplit(": ", 1)[1] for line in lines[1:-1]}
+    assert verdicts[f"{finetune.OURS_OFFLINE} - {finetune.OURS_IN_BATCH}"] == "missed."
+    assert verdicts[f"{finetune.OURS_ONLINE} - {finetune.OURS_IN_BATCH}"] == "met."
+    assert verdicts[f"{finetune.OURS_ONLINE} - {finetune.OURS_OFFLINE}"] == "met."
+    assert verdicts[f"{finetune.OURS_IN_BATCH} - {finetune.ST_IN_BATCH}"] == "met."
+    assert lines[-1].startswith("In-batch step, this project / sentence-transformers: 1.25x the time, 1.00x")
+    assert finetune.headline_ratio(recipes) == pytest.approx(0.725 / 0.705)
+    stored = {"recipes": recipes, "seeds": [0, 1, 2], "options": vars(_args())}
+    (tmp_path / "finetune_code.json").write_text(json.dumps(stored))
+    finetune.main(["--report", "--out", str(tmp_path)])
+    assert "goal > 2 SE: met" in (tmp_path / "finetune_code.md").read_text()
+    assert (tmp_path / "finetune_code.png").stat().st_size > 0
+    assert json.loads((tmp_path / "finetune_code.json").read_text())["ratio"] == pytest.approx(0.725 / 0.705)
