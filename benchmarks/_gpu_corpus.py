@@ -18,7 +18,7 @@ import torch
 from _cuda import synchronize
 from corpus_negatives import OPTIONS, pair_embeddings
 
-from composer_dynsample.samplers._ivf import window_recall
+from composer_dynsample.samplers._candidates import window_recall
 from composer_dynsample.samplers.mined_negatives import corpus_candidates
 
 GOAL_RECALL = 0.9

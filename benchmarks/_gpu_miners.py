@@ -42,12 +42,12 @@ def run_miner(
     name: str, embeddings: torch.Tensor, labels: torch.Tensor, generator_device: str | None = None
 ) -> tuple[torch.Tensor, ...]:
     """One miner on the embeddings; ``generator_device`` seeds a generator (0) there for the sampling ones."""
-    from composer_dynsample import mining
+    from composer_dynsample.mining import MINERS
 
     kwargs = dict(MINER_CALLS[name])
     if generator_device is not None and name in SEEDED:
         kwargs["generator"] = torch.Generator(device=generator_device).manual_seed(0)
-    return getattr(mining, name)(embeddings, labels, **kwargs)
+    return MINERS[name](**kwargs)(embeddings, labels)
 
 
 def tie_params(name: str) -> dict[str, Any]:

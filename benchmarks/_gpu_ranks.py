@@ -60,7 +60,7 @@ def cross_rank_step(device: torch.device, batch: int, steps: int) -> dict[str, A
 
     from composer_dynsample import InfoNCELoss
     from composer_dynsample.distributed import all_gather_embeddings, all_gather_rows
-    from composer_dynsample.mining import batch_hard
+    from composer_dynsample.mining import BatchHardMiner
 
     rank, world = torch_dist.get_rank(), torch_dist.get_world_size()
     generator = torch.Generator().manual_seed(0)  # the same data and weights on every rank
@@ -76,7 +76,7 @@ def cross_rank_step(device: torch.device, batch: int, steps: int) -> dict[str, A
         encoder.zero_grad()
         local = torch.nn.functional.normalize(encoder(features[own]), dim=1)
         pool, pool_labels, offset = all_gather_embeddings(local, labels[own], with_grad=True)
-        tuples = batch_hard(local.detach(), labels[own], pool.detach(), pool_labels, self_offset=offset)
+        tuples = BatchHardMiner()(local.detach(), labels[own], pool.detach(), pool_labels, self_offset=offset)
         loss_fn(local, labels[own], tuples, pool, pool_labels, global_mean=True).backward()
         grad = encoder.weight.grad.clone()
         torch_dist.all_reduce(grad)  # what DDP does, then divides by the world size
@@ -89,7 +89,7 @@ def cross_rank_step(device: torch.device, batch: int, steps: int) -> dict[str, A
     full = torch.nn.functional.normalize(encoder(features), dim=1)
     loss_fn(full, labels, full_tuples).backward()
     expected = encoder.weight.grad.clone()
-    same_tuples = compare_tuples(batch_hard(full.detach(), labels), full_tuples, world * batch)
+    same_tuples = compare_tuples(BatchHardMiner()(full.detach(), labels), full_tuples, world * batch)
     times = []
     for _ in range(steps):
         torch_dist.barrier()

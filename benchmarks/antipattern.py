@@ -10,7 +10,7 @@ samples and applies the triplet loss.
 
 **This design**: ``IndexDataset`` + ``GatherCollate`` + ``PKBatchSampler`` in the loader; the step is
 exactly what ``HardNegativeMining`` does at ``AFTER_FORWARD``: embed the batch once,
-``composer_dynsample.mine(...)`` on the detached embeddings, ``TripletMarginLoss`` on the mined
+the miner (``build_miner(strategy)``) on the detached embeddings, ``TripletMarginLoss`` on the mined
 triplets, backward, AdamW step.
 
 Both use the same model (``EmbeddingModel`` around the ``Conv1dEncoder`` of
@@ -37,8 +37,9 @@ import torch
 from _common import machine_info, save_figure, write_results
 from _common import parser as make_parser
 
-from composer_dynsample import EmbeddingModel, PKBatchSampler, TripletMarginLoss, mine
+from composer_dynsample import EmbeddingModel, PKBatchSampler, TripletMarginLoss
 from composer_dynsample.data import GatherCollate, IndexDataset, TensorStore, load_mnist1d
+from composer_dynsample.mining import build_miner
 from composer_dynsample.models.encoders import Conv1dEncoder
 
 MARGIN = 0.2
@@ -210,7 +211,7 @@ def run_design(store: TensorStore, batch: int, steps: int, strategy: str, sample
         data = next(iterator)
         optimizer.zero_grad(set_to_none=True)
         embeddings = model(data)
-        tuples = mine(embeddings.detach(), data["labels"], strategy, **kwargs)
+        tuples = build_miner(strategy, kwargs)(embeddings.detach(), data["labels"])
         loss = loss_fn(embeddings, data["labels"], tuples)
         loss.backward()
         optimizer.step()

@@ -36,7 +36,8 @@ from _common import (
 )
 from _common import parser as make_parser
 
-from composer_dynsample import EmbeddingModel, TripletMarginLoss, mine
+from composer_dynsample import EmbeddingModel, TripletMarginLoss
+from composer_dynsample.mining import SemiHardMiner
 from composer_dynsample.models import Conv2dEncoder
 
 GOAL_CHUNK = 128
@@ -53,7 +54,7 @@ def make_step(batch: int, chunk: int | None):
 
     def step() -> None:
         embeddings = model.embed(images)
-        loss = model.loss_fn(embeddings, labels, mine(embeddings.detach(), labels, "semi_hard", margin=0.2))
+        loss = model.loss_fn(embeddings, labels, SemiHardMiner(margin=0.2)(embeddings.detach(), labels))
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=False)

@@ -53,7 +53,7 @@ from _common import (
 from _common import parser as make_parser
 from composer.core import Callback
 
-from composer_dynsample.samplers._ivf import window_recall
+from composer_dynsample.samplers._candidates import window_recall
 from composer_dynsample.samplers.mined_negatives import MinedNegativesPKBatchSampler, corpus_candidates
 
 HAS_FAISS = importlib.util.find_spec("faiss") is not None

@@ -1,15 +1,13 @@
-"""What the miner objects cost per call: a miner built once, its functional form, and the bare path.
+"""What the miner objects cost per call: a miner built once against the bare path.
 
 Every miner is a class whose ``__call__`` validates the inputs, indexes the positives and calls the
-miner's ``mine``; its functional form builds the miner (checking the options) and calls it. The bare
-path is that same work written out by hand, with no object in between: check the options, validate the
-inputs, build the label index, call ``mine`` — the sequence each miner function ran before the miners
-became objects. The three are timed side by side (interleaved round by round, median), on L2-normalised
-random embeddings (D = 128, 8 samples per class) at B = 32 (where a fixed per-call cost shows most),
-256 and 1024, for every miner.
+miner's ``mine``. The bare path is that same work written out by hand, with no object in between:
+check the options, validate the inputs, build the label index, call ``mine``. The two are timed side by
+side (interleaved round by round, median), on L2-normalised random embeddings (D = 128, 8 samples per
+class) at B = 32 (where a fixed per-call cost shows most), 256 and 1024, for every miner.
 
-Goal: the object and the functional form within 5% of the bare path at B >= 256, where training runs;
-at B = 32 the added cost is reported in microseconds.
+Goal: the object within 5% of the bare path at B >= 256, where training runs; at B = 32 the added cost
+is reported in microseconds.
 
 Run:
 
@@ -26,8 +24,8 @@ import torch.nn.functional as F
 from _common import goal_table, load_average, machine_info, markdown_table, time_interleaved, write_results
 from _common import parser as make_parser
 
-from composer_dynsample.mining import MINERS, STRATEGIES, BaseMiner, validate_mining_inputs
-from composer_dynsample.mining._common import LabelIndex
+from composer_dynsample.mining import MINERS, BaseMiner
+from composer_dynsample.mining._common import LabelIndex, validate_mining_inputs
 
 DIM = 128
 PER_CLASS = 8
@@ -52,13 +50,13 @@ def bare_call(name: str) -> Callable[[torch.Tensor, torch.Tensor], tuple[torch.T
     miner_class, options = MINERS[name], OPTIONS[name]
 
     def call(emb: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        miner = miner_class(**options)  # the options, checked on every call as the functions checked them
+        miner = miner_class(**options)  # the options, checked on every call
         with torch.no_grad():
             inputs = validate_mining_inputs(emb, labels, distance=miner.distance)
             if not miner_class.uses_label_index:
                 return miner.mine(inputs, None)
             index = LabelIndex(inputs.labels, inputs.ref_labels, inputs.self_offset)
-            if not bool((index.n_pos > 0).any()):  # the functions' check for a batch without positives
+            if not bool((index.n_pos > 0).any()):  # a batch without positives mines nothing
                 return miner.empty(inputs.device)
             return miner.mine(inputs, index)
 
@@ -68,25 +66,17 @@ def bare_call(name: str) -> Callable[[torch.Tensor, torch.Tensor], tuple[torch.T
 def measure(name: str, batch: int, rounds: int) -> dict:
     emb, labels = make_batch(batch)
     miner: BaseMiner = MINERS[name](**OPTIONS[name])
-    form, bare = STRATEGIES[name], bare_call(name)
+    bare = bare_call(name)
     # Random miners draw from the global generator: the same number of draws per call on each path.
     times = time_interleaved(
-        {
-            "bare": lambda: bare(emb, labels),
-            "object": lambda: miner(emb, labels),
-            "function": lambda: form(emb, labels, **OPTIONS[name]),
-        },
-        rounds,
-        warmup=3,
+        {"bare": lambda: bare(emb, labels), "object": lambda: miner(emb, labels)}, rounds, warmup=3
     )
     return {
         "miner": name,
         "batch": batch,
         "bare_us": round(times["bare"] * 1e6, 1),
         "object_us": round(times["object"] * 1e6, 1),
-        "function_us": round(times["function"] * 1e6, 1),
         "object_over_bare": round(times["object"] / times["bare"], 3),
-        "function_over_bare": round(times["function"] / times["bare"], 3),
         "object_added_us": round((times["object"] - times["bare"]) * 1e6, 1),
     }
 
@@ -94,35 +84,21 @@ def measure(name: str, batch: int, rounds: int) -> dict:
 def goal_rows(rows: list[dict]) -> list[dict]:
     large = [r for r in rows if r["batch"] >= 256]
     worst_object = max(large, key=lambda r: r["object_over_bare"])
-    worst_function = max(large, key=lambda r: r["function_over_bare"])
     return [
         {
             "goal": f"miner object <= {GOAL}x the bare path (every miner, B >= 256)",
             "measured": f"worst {worst_object['object_over_bare']:.3f}x ({worst_object['miner']}, B={worst_object['batch']})",
             "met": worst_object["object_over_bare"] <= GOAL,
         },
-        {
-            "goal": f"functional form <= {GOAL}x the bare path (every miner, B >= 256)",
-            "measured": f"worst {worst_function['function_over_bare']:.3f}x ({worst_function['miner']}, B={worst_function['batch']})",
-            "met": worst_function["function_over_bare"] <= GOAL,
-        },
     ]
 
 
 def tables(rows: list[dict], goals: list[dict]) -> str:
     timing = markdown_table(
-        ["B", "miner", "bare (us)", "object (us)", "function (us)", "object / bare", "function / bare"],
-        "rlrrrrr",
+        ["B", "miner", "bare (us)", "object (us)", "object / bare"],
+        "rlrrr",
         [
-            [
-                r["batch"],
-                r["miner"],
-                r["bare_us"],
-                r["object_us"],
-                r["function_us"],
-                f"{r['object_over_bare']:.3f}",
-                f"{r['function_over_bare']:.3f}",
-            ]
+            [r["batch"], r["miner"], r["bare_us"], r["object_us"], f"{r['object_over_bare']:.3f}"]
             for r in rows
         ],
     )

@@ -53,7 +53,13 @@ from pytorch_metric_learning import __version__ as pml_version
 from pytorch_metric_learning import distances as pml_distances
 from pytorch_metric_learning import miners as pml_miners
 
-from composer_dynsample.mining import batch_hard, distance_weighted, hard_topk, multi_similarity, semi_hard
+from composer_dynsample.mining import (
+    BatchHardMiner,
+    DistanceWeightedMiner,
+    HardTopKMiner,
+    MultiSimilarityMiner,
+    SemiHardMiner,
+)
 
 DIM = 128
 PER_CLASS = 8
@@ -75,7 +81,7 @@ def cases(emb: torch.Tensor, labels: torch.Tensor) -> list[dict]:
         {
             "miner": "batch_hard",
             "distance": "cosine",
-            "ours": lambda: batch_hard(emb, labels),
+            "ours": lambda: BatchHardMiner()(emb, labels),
             "pml_name": "BatchHardMiner(CosineSimilarity())",
             "pml": pml_miners.BatchHardMiner(distance=pml_distances.CosineSimilarity()),
             "compare": "triplets",
@@ -83,7 +89,7 @@ def cases(emb: torch.Tensor, labels: torch.Tensor) -> list[dict]:
         {
             "miner": "batch_hard",
             "distance": "euclidean",
-            "ours": lambda: batch_hard(emb, labels, distance="euclidean"),
+            "ours": lambda: BatchHardMiner(distance="euclidean")(emb, labels),
             "pml_name": "BatchHardMiner()",
             "pml": pml_miners.BatchHardMiner(),
             "compare": "triplets",
@@ -91,7 +97,7 @@ def cases(emb: torch.Tensor, labels: torch.Tensor) -> list[dict]:
         {
             "miner": "semi_hard",
             "distance": "cosine",
-            "ours": lambda: semi_hard(emb, labels, margin=MARGIN),
+            "ours": lambda: SemiHardMiner(margin=MARGIN)(emb, labels),
             "pml_name": "TripletMarginMiner(semihard) [all triplets]",
             "pml": pml_miners.TripletMarginMiner(
                 margin=MARGIN, type_of_triplets="semihard", distance=pml_distances.CosineSimilarity()
@@ -101,7 +107,7 @@ def cases(emb: torch.Tensor, labels: torch.Tensor) -> list[dict]:
         {
             "miner": "hard_topk(k=3)",
             "distance": "cosine",
-            "ours": lambda: hard_topk(emb, labels, k=3),
+            "ours": lambda: HardTopKMiner(k=3)(emb, labels),
             "pml_name": None,
             "pml": None,
             "compare": None,
@@ -109,7 +115,7 @@ def cases(emb: torch.Tensor, labels: torch.Tensor) -> list[dict]:
         {
             "miner": "multi_similarity",
             "distance": "cosine",
-            "ours": lambda: multi_similarity(emb, labels, epsilon=EPSILON),
+            "ours": lambda: MultiSimilarityMiner(epsilon=EPSILON)(emb, labels),
             "pml_name": "MultiSimilarityMiner(0.1)",
             "pml": pml_miners.MultiSimilarityMiner(epsilon=EPSILON),
             "compare": "pairs",
@@ -117,7 +123,7 @@ def cases(emb: torch.Tensor, labels: torch.Tensor) -> list[dict]:
         {
             "miner": "distance_weighted",
             "distance": "euclidean",
-            "ours": lambda: distance_weighted(emb, labels, generator=gen.manual_seed(0)),
+            "ours": lambda: DistanceWeightedMiner(generator=gen.manual_seed(0))(emb, labels),
             "pml_name": "DistanceWeightedMiner() [other sampling]",
             "pml": pml_miners.DistanceWeightedMiner(),
             "compare": None,
@@ -192,9 +198,9 @@ def memory_worker(which: str, batch: int, threads: int) -> None:
         margin=MARGIN, type_of_triplets="semihard", distance=pml_distances.CosineSimilarity()
     )
     miners = {
-        "ours": lambda e, lab: semi_hard(e, lab, margin=MARGIN),
+        "ours": lambda e, lab: SemiHardMiner(margin=MARGIN)(e, lab),
         "pml": pml,
-        "multi_similarity": lambda e, lab: multi_similarity(e, lab, epsilon=EPSILON),
+        "multi_similarity": lambda e, lab: MultiSimilarityMiner(epsilon=EPSILON)(e, lab),
     }
     call = miners[which]
     call(*make_batch(16, seed=1))  # load code paths and library buffers before the baseline

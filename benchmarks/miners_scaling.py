@@ -51,7 +51,7 @@ from _common import (
 )
 from _common import parser as make_parser
 
-from composer_dynsample import mining as _mining
+from composer_dynsample.mining import MINERS as MINER_CLASSES
 
 DIM = 128
 PER_CLASS = 8
@@ -82,14 +82,12 @@ def call_of(name: str, inputs: dict[str, torch.Tensor | None]) -> Callable[[], o
     if name == "matmul":
         other = emb if ref is None else ref
         return lambda: emb @ other.T
-    fn = getattr(_mining, name)
-    kwargs: dict[str, object] = {"ref_embeddings": ref, "ref_labels": ref_labels}
-    if name == "hard_topk":
-        kwargs["k"] = 3
+    miner_class = MINER_CLASSES[name]
+    options: dict[str, object] = {"k": 3} if name == "hard_topk" else {}
     if name == "distance_weighted":
         gen = torch.Generator()
-        return lambda: fn(emb, labels, generator=gen.manual_seed(0), **kwargs)
-    return lambda: fn(emb, labels, **kwargs)
+        return lambda: miner_class(generator=gen.manual_seed(0))(emb, labels, ref, ref_labels)
+    return lambda: miner_class(**options)(emb, labels, ref, ref_labels)
 
 
 def _measure_one(name: str, batch: int, pool: int) -> int:

@@ -1,10 +1,11 @@
 """Mining as a fraction of a training step of a small 1-D CNN, per strategy, with and without memory.
 
-One process, side by side: for each strategy the median time of ``mine(...)`` on the step's detached
-embeddings and the median time of the whole training step (forward, mining, loss, backward, AdamW
-step) at the same batch, timed in alternation round by round (so that load from other processes hits
-both alike). Goals (mining issue): at most 5% of a step at B = 256 without memory; ``semi_hard``
-against a 4096-row memory (the cross-batch memory's pool) at most 10% of a step.
+One process, side by side: for each strategy the median time of mining (``build_miner(strategy)``
+called) on the step's detached embeddings and the median time of the whole training step (forward,
+mining, loss, backward, AdamW step) at the same batch, timed in alternation round by round (so that
+load from other processes hits both alike). Goals (mining issue): at most 5% of a step at B = 256
+without memory; ``semi_hard`` against a 4096-row memory (the cross-batch memory's pool) at most 10% of
+a step.
 
     python benchmarks/overhead.py [--quick] [--out benchmarks/results]
 """
@@ -22,8 +23,8 @@ from _common import (
     write_results,
 )
 
-from composer_dynsample import ContrastiveLoss, TripletMarginLoss, mine
-from composer_dynsample.mining import MINERS
+from composer_dynsample import ContrastiveLoss, TripletMarginLoss
+from composer_dynsample.mining import MINERS, build_miner
 
 
 class SmallCNN(torch.nn.Module):
@@ -65,14 +66,7 @@ def measure(strategy: str, batch: int, memory: int, repeats: int) -> dict:
         optimizer.zero_grad(set_to_none=True)
         embeddings = model(features)
         ref, ref_labels, offset = pool_of(embeddings)
-        tuples = mine(
-            embeddings.detach(),
-            labels,
-            strategy,
-            ref_embeddings=ref,
-            ref_labels=ref_labels,
-            self_offset=offset,
-        )
+        tuples = build_miner(strategy)(embeddings.detach(), labels, ref, ref_labels, self_offset=offset)
         pool = None if ref is None else torch.cat([embeddings, bank])
         loss = loss_fn(embeddings, labels, tuples, pool, ref_labels)
         loss.backward()
@@ -83,9 +77,7 @@ def measure(strategy: str, batch: int, memory: int, repeats: int) -> dict:
     ref, ref_labels, offset = pool_of(embeddings)
     medians = time_interleaved(
         {
-            "mine": lambda: mine(
-                embeddings, labels, strategy, ref_embeddings=ref, ref_labels=ref_labels, self_offset=offset
-            ),
+            "mine": lambda: build_miner(strategy)(embeddings, labels, ref, ref_labels, self_offset=offset),
             "step": step,
         },
         repeats,

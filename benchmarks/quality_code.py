@@ -33,7 +33,7 @@ from pathlib import Path
 
 from _common import machine_info, markdown_table, merged_recipes, save_figure, write_results
 from _common import parser as make_parser
-from quality import run_command
+from _quality_runs import run_command
 
 METRICS = ("csn_mrr", "mrr@10", "recall@1", "recall@10", "ndcg@10")
 HEADERS = ("CSN MRR", "MRR@10", "Recall@1", "Recall@10", "nDCG@10")

@@ -30,7 +30,7 @@ from pathlib import Path
 
 from _common import machine_info, markdown_table, merged_recipes, save_figure, write_results
 from _common import parser as make_parser
-from quality import run_one
+from _quality_runs import run_one
 
 DEFAULT = "semi-hard -> batch-hard @10ep (default)"
 _LONG = ["trainer.max_duration=80ep", "trainer.save_interval=20ep"]

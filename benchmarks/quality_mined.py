@@ -39,7 +39,7 @@ from pathlib import Path
 
 from _common import machine_info, markdown_table, merged_recipes, write_results
 from _common import parser as make_parser
-from quality import run_command
+from _quality_runs import run_command
 from quality_code import METRICS, bm25, code_search_record, plot, read_pairs, summarise
 from quality_code import table as code_table
 

@@ -36,8 +36,9 @@ from _common import (
 from _common import parser as make_parser
 from overhead import SmallCNN
 
-from composer_dynsample import TripletMarginLoss, mine
+from composer_dynsample import TripletMarginLoss
 from composer_dynsample.algorithms.embedding_table import write_rows
+from composer_dynsample.mining import SemiHardMiner
 from composer_dynsample.samplers.hard_class import (
     EXACT_SEARCH_MAX_CLASSES,
     HardClassPKBatchSampler,
@@ -61,7 +62,7 @@ def table_write_share(batch: int, rows: int, rounds: int) -> dict:
     def step() -> None:
         optimizer.zero_grad(set_to_none=True)
         embeddings = model(features)
-        loss_fn(embeddings, labels, mine(embeddings.detach(), labels, "semi_hard")).backward()
+        loss_fn(embeddings, labels, SemiHardMiner()(embeddings.detach(), labels)).backward()
         optimizer.step()
 
     with torch.no_grad():

@@ -39,12 +39,12 @@ _MODULES: dict[str, str] = {
     "composer_dynsample.losses": "ContrastiveLoss InfoNCELoss MultiSimilarityLoss TripletMarginLoss",
     "composer_dynsample.models": "BagOfTokensEncoder Conv1dEncoder Conv2dEncoder EmbeddingModel MLPEncoder "
     "TextCNNEncoder TransformerEncoder TwoTowerEncoder",
-    "composer_dynsample.algorithms": "BatchAugmentation CrossBatchMemory EmbeddingTable HardNegativeMining mine",
+    "composer_dynsample.algorithms": "BatchAugmentation CrossBatchMemory EmbeddingTable HardNegativeMining",
     "composer_dynsample.samplers": "DistributedBatchSampler HardClassPKBatchSampler NeighbourBatchSampler "
     "MinedNegativesPKBatchSampler PKBatchSampler SupportsSetEpoch TwoStreamBatchSampler",
     "composer_dynsample.data": "GatherCollate IndexDataset TensorStore TextCollate TextStore",
-    "composer_dynsample.mined": "MinedBatch",
-    "composer_dynsample.callbacks": "CheckpointOnInterrupt RetrievalGallery SetSamplerEpoch find_epoch_target",
+    "composer_dynsample.mining.mined_batch": "MinedBatch",
+    "composer_dynsample.callbacks": "CheckpointOnInterrupt RetrievalGallery SetSamplerEpoch",
     "composer_dynsample.metrics": "RankingMetrics",
 }
 
@@ -84,8 +84,6 @@ __all__ = [
     "TwoStreamBatchSampler",
     "TwoTowerEncoder",
     "build_dataloader",
-    "find_epoch_target",
-    "mine",
 ]
 
 if TYPE_CHECKING:
@@ -94,18 +92,16 @@ if TYPE_CHECKING:
         CrossBatchMemory,
         EmbeddingTable,
         HardNegativeMining,
-        mine,
     )
     from composer_dynsample.callbacks import (
         CheckpointOnInterrupt,
         RetrievalGallery,
         SetSamplerEpoch,
-        find_epoch_target,
     )
     from composer_dynsample.data import GatherCollate, IndexDataset, TensorStore, TextCollate, TextStore
     from composer_dynsample.losses import ContrastiveLoss, InfoNCELoss, MultiSimilarityLoss, TripletMarginLoss
     from composer_dynsample.metrics import RankingMetrics
-    from composer_dynsample.mined import MinedBatch
+    from composer_dynsample.mining.mined_batch import MinedBatch
     from composer_dynsample.models import (
         BagOfTokensEncoder,
         Conv1dEncoder,

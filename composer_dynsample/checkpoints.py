@@ -29,6 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from composer_dynsample.file_kinds import file_kind
+
 __all__ = ["SAFE_GLOBALS", "CheckpointError", "check_checkpoint"]
 
 
@@ -121,13 +123,7 @@ def check_checkpoint(path: str | os.PathLike[str], *, trusted: bool = False) -> 
     _check_finite(file, state["model"])
 
 
-_FILE_KINDS = {
-    stat.S_ISDIR: "a directory",
-    stat.S_ISFIFO: "a FIFO (named pipe)",
-    stat.S_ISCHR: "a character device",
-    stat.S_ISBLK: "a block device",
-    stat.S_ISSOCK: "a socket",
-}
+_FIFO_WORDING = {"fifo": "a FIFO (named pipe)"}  # how a checkpoint message words the FILE_KINDS "fifo"
 
 
 def _regular_file_size(file: Path) -> int:
@@ -146,7 +142,7 @@ def _regular_file_size(file: Path) -> int:
             ) from None
         raise CheckpointError(f"checkpoint {str(file)!r} cannot be read: {error.strerror}.") from None
     if not stat.S_ISREG(info.st_mode):
-        kind = next((name for test, name in _FILE_KINDS.items() if test(info.st_mode)), "not a file")
+        kind = file_kind(info.st_mode, other="not a file", wording=_FIFO_WORDING)
         raise CheckpointError(
             f"checkpoint {str(file)!r} is {kind}, not a regular file; a checkpoint is a file written by "
             "the Trainer (torch.save)."

@@ -24,9 +24,7 @@ from __future__ import annotations
 import difflib
 import math
 import numbers
-import os
 import re
-import stat
 import sys
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING
@@ -48,7 +46,6 @@ __all__ = [
     "check_generator",
     "check_int",
     "check_labels",
-    "check_path_kind",
     "check_pool",
     "check_time",
     "describe",
@@ -215,60 +212,6 @@ def did_you_mean(value: object, options: Iterable[str]) -> str:
         return ""
     matches = difflib.get_close_matches(value, list(options), n=1, cutoff=0.6)
     return f" Did you mean {matches[0]!r}?" if matches else ""
-
-
-def _special_file_kind(mode: int) -> str:
-    """What a file that is neither a regular file nor a directory is, in words."""
-    kinds = (
-        (stat.S_ISFIFO, "a named pipe, FIFO"),
-        (stat.S_ISSOCK, "a socket"),
-        (stat.S_ISCHR, "a character device"),
-        (stat.S_ISBLK, "a block device"),
-    )
-    return next((words for test, words in kinds if test(mode)), "a special file")
-
-
-def check_path_kind(path: str | os.PathLike[str], expected: str, *, directory: bool = False) -> bool:
-    """Check, before opening it, that ``path`` is a regular file (or a directory, when ``directory``).
-
-    A named pipe would block the open until a writer comes, and a device such as ``/dev/zero`` would
-    feed endless bytes; both are refused, also behind a symbolic link (links are followed).
-
-    Args:
-        path (str | os.PathLike): The path.
-        expected (str): What would be valid, for the message, e.g. ``"a .jsonl or .csv file"``.
-        directory (bool): Whether a directory is valid too. Default: ``False``.
-
-    Returns:
-        bool: Whether ``path`` is a directory.
-
-    Raises:
-        FileNotFoundError: If ``path`` does not exist (a dangling link included).
-        ValueError: If it is something else, naming what it is and what was expected.
-
-    Example:
-        >>> check_path_kind("/dev/null", "a text file")
-        Traceback (most recent call last):
-            ...
-        ValueError: /dev/null: not a regular file (a character device); expected a text file.
-    """
-    try:
-        mode = os.stat(path).st_mode
-    except FileNotFoundError:
-        raise FileNotFoundError(f"{os.fspath(path)}: no such file or directory.") from None
-    except OSError as error:  # a symbolic link loop, a name too long, a folder we may not read
-        raise ValueError(
-            f"{os.fspath(path)}: cannot be read ({error.strerror}); expected {expected}."
-        ) from None
-    if stat.S_ISDIR(mode):
-        if directory:
-            return True
-        raise ValueError(f"{os.fspath(path)}: is a directory; expected {expected}.")
-    if not stat.S_ISREG(mode):
-        raise ValueError(
-            f"{os.fspath(path)}: not a regular file ({_special_file_kind(mode)}); expected {expected}."
-        )
-    return False
 
 
 def describe(value: object) -> str:

@@ -7,8 +7,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from composer_dynsample.distances import RankMatrix, check_distance
-from composer_dynsample.mining import DISTANCES, pairwise_distance
+from composer_dynsample.distances import DISTANCES, RankMatrix, check_distance, pairwise_distance
 from tests.mining import ref_distance
 
 

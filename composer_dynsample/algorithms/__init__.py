@@ -2,7 +2,7 @@
 
 from composer_dynsample.algorithms.augmentation import BatchAugmentation, random_affine
 from composer_dynsample.algorithms.embedding_table import EmbeddingTable, class_centroids
-from composer_dynsample.algorithms.hard_negative_mining import CrossBatchMemory, HardNegativeMining, mine
+from composer_dynsample.algorithms.hard_negative_mining import CrossBatchMemory, HardNegativeMining
 
 __all__ = [
     "BatchAugmentation",
@@ -10,6 +10,5 @@ __all__ = [
     "EmbeddingTable",
     "HardNegativeMining",
     "class_centroids",
-    "mine",
     "random_affine",
 ]

@@ -2,6 +2,6 @@
 
 from composer_dynsample.callbacks.checkpoint_on_interrupt import CheckpointOnInterrupt
 from composer_dynsample.callbacks.retrieval_gallery import RetrievalGallery
-from composer_dynsample.callbacks.set_sampler_epoch import SetSamplerEpoch, find_epoch_target
+from composer_dynsample.callbacks.set_sampler_epoch import SetSamplerEpoch
 
-__all__ = ["CheckpointOnInterrupt", "RetrievalGallery", "SetSamplerEpoch", "find_epoch_target"]
+__all__ = ["CheckpointOnInterrupt", "RetrievalGallery", "SetSamplerEpoch"]

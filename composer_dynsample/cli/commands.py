@@ -111,14 +111,6 @@ def _out_path(
     return path
 
 
-def _quiet_defaults(cfg: Any, quiet: bool) -> None:
-    """No progress bar when asked, or when stdout is not a terminal (unless the config sets one)."""
-    if quiet:
-        cfg.trainer.progress_bar = False
-    elif "progress_bar" not in cfg.trainer:
-        cfg.trainer.progress_bar = sys.stdout.isatty()
-
-
 def _prepare(
     config: str | os.PathLike[str] | Mapping[str, Any],
     overrides: Sequence[str],
@@ -130,38 +122,64 @@ def _prepare(
 ) -> tuple[Any, Path | None, Path, Any]:
     """Load the config and check it and any checkpoint: ``(cfg, config path, run directory, load_path)``.
 
-    Nothing on disk changes here. ``settings`` (``{"trainer.load_path": path}``) are set on the loaded
-    config as they are, after the overrides: unlike an override, a value is not parsed as YAML (a path
-    may hold ``#`` or ``: ``).
+    Nothing on disk changes here; ``settings`` (``{"trainer.load_path": path}``) are set by :func:`_load`.
     """
+    config_path = None if isinstance(config, Mapping) else Path(config)
+    cfg = _load(config, overrides, settings or {})
+    _check_config(cfg)
+    _local_defaults(cfg, quiet)
+    directory = _run_directory(cfg, run_dir, config_path)
+    return cfg, config_path, directory, checked_load_path(cfg, trust_checkpoint)
+
+
+def _load(
+    config: str | os.PathLike[str] | Mapping[str, Any], overrides: Sequence[str], settings: Mapping[str, Any]
+) -> Any:
+    """The config with its ``overrides`` applied, then ``settings`` set as they are: unlike an override, a
+    value is not parsed as YAML (a path may hold ``#`` or ``: ``)."""
     from omegaconf import OmegaConf
 
-    from composer_dynsample.config.builders import check_config
-    from composer_dynsample.config.loading import (
-        default_run_dir,
-        expand_trainer_paths,
-        load_config,
-        run_options,
-        section,
-    )
+    from composer_dynsample.config.loading import load_config, section
 
-    config_path = None if isinstance(config, Mapping) else Path(config)
     cfg = load_config(config, overrides)
-    for key, value in (settings or {}).items():
+    for key, value in settings.items():
         head = key.split(".", 1)[0]
         section(cfg, head, head)  # a section that is not a mapping is a ConfigError, not OmegaConf's
         OmegaConf.update(cfg, key, value, merge=False)
-    run_options(cfg)  # seed and run_dir are checked before torch and Composer are imported
-    # The whole config is checked before anything on disk changes (--overwrite removes a previous run):
-    # the cheap checks, no data loaded, at most torch imported.
-    check_config(cfg)
+    return cfg
+
+
+def _check_config(cfg: Any) -> None:
+    """Check the whole config before anything on disk changes (``--overwrite`` removes a previous run):
+    ``seed`` and ``run_dir`` before torch and Composer are imported, then the cheap checks of every section
+    (no data loaded, at most torch imported), then that every rank was given the same config."""
+    from composer_dynsample.config.checks import check_config
+    from composer_dynsample.config.loading import run_options
     from composer_dynsample.config.ranks import check_same_config_on_every_rank
 
-    check_same_config_on_every_rank(cfg)  # before the per-rank defaults below, and before any rank writes
-    _quiet_defaults(cfg, quiet)
+    run_options(cfg)
+    check_config(cfg)
+    check_same_config_on_every_rank(cfg)
+
+
+def _local_defaults(cfg: Any, quiet: bool) -> None:
+    """Set what may differ between ranks, once every rank's config is checked to be the same: no progress
+    bar when asked or when stdout is not a terminal (unless the config sets one), ``~`` expanded in the
+    trainer's local paths."""
+    from composer_dynsample.config.loading import expand_trainer_paths
+
+    if quiet:
+        cfg.trainer.progress_bar = False
+    elif "progress_bar" not in cfg.trainer:
+        cfg.trainer.progress_bar = sys.stdout.isatty()
     expand_trainer_paths(cfg.trainer)
-    directory = Path(run_dir or cfg.get("run_dir") or default_run_dir(config_path)).expanduser()
-    return cfg, config_path, directory, checked_load_path(cfg, trust_checkpoint)
+
+
+def _run_directory(cfg: Any, run_dir: str | os.PathLike[str] | None, config_path: Path | None) -> Path:
+    """The run directory: ``run_dir`` if given, else the config's ``run_dir``, else ``runs/<config stem>``."""
+    from composer_dynsample.config.loading import default_run_dir
+
+    return Path(run_dir or cfg.get("run_dir") or default_run_dir(config_path)).expanduser()
 
 
 def _build(cfg: Any, directory: Path, callbacks: Sequence[Any] = ()) -> Any:
@@ -254,7 +272,6 @@ def _prepare_model_run(
     config: str | os.PathLike[str] | Mapping[str, Any],
     checkpoint: str | os.PathLike[str] | None,
     overrides: Sequence[str],
-    run_dir: str | os.PathLike[str] | None,
     trust_checkpoint: bool,
 ) -> tuple[Any, Path]:
     """The checked config and run directory of a run that only embeds, with the checkpoint's weights
@@ -277,28 +294,18 @@ def _prepare_model_run(
         "evaluation.at_start": False,
     }
     cfg, _, directory, _ = _prepare(
-        config, overrides, run_dir, quiet=True, trust_checkpoint=True, settings=settings
+        config, overrides, None, quiet=True, trust_checkpoint=True, settings=settings
     )
     return cfg, directory
 
 
 def _build_model_run(cfg: Any, directory: Path, *, trained: bool = True) -> Any:
-    """Build a run of :func:`_prepare_model_run`; texts' truncation is told unless ``trained`` (train told it)."""
+    """Build a run of :func:`_prepare_model_run` (for eval, embed and export); texts' truncation is told
+    unless ``trained`` (train told it)."""
     with warnings.catch_warnings():
         if trained:
             warnings.filterwarnings("ignore", message=_TRUNCATION_REPORT, category=UserWarning)
         return _build(cfg, directory)
-
-
-def _checkpoint_run(
-    config: str | os.PathLike[str] | Mapping[str, Any],
-    checkpoint: str | os.PathLike[str] | None,
-    overrides: Sequence[str],
-    run_dir: str | os.PathLike[str] | None,
-    trust_checkpoint: bool,
-) -> Any:
-    """A run of :func:`_prepare_model_run`, built: for eval, embed and export."""
-    return _build_model_run(*_prepare_model_run(config, checkpoint, overrides, run_dir, trust_checkpoint))
 
 
 def evaluate(
@@ -337,16 +344,15 @@ def evaluate(
     """
     prepared = None
     if checkpoint is None:
-        prepared = _prepare_model_run(config, None, overrides, None, trust_checkpoint)
+        prepared = _prepare_model_run(config, None, overrides, trust_checkpoint)
         run_dir, name = prepared[1], START_EVAL_FILE
     else:
         run_dir, name = _run_dir_of(Path(checkpoint)), "eval.json"
     path = _out_path(out if out is not None else run_dir / name, "eval.json")
-    plot = path.with_name(
-        f"{path.stem}-retrievals.png" if _same_dir(path.parent, run_dir) else "retrievals.png"
-    )
+    same_dir = path.parent.expanduser().resolve() == run_dir.expanduser().resolve()
+    plot = path.with_name(f"{path.stem}-retrievals.png" if same_dir else "retrievals.png")
     if prepared is None:
-        prepared = _prepare_model_run(config, checkpoint, overrides, None, trust_checkpoint)
+        prepared = _prepare_model_run(config, checkpoint, overrides, trust_checkpoint)
     run = _build_model_run(*prepared, trained=checkpoint is not None)
     final, test_embeddings = evaluate_run(run)
     given = None if checkpoint is None else str(checkpoint)
@@ -394,7 +400,7 @@ def embed(
     import numpy as np
 
     from composer_dynsample.cli.inputs import read_embed_input, split_arrays
-    from composer_dynsample.config.registry import ConfigError
+    from composer_dynsample.config.components import ConfigError
     from composer_dynsample.models.embed import embed_store
     from composer_dynsample.validation import check_choice
 
@@ -404,7 +410,7 @@ def embed(
         )
     split = check_choice("split", split or "test", ("test", "train"))
     path = _out_path(out, "embeddings.npz", ".npz")
-    run = _checkpoint_run(config, checkpoint, overrides, None, trust_checkpoint)
+    run = _build_model_run(*_prepare_model_run(config, checkpoint, overrides, trust_checkpoint))
     if input_path is not None:
         try:
             store, arrays = read_embed_input(input_path, run.splits)
@@ -460,7 +466,7 @@ def export(
             that cannot be written in (before anything is loaded).
         ConfigError: If the data are not texts, or the encoder does not fit the format.
     """
-    from composer_dynsample.config.registry import ConfigError
+    from composer_dynsample.config.components import ConfigError
     from composer_dynsample.data import TextSplits
     from composer_dynsample.distributed import unwrap_model
     from composer_dynsample.export import export_huggingface, export_sentence_transformers, run_metrics
@@ -468,7 +474,7 @@ def export(
 
     export_format = check_choice("format", export_format, EXPORT_FORMATS)
     target = _out_path(out, directory=True)
-    run = _checkpoint_run(config, checkpoint, overrides, None, trust_checkpoint)
+    run = _build_model_run(*_prepare_model_run(config, checkpoint, overrides, trust_checkpoint))
     if not isinstance(run.splits, TextSplits):
         raise ConfigError(
             f"export writes text encoders, but {run.splits.name!r} holds feature tensors, not texts."
@@ -491,7 +497,3 @@ def _run_dir_of(checkpoint: Path) -> Path:
     # os.path.realpath, unlike Path.resolve, does not raise on a symlink loop: check_checkpoint names it
     folder = Path(os.path.realpath(checkpoint.expanduser())).parent
     return folder.parent if folder.name == "checkpoints" else folder
-
-
-def _same_dir(first: Path, second: Path) -> bool:
-    return first.expanduser().resolve() == second.expanduser().resolve()

@@ -195,7 +195,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     overrides = [*args.overrides, *extra]
     from composer_dynsample.checkpoints import CheckpointError
     from composer_dynsample.cli import commands
-    from composer_dynsample.config.registry import ConfigError
+    from composer_dynsample.config.components import ConfigError
 
     try:
         _run_command(commands, args, overrides)

@@ -43,7 +43,7 @@ def autoresume_enabled(cfg: Any, run_dir: Path, *, overwrite: bool, trust_checkp
     Composer resumes from ``save_folder/save_latest_filename`` (``RUN_DIR/checkpoints/latest-rank0.pt``
     by default) when that file exists, else it starts afresh (or from ``trainer.load_path``).
     """
-    from composer_dynsample.config.registry import ConfigError
+    from composer_dynsample.config.components import ConfigError
 
     autoresume = cfg.trainer.get("autoresume", False)
     if not isinstance(autoresume, bool):

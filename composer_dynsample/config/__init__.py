@@ -30,31 +30,43 @@ of a sampler, ``num_replicas`` and ``rank`` (from the launcher), the optimizer's
 that can be read off the data are inferred unless given: ``input_length`` and ``in_channels`` of
 ``conv1d``, ``in_features`` of ``mlp``, and a sampler's ``seed`` (the top-level ``seed``).
 
-The package has one module per step: :mod:`~composer_dynsample.config.registry` (how a section names
-its target, key and type checks), :mod:`~composer_dynsample.config.loading` (:func:`load_config` reads
-a file and dotted overrides such as ``trainer.max_duration=2ep`` with OmegaConf; the structured
-configs of the fixed-key sections), :mod:`~composer_dynsample.config.builders` (one builder per
-section, the registries) and :mod:`~composer_dynsample.config.run` (:func:`build_run` turns a config
-into a ready :class:`TrainingRun`); ``composer-dynsample train`` runs it. Problems raise
-:class:`ConfigError`, a ``ValueError`` whose message names the key, the value and what is valid.
+The package has one module per step: :mod:`~composer_dynsample.config.components` (how a section names
+its target: ``name`` or ``_component_``, key and type checks), :mod:`~composer_dynsample.config.names`
+(the short names each section may use), :mod:`~composer_dynsample.config.loading` (:func:`load_config`
+reads a file and dotted overrides such as ``trainer.max_duration=2ep`` with OmegaConf; the structured
+configs of the fixed-key sections), :mod:`~composer_dynsample.config.checks` (:func:`check_config`
+checks every section before anything is built, with :mod:`~composer_dynsample.config.model_checks` and
+:mod:`~composer_dynsample.config.signatures`), :mod:`~composer_dynsample.config.builders`,
+:mod:`~composer_dynsample.config.model_builders` and :mod:`~composer_dynsample.config.evaluation` (one
+builder per section) and :mod:`~composer_dynsample.config.run` (:func:`build_run` turns a config into a
+ready :class:`TrainingRun`); ``composer-dynsample train`` runs it. Problems raise :class:`ConfigError`, a
+``ValueError`` whose message names the key, the value and what is valid.
+
+Reading and checking a config imports neither Composer nor, until a section's target needs it, torch:
+the builders, which import both, are imported with :func:`build_run` on first use (PEP 562).
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from composer_dynsample._lazy import lazy_exports
 
-# Imported on first use (PEP 562): reading and checking a config must not wait for Composer and torch,
-# which only the builders and the run need.
-_MODULES: dict[str, str] = {
-    "composer_dynsample.config.registries": "ALGORITHMS CALLBACKS DATASETS ENCODERS LOGGERS LOSSES OPTIMIZERS "
-    "SAMPLERS SCHEDULERS",
-    "composer_dynsample.config.loading": "SECTIONS DataloaderConfig EvaluationConfig RunOptions default_run_dir "
-    "load_config save_config",
-    "composer_dynsample.config.registry": "ConfigError Lazy Registered",
-    "composer_dynsample.config.run": "TrainingRun build_run",
-    "composer_dynsample.schedulers": "OneCycleScheduler",
-}
+__all__ = ["ConfigError", "TrainingRun", "build_run", "check_config", "load_config", "save_config"]
 
-__all__ = sorted(name for names in _MODULES.values() for name in names.split())
+if TYPE_CHECKING:
+    from composer_dynsample.config.checks import check_config
+    from composer_dynsample.config.components import ConfigError
+    from composer_dynsample.config.loading import load_config, save_config
+    from composer_dynsample.config.run import TrainingRun, build_run
 
-__getattr__, __dir__ = lazy_exports(__name__, _MODULES, globals())
+__getattr__, __dir__ = lazy_exports(
+    __name__,
+    {
+        "composer_dynsample.config.components": "ConfigError",
+        "composer_dynsample.config.checks": "check_config",
+        "composer_dynsample.config.loading": "load_config save_config",
+        "composer_dynsample.config.run": "TrainingRun build_run",
+    },
+    globals(),
+)

@@ -1,8 +1,8 @@
 """Builders: one function per config section, each turning its section into the object it names.
 
 Every builder takes the whole config and reads only its own section; the short names a section may
-use live in the registries of :mod:`~composer_dynsample.config.registries`, and any other class or
-function is reachable by a ``_component_`` dotted path (see :mod:`composer_dynsample.config.registry`).
+use live in the tables of :mod:`~composer_dynsample.config.names`, and any other class or
+function is reachable by a ``_component_`` dotted path (see :mod:`composer_dynsample.config.components`).
 What the builder supplies itself (a sampler's labels, the optimizer's parameters, an encoder's input
 sizes read off the data) is the same for a registered name and for a ``_component_``:
 
@@ -23,83 +23,70 @@ sizes read off the data) is the same for a registered name and for a ``_componen
   a ``_component_`` among the keys, any label.
 
 The ``model`` section's builders (``model.encoder``, ``model.loss``, the model) are in
-:mod:`~composer_dynsample.config.model_builders`; the registries, the model builders and
-:func:`check_config` are all importable from here.
+:mod:`~composer_dynsample.config.model_builders`, the evaluation's in
+:mod:`~composer_dynsample.config.evaluation`; :func:`~composer_dynsample.config.checks.check_config`
+checks a config without building it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+import numpy as np
+import torch
+from composer.core import DataSpec
 from omegaconf import DictConfig
+from torch.utils.data import DataLoader
 
-from composer_dynsample.config import registries
-from composer_dynsample.config.evaluation import build_eval_dataloader
-from composer_dynsample.config.loading import dataloader_config, evaluation_config, run_options, section
-from composer_dynsample.config.model_builders import (
-    build_encoder,
-    build_loss,
-    build_model,
-    check_encoder,
-    check_model_folder,
-    check_model_keys,
-    check_positions,
-    folder_data_defaults,
-)
-from composer_dynsample.config.registries import (
-    ALGORITHMS,
-    CALLBACKS,
-    DATASETS,
-    ENCODERS,  # noqa: F401 (not used here: re-exported, as registries.__all__ names it)
-    LOADER_OWNED,
-    LOGGERS,
-    LOSSES,
-    OPTIMIZERS,
-    SAMPLER_RESERVED,
-    SAMPLERS,
-    SCHEDULERS,
-    resolve_entry,
-)
-from composer_dynsample.config.registry import (
-    COMPONENT_KEY,
+from composer_dynsample.config.components import (
     ConfigError,
     Registered,
     call,
     check_keys,
-    check_types,
     import_component,
     parameters,
+    resolve_entry,
+    resolve_set,
+)
+from composer_dynsample.config.loading import dataloader_config, section
+from composer_dynsample.config.model_checks import folder_data_defaults
+from composer_dynsample.config.names import (
+    ALGORITHMS,
+    CALLBACKS,
+    DATASETS,
+    LOADER_OWNED,
+    LOGGERS,
+    OPTIMIZERS,
+    SAMPLER_RESERVED,
+    SAMPLERS,
+    SCHEDULERS,
 )
 from composer_dynsample.config.run_tokenizer import run_tokenizer
-from composer_dynsample.config.signatures import SourceRegistry, source_signature
-from composer_dynsample.validation import check_time
-
-if TYPE_CHECKING:
-    import torch
-    from composer.core import DataSpec
-    from torch.utils.data import DataLoader
-
-    from composer_dynsample.data import DatasetSplits, TensorStore, TextStore
+from composer_dynsample.data import (
+    DatasetSplits,
+    GatherCollate,
+    IndexDataset,
+    TensorStore,
+    TextCollate,
+    TextStore,
+    stratified_split,
+    text_data_spec,
+)
+from composer_dynsample.samplers.dataloader import BatchSamplerDataLoader
 
 __all__ = [
     "build_algorithms",
     "build_callbacks",
     "build_data",
-    "build_encoder",
-    "build_eval_dataloader",
     "build_loggers",
-    "build_loss",
-    "build_model",
     "build_optimizer",
     "build_sampler",
     "build_scheduler",
     "build_train_dataloader",
-    "check_trainer_basics",
     "composer_dataloader",
 ]
-__all__ += registries.__all__  # the registries are importable from here too
 
 
 def build_data(cfg: DictConfig) -> DatasetSplits:
@@ -109,15 +96,13 @@ def build_data(cfg: DictConfig) -> DatasetSplits:
     :func:`~composer_dynsample.config.run_tokenizer.run_tokenizer`), so a resumed, evaluated or exported
     model meets the ids it was trained on; else, when ``model.encoder`` is a transformer of a model
     folder, the folder's tokenizer, and its ``max_seq_length`` as ``max_length`` when that is unset too
-    (see :func:`~composer_dynsample.config.model_builders.folder_data_defaults`).
+    (see :func:`~composer_dynsample.config.model_checks.folder_data_defaults`).
     An error of the loader about the data (a file, its line and column) is one line naming ``data``.
 
     Raises:
         ConfigError: If a key or value is wrong, a data file is missing or malformed, or the model folder
-            refuses the data's tokenizer (see :func:`check_config`).
+            refuses the data's tokenizer (see :func:`~composer_dynsample.config.checks.check_config`).
     """
-    from composer_dynsample.data import DatasetSplits
-
     entry, name, kwargs, _ = resolve_entry("data", section(cfg, "data", "data"), DATASETS)
     found = None
     if "tokenizer" in parameters(entry.target) and kwargs.get("tokenizer") is None:
@@ -157,16 +142,12 @@ def build_sampler(cfg: DictConfig, labels: torch.Tensor, seed: int, store: Any =
     fraction = extras.get("primary_fraction", entry.extra["primary_fraction"])
     if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 < fraction < 1:
         raise ConfigError(f"sampler.primary_fraction must be a number in (0, 1), got {fraction!r}.")
-    from composer_dynsample.data import stratified_split
-
     secondary, primary = stratified_split(labels, float(fraction), seed=int(kwargs["seed"]))
     return call("sampler", entry, kwargs, primary, secondary)
 
 
 def _pair_rows(name: str, store: Any) -> dict[str, Any]:
     """``is_passage`` and ``duplicate_ids`` of a pairs store's sampled rows, or a ConfigError."""
-    import numpy as np
-
     is_query = getattr(store, "is_query", None)
     if is_query is None or not bool(np.asarray(is_query).any()):
         raise ConfigError(
@@ -185,9 +166,6 @@ def build_train_dataloader(cfg: DictConfig, store: TensorStore | TextStore, seed
 
     Give the Trainer :func:`composer_dataloader` of it: Composer cannot size a text batch by itself.
     """
-    from composer_dynsample.data import GatherCollate, IndexDataset, TextCollate, TextStore
-    from composer_dynsample.samplers.dataloader import BatchSamplerDataLoader
-
     sampler = build_sampler(cfg, store.labels, seed, store)
     component, kwargs = dataloader_config(cfg)
     if component is None:
@@ -204,8 +182,6 @@ def build_train_dataloader(cfg: DictConfig, store: TensorStore | TextStore, seed
 def composer_dataloader(loader: DataLoader) -> DataLoader | DataSpec:
     """What the Trainer gets for a train loader: a text loader's :func:`~composer_dynsample.data.text_data_spec`
     (which sizes its batches and keeps given negatives whole), any other loader as it is."""
-    from composer_dynsample.data import TextCollate, text_data_spec
-
     return text_data_spec(loader) if isinstance(getattr(loader, "collate_fn", None), TextCollate) else loader
 
 
@@ -226,30 +202,6 @@ def build_scheduler(cfg: DictConfig) -> Any | None:
     return call("scheduler", entry, kwargs)
 
 
-def _set_entries(
-    path: str,
-    values: Mapping[str, Any],
-    registry: Mapping[str, Any],
-    supplied: Mapping[str, Any] | None = None,
-) -> list[tuple[str, Registered, dict[str, Any]]]:
-    """Resolve and check every entry of a ``{label: keys}`` section; null entries are off."""
-    entries = []
-    for label, keys in values.items():
-        if keys is None:
-            continue
-        if not isinstance(keys, Mapping):
-            raise ConfigError(
-                f"{path}.{label} must be a mapping of keyword arguments ({{}} for the defaults) or null, got {keys!r}."
-            )
-        keys = dict(keys)
-        default = None if COMPONENT_KEY in keys else label  # without a _component_ the label names the target
-        entry, _, kwargs, _ = resolve_entry(
-            f"{path}.{label}", keys, registry, default=default, name_key=False, supplied=supplied
-        )
-        entries.append((f"{path}.{label}", entry, kwargs))
-    return entries
-
-
 def _build_set(
     path: str,
     values: Mapping[str, Any],
@@ -258,7 +210,7 @@ def _build_set(
 ) -> list[Any]:
     """Build every entry of a ``{label: keys}`` section; null entries are off."""
     return [
-        call(where, entry, kwargs) for where, entry, kwargs in _set_entries(path, values, registry, supplied)
+        call(where, entry, kwargs) for where, entry, kwargs in resolve_set(path, values, registry, supplied)
     ]
 
 
@@ -280,103 +232,3 @@ def build_loggers(cfg: DictConfig, run_dir: Path) -> list[Any]:
     if isinstance(values.get("file"), Mapping) and "filename" not in values["file"]:
         values["file"] = {**values["file"], "filename": str(run_dir / "logs-rank{rank}.txt")}
     return _build_set("loggers", values, LOGGERS)
-
-
-# Trainer arguments the builders construct from other sections.
-TRAINER_OWNED = {
-    "model": "model",
-    "train_dataloader": "data/sampler/dataloader",
-    "eval_dataloader": "evaluation",
-    "eval_interval": "evaluation.interval",
-    "optimizers": "optimizer",
-    "schedulers": "scheduler",
-    "algorithms": "algorithms",
-    "callbacks": "callbacks",
-    "loggers": "loggers",
-    "seed": "seed (top level)",
-}
-
-
-def check_config(cfg: DictConfig) -> None:
-    """Check what can be checked before anything is built or loaded, cheapest first.
-
-    Run options, ``evaluation``, the trainer's time and checkpoint path, then the keys and value types of
-    ``data``, ``model.encoder``, ``model.loss``, ``sampler``, ``dataloader`` and ``optimizer`` against their
-    targets' signatures, ``data.max_length`` against a transformer's positions, and a model folder's
-    pooling and tokenizer against the config (its JSON files read, no weights): an error there answers
-    without loading data, and with at most torch imported (Composer only when a section names a
-    Composer class). The builders check the rest as they build.
-
-    Raises:
-        ConfigError: The first problem found, naming the key.
-    """
-    run_options(cfg)
-    evaluation_config(cfg)
-    check_trainer_basics(section(cfg, "trainer", "trainer"))
-    model = section(cfg, "model", "model")
-    sections = [
-        ("data", section(cfg, "data", "data"), DATASETS, {}, {}),
-        ("model.loss", section(model, "loss", "model.loss"), LOSSES, {}, {}),
-        ("sampler", section(cfg, "sampler", "sampler"), SAMPLERS, {}, {"reserved": SAMPLER_RESERVED}),
-        ("optimizer", section(cfg, "optimizer", "optimizer"), OPTIMIZERS, {}, {"reserved": ("params",)}),
-    ]
-    for path, values, registry, supplied, options in sections:
-        if values:
-            entry, _, kwargs, _ = resolve_entry(path, values, registry, supplied=supplied, **options)
-            check_types(path, entry, kwargs)
-    check_encoder("model.encoder", section(model, "encoder", "model.encoder"))
-    check_positions(cfg)  # data.max_length against a transformer's positions, the data not loaded
-    check_model_folder(cfg)  # a model folder's pooling and tokenizer against the config
-    dataloader_config(cfg)
-    _check_from_source(cfg, model)
-    registries.check_sampler_table(
-        section(cfg, "sampler", "sampler"), section(cfg, "algorithms", "algorithms")
-    )
-
-
-def _check_from_source(cfg: DictConfig, model: Mapping[str, Any]) -> None:
-    """The keys of the sections whose targets import Composer, against signatures read from source."""
-    for path, registry in (("algorithms", ALGORITHMS), ("callbacks", CALLBACKS), ("loggers", LOGGERS)):
-        values = section(cfg, path, path)
-        named = {  # a dotted _component_ of the user's is checked by the builder, once imported
-            label: keys
-            for label, keys in values.items()
-            if not (isinstance(keys, Mapping) and keys.get(COMPONENT_KEY, label) not in (*registry, label))
-        }
-        _set_entries(path, named, SourceRegistry(registry))
-    scheduler = cfg.get("scheduler")
-    if scheduler is not None:
-        values = section(cfg, "scheduler", "scheduler")
-        if values.get(COMPONENT_KEY, values.get("name")) in SCHEDULERS:
-            resolve_entry("scheduler", values, SourceRegistry(SCHEDULERS))
-    signature = source_signature("composer_dynsample.models.embedding_model", "EmbeddingModel")
-    if signature is not None:
-        check_model_keys(model, signature.parameters)
-    signature = source_signature("composer.trainer.trainer", "Trainer")
-    if signature is not None:
-        valid = [key for key in signature.parameters if key not in TRAINER_OWNED]
-        check_keys("trainer", section(cfg, "trainer", "trainer"), valid, "composer.Trainer")
-
-
-def check_trainer_basics(values: Mapping[str, Any]) -> None:
-    """The trainer keys the builders own, ``max_duration`` and a local ``load_path``."""
-    owned = [key for key in values if key in TRAINER_OWNED]
-    if owned:
-        raise ConfigError(
-            f"trainer: key {owned[0]!r} is set by the {TRAINER_OWNED[owned[0]]!r} section, not here."
-        )
-    if values.get("max_duration") is None:
-        raise ConfigError("trainer.max_duration is required, e.g. '60ep' or '500ba'.")
-    try:
-        number, _ = check_time("trainer.max_duration", values["max_duration"], ("ep", "ba", "sp"))
-    except ValueError as error:
-        raise ConfigError(str(error)) from error
-    if number == 0:
-        raise ConfigError(f"trainer.max_duration must be greater than zero, got {values['max_duration']!r}.")
-    load_path = values.get("load_path")
-    if (
-        load_path is not None
-        and "://" not in str(load_path)
-        and not Path(str(load_path)).expanduser().exists()
-    ):
-        raise ConfigError(f"trainer.load_path {values['load_path']!r} does not exist.")

@@ -20,19 +20,30 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
+import torch
+from composer.core import DataSpec, Evaluator
+from composer.core.data_spec import default_split_batch
+from composer.utils import dist
+from torch.utils.data import DataLoader
 
+from composer_dynsample.callbacks.retrieval_gallery import RetrievalGallery, Store
+from composer_dynsample.config.components import ConfigError
 from composer_dynsample.config.loading import EvaluationConfig
-from composer_dynsample.config.registry import ConfigError
-
-if TYPE_CHECKING:
-    import torch
-    from composer.core import DataSpec, Evaluator
-
-    from composer_dynsample.callbacks.retrieval_gallery import RetrievalGallery, Store
-    from composer_dynsample.data import DatasetSplits
+from composer_dynsample.data import DatasetSplits, GatherCollate, IndexDataset, TextCollate, TextStore
+from composer_dynsample.data.text.store import count_tokens
+from composer_dynsample.metrics import (
+    MeanAveragePrecisionAtR,
+    RankingScore,
+    RetrievalRecallAtK,
+    RPrecision,
+    count_queries_without_positive,
+    ranking_metrics,
+    retrieval_metrics,
+)
+from composer_dynsample.models.embed import embed_store, store_labels
 
 __all__ = [
     "LEAVE_ONE_OUT",
@@ -118,13 +129,6 @@ def check_ks_fit_the_gallery(ks: Sequence[int], splits: DatasetSplits) -> None:
 
 def eval_metrics(evaluation: EvaluationConfig, splits: DatasetSplits) -> dict[str, Any]:
     """The model's eval metrics for the data's protocol, scalar each (Composer logs them by name)."""
-    from composer_dynsample.metrics import (
-        MeanAveragePrecisionAtR,
-        RankingScore,
-        RetrievalRecallAtK,
-        RPrecision,
-    )
-
     check_ks_fit_the_gallery(evaluation.ks, splits)
     distance = evaluation.distance
     if protocol_of(splits) == QUERIES_VS_PASSAGES:
@@ -177,14 +181,6 @@ def build_eval_dataloader(store: Store, batch_size: int, rows: np.ndarray | None
     batch) stays whole without Composer's "Cannot split tensor of length N into batches of size M"
     warning; text batches (features a mapping) are sized by their labels.
     """
-    import torch
-    from composer.core import DataSpec
-    from composer.utils import dist
-    from torch.utils.data import DataLoader
-
-    from composer_dynsample.data import GatherCollate, IndexDataset, TextCollate, TextStore
-    from composer_dynsample.data.text.store import count_tokens
-
     if isinstance(store, TextStore):
         chosen = np.arange(len(store)) if rows is None else np.asarray(rows, dtype=np.int64)
         dataset: Any = _Rows(chosen, store.labels.index_select(0, torch.from_numpy(chosen)))
@@ -204,8 +200,6 @@ def build_eval_dataloader(store: Store, batch_size: int, rows: np.ndarray | None
 
 def _split_unless_short(batch: Any, microbatch_size: int | float) -> Sequence[Any]:
     """Composer's default microbatch split, with a batch of at most ``microbatch_size`` rows kept whole."""
-    from composer.core.data_spec import default_split_batch
-
     rows = batch["labels"].shape[0] if isinstance(batch, Mapping) and "labels" in batch else None
     if rows is not None and rows <= microbatch_size:
         return [batch]
@@ -229,10 +223,6 @@ class Evaluation:
 
 def build_evaluation(evaluation: EvaluationConfig, splits: DatasetSplits) -> Evaluation:
     """The ``"test"`` evaluator of the data's protocol and its gallery callback (add it to the callbacks)."""
-    from composer.core import Evaluator
-
-    from composer_dynsample.callbacks.retrieval_gallery import RetrievalGallery
-
     protocol = protocol_of(splits)
     gallery = None
     if protocol == QUERIES_VS_PASSAGES:
@@ -262,9 +252,6 @@ def final_metrics(
     ``gallery_batch_size`` at a time (``evaluation.batch_size`` and ``evaluation.gallery_batch_size``):
     what a forward pass holds at once, the evaluation's peak memory.
     """
-    from composer_dynsample.metrics import count_queries_without_positive, ranking_metrics, retrieval_metrics
-    from composer_dynsample.models.embed import embed_store, store_labels
-
     protocol, test = protocol_of(splits), splits.test
     rows = query_rows(splits)
     queries = embed_store(model, test, rows=rows, batch_size=batch_size)

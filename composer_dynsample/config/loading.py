@@ -20,7 +20,7 @@ import yaml
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from composer_dynsample.config.registry import COMPONENT_KEY, ConfigError, check_keys
+from composer_dynsample.config.components import COMPONENT_KEY, ConfigError, check_keys
 from composer_dynsample.validation import check_choice, check_int, check_time
 
 __all__ = [
@@ -205,7 +205,7 @@ def structured(path: str, values: Mapping[str, Any], schema: type[Schema]) -> Sc
         >>> structured("evaluation", {"batch_size": "big"}, EvaluationConfig)
         Traceback (most recent call last):
             ...
-        composer_dynsample.config.registry.ConfigError: evaluation.batch_size must be of type int, got 'big'.
+        composer_dynsample.config.components.ConfigError: evaluation.batch_size must be of type int, got 'big'.
     """
     fields = {item.name: item for item in dataclasses.fields(schema)}  # type: ignore[arg-type]
     check_keys(path, values, list(fields), path)

@@ -8,7 +8,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from composer_dynsample.config.registry import ConfigError
+from composer_dynsample.config.components import ConfigError
 
 __all__ = ["check_same_config_on_every_rank", "flatten_config"]
 

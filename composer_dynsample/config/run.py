@@ -19,18 +19,17 @@ from torch.utils.data import DataLoader
 from composer_dynsample.callbacks.retrieval_gallery import RetrievalGallery
 from composer_dynsample.checkpoints import CheckpointError
 from composer_dynsample.config.builders import (
-    TRAINER_OWNED,
     build_algorithms,
     build_callbacks,
     build_data,
     build_loggers,
-    build_model,
     build_optimizer,
     build_scheduler,
     build_train_dataloader,
-    check_trainer_basics,
     composer_dataloader,
 )
+from composer_dynsample.config.checks import TRAINER_OWNED, check_sampler_table, check_trainer_basics
+from composer_dynsample.config.components import ConfigError, check_keys, parameters, peek_entry
 from composer_dynsample.config.evaluation import LEAVE_ONE_OUT, build_evaluation, protocol_of
 from composer_dynsample.config.loading import (
     default_run_dir,
@@ -40,11 +39,12 @@ from composer_dynsample.config.loading import (
     run_options,
     section,
 )
-from composer_dynsample.config.registries import SAMPLERS, check_sampler_table, peek_entry
-from composer_dynsample.config.registry import ConfigError, check_keys, parameters
+from composer_dynsample.config.model_builders import build_model
+from composer_dynsample.config.names import SAMPLERS
 from composer_dynsample.data import DatasetSplits
 from composer_dynsample.data.identity import DataChangedError, data_changes, data_identity
 from composer_dynsample.models.embedding_model import EmbeddingModel
+from composer_dynsample.samplers.pk import PKBatchSampler
 from composer_dynsample.validation import is_int
 
 __all__ = [
@@ -216,8 +216,6 @@ def check_pair_batches(cfg: DictConfig, splits: DatasetSplits) -> None:
         ConfigError: If ``samples_per_class`` is above 2 (unless ``small_classes: replace``) or a batch
             holds more pairs than the training split.
     """
-    from composer_dynsample.samplers.pk import PKBatchSampler
-
     store, values = splits.train, section(cfg, "sampler", "sampler")
     is_query = getattr(store, "is_query", None)
     if not values or is_query is None or not bool(is_query[: len(store)].any()):

@@ -17,7 +17,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from composer_dynsample.config.registry import Lazy, Registered
+from composer_dynsample.config.components import Lazy, Registered
 
 __all__ = ["SourceRegistry", "source_signature"]
 
@@ -121,7 +121,7 @@ class SourceRegistry(Mapping[str, Registered]):
     """A registry view whose :class:`Lazy` entries carry their source signature instead of being imported.
 
     Example:
-        >>> from composer_dynsample.config.builders import SCHEDULERS
+        >>> from composer_dynsample.config.names import SCHEDULERS
         >>> SourceRegistry(SCHEDULERS)["one_cycle"].valid_keys()
         ['anneal_strategy', 'div_factor', 'final_div_factor', 'pct_start']
     """

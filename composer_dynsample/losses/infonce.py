@@ -194,7 +194,7 @@ def info_nce_masks(
         negatives (str): ``"pool"`` (every other-label row) or ``"mined"`` (the tuple's negatives).
             Default: ``"pool"``.
         duplicate_ids (torch.Tensor, optional): ``(B,)`` the anchors' duplicate ids; rows repeating an
-            anchor or one of its positives (see :func:`~composer_dynsample.mining.duplicate_negatives`)
+            anchor or one of its positives (see :func:`~composer_dynsample.mining.duplicates.duplicate_negatives`)
             are then no negatives of it. Default: none.
         ref_duplicate_ids (torch.Tensor, optional): ``(M,)`` the pool's, needed with ``duplicate_ids``
             and ``ref_labels``. Default: none.

@@ -1,25 +1,19 @@
-"""Hard-negative mining on tensors: miners as configured objects and their functional forms.
+"""Hard-negative mining on tensors: miners as configured objects.
 
 Each miner is a class built with its options, checked there, and called on
 ``(embeddings, labels[, ref_embeddings, ref_labels])`` to return an ``indices_tuple`` in
-pytorch-metric-learning's format, so its output can be passed to any PML loss; each has a functional form
-(torchmetrics-style) that builds it and calls it:
+pytorch-metric-learning's format, so its output can be passed to any PML loss:
 
-* :class:`BatchHardMiner` / :func:`batch_hard`: per anchor the farthest positive and nearest negative
+* :class:`BatchHardMiner`: per anchor the farthest positive and nearest negative (triplets).
+* :class:`HardTopKMiner`: per anchor the ``k`` nearest negatives with its farthest positive (triplets).
+* :class:`SemiHardMiner`: per anchor-positive pair the nearest semi-hard negative (triplets).
+* :class:`DistanceWeightedMiner`: per anchor-positive pair a negative sampled by inverse distance density
   (triplets).
-* :class:`HardTopKMiner` / :func:`hard_topk`: per anchor the ``k`` nearest negatives with its farthest
-  positive (triplets).
-* :class:`SemiHardMiner` / :func:`semi_hard`: per anchor-positive pair the nearest semi-hard negative
-  (triplets).
-* :class:`DistanceWeightedMiner` / :func:`distance_weighted`: per anchor-positive pair a negative sampled
-  by inverse distance density (triplets).
-* :class:`MultiSimilarityMiner` / :func:`multi_similarity`: multi-similarity positive and negative pairs
-  (``(a1, p, a2, n)``).
-* :class:`RandomTripletsMiner` / :func:`random_triplets`: the baseline, a random positive and negative per
-  anchor (triplets).
+* :class:`MultiSimilarityMiner`: multi-similarity positive and negative pairs (``(a1, p, a2, n)``).
+* :class:`RandomTripletsMiner`: the baseline, a random positive and negative per anchor (triplets).
 
-:data:`MINERS` names them for YAML and :class:`~composer_dynsample.HardNegativeMining`
-(:func:`build_miner`, :func:`mine`); a new miner subclasses :class:`BaseMiner` and writes its ``mine``.
+:data:`MINERS` names them for YAML and :class:`~composer_dynsample.HardNegativeMining`, and
+:func:`build_miner` builds one by name; a new miner subclasses :class:`BaseMiner` and writes its ``mine``.
 
 Beside them, the pure steps around a miner in training: :func:`mining_step` runs one step (the pool, the
 miner, duplicate negatives, the memory, the statistics) and returns the
@@ -40,55 +34,36 @@ Example:
     [0, 1, 2, 3, 4, 5, 6, 7]
 """
 
-from composer_dynsample.distances import DISTANCES, pairwise_distance
-from composer_dynsample.mining._common import MiningInputs, validate_mining_inputs
-from composer_dynsample.mining.base import KINDS, BaseMiner, functional_form
-from composer_dynsample.mining.batch_hard import BatchHardMiner, batch_hard
-from composer_dynsample.mining.distance_weighted import DistanceWeightedMiner, distance_weighted
-from composer_dynsample.mining.duplicates import drop_duplicate_negatives, duplicate_negatives
-from composer_dynsample.mining.hard_topk import HardTopKMiner, hard_topk
+from composer_dynsample.mining.base import BaseMiner
+from composer_dynsample.mining.batch_hard import BatchHardMiner
+from composer_dynsample.mining.distance_weighted import DistanceWeightedMiner
+from composer_dynsample.mining.duplicates import drop_duplicate_negatives
+from composer_dynsample.mining.hard_topk import HardTopKMiner
 from composer_dynsample.mining.memory import CrossBatchMemory
-from composer_dynsample.mining.multi_similarity import MultiSimilarityMiner, multi_similarity
+from composer_dynsample.mining.mined_batch import MinedBatch
+from composer_dynsample.mining.multi_similarity import MultiSimilarityMiner
 from composer_dynsample.mining.pool import Pool, assemble_pool
-from composer_dynsample.mining.random_triplets import RandomTripletsMiner, random_triplets
-from composer_dynsample.mining.registry import MINERS, STRATEGIES, build_miner, check_strategy, mine
-from composer_dynsample.mining.semi_hard import SEMI_HARD_FALLBACKS, SemiHardMiner, semi_hard
+from composer_dynsample.mining.random_triplets import RandomTripletsMiner
+from composer_dynsample.mining.registry import MINERS, build_miner
+from composer_dynsample.mining.semi_hard import SemiHardMiner
 from composer_dynsample.mining.statistics import mining_statistics
-from composer_dynsample.mining.step import all_ranks_finite, mining_step, skipped_step
+from composer_dynsample.mining.step import mining_step
 
 __all__ = [
-    "DISTANCES",
-    "KINDS",
     "MINERS",
-    "SEMI_HARD_FALLBACKS",
-    "STRATEGIES",
     "BaseMiner",
     "BatchHardMiner",
     "CrossBatchMemory",
     "DistanceWeightedMiner",
     "HardTopKMiner",
-    "MiningInputs",
+    "MinedBatch",
     "MultiSimilarityMiner",
     "Pool",
     "RandomTripletsMiner",
     "SemiHardMiner",
-    "all_ranks_finite",
     "assemble_pool",
-    "batch_hard",
     "build_miner",
-    "check_strategy",
-    "distance_weighted",
     "drop_duplicate_negatives",
-    "duplicate_negatives",
-    "functional_form",
-    "hard_topk",
-    "mine",
     "mining_statistics",
     "mining_step",
-    "multi_similarity",
-    "pairwise_distance",
-    "random_triplets",
-    "semi_hard",
-    "skipped_step",
-    "validate_mining_inputs",
 ]

@@ -1,4 +1,4 @@
-"""``BaseMiner``: what every miner shares, from checking its options once to its functional form.
+"""``BaseMiner``: what every miner shares, from checking its options once to returning empty tuples.
 
 A miner is built with its options (``SemiHardMiner(margin=0.2, distance="cosine")``), which are checked
 there, and then called on tensors like pytorch-metric-learning's miners::
@@ -12,15 +12,11 @@ there, and then called on tensors like pytorch-metric-learning's miners::
 indexes the positives of every anchor (:class:`~composer_dynsample.mining._common.LabelIndex`) and returns
 empty tuples when nothing can be mined; a subclass only writes :meth:`BaseMiner.mine`. Each miner also
 says what it returns (:attr:`BaseMiner.kind`: triplets or pairs), so no caller decides that by name.
-
-:func:`functional_form` gives each miner its function (``semi_hard(embeddings, labels, margin=0.2)``),
-torchmetrics-style: the function builds the miner and calls it.
 """
 
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
 from typing import ClassVar, Final
 
 import torch
@@ -29,7 +25,7 @@ from composer_dynsample.distances import check_distance
 from composer_dynsample.mining._common import LabelIndex, MiningInputs, empty_indices, validate_mining_inputs
 from composer_dynsample.validation import check_int
 
-__all__ = ["KINDS", "BaseMiner", "functional_form"]
+__all__ = ["KINDS", "BaseMiner"]
 
 #: What a miner can return, with the number of index tensors: triplets ``(a, p, n)`` or pairs ``(a1, p, a2, n)``.
 KINDS: Final[dict[str, int]] = {"triplets": 3, "pairs": 4}
@@ -87,7 +83,8 @@ class BaseMiner:
             on the embeddings' device (tuples of ``(0,)`` tensors when nothing is mined).
 
         Raises:
-            ValueError: On invalid inputs (see :func:`~composer_dynsample.mining.validate_mining_inputs`).
+            ValueError: On invalid inputs (see
+                :func:`~composer_dynsample.mining._common.validate_mining_inputs`).
         """
         with torch.no_grad():
             inputs = validate_mining_inputs(
@@ -137,36 +134,3 @@ class BaseMiner:
     def __repr__(self) -> str:
         options = ", ".join(f"{name}={getattr(self, name)!r}" for name in self.option_names())
         return f"{type(self).__name__}({options})"
-
-
-def functional_form(miner_class: type[BaseMiner], name: str) -> Callable[..., tuple[torch.Tensor, ...]]:
-    """The function ``name(embeddings, labels, ref_embeddings=None, ref_labels=None, *, self_offset=None,
-    **options)`` that builds ``miner_class(**options)`` and calls it: the miner's functional form.
-
-    Its signature lists the inputs and the miner's options, so ``help()`` and ``inspect`` show them.
-
-    Example:
-        >>> from composer_dynsample.mining import HardTopKMiner
-        >>> hard_topk = functional_form(HardTopKMiner, "hard_topk")
-        >>> import inspect
-        >>> list(inspect.signature(hard_topk).parameters)
-        ['embeddings', 'labels', 'ref_embeddings', 'ref_labels', 'self_offset', 'k', 'distance', 'chunk_size']
-    """
-
-    # The signature shown is set below, from the inputs and the miner's options.
-    def form(embeddings, labels, ref_embeddings=None, ref_labels=None, *, self_offset=None, **options):
-        return miner_class(**options)(embeddings, labels, ref_embeddings, ref_labels, self_offset=self_offset)
-
-    inputs = [p for p in inspect.signature(BaseMiner.__call__).parameters.values() if p.name != "self"]
-    options = [p for p in inspect.signature(miner_class.__init__).parameters.values() if p.name != "self"]
-    form.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
-        [*inputs, *options], return_annotation=inspect.signature(BaseMiner.__call__).return_annotation
-    )
-    form.__name__ = form.__qualname__ = name
-    form.__module__ = miner_class.__module__
-    form.__doc__ = (
-        f"Functional form of :class:`{miner_class.__name__}`: ``{name}(embeddings, labels, ..., **options)`` is "
-        f"``{miner_class.__name__}(**options)(embeddings, labels, ...)``; see the class for the options and "
-        "what it returns."
-    )
-    return form

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from composer_dynsample.mining.base import functional_form
 from composer_dynsample.mining.hard_topk import HardTopKMiner
 
-__all__ = ["BatchHardMiner", "batch_hard"]
+__all__ = ["BatchHardMiner"]
 
 
 class BatchHardMiner(HardTopKMiner):
@@ -29,6 +28,3 @@ class BatchHardMiner(HardTopKMiner):
 
     def __init__(self, *, distance: str = "cosine", chunk_size: int | None = None) -> None:
         super().__init__(k=1, distance=distance, chunk_size=chunk_size)
-
-
-batch_hard = functional_form(BatchHardMiner, "batch_hard")

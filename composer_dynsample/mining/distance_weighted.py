@@ -9,10 +9,10 @@ import torch
 
 from composer_dynsample.distances import RankMatrix
 from composer_dynsample.mining._common import AnchorChunk, LabelIndex, MiningInputs, Triplets, pair_triplets
-from composer_dynsample.mining.base import BaseMiner, functional_form
+from composer_dynsample.mining.base import BaseMiner
 from composer_dynsample.validation import check_float, check_generator
 
-__all__ = ["DistanceWeightedMiner", "distance_weighted"]
+__all__ = ["DistanceWeightedMiner"]
 
 # Log-weight offset of entries that must not be sampled (finite in float32), and the smallest
 # log(1 - c/2) kept (log of the smallest normal float32).
@@ -161,6 +161,3 @@ def _draw(
     target[rows, slots] = (uniforms * total[rows, 0]).to(cdf.dtype)
     target = torch.minimum(target, torch.nextafter(total, torch.zeros_like(total)))
     return torch.searchsorted(cdf, target, right=True).clamp_(max=cdf.shape[1] - 1)
-
-
-distance_weighted = functional_form(DistanceWeightedMiner, "distance_weighted")

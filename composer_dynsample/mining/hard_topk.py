@@ -14,10 +14,10 @@ from composer_dynsample.mining._common import (
     hardest_positive,
     shift_rows,
 )
-from composer_dynsample.mining.base import BaseMiner, functional_form
+from composer_dynsample.mining.base import BaseMiner
 from composer_dynsample.validation import check_int
 
-__all__ = ["HardTopKMiner", "hard_topk"]
+__all__ = ["HardTopKMiner"]
 
 
 class HardTopKMiner(BaseMiner):
@@ -63,6 +63,3 @@ class HardTopKMiner(BaseMiner):
             rows, cols = keep.nonzero(as_tuple=True)
             parts.append((shift_rows(rows, start), positive[rows], negatives[rows, cols]))
         return cat_indices(parts, 3, inputs.device)  # type: ignore[return-value]
-
-
-hard_topk = functional_form(HardTopKMiner, "hard_topk")

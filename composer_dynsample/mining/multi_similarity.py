@@ -13,10 +13,10 @@ from composer_dynsample.mining._common import (
     cat_indices,
     shift_rows,
 )
-from composer_dynsample.mining.base import BaseMiner, functional_form
+from composer_dynsample.mining.base import BaseMiner
 from composer_dynsample.validation import check_float
 
-__all__ = ["MultiSimilarityMiner", "multi_similarity"]
+__all__ = ["MultiSimilarityMiner"]
 
 
 class MultiSimilarityMiner(BaseMiner):
@@ -97,6 +97,3 @@ def _mask_pairs(masks: list[tuple[int, torch.Tensor]]) -> tuple[torch.Tensor, to
         chunk[:, 0] += start
         offset += count
     return pairs[:, 0], pairs[:, 1]
-
-
-multi_similarity = functional_form(MultiSimilarityMiner, "multi_similarity")

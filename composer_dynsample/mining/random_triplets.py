@@ -5,10 +5,10 @@ from __future__ import annotations
 import torch
 
 from composer_dynsample.mining._common import MiningInputs, Triplets
-from composer_dynsample.mining.base import BaseMiner, functional_form
+from composer_dynsample.mining.base import BaseMiner
 from composer_dynsample.validation import check_generator
 
-__all__ = ["RandomTripletsMiner", "random_triplets"]
+__all__ = ["RandomTripletsMiner"]
 
 
 class RandomTripletsMiner(BaseMiner):
@@ -54,6 +54,3 @@ class RandomTripletsMiner(BaseMiner):
         positives = keys.masked_fill(~positive[anchors], -1.0).argmax(dim=1)
         negatives = keys.masked_fill(~negative[anchors], -1.0).argmax(dim=1)
         return anchors, positives, negatives
-
-
-random_triplets = functional_form(RandomTripletsMiner, "random_triplets")

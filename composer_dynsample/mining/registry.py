@@ -1,27 +1,24 @@
 """The miners by name: the names YAML and :class:`~composer_dynsample.HardNegativeMining` use.
 
-:data:`MINERS` maps each name to its class, :data:`STRATEGIES` to its functional form;
-:func:`build_miner` builds one from a name and its options with errors that name the option, and
-:func:`mine` runs one by name.
+:data:`MINERS` maps each name to its class; :func:`build_miner` builds one from a name and its options
+with errors that name the option.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Collection, Mapping
 from typing import Any, Final
 
-import torch
-
 from composer_dynsample.mining.base import BaseMiner
-from composer_dynsample.mining.batch_hard import BatchHardMiner, batch_hard
-from composer_dynsample.mining.distance_weighted import DistanceWeightedMiner, distance_weighted
-from composer_dynsample.mining.hard_topk import HardTopKMiner, hard_topk
-from composer_dynsample.mining.multi_similarity import MultiSimilarityMiner, multi_similarity
-from composer_dynsample.mining.random_triplets import RandomTripletsMiner, random_triplets
-from composer_dynsample.mining.semi_hard import SemiHardMiner, semi_hard
+from composer_dynsample.mining.batch_hard import BatchHardMiner
+from composer_dynsample.mining.distance_weighted import DistanceWeightedMiner
+from composer_dynsample.mining.hard_topk import HardTopKMiner
+from composer_dynsample.mining.multi_similarity import MultiSimilarityMiner
+from composer_dynsample.mining.random_triplets import RandomTripletsMiner
+from composer_dynsample.mining.semi_hard import SemiHardMiner
 from composer_dynsample.validation import did_you_mean
 
-__all__ = ["MINERS", "STRATEGIES", "build_miner", "check_strategy", "mine"]
+__all__ = ["MINERS", "build_miner", "check_strategy"]
 
 #: Each strategy name and the miner class it builds.
 MINERS: Final[dict[str, type[BaseMiner]]] = {
@@ -31,16 +28,6 @@ MINERS: Final[dict[str, type[BaseMiner]]] = {
     "distance_weighted": DistanceWeightedMiner,
     "multi_similarity": MultiSimilarityMiner,
     "random_triplets": RandomTripletsMiner,
-}
-
-#: Each strategy name and its functional form (``STRATEGIES["semi_hard"] is semi_hard``).
-STRATEGIES: Final[dict[str, Callable[..., tuple[torch.Tensor, ...]]]] = {
-    "batch_hard": batch_hard,
-    "semi_hard": semi_hard,
-    "hard_topk": hard_topk,
-    "distance_weighted": distance_weighted,
-    "multi_similarity": multi_similarity,
-    "random_triplets": random_triplets,
 }
 
 
@@ -93,44 +80,3 @@ def build_miner(
         return miner_class(distance=distance, **options)
     except (TypeError, ValueError) as error:
         raise ValueError(f"{where}: {error}") from None
-
-
-def mine(
-    embeddings: torch.Tensor,
-    labels: torch.Tensor,
-    strategy: str = "semi_hard",
-    *,
-    ref_embeddings: torch.Tensor | None = None,
-    ref_labels: torch.Tensor | None = None,
-    self_offset: int | None = None,
-    distance: str = "cosine",
-    **miner_kwargs: Any,
-) -> tuple[torch.Tensor, ...]:
-    """Run the miner named ``strategy`` under ``no_grad`` and return PML-style index tuples.
-
-    Args:
-        embeddings (torch.Tensor): ``(B, D)`` anchors.
-        labels (torch.Tensor): ``(B,)`` integer labels.
-        strategy (str): One of :data:`MINERS`. Default: ``"semi_hard"``.
-        ref_embeddings (torch.Tensor, optional): ``(M, D)`` reference pool; positives and negatives
-            index it. Default: the batch itself.
-        ref_labels (torch.Tensor, optional): The pool's labels.
-        self_offset (int, optional): When the pool contains the anchors themselves (a cross-rank pool or
-            the batch followed by a memory), anchor ``i`` sits at pool row ``self_offset + i``, and the
-            miner never pairs an anchor with its own row. Default: ``None``.
-        distance (str): ``"cosine"``, ``"euclidean"`` or ``"squared_euclidean"``. Default: ``"cosine"``.
-        **miner_kwargs: The miner's options (``margin`` for ``semi_hard``, ``k`` for ``hard_topk``, ...).
-
-    Returns:
-        Triplets ``(anchors, positives, negatives)`` or pairs ``(a1, p, a2, n)``.
-
-    Example:
-        >>> emb = torch.nn.functional.normalize(torch.randn(8, 4, generator=torch.Generator().manual_seed(0)))
-        >>> anchors, positives, negatives = mine(emb, torch.arange(8) % 4, "batch_hard")
-        >>> anchors.tolist()
-        [0, 1, 2, 3, 4, 5, 6, 7]
-    """
-    miner = MINERS[check_strategy(strategy)](distance=distance, **miner_kwargs)
-    if ref_embeddings is None:
-        self_offset = None  # the batch is the pool: the miners skip each anchor's own row already
-    return miner(embeddings, labels, ref_embeddings, ref_labels, self_offset=self_offset)

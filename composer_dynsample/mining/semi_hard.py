@@ -9,10 +9,10 @@ import torch
 from composer_dynsample.distances import RankMatrix
 from composer_dynsample.mining._common import AnchorChunk, LabelIndex, MiningInputs, Triplets, pair_triplets
 from composer_dynsample.mining._semi_hard_kernel import successors
-from composer_dynsample.mining.base import BaseMiner, functional_form
+from composer_dynsample.mining.base import BaseMiner
 from composer_dynsample.validation import check_choice, check_float
 
-__all__ = ["SEMI_HARD_FALLBACKS", "SemiHardMiner", "semi_hard"]
+__all__ = ["SEMI_HARD_FALLBACKS", "SemiHardMiner"]
 
 #: Valid values of :class:`SemiHardMiner`'s ``fallback`` option.
 SEMI_HARD_FALLBACKS: Final[tuple[str, ...]] = ("hardest", "hardest_negative", "none")
@@ -97,6 +97,3 @@ class SemiHardMiner(BaseMiner):
             return pos_valid & found, succ_col
         has_neg = index.n_neg[start:stop, None] > 0
         return pos_valid & (semi | has_neg), torch.where(semi, succ_col, min_col[:, None])
-
-
-semi_hard = functional_form(SemiHardMiner, "semi_hard")

@@ -15,10 +15,10 @@ from collections.abc import Iterable
 import torch
 
 from composer_dynsample.distributed import all_reduce_sum, get_world_size
-from composer_dynsample.mined import MinedBatch
 from composer_dynsample.mining.base import BaseMiner
 from composer_dynsample.mining.duplicates import drop_duplicate_negatives
 from composer_dynsample.mining.memory import CrossBatchMemory
+from composer_dynsample.mining.mined_batch import MinedBatch
 from composer_dynsample.mining.pool import assemble_pool
 from composer_dynsample.mining.statistics import mining_statistics
 

@@ -15,7 +15,7 @@ from torchmetrics import Metric
 
 from composer_dynsample.batches import find_in_batch
 from composer_dynsample.losses.tuple_losses import TripletMarginLoss, TupleLoss
-from composer_dynsample.mined import MinedBatch
+from composer_dynsample.mining.mined_batch import MinedBatch
 from composer_dynsample.validation import InputTypeError, check_bool, check_int
 
 __all__ = ["EmbeddingModel"]

@@ -5,7 +5,7 @@ it as a ``batch_sampler`` on many ranks and sets its epoch itself; :class:`~comp
 does the same for any sampler with ``set_epoch`` and on resume.
 """
 
-from composer_dynsample.samplers.base import DistributedBatchSampler, SupportsSetEpoch, epoch_rng
+from composer_dynsample.samplers.base import DistributedBatchSampler, SupportsSetEpoch
 from composer_dynsample.samplers.hard_class import HardClassPKBatchSampler
 from composer_dynsample.samplers.mined_negatives import MinedNegativesPKBatchSampler
 from composer_dynsample.samplers.neighbours import NeighbourBatchSampler
@@ -20,5 +20,4 @@ __all__ = [
     "PKBatchSampler",
     "SupportsSetEpoch",
     "TwoStreamBatchSampler",
-    "epoch_rng",
 ]

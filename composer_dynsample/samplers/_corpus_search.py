@@ -13,11 +13,12 @@ import importlib.util
 import math
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 import torch
 
+from composer_dynsample.samplers._candidates import CorpusCandidates
 from composer_dynsample.samplers._ivf import InvertedFileIndex
 from composer_dynsample.samplers._ranking import SLACK, rank_columns
 from composer_dynsample.validation import check_choice, check_float, check_int
@@ -48,30 +49,6 @@ EXACT_SEARCH_MAX_PASSAGES = 50_000
 _IVF_QUERIES = 1 << 17  # anchors per scan of the own IVF: about 100 MiB of queries and running top-k
 _RERANK_ANCHORS = 256  # anchors per float64 rerank: their candidate rows stay in a core's cache
 _CALIBRATION_ANCHORS = 256  # anchors the own IVF searches exactly to choose its probes
-
-
-class CorpusCandidates(NamedTuple):
-    """What :func:`corpus_candidates` finds for the anchors of the pairs it searched.
-
-    Attributes:
-        ranked (numpy.ndarray): ``(A, skip_top + window)`` int64, the passage rows examined, nearest
-            first, ``-1`` where an anchor has fewer (or none: not searched).
-        kept (numpy.ndarray): ``(A, skip_top + window)`` bool, which of them passed every guard (the
-            ``skip_top`` first never do).
-        dropped (numpy.ndarray): ``(A, 4)`` int64, how many candidates each of :data:`GUARDS` dropped.
-        searched (numpy.ndarray): ``(A,)`` bool, false for an anchor without an embedding (or, with the
-            margin guard, whose positive has none): it has no candidates.
-    """
-
-    ranked: np.ndarray
-    kept: np.ndarray
-    dropped: np.ndarray
-    searched: np.ndarray
-
-    def survivors(self) -> np.ndarray:
-        """The kept rows of every anchor, nearest first, ``-1`` after them: ``(A, skip_top + window)``."""
-        order = np.argsort(~self.kept, axis=1, kind="stable")
-        return np.take_along_axis(np.where(self.kept, self.ranked, -1), order, axis=1)
 
 
 def pair_layout(labels: np.ndarray, is_passage: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -23,17 +23,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from composer_dynsample.validation import check_float, check_int
 
-if TYPE_CHECKING:
-    from composer_dynsample.samplers._corpus_search import CorpusCandidates
-
-__all__ = ["MAX_PROBES", "NOMINAL_PROBES", "RECALL_TARGET", "InvertedFileIndex", "ivf_cells", "window_recall"]
+__all__ = ["MAX_PROBES", "NOMINAL_PROBES", "RECALL_TARGET", "InvertedFileIndex", "ivf_cells"]
 
 #: The probes the number of cells is sized for (the cost is lowest for them).
 NOMINAL_PROBES = 16
@@ -389,44 +385,3 @@ class InvertedFileIndex:
             positions.append(top)
             found.append(torch.isfinite(values))
         return torch.cat(positions), torch.cat(found)
-
-
-def window_recall(approx: CorpusCandidates, exact: CorpusCandidates, rows: np.ndarray | None = None) -> float:
-    """How much of an exact search's window an approximate search finds: over the anchors searched by
-    both that have exact survivors, the mean share of the exact survivors (the candidates kept after
-    ``skip_top`` and the guards) that are also among the approximate search's survivors.
-
-    Args:
-        approx (CorpusCandidates): The approximate search's lists (for instance ``search="ivf"``).
-        exact (CorpusCandidates): The exact search's lists, with the same ``window``, ``skip_top`` and
-            guards.
-        rows (numpy.ndarray, optional): The rows of ``approx`` that match the rows of ``exact``, when
-            ``exact`` searched a subset (the ``pairs`` it was given, if ``approx`` searched them all).
-            Default: the same rows.
-
-    Returns:
-        float: The window recall in ``[0, 1]``; NaN when no anchor has exact survivors.
-
-    Example:
-        >>> from composer_dynsample.samplers._corpus_search import CorpusCandidates
-        >>> exact = CorpusCandidates(np.array([[4, 5, 6]]), np.array([[0, 1, 1]], bool), np.zeros((1, 4)), np.ones(1, bool))
-        >>> approx = exact._replace(ranked=np.array([[4, 5, 7]]))
-        >>> window_recall(approx, exact)
-        0.5
-    """
-    if rows is not None:
-        approx = approx._make(np.asarray(field)[rows] for field in approx)
-    if approx.ranked.shape[0] != exact.ranked.shape[0]:
-        raise ValueError(
-            f"approx and exact must cover the same anchors, got {approx.ranked.shape[0]} and "
-            f"{exact.ranked.shape[0]} rows: pass rows= (the pairs exact searched) to match them."
-        )
-    ours, theirs = approx.survivors(), exact.survivors()
-    counted = (theirs >= 0).sum(axis=1)
-    both = np.flatnonzero(approx.searched & exact.searched & (counted > 0))
-    shares = np.empty(both.size)
-    for start in range(0, both.size, 65536):  # blocks: (anchors, window, window) comparisons
-        at = both[start : start + 65536]
-        hits = ((theirs[at, :, None] == ours[at, None, :]) & (theirs[at, :, None] >= 0)).any(axis=2)
-        shares[start : start + 65536] = hits.sum(axis=1) / counted[at]
-    return float(shares.mean()) if both.size else float("nan")

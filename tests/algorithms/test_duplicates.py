@@ -20,16 +20,16 @@ from composer_dynsample import (
     build_dataloader,
 )
 from composer_dynsample.mining import (
+    BatchHardMiner,
+    DistanceWeightedMiner,
+    HardTopKMiner,
+    MultiSimilarityMiner,
+    RandomTripletsMiner,
+    SemiHardMiner,
     assemble_pool,
-    batch_hard,
-    distance_weighted,
     drop_duplicate_negatives,
-    duplicate_negatives,
-    hard_topk,
-    multi_similarity,
-    random_triplets,
-    semi_hard,
 )
+from composer_dynsample.mining.duplicates import duplicate_negatives
 
 
 def reference_duplicates(labels, ids, ref_labels=None, ref_ids=None) -> list[list[bool]]:
@@ -116,12 +116,14 @@ def _text_batch(seed: int, rows: int = 24, classes: int = 8, texts: int = 10, di
 
 
 MINERS = {
-    "batch_hard": batch_hard,
-    "semi_hard": lambda *args: semi_hard(*args, margin=0.5),
-    "hard_topk": lambda *args: hard_topk(*args, k=3),
-    "distance_weighted": lambda *args: distance_weighted(*args, generator=torch.Generator().manual_seed(0)),
-    "random_triplets": lambda *args: random_triplets(*args, generator=torch.Generator().manual_seed(0)),
-    "multi_similarity": lambda *args: multi_similarity(*args, epsilon=0.5),
+    "batch_hard": BatchHardMiner(),
+    "semi_hard": lambda *args: SemiHardMiner(margin=0.5)(*args),
+    "hard_topk": lambda *args: HardTopKMiner(k=3)(*args),
+    "distance_weighted": lambda *args: DistanceWeightedMiner(generator=torch.Generator().manual_seed(0))(
+        *args
+    ),
+    "random_triplets": lambda *args: RandomTripletsMiner(generator=torch.Generator().manual_seed(0))(*args),
+    "multi_similarity": lambda *args: MultiSimilarityMiner(epsilon=0.5)(*args),
 }
 
 
@@ -143,7 +145,7 @@ def test_the_post_filter_drops_exactly_the_duplicate_negatives(miner, with_pool,
 
 def test_batch_hard_picks_the_copy_of_a_positive_and_the_filter_drops_it():
     embeddings, labels, ids = _text_batch(0)
-    tuples = batch_hard(embeddings, labels)
+    tuples = BatchHardMiner()(embeddings, labels)
     _, dropped = drop_duplicate_negatives(tuples, labels, ids)
     assert int(dropped) > 0  # the batch really holds duplicate negatives for the filter to find
     unique = torch.arange(labels.shape[0])
@@ -154,7 +156,7 @@ def test_batch_hard_picks_the_copy_of_a_positive_and_the_filter_drops_it():
 def test_the_filter_needs_pool_labels_and_ids_together():
     embeddings, labels, ids = _text_batch(0)
     with pytest.raises(ValueError, match="ref_labels and ref_duplicate_ids must be given together"):
-        drop_duplicate_negatives(batch_hard(embeddings, labels), labels, ids, labels)
+        drop_duplicate_negatives(BatchHardMiner()(embeddings, labels), labels, ids, labels)
 
 
 # The reference pool and the cross-batch memory carry the ids as they carry the labels.
@@ -303,7 +305,7 @@ def test_trainer_mines_without_duplicate_negatives_and_logs_how_many_it_dropped(
     for mined, batch, count in zip(recorder.mined, recorder.batches, counts):
         assert torch.equal(mined.duplicate_ids, batch["text_hash"]) and mined.ref_duplicate_ids is None
         # The unfiltered tuples, mined again on the same embeddings, minus the duplicate negatives.
-        tuples = batch_hard(mined.embeddings.detach(), mined.labels)
+        tuples = BatchHardMiner()(mined.embeddings.detach(), mined.labels)
         expected, dropped = _drop_reference(tuples, reference_duplicates(mined.labels, batch["text_hash"]))
         assert all(torch.equal(k, e) for k, e in zip(mined.indices_tuple, expected))
         assert count == dropped

@@ -228,10 +228,10 @@ def test_warm_start_options_and_loaders_it_cannot_encode_are_named():
 def test_the_command_line_warm_start_mines_the_first_epoch(tmp_path):
     pytest.importorskip("tokenizers")
     from composer_dynsample.cli.main import main
-    from tests.cli.test_text_runs import MINED, write_config, write_data
+    from tests.cli.helpers import MINED, write_bag_pairs_config, write_pairs
 
-    write_data(tmp_path)
-    config = write_config(tmp_path, MINED, algorithms={"embedding_table": {"warm_start": True}})
+    write_pairs(tmp_path)
+    config = write_bag_pairs_config(tmp_path, MINED, algorithms={"embedding_table": {"warm_start": True}})
     main(["train", config, "--quiet", "--run-dir", str(tmp_path / "run")])
     (record,) = json.loads((tmp_path / "run" / "metrics.json").read_text())["embedding_table"]
     assert record["sampler"]["no_embedding"] == 0 and record["rows_encoded"] == 64  # 32 training pairs
@@ -240,10 +240,10 @@ def test_the_command_line_warm_start_mines_the_first_epoch(tmp_path):
 def test_a_run_shorter_than_an_epoch_records_the_warm_start_cost(tmp_path):
     pytest.importorskip("tokenizers")
     from composer_dynsample.cli.main import main
-    from tests.cli.test_text_runs import MINED, write_config, write_data
+    from tests.cli.helpers import MINED, write_bag_pairs_config, write_pairs
 
-    write_data(tmp_path)
-    config = write_config(tmp_path, MINED, algorithms={"embedding_table": {"warm_start": True}})
+    write_pairs(tmp_path)
+    config = write_bag_pairs_config(tmp_path, MINED, algorithms={"embedding_table": {"warm_start": True}})
     main(["train", config, "trainer.max_duration=1ba", "--quiet", "--run-dir", str(tmp_path / "run")])
     metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
     assert metrics["embedding_table"] == [] and metrics["embedding_table_warm_start"]["rows_encoded"] == 64

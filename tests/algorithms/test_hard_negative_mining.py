@@ -22,8 +22,7 @@ from composer_dynsample import (
     TripletMarginLoss,
     build_dataloader,
 )
-from composer_dynsample.algorithms import mine
-from composer_dynsample.mining import batch_hard
+from composer_dynsample.mining import BatchHardMiner, build_miner
 
 NUM, DIM, CLASSES = 128, 6, 8
 
@@ -94,7 +93,7 @@ def test_mines_the_forward_embeddings_once_per_batch_without_extra_forward():
     for mined in recorder.mined:
         assert isinstance(mined, MinedBatch) and mined.strategy == "batch_hard"
         assert mined.embeddings.requires_grad  # the loss still trains through them
-        expected = batch_hard(mined.embeddings.detach(), mined.labels)
+        expected = BatchHardMiner()(mined.embeddings.detach(), mined.labels)
         assert all(torch.equal(a, b) for a, b in zip(mined.indices_tuple, expected))
     # The loss is the triplet loss on exactly those tuples.
     last = recorder.mined[-1]
@@ -176,7 +175,7 @@ def test_train_metrics_keep_working():
 def test_a_batch_with_nothing_to_mine_gives_a_zero_loss_with_a_graph():
     embeddings = torch.nn.functional.normalize(torch.randn(6, 4)).requires_grad_()
     labels = torch.zeros(6, dtype=torch.int64)  # no negatives anywhere
-    tuples = mine(embeddings.detach(), labels, "batch_hard")
+    tuples = BatchHardMiner()(embeddings.detach(), labels)
     assert all(t.numel() == 0 for t in tuples)
     loss = TripletMarginLoss()(embeddings, labels, tuples)
     assert loss.item() == 0.0 and loss.requires_grad
@@ -455,7 +454,7 @@ def test_statistics_of_huge_float32_embeddings_are_the_float64_ones(distance, sc
     generator = torch.Generator().manual_seed(4)
     embeddings = (torch.randn(16, 4, generator=generator, dtype=torch.float64) * scale).float()
     labels = torch.arange(16) % 4
-    tuples = batch_hard(embeddings, labels, distance=distance)
+    tuples = BatchHardMiner(distance=distance)(embeddings, labels)
     ours = mining_statistics(embeddings, embeddings, tuples, distance=distance)
     reference = mining_statistics(embeddings.double(), embeddings.double(), tuples, distance=distance)
     assert len({value.dtype for value in ours.values()}) == 1  # they are stacked into one tensor
@@ -465,10 +464,9 @@ def test_statistics_of_huge_float32_embeddings_are_the_float64_ones(distance, sc
     assert float(ours["embedding_spread"]) > 0
 
 
-def test_mine_suggests_the_closest_strategy_name():
-    embeddings, labels = torch.randn(4, 2), torch.tensor([0, 0, 1, 1])
+def test_build_miner_suggests_the_closest_strategy_name():
     with pytest.raises(ValueError, match=r"got 'batchhard'\. Did you mean 'batch_hard'\?$"):
-        mine(embeddings, labels, "batchhard")
+        build_miner("batchhard")
 
 
 def _nothing_mined_warnings(trainer, caplog) -> tuple[list[str], list[str]]:

@@ -7,8 +7,9 @@ import sys
 import pytest
 import torch
 
-from composer_dynsample import HardNegativeMining, mine
+from composer_dynsample import HardNegativeMining
 from composer_dynsample.distances import paired_distance
+from composer_dynsample.mining import BatchHardMiner, MultiSimilarityMiner, build_miner
 from composer_dynsample.mining.pool import assemble_pool
 from composer_dynsample.mining.statistics import STATISTICS, mining_statistics
 from tests.algorithms.test_hard_negative_mining import make_trainer
@@ -84,15 +85,7 @@ def test_statistics_match_a_float64_loop(strategy, distance):
     x, y = _data(rows=16)
     memory_x, memory_y = _data(seed=2, rows=6)
     pool = assemble_pool(x, y, memory_embeddings=memory_x, memory_labels=memory_y)
-    tuples = mine(
-        x,
-        y,
-        strategy,
-        ref_embeddings=pool.embeddings,
-        ref_labels=pool.labels,
-        self_offset=0,
-        distance=distance,
-    )
+    tuples = build_miner(strategy, distance=distance)(x, y, pool.embeddings, pool.labels, self_offset=0)
     stats = mining_statistics(x, pool.embeddings, tuples, distance=distance, margin=0.3)
     assert all(value.ndim == 0 for value in stats.values())
     assert list(stats) == [name for name in STATISTICS if name in stats]
@@ -129,9 +122,7 @@ def test_statistics_reach_the_logger_with_one_host_sync_per_step(monkeypatch):
 
 def _with_memory(strategy, x, y, memory_x, memory_y, **kwargs):
     pool = assemble_pool(x, y, memory_embeddings=memory_x, memory_labels=memory_y)
-    return mine(
-        x, y, strategy, ref_embeddings=pool.embeddings, ref_labels=pool.labels, self_offset=0, **kwargs
-    )
+    return build_miner(strategy, kwargs)(x, y, pool.embeddings, pool.labels, self_offset=0)
 
 
 @pytest.mark.parametrize("strategy", ["batch_hard", "hard_topk"])
@@ -159,17 +150,10 @@ def test_multi_similarity_with_a_memory_keeps_no_pair_for_an_anchor_without_a_po
     x = torch.nn.functional.normalize(torch.tensor([[1.0, 0.0], [1.0, 0.1], [0.0, 1.0], [-0.1, 1.0]]), dim=1)
     y = torch.tensor([0, 1, 2, 2])
     ours = _with_memory("multi_similarity", x, y, torch.tensor([[-1.0, 0.0]]), torch.tensor([7]), epsilon=0.1)
-    assert [t.tolist() for t in ours] == [t.tolist() for t in mine(x, y, "multi_similarity", epsilon=0.1)]
+    assert [t.tolist() for t in ours] == [t.tolist() for t in MultiSimilarityMiner(epsilon=0.1)(x, y)]
 
 
 def test_self_offset_must_point_at_the_anchors():
     x, y = _data(rows=4)
     with pytest.raises(ValueError, match=r"self_offset=2 says the pool holds the 4 anchors at rows 2 to 5"):
-        mine(
-            x,
-            y,
-            "batch_hard",
-            ref_embeddings=torch.cat([x, x]),
-            ref_labels=torch.cat([y, y + 1]),
-            self_offset=2,
-        )
+        BatchHardMiner()(x, y, torch.cat([x, x]), torch.cat([y, y + 1]), self_offset=2)

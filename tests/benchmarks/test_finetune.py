@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from composer_dynsample.config.builders import check_config
+from composer_dynsample.config.checks import check_config
 from composer_dynsample.config.loading import load_config
 from tests.benchmarks.helpers import load_benchmark
 
@@ -20,7 +20,7 @@ def _args(**values: object) -> argparse.Namespace:
 
 @pytest.fixture(scope="module")
 def model_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from tests.models.test_sentence_folder import save_sentence_folder
+    from tests.models.folders import save_sentence_folder
 
     return save_sentence_folder(tmp_path_factory.mktemp("model") / "st", pooling="mean", max_seq_length=24)
 

@@ -18,7 +18,8 @@ from composer.core import DataSpec
 from composer.loggers import InMemoryLogger
 from torch.utils.data import BatchSampler, DataLoader, DistributedSampler
 
-from composer_dynsample import PKBatchSampler, SetSamplerEpoch, build_dataloader, find_epoch_target
+from composer_dynsample import PKBatchSampler, SetSamplerEpoch, build_dataloader
+from composer_dynsample.callbacks.set_sampler_epoch import find_epoch_target
 from tests.common import (
     BatchRecorder,
     IndexClassifier,

@@ -1,15 +1,21 @@
-"""What the command-line tests share: a text-pairs data section, the train and embed calls, and the check
-of a refusal (exit status 2, one line)."""
+"""What the command-line tests share: the configs and data they write (text pairs, a folder of colour
+images), the train and embed calls, and the check of a refusal (exit status 2, one line)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 
 from composer_dynsample.cli.main import main
 from tests.data.text.helpers import pair_rows, write_jsonl
+
+BAG = {"name": "bag_of_tokens", "token_dim": 16}
+MINED = {"name": "mined_negatives", "pairs_per_batch": 8, "negatives_per_anchor": 1}
+COLOURS = {"blue": (0, 0, 255), "green": (0, 200, 0), "red": (230, 0, 0), "yellow": (240, 220, 0)}
 
 
 def pairs_data(folder: Path, **data: object) -> dict:
@@ -53,21 +59,90 @@ def one_line_error(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
     return error
 
 
-def write_tiny_pairs_config(folder: Path, data: dict, model: dict, lr: float) -> str:
-    """``folder/pairs.yaml``: 32 training and 8 test pairs written into ``folder``, the ``data`` and
-    ``model`` sections given, 8 pairs a batch, AdamW at ``lr``, 2 batches, no evaluation; its path."""
-    write_jsonl(folder / "train.jsonl", pair_rows(32, seed=0))
-    write_jsonl(folder / "test.jsonl", pair_rows(8, seed=1))
+def write_run_config(
+    path: Path, *, data: dict, model: dict, sampler: dict, ks: list[int], max_duration: str, **sections: dict
+) -> str:
+    """Write a config of seed 0 to ``path``, its path returned: the ``data``, ``model`` and ``sampler``
+    sections and any other ``sections``, AdamW at lr 0.01 unless ``sections`` give an ``optimizer``, no
+    evaluation during training (``evaluation.ks`` ``ks``), ``max_duration`` without a progress bar, no
+    loggers."""
     config = {
         "seed": 0,
         "data": data,
         "model": model,
-        "sampler": {"name": "pk", "classes_per_batch": 8, "samples_per_class": 2},
-        "optimizer": {"name": "adamw", "lr": lr},
-        "evaluation": {"interval": None, "ks": [1, 5]},
-        "trainer": {"max_duration": "2ba", "progress_bar": False},
+        "sampler": sampler,
+        "optimizer": {"name": "adamw", "lr": 0.01},
+        "evaluation": {"interval": None, "ks": ks},
+        "trainer": {"max_duration": max_duration, "progress_bar": False},
         "loggers": {},
+        **sections,
     }
-    path = folder / "pairs.yaml"
     path.write_text(yaml.safe_dump(config))
     return str(path)
+
+
+def write_pairs(folder: Path, train: int = 32, test: int = 8) -> None:
+    """``train`` training pairs and ``test`` test pairs as ``folder``'s ``train.jsonl`` and ``test.jsonl``."""
+    write_jsonl(folder / "train.jsonl", pair_rows(train, seed=0))
+    write_jsonl(folder / "test.jsonl", pair_rows(test, seed=1))
+
+
+def write_tiny_pairs_config(folder: Path, data: dict, model: dict, lr: float) -> str:
+    """``folder/pairs.yaml``: 32 training and 8 test pairs written into ``folder``, the ``data`` and
+    ``model`` sections given, 8 pairs a batch, AdamW at ``lr``, 2 batches, no evaluation; its path."""
+    write_pairs(folder)
+    sampler = {"name": "pk", "classes_per_batch": 8, "samples_per_class": 2}
+    optimizer = {"name": "adamw", "lr": lr}
+    return write_run_config(
+        folder / "pairs.yaml",
+        data=data,
+        model=model,
+        sampler=sampler,
+        ks=[1, 5],
+        max_duration="2ba",
+        optimizer=optimizer,
+    )
+
+
+def write_bag_pairs_config(
+    folder: Path, sampler: dict, *, algorithms: dict | None = None, **data: object
+) -> str:
+    """``folder/pairs.yaml``: a bag-of-tokens InfoNCE config of ``folder``'s pairs (:func:`pairs_data` with
+    ``data``), the ``sampler`` and ``algorithms`` given, one epoch without evaluation."""
+    model = {"normalize": True, "encoder": BAG, "loss": {"name": "info_nce", "temperature": 0.1}}
+    return write_run_config(
+        folder / "pairs.yaml",
+        data=pairs_data(folder, **data),
+        model=model,
+        sampler=sampler,
+        ks=[1, 5],
+        max_duration="1ep",
+        algorithms=algorithms or {},
+    )
+
+
+def write_colour_folder(root: Path, classes: Iterable[str], per_class: int = 6, seed: int = 0) -> None:
+    """``root/<class>/<i>.png``: 12 x 12 images of the class's colour (:data:`COLOURS`) with a little noise."""
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    for name in classes:
+        (root / name).mkdir(parents=True)
+        for i in range(per_class):
+            noise = rng.integers(-15, 16, (12, 12, 3))
+            pixels = np.clip(np.array(COLOURS[name]) + noise, 0, 255).astype(np.uint8)
+            Image.fromarray(pixels).save(root / name / f"{i}.png")
+
+
+def write_image_config(folder: Path, data: dict) -> str:
+    """``folder/images.yaml``: a small conv2d model on an image folder (``data``: the ``file`` data
+    section's entries), 2 classes x 2 images a batch, 2 batches without evaluation."""
+    encoder = {"name": "conv2d", "channels": [8, 8], "num_layers": 2, "strides": [2, 2], "embedding_dim": 8}
+    return write_run_config(
+        folder / "images.yaml",
+        data={"name": "file", **data},
+        model={"normalize": True, "encoder": encoder},
+        sampler={"name": "pk", "classes_per_batch": 2, "samples_per_class": 2},
+        ks=[1],
+        max_duration="2ba",
+    )

@@ -11,8 +11,14 @@ import torch
 
 from composer_dynsample.cli.main import main
 from composer_dynsample.data import load_image_folder
-from tests.cli.helpers import embed_input, latest_checkpoint, train_unevaluated
-from tests.cli.test_images import COLOURS, write_colour_folder, write_config
+from tests.cli.helpers import (
+    COLOURS,
+    embed_input,
+    latest_checkpoint,
+    train_unevaluated,
+    write_colour_folder,
+    write_image_config,
+)
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
@@ -21,7 +27,7 @@ DIGITS = str(Path(__file__).resolve().parents[2] / "yamls" / "digits_quick.yaml"
 
 def test_a_folder_of_images_is_embedded_as_the_training_images(tmp_path, capsys):
     write_colour_folder(tmp_path / "flat", COLOURS)
-    config = write_config(tmp_path, {"path": str(tmp_path / "flat"), "size": [8, 8]})
+    config = write_image_config(tmp_path, {"path": str(tmp_path / "flat"), "size": [8, 8]})
     main(["train", config, "--run-dir", str(tmp_path / "run")])
     checkpoint = latest_checkpoint(tmp_path / "run")
     (tmp_path / "inputs").mkdir()

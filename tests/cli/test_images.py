@@ -11,48 +11,9 @@ import torch
 import yaml
 
 from composer_dynsample.cli.main import main
+from tests.cli.helpers import COLOURS, write_colour_folder, write_image_config
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
-
-COLOURS = {"blue": (0, 0, 255), "green": (0, 200, 0), "red": (230, 0, 0), "yellow": (240, 220, 0)}
-
-
-def write_colour_folder(root, classes, per_class=6, seed=0):
-    """``root/<class>/<i>.png``: 12 x 12 images of the class's colour with a little noise."""
-    from PIL import Image
-
-    rng = np.random.default_rng(seed)
-    for name in classes:
-        (root / name).mkdir(parents=True)
-        for i in range(per_class):
-            noise = rng.integers(-15, 16, (12, 12, 3))
-            pixels = np.clip(np.array(COLOURS[name]) + noise, 0, 255).astype(np.uint8)
-            Image.fromarray(pixels).save(root / name / f"{i}.png")
-
-
-def write_config(tmp_path, data):
-    config = {
-        "seed": 0,
-        "data": {"name": "file", **data},
-        "model": {
-            "normalize": True,
-            "encoder": {
-                "name": "conv2d",
-                "channels": [8, 8],
-                "num_layers": 2,
-                "strides": [2, 2],
-                "embedding_dim": 8,
-            },
-        },
-        "sampler": {"name": "pk", "classes_per_batch": 2, "samples_per_class": 2},
-        "optimizer": {"name": "adamw", "lr": 0.01},
-        "evaluation": {"interval": None, "ks": [1]},
-        "trainer": {"max_duration": "2ba", "progress_bar": False},
-        "loggers": {},
-    }
-    path = tmp_path / "images.yaml"
-    path.write_text(yaml.safe_dump(config))
-    return str(path)
 
 
 def first_conv_in_channels(checkpoint):
@@ -69,7 +30,7 @@ def test_a_colour_folder_trains_in_rgb_and_reports_its_class_names(tmp_path, cap
     from PIL import Image
 
     write_colour_folder(tmp_path / "flat", COLOURS)
-    config = write_config(tmp_path, {"path": str(tmp_path / "flat")})
+    config = write_image_config(tmp_path, {"path": str(tmp_path / "flat")})
     main(["train", config, "--run-dir", str(tmp_path / "rgb")])
     metrics = json.loads((tmp_path / "rgb" / "metrics.json").read_text())
     assert metrics["class_names"] == ["blue", "green", "red", "yellow"]
@@ -90,9 +51,8 @@ def test_a_colour_folder_trains_in_rgb_and_reports_its_class_names(tmp_path, cap
 def test_test_classes_missing_from_the_train_gallery_are_counted(tmp_path, capsys):
     write_colour_folder(tmp_path / "some" / "train", ["blue", "green", "red"])
     write_colour_folder(tmp_path / "some" / "test", ["blue", "yellow"], per_class=3, seed=1)
-    main(
-        ["train", write_config(tmp_path, {"path": str(tmp_path / "some")}), "--run-dir", str(tmp_path / "a")]
-    )
+    config = write_image_config(tmp_path, {"path": str(tmp_path / "some")})
+    main(["train", config, "--run-dir", str(tmp_path / "a")])
     metrics = json.loads((tmp_path / "a" / "metrics.json").read_text())
     assert metrics["queries_without_positive"] == 3 and metrics["num_queries"] == 6
     assert 0.0 <= metrics["recall_at_1"] <= 1.0  # over the 3 blue queries
@@ -101,9 +61,8 @@ def test_test_classes_missing_from_the_train_gallery_are_counted(tmp_path, capsy
 
     write_colour_folder(tmp_path / "none" / "train", ["blue", "green"])
     write_colour_folder(tmp_path / "none" / "test", ["red", "yellow"], per_class=3, seed=1)
-    main(
-        ["train", write_config(tmp_path, {"path": str(tmp_path / "none")}), "--run-dir", str(tmp_path / "b")]
-    )
+    config = write_image_config(tmp_path, {"path": str(tmp_path / "none")})
+    main(["train", config, "--run-dir", str(tmp_path / "b")])
     metrics = json.loads((tmp_path / "b" / "metrics.json").read_text())
     assert metrics["queries_without_positive"] == metrics["num_queries"] == 6
     assert metrics["recall_at_1"] is None and metrics["map_at_r"] is None

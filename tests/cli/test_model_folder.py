@@ -23,7 +23,7 @@ from composer_dynsample.data.text.tokenizer import train_tokenizer
 from composer_dynsample.models.sentence_folder import read_model_folder
 from tests.cli.helpers import latest_checkpoint, one_line_error, write_tiny_pairs_config
 from tests.data.text.helpers import pair_rows, write_jsonl
-from tests.models.test_sentence_folder import POSITIONS, save_bert_folder, save_sentence_folder
+from tests.models.folders import POSITIONS, save_bert_folder, save_sentence_folder
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
@@ -189,7 +189,7 @@ def test_a_missing_model_folder_is_one_line(tmp_path, capsys):
 
 def test_a_folder_that_lower_cases_what_its_tokenizer_does_not_is_one_line(tmp_path):
     from composer_dynsample.config import ConfigError
-    from composer_dynsample.config.builders import check_config
+    from composer_dynsample.config.checks import check_config
 
     folder = save_sentence_folder(tmp_path / "cased")
     settings = json.loads((folder / "sentence_bert_config.json").read_text())

@@ -12,31 +12,32 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import yaml
 
 pytest.importorskip("tokenizers")
 
 from composer_dynsample.cli.main import main
-from tests.cli.helpers import embed_input, latest_checkpoint, one_line_error, pairs_data, train_unevaluated
+from tests.cli.helpers import (
+    embed_input,
+    latest_checkpoint,
+    one_line_error,
+    pairs_data,
+    train_unevaluated,
+    write_run_config,
+)
 from tests.data.text.helpers import pair_rows, write_jsonl
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
 
 def _config(folder: Path, **data: object) -> str:
-    config = {
-        "seed": 0,
-        "data": pairs_data(folder, **data),
-        "model": {"normalize": True, "encoder": {"name": "bag_of_tokens", "token_dim": 8}},
-        "sampler": {"name": "pk", "classes_per_batch": 4, "samples_per_class": 2},
-        "optimizer": {"name": "adamw", "lr": 0.01},
-        "evaluation": {"interval": None, "ks": [1]},
-        "trainer": {"max_duration": "1ba", "progress_bar": False},
-        "loggers": {},
-    }
-    path = folder / "pairs.yaml"
-    path.write_text(yaml.safe_dump(config))
-    return str(path)
+    return write_run_config(
+        folder / "pairs.yaml",
+        data=pairs_data(folder, **data),
+        model={"normalize": True, "encoder": {"name": "bag_of_tokens", "token_dim": 8}},
+        sampler={"name": "pk", "classes_per_batch": 4, "samples_per_class": 2},
+        ks=[1],
+        max_duration="1ba",
+    )
 
 
 def _refused(capsys: pytest.CaptureFixture[str], argv: list[str], run_dir: Path | None = None) -> str:

@@ -94,7 +94,7 @@ def test_check_positions_reads_the_config_without_loading_data(tmp_path):
     from omegaconf import OmegaConf
 
     from composer_dynsample.config import ConfigError
-    from composer_dynsample.config.model_builders import check_positions
+    from composer_dynsample.config.model_checks import check_positions
 
     roberta = {"model_type": "roberta", "max_position_embeddings": 514}
     cfg = {"data": {"name": "pairs", "path": str(tmp_path / "absent.jsonl"), "max_length": 513}}

@@ -9,47 +9,21 @@ from pathlib import Path
 
 import pytest
 import torch
-import yaml
 
 pytest.importorskip("tokenizers")
 
 from composer_dynsample.cli.main import main
-from composer_dynsample.config.registries import check_sampler_table
-from composer_dynsample.config.registry import ConfigError
+from composer_dynsample.config.checks import check_sampler_table
+from composer_dynsample.config.components import ConfigError
 from composer_dynsample.data import DatasetSplits, TensorStore
 from composer_dynsample.data.identity import data_changes, data_identity
-from tests.cli.helpers import latest_checkpoint, one_line_error, pairs_data
+from tests.cli.helpers import MINED, latest_checkpoint, one_line_error, write_bag_pairs_config, write_pairs
 from tests.data.text.helpers import pair_rows, write_jsonl
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
 DIGITS = str(Path(__file__).resolve().parents[2] / "yamls" / "digits_quick.yaml")
-BAG = {"name": "bag_of_tokens", "token_dim": 16}
 PK = {"name": "pk", "classes_per_batch": 8, "samples_per_class": 2}
-MINED = {"name": "mined_negatives", "pairs_per_batch": 8, "negatives_per_anchor": 1}
-
-
-def write_config(folder, sampler, *, algorithms=None, **data) -> str:
-    """A bag-of-tokens pairs config of ``folder``'s files, without evaluation during training."""
-    config = {
-        "seed": 0,
-        "data": pairs_data(folder, **data),
-        "model": {"normalize": True, "encoder": BAG, "loss": {"name": "info_nce", "temperature": 0.1}},
-        "sampler": sampler,
-        "algorithms": algorithms or {},
-        "optimizer": {"name": "adamw", "lr": 0.01},
-        "evaluation": {"interval": None, "ks": [1, 5]},
-        "trainer": {"max_duration": "1ep", "progress_bar": False},
-        "loggers": {},
-    }
-    path = folder / "pairs.yaml"
-    path.write_text(yaml.safe_dump(config))
-    return str(path)
-
-
-def write_data(folder, train: int = 32, test: int = 8) -> None:
-    write_jsonl(folder / "train.jsonl", pair_rows(train, seed=0))
-    write_jsonl(folder / "test.jsonl", pair_rows(test, seed=1))
 
 
 def refusal(argv: list[str], capsys) -> str:
@@ -61,8 +35,8 @@ def refusal(argv: list[str], capsys) -> str:
 
 # ----------------------------------------------------------------------------- batches of pairs (P x K)
 def test_more_than_two_samples_per_class_on_pairs_says_a_pair_is_two_rows(tmp_path, capsys):
-    write_data(tmp_path, train=64)
-    config = write_config(tmp_path, {**PK, "samples_per_class": 4})
+    write_pairs(tmp_path, train=64)
+    config = write_bag_pairs_config(tmp_path, {**PK, "samples_per_class": 4})
     line = refusal(["train", config, "--run-dir", str(tmp_path / "run")], capsys)
     assert "sampler.samples_per_class=4: pairs data have exactly 2 rows per class" in line, line
     assert "a query and its passage" in line and "samples_per_class must be 2" in line, line
@@ -72,8 +46,8 @@ def test_more_than_two_samples_per_class_on_pairs_says_a_pair_is_two_rows(tmp_pa
 
 def test_a_batch_of_more_pairs_than_the_file_is_named_before_the_evaluation(tmp_path, capsys):
     """Two pairs, the test split cut from them: the batch of 16 pairs is the problem, not evaluation.ks."""
-    write_data(tmp_path, train=2)
-    config = write_config(tmp_path, {**PK, "classes_per_batch": 16}, test_path=None)
+    write_pairs(tmp_path, train=2)
+    config = write_bag_pairs_config(tmp_path, {**PK, "classes_per_batch": 16}, test_path=None)
     argv = ["train", config, "evaluation.interval=1ep", "--run-dir", str(tmp_path / "run")]
     line = refusal(argv, capsys)
     assert "sampler.classes_per_batch=16: a batch of 16 pairs needs 16 training pairs" in line, line
@@ -82,8 +56,10 @@ def test_a_batch_of_more_pairs_than_the_file_is_named_before_the_evaluation(tmp_
 
 
 def test_a_batch_of_more_pairs_than_the_training_file_says_which_sizes_fit(tmp_path, capsys):
-    write_data(tmp_path, train=3)
-    config = write_config(tmp_path, {**MINED, "pairs_per_batch": 16}, algorithms={"embedding_table": {}})
+    write_pairs(tmp_path, train=3)
+    config = write_bag_pairs_config(
+        tmp_path, {**MINED, "pairs_per_batch": 16}, algorithms={"embedding_table": {}}
+    )
     line = refusal(["train", config, "--run-dir", str(tmp_path / "run")], capsys)
     assert (
         "sampler.pairs_per_batch=16: a batch of 16 pairs needs 16 training pairs, but the training " in line
@@ -109,8 +85,8 @@ def test_the_batch_is_checked_before_the_evaluation_for_any_data(tmp_path, capsy
     ],
 )
 def test_a_model_aware_sampler_without_the_embedding_table_is_refused(tmp_path, capsys, sampler, without):
-    write_data(tmp_path)
-    config = write_config(tmp_path, sampler, algorithms={"embedding_table": None})
+    write_pairs(tmp_path)
+    config = write_bag_pairs_config(tmp_path, sampler, algorithms={"embedding_table": None})
     line = refusal(["train", config, "--run-dir", str(tmp_path / "run")], capsys)
     assert f"sampler: {sampler['name']!r} takes its batches from the embedding table" in line, line
     assert without in line and "Add algorithms: {embedding_table: {}}" in line, line
@@ -119,8 +95,8 @@ def test_a_model_aware_sampler_without_the_embedding_table_is_refused(tmp_path, 
 
 
 def test_the_override_the_refusal_names_adds_the_table(tmp_path):
-    write_data(tmp_path)
-    config = write_config(tmp_path, MINED)
+    write_pairs(tmp_path)
+    config = write_bag_pairs_config(tmp_path, MINED)
     main(["train", config, "algorithms.embedding_table={}", "--quiet", "--run-dir", str(tmp_path / "run")])
     metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
     assert len(metrics["embedding_table"]) == 1  # the table ran, one epoch
@@ -128,10 +104,10 @@ def test_the_override_the_refusal_names_adds_the_table(tmp_path):
 
 def test_a_previous_run_survives_a_refused_sampler_with_overwrite(tmp_path, capsys):
     """The refusal comes with the config's checks, before --overwrite removes anything."""
-    write_data(tmp_path)
+    write_pairs(tmp_path)
     (tmp_path / "run").mkdir()
     (tmp_path / "run" / "metrics.json").write_text("{}")
-    config = write_config(tmp_path, MINED)
+    config = write_bag_pairs_config(tmp_path, MINED)
     refusal(["train", config, "--overwrite", "--run-dir", str(tmp_path / "run")], capsys)
     assert (tmp_path / "run" / "metrics.json").read_text() == "{}"
 
@@ -159,8 +135,8 @@ def test_a_table_switched_off_is_no_table():
 def trained(tmp_path_factory):
     """One epoch of mined negatives on 32 pairs, its checkpoint in ``run``."""
     folder = tmp_path_factory.mktemp("resume_data")
-    write_data(folder)
-    config = write_config(folder, MINED, algorithms={"embedding_table": {}})
+    write_pairs(folder)
+    config = write_bag_pairs_config(folder, MINED, algorithms={"embedding_table": {}})
     main(["train", config, "--quiet", "--run-dir", str(folder / "run")])
     return folder, config
 

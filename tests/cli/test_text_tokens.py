@@ -20,8 +20,9 @@ from composer_dynsample.cli.main import main
 from composer_dynsample.data.text import tokenized
 from composer_dynsample.data.text._sources import check_unknown_tokens
 from composer_dynsample.data.text.pairs import load_pairs
-from composer_dynsample.data.text.tokenized import TokenStore, char_budget, tokenize_texts
+from composer_dynsample.data.text.tokenized import TokenStore, tokenize_texts
 from composer_dynsample.data.text.tokenizer import load_tokenizer, train_tokenizer
+from composer_dynsample.data.text.truncation import char_budget
 from tests.cli.helpers import pairs_data, train_unevaluated
 from tests.data.text.helpers import pair_rows, write_jsonl
 

@@ -11,9 +11,10 @@ import torch
 from omegaconf import OmegaConf
 
 from composer_dynsample import DistributedBatchSampler, HardNegativeMining, SetSamplerEpoch
-from composer_dynsample.config import ConfigError, OneCycleScheduler, build_run, load_config, save_config
+from composer_dynsample.config import ConfigError, build_run, load_config, save_config
 from composer_dynsample.models.encoders import Conv1dEncoder, Conv2dEncoder, MLPEncoder
 from composer_dynsample.models.text import BagOfTokensEncoder, TransformerEncoder
+from composer_dynsample.schedulers import OneCycleScheduler
 
 YAMLS = sorted((Path(__file__).resolve().parents[2] / "yamls").glob("*.yaml"))
 DIGITS = next(path for path in YAMLS if path.name == "digits_quick.yaml")
@@ -51,7 +52,7 @@ CHEAP = {"code_search": _CODE_SEARCH, "code_search_transformer": _CODE_SEARCH}
 def _finetune_overrides(tmp_path: Path) -> list[str]:
     """A tiny sentence-transformers folder and pairs of its words for the fine-tuning recipe."""
     from tests.data.text.helpers import pair_rows, write_jsonl
-    from tests.models.test_sentence_folder import save_sentence_folder
+    from tests.models.folders import save_sentence_folder
 
     folder = save_sentence_folder(tmp_path / "model", pooling="mean", max_seq_length=24)
     write_jsonl(tmp_path / "train.jsonl", pair_rows(32, seed=0))
@@ -325,16 +326,16 @@ def test_other_registry_entries_build(tmp_path):
 
 def test_every_registry_name_resolves_to_its_target():
     """Registry targets are dotted strings imported on first use: each must exist (wandb's class too)."""
-    from composer_dynsample.config import builders
-    from composer_dynsample.config.registry import lookup
+    from composer_dynsample.config import names
+    from composer_dynsample.config.components import lookup
 
     registries = ("DATASETS", "ENCODERS", "LOSSES", "SAMPLERS", "ALGORITHMS", "CALLBACKS", "OPTIMIZERS")
     for registry_name in (*registries, "SCHEDULERS", "LOGGERS"):
-        registry = getattr(builders, registry_name)
+        registry = getattr(names, registry_name)
         for name in registry:
             entry = lookup(registry_name, name, registry)
             assert callable(entry.target), (registry_name, name)
-    assert builders.SAMPLERS["two_stream"].extra == {"primary_fraction": 0.5}
+    assert names.SAMPLERS["two_stream"].extra == {"primary_fraction": 0.5}
 
 
 def test_the_finetune_recipe_is_the_documented_one():

@@ -6,8 +6,8 @@ import inspect
 
 import pytest
 
-from composer_dynsample.config.builders import ALGORITHMS, CALLBACKS, LOGGERS, SCHEDULERS
-from composer_dynsample.config.registry import Lazy, Registered
+from composer_dynsample.config.components import Lazy, Registered
+from composer_dynsample.config.names import ALGORITHMS, CALLBACKS, LOGGERS, SCHEDULERS
 from composer_dynsample.config.signatures import SourceRegistry, source_signature
 
 ENTRIES = [
@@ -56,4 +56,4 @@ def test_what_the_source_does_not_settle_is_none():
     assert source_signature("no_such_package.module", "Name") is None
     assert source_signature("composer_dynsample.validation", "NoSuchName") is None
     # A class whose __init__ comes from its base (ConfigError subclasses ValueError).
-    assert source_signature("composer_dynsample.config.registry", "ConfigError") is None
+    assert source_signature("composer_dynsample.config.components", "ConfigError") is None

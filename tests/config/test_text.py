@@ -10,8 +10,9 @@ pytest.importorskip("tokenizers")
 
 from composer_dynsample.callbacks.retrieval_gallery import RetrievalGallery
 from composer_dynsample.config import ConfigError, build_run, load_config
-from composer_dynsample.config.builders import DATASETS, ENCODERS, check_config
+from composer_dynsample.config.checks import check_config
 from composer_dynsample.config.evaluation import final_metrics, gallery_rows, query_rows
+from composer_dynsample.config.names import DATASETS, ENCODERS
 from composer_dynsample.config.run_tokenizer import run_tokenizer, write_run_tokenizer
 from composer_dynsample.data import TextCollate
 from composer_dynsample.metrics import RankingScore, RetrievalRecallAtK

@@ -7,8 +7,8 @@ import pytest
 import torch
 from composer.utils import dist
 
-from composer_dynsample import HardNegativeMining, InfoNCELoss, mine
-from composer_dynsample.mining import assemble_pool, drop_duplicate_negatives
+from composer_dynsample import HardNegativeMining, InfoNCELoss
+from composer_dynsample.mining import assemble_pool, build_miner, drop_duplicate_negatives
 from tests.algorithms.test_duplicates import Recorder, reference_duplicates, text_trainer
 from tests.distributed._helpers import INFONCE_CASES, gradient_setup, parametrize_strategy_and_loss
 
@@ -30,8 +30,8 @@ def _mine_and_loss(loss, strategy, local, labels, ids, pool, offset, *, global_m
     ref = None if pool is None else pool.embeddings
     ref_labels = None if pool is None else pool.labels
     ref_ids = None if pool is None else pool.duplicate_ids
-    tuples = mine(local.detach(), labels, strategy, ref_embeddings=None if ref is None else ref.detach(),
-                  ref_labels=ref_labels, self_offset=offset)  # fmt: skip
+    tuples = build_miner(strategy)(local.detach(), labels, None if ref is None else ref.detach(), ref_labels,
+                                   self_offset=None if ref is None else offset)  # fmt: skip
     tuples, dropped = drop_duplicate_negatives(tuples, labels, ids, ref_labels, ref_ids)
     value = loss(local, labels, tuples, ref, ref_labels, global_mean=global_mean, duplicate_ids=ids,
                  ref_duplicate_ids=ref_ids)  # fmt: skip

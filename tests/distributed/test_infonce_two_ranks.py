@@ -6,8 +6,9 @@ import pytest
 import torch
 from composer.utils import dist
 
-from composer_dynsample import InfoNCELoss, mine
+from composer_dynsample import InfoNCELoss
 from composer_dynsample.distributed import all_gather_embeddings
+from composer_dynsample.mining import BatchHardMiner, build_miner
 from tests.distributed._helpers import (
     INFONCE_CASES,
     gradient_setup,
@@ -35,8 +36,8 @@ def _gradients(strategy, loss, splits, memory_rows):
     # One process, the whole batch (and the memory) as the pool.
     full = embed(features)
     pool, pool_labels = with_memory(full, labels) if memory_rows else (None, None)
-    tuples = mine(full.detach(), labels, strategy, ref_embeddings=None if pool is None else pool.detach(),
-                  ref_labels=pool_labels, self_offset=0)  # fmt: skip
+    tuples = build_miner(strategy)(full.detach(), labels, None if pool is None else pool.detach(), pool_labels,
+                                   self_offset=None if pool is None else 0)  # fmt: skip
     loss(full, labels, tuples, pool, pool_labels).backward()
     expected = encoder.weight.grad.clone()
     encoder.zero_grad()
@@ -47,8 +48,9 @@ def _gradients(strategy, loss, splits, memory_rows):
     pool, pool_labels, offset = all_gather_embeddings(local, local_labels, with_grad=True)
     assert offset == start
     pool, pool_labels = with_memory(pool, pool_labels)
-    tuples = mine(local.detach(), local_labels, strategy, ref_embeddings=pool.detach(), ref_labels=pool_labels,
-                  self_offset=offset)  # fmt: skip
+    tuples = build_miner(strategy)(
+        local.detach(), local_labels, pool.detach(), pool_labels, self_offset=offset
+    )
     loss(local, local_labels, tuples, pool, pool_labels, global_mean=True).backward()
     grad = encoder.weight.grad.clone()
     torch.distributed.all_reduce(grad)
@@ -80,8 +82,7 @@ def test_a_rank_without_positive_pairs_still_joins_the_gather():
     local.requires_grad_(True)
     labels = torch.tensor([0, 0, 1, 1]) if rank == 0 else torch.tensor([7, 8, 9, 10])
     pool, pool_labels, offset = all_gather_embeddings(local, labels, with_grad=True)
-    tuples = mine(local.detach(), labels, "batch_hard", ref_embeddings=pool.detach(), ref_labels=pool_labels,
-                  self_offset=offset)  # fmt: skip
+    tuples = BatchHardMiner()(local.detach(), labels, pool.detach(), pool_labels, self_offset=offset)
     assert (tuples[0].numel() > 0) == (rank == 0)
     value = InfoNCELoss(symmetric=True)(local, labels, tuples, pool, pool_labels, global_mean=True)
     value.backward()

@@ -20,9 +20,10 @@ from composer.utils import dist
 
 pytest.importorskip("tokenizers")
 
-from composer_dynsample import EmbeddingModel, HardNegativeMining, InfoNCELoss, SetSamplerEpoch, mine
+from composer_dynsample import EmbeddingModel, HardNegativeMining, InfoNCELoss, SetSamplerEpoch
 from composer_dynsample.data import IndexDataset, TextCollate, text_data_spec
 from composer_dynsample.data.text.pairs import load_pairs
+from composer_dynsample.mining import BatchHardMiner
 from composer_dynsample.models.text import BagOfTokensEncoder
 from composer_dynsample.samplers.dataloader import build_dataloader
 from composer_dynsample.samplers.mined_negatives import MinedNegativesPKBatchSampler
@@ -94,7 +95,7 @@ def test_the_ddp_step_equals_one_process_on_the_ranks_batches_in_rank_order(tmp_
     for part, batch in zip(parts, per_rank):
         assert torch.equal(part["index"], batch["index"])
     embeddings = torch.cat([reference(part) for part in parts])
-    tuples = mine(embeddings.detach(), labels, "batch_hard")
+    tuples = BatchHardMiner()(embeddings.detach(), labels)
     reference.loss_fn(embeddings, labels, tuples).backward()
     for trained, initial in zip(model.encoder.parameters(), start.parameters()):
         if initial.grad is None:

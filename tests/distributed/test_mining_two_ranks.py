@@ -10,9 +10,10 @@ from composer.loggers import Logger
 from composer.utils import dist
 from torch.utils.data import TensorDataset
 
-from composer_dynsample import EmbeddingModel, HardNegativeMining, PKBatchSampler, build_dataloader, mine
+from composer_dynsample import EmbeddingModel, HardNegativeMining, PKBatchSampler, build_dataloader
 from composer_dynsample.distributed import all_gather_embeddings
 from composer_dynsample.losses import ContrastiveLoss, InfoNCELoss, MultiSimilarityLoss, TripletMarginLoss
+from composer_dynsample.mining import build_miner
 from tests.distributed._helpers import gradient_setup, random_batch
 
 pytestmark = pytest.mark.world_size(2)
@@ -36,7 +37,7 @@ def test_autograd_gather_gradients_equal_one_process_on_the_concatenated_batch(s
 
     # One process, the whole batch.
     full = embed(features)
-    loss(full, labels, mine(full.detach(), labels, strategy)).backward()
+    loss(full, labels, build_miner(strategy)(full.detach(), labels)).backward()
     expected = encoder.weight.grad.clone()
     encoder.zero_grad()
 
@@ -46,13 +47,8 @@ def test_autograd_gather_gradients_equal_one_process_on_the_concatenated_batch(s
     local_labels = labels[rank * half : (rank + 1) * half]
     pool, pool_labels, offset = all_gather_embeddings(local, local_labels, with_grad=True)
     assert offset == rank * half
-    tuples = mine(
-        local.detach(),
-        local_labels,
-        strategy,
-        ref_embeddings=pool.detach(),
-        ref_labels=pool_labels,
-        self_offset=offset,
+    tuples = build_miner(strategy)(
+        local.detach(), local_labels, pool.detach(), pool_labels, self_offset=offset
     )
     loss(local, local_labels, tuples, pool, pool_labels, global_mean=True).backward()
     grad = encoder.weight.grad.clone()

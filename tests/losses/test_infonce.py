@@ -8,7 +8,7 @@ from pytorch_metric_learning import losses as pml_losses
 
 from composer_dynsample import InfoNCELoss
 from composer_dynsample.losses import all_pairs
-from composer_dynsample.mining import batch_hard, hard_topk, multi_similarity, semi_hard
+from composer_dynsample.mining import BatchHardMiner, HardTopKMiner, MultiSimilarityMiner, SemiHardMiner
 from tests.algorithms.test_duplicates import reference_duplicates
 
 
@@ -77,7 +77,7 @@ def test_defaults_equal_pml_ntxent_on_embeddings_and_labels(seed, temperature, w
 def test_mined_negatives_equal_pml_ntxent_on_the_same_tuples(seed, miner, with_pool):
     embeddings, labels = _batch(seed, size=16)
     ref, ref_labels = _pool(seed, size=12) if with_pool else (None, None)
-    mine = batch_hard if miner == "batch_hard" else lambda *args: multi_similarity(*args, epsilon=0.3)
+    mine = BatchHardMiner() if miner == "batch_hard" else MultiSimilarityMiner(epsilon=0.3)
     tuples = mine(embeddings, labels, ref, ref_labels)  # neither repeats a pair
     assert tuples[0].numel() > 0
     ours = InfoNCELoss(0.1, negatives="mined")(embeddings, labels, tuples, ref, ref_labels)
@@ -100,8 +100,8 @@ def test_equals_the_brute_force_definition_with_repeated_tuples(seed, negatives,
     ref, ref_labels = _pool(seed, size=10)
     # semi_hard repeats negatives across an anchor's positives and hard_topk repeats positives.
     cases = [
-        (semi_hard(embeddings, labels, ref, ref_labels, margin=0.5), ref, ref_labels),
-        (hard_topk(embeddings, labels, k=3), None, None),
+        (SemiHardMiner(margin=0.5)(embeddings, labels, ref, ref_labels), ref, ref_labels),
+        (HardTopKMiner(k=3)(embeddings, labels), None, None),
         (None, ref, ref_labels),
         (None, None, None),
     ]
@@ -146,7 +146,7 @@ def test_gradients_match_finite_differences(negatives, symmetric):
     ref, ref_labels = _pool(5, size=5, dim=3)
     embeddings.requires_grad_(True)
     ref.requires_grad_(True)
-    tuples = semi_hard(embeddings.detach(), labels, ref.detach(), ref_labels, margin=1.0)
+    tuples = SemiHardMiner(margin=1.0)(embeddings.detach(), labels, ref.detach(), ref_labels)
     assert tuples[0].numel() > 0
     loss = InfoNCELoss(0.3, negatives=negatives, symmetric=symmetric)
     assert torch.autograd.gradcheck(
@@ -205,7 +205,7 @@ def test_nothing_to_contrast_gives_an_attached_zero(symmetric, global_mean, labe
 def test_global_mean_on_one_process_is_the_plain_mean():
     embeddings, labels = _batch(4)
     ref, ref_labels = _pool(4)
-    tuples = batch_hard(embeddings, labels, ref, ref_labels)
+    tuples = BatchHardMiner()(embeddings, labels, ref, ref_labels)
     loss = InfoNCELoss(symmetric=True)
     plain = loss(embeddings, labels, tuples, ref, ref_labels)
     assert torch.allclose(loss(embeddings, labels, tuples, ref, ref_labels, global_mean=True), plain)
@@ -251,8 +251,9 @@ def test_bad_inputs_are_named():
 def test_the_yaml_name_builds_the_loss():
     from omegaconf import OmegaConf
 
-    from composer_dynsample.config.builders import LOSSES, build_loss
-    from composer_dynsample.config.registry import lookup
+    from composer_dynsample.config.components import lookup
+    from composer_dynsample.config.model_builders import build_loss
+    from composer_dynsample.config.names import LOSSES
 
     assert lookup("LOSSES", "info_nce", LOSSES).target is InfoNCELoss
     cfg = OmegaConf.create(
@@ -281,7 +282,9 @@ def test_duplicate_ids_mask_equals_the_brute_force_definition(seed, negatives, s
     ref, ref_labels, ref_ids = (None, None, None)
     if case.endswith("pool"):
         (ref, ref_labels), ref_ids = _pool(seed, size=10), _ids(seed + 1, 10)
-    tuples = semi_hard(embeddings, labels, ref, ref_labels, margin=0.5) if case.startswith("mined") else None
+    tuples = (
+        SemiHardMiner(margin=0.5)(embeddings, labels, ref, ref_labels) if case.startswith("mined") else None
+    )
     duplicates = reference_duplicates(labels, ids, *(() if ref is None else (ref_labels, ref_ids)))
     assert any(map(any, duplicates))  # the batch does hold duplicates under other labels
     loss = InfoNCELoss(0.2, negatives=negatives, symmetric=symmetric)

@@ -10,17 +10,17 @@ import pytest
 import torch
 
 from composer_dynsample import ContrastiveLoss, InfoNCELoss, MultiSimilarityLoss, TripletMarginLoss
-from composer_dynsample.mining import batch_hard, multi_similarity
+from composer_dynsample.mining import BatchHardMiner, MultiSimilarityMiner
 
 DISTANCES = ("cosine", "euclidean", "squared_euclidean")
 
 
 def triplets(embeddings: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    return batch_hard(embeddings, labels)
+    return BatchHardMiner()(embeddings, labels)
 
 
 def pairs(embeddings: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    return multi_similarity(embeddings, labels, epsilon=0.5)
+    return MultiSimilarityMiner(epsilon=0.5)(embeddings, labels)
 
 
 # name: (loss, the miner of its mined tuples)

@@ -12,7 +12,7 @@ from pytorch_metric_learning import reducers as pml_reducers
 
 from composer_dynsample import ContrastiveLoss, MultiSimilarityLoss, TripletMarginLoss
 from composer_dynsample.losses import all_pairs, all_triplets
-from composer_dynsample.mining import batch_hard, multi_similarity
+from composer_dynsample.mining import BatchHardMiner, MultiSimilarityMiner
 
 
 def _batch(seed: int, size: int = 12, dim: int = 5, classes: int = 3):
@@ -26,7 +26,7 @@ def _batch(seed: int, size: int = 12, dim: int = 5, classes: int = 3):
 @given(st.integers(0, 10_000), st.floats(0.05, 1.0), st.booleans())
 def test_triplet_margin_loss_equals_pml_with_a_mean_reducer(seed, margin, mined):
     embeddings, labels = _batch(seed)
-    tuples = batch_hard(embeddings, labels) if mined else None
+    tuples = BatchHardMiner()(embeddings, labels) if mined else None
     ours = TripletMarginLoss(margin=margin)(embeddings, labels, tuples)
     theirs = pml_losses.TripletMarginLoss(
         margin=margin, distance=pml_distances.CosineSimilarity(), reducer=pml_reducers.MeanReducer()
@@ -38,7 +38,7 @@ def test_triplet_margin_loss_equals_pml_with_a_mean_reducer(seed, margin, mined)
 @given(st.integers(0, 10_000), st.floats(0.0, 0.5), st.floats(0.5, 2.0))
 def test_contrastive_loss_equals_pml_with_a_mean_reducer(seed, pos_margin, neg_margin):
     embeddings, labels = _batch(seed)
-    tuples = multi_similarity(embeddings, labels, epsilon=0.3)
+    tuples = MultiSimilarityMiner(epsilon=0.3)(embeddings, labels)
     ours = ContrastiveLoss(pos_margin, neg_margin, distance="euclidean")(embeddings, labels, tuples)
     theirs = pml_losses.ContrastiveLoss(
         pos_margin=pos_margin,
@@ -65,7 +65,7 @@ def test_multi_similarity_counts_a_repeated_pair_once_as_pml_does():
 def test_multi_similarity_loss_equals_pml(seed, params):
     alpha, beta, base = params
     embeddings, labels = _batch(seed)
-    tuples = multi_similarity(embeddings, labels, epsilon=0.1)
+    tuples = MultiSimilarityMiner(epsilon=0.1)(embeddings, labels)
     ours = MultiSimilarityLoss(alpha, beta, base)(embeddings, labels, tuples)
     theirs = pml_losses.MultiSimilarityLoss(alpha=alpha, beta=beta, base=base)(embeddings, labels, tuples)
     assert torch.allclose(ours, theirs, atol=1e-8)
@@ -94,7 +94,7 @@ def test_empty_tuples_give_zero_with_a_graph_to_embeddings_and_pool():
 def test_wrong_tuple_kind_is_a_clear_error():
     embeddings, labels = _batch(0)
     with pytest.raises(ValueError, match=r"TripletMarginLoss needs triplets .* got 4"):
-        TripletMarginLoss()(embeddings, labels, multi_similarity(embeddings, labels))
+        TripletMarginLoss()(embeddings, labels, MultiSimilarityMiner()(embeddings, labels))
     with pytest.raises(ValueError, match="distance must be one of"):
         TripletMarginLoss(distance="chebyshev")
 

@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from composer_dynsample.mining import distance_weighted
+from composer_dynsample.mining import DistanceWeightedMiner
 from tests.mining import check_index_tuple
 
 
@@ -34,13 +34,9 @@ def test_sampling_frequencies_follow_inverse_density_weights() -> None:
         [_at_chord_distance(0.0, dim)] * anchors + [_at_chord_distance(d, dim) for d in neg_dists]
     )
     labels = torch.cat([torch.zeros(anchors, dtype=torch.int64), torch.arange(1, 5)])
-    a, p, n = distance_weighted(
-        emb.float(),
-        labels,
-        cutoff=cutoff,
-        nonzero_loss_cutoff=nonzero,
-        generator=torch.Generator().manual_seed(0),
-    )
+    a, p, n = DistanceWeightedMiner(
+        cutoff=cutoff, nonzero_loss_cutoff=nonzero, generator=torch.Generator().manual_seed(0)
+    )(emb.float(), labels)
     check_index_tuple((a, p, n), 3)
     assert len(a) == anchors * (
         anchors - 1
@@ -66,9 +62,9 @@ def test_never_samples_positives_self_or_beyond_cutoff_on_random_batches() -> No
     for pool, pool_labels, self_pool in ((emb, labels, True), (ref, ref_labels, False)):
         args = (emb, labels) if self_pool else (emb, labels, pool, pool_labels)
         for seed in range(5):
-            a, p, n = distance_weighted(
-                *args, nonzero_loss_cutoff=1.0, generator=torch.Generator().manual_seed(seed)
-            )
+            a, p, n = DistanceWeightedMiner(
+                nonzero_loss_cutoff=1.0, generator=torch.Generator().manual_seed(seed)
+            )(*args)
             assert a.numel() > 0
             assert bool((pool_labels[p] == labels[a]).all() and (pool_labels[n] != labels[a]).all())
             if self_pool:
@@ -81,16 +77,16 @@ def test_deterministic_given_generator_and_random_without() -> None:
     emb = torch.nn.functional.normalize(torch.randn(48, 6, generator=gen), dim=1)
     labels = torch.arange(48) % 6
     kw = {"nonzero_loss_cutoff": 2.0}
-    first = distance_weighted(emb, labels, generator=torch.Generator().manual_seed(3), **kw)
-    again = distance_weighted(emb, labels, generator=torch.Generator().manual_seed(3), **kw)
-    other = distance_weighted(emb, labels, generator=torch.Generator().manual_seed(4), **kw)
+    first = DistanceWeightedMiner(generator=torch.Generator().manual_seed(3), **kw)(emb, labels)
+    again = DistanceWeightedMiner(generator=torch.Generator().manual_seed(3), **kw)(emb, labels)
+    other = DistanceWeightedMiner(generator=torch.Generator().manual_seed(4), **kw)(emb, labels)
     assert all(torch.equal(x, y) for x, y in zip(first, again))
     assert not torch.equal(first[2], other[2])
     assert torch.equal(first[0], other[0]) and torch.equal(first[1], other[1])
     torch.manual_seed(0)
-    global_a = distance_weighted(emb, labels, **kw)
+    global_a = DistanceWeightedMiner(**kw)(emb, labels)
     torch.manual_seed(0)
-    global_b = distance_weighted(emb, labels, **kw)
+    global_b = DistanceWeightedMiner(**kw)(emb, labels)
     assert torch.equal(global_a[2], global_b[2])
 
 
@@ -115,8 +111,8 @@ def test_high_dimension_is_stable_in_log_space() -> None:
         [_at_chord_distance(0.0, dim)] * anchors + [_at_chord_distance(d, dim) for d in neg_dists]
     )
     labels = torch.cat([torch.zeros(anchors, dtype=torch.int64), torch.arange(1, 4)])
-    a, _, n = distance_weighted(
-        emb.float(), labels, nonzero_loss_cutoff=2.0, generator=torch.Generator().manual_seed(0)
+    a, _, n = DistanceWeightedMiner(nonzero_loss_cutoff=2.0, generator=torch.Generator().manual_seed(0))(
+        emb.float(), labels
     )
     assert len(a) == anchors * (anchors - 1)
     freq = torch.bincount(n - anchors, minlength=3).double() / len(n)

@@ -1,18 +1,13 @@
-"""Miners as configured objects: built with their options (checked there), called like the functions,
-carrying their output kind, named in one registry; the old module paths still work with a warning."""
+"""Miners as configured objects: built with their options (checked there), called on tensors, carrying
+their output kind, named in one registry."""
 
 from __future__ import annotations
-
-import inspect
 
 import pytest
 import torch
 
-from composer_dynsample import mining
 from composer_dynsample.mining import (
-    KINDS,
     MINERS,
-    STRATEGIES,
     BaseMiner,
     BatchHardMiner,
     CrossBatchMemory,
@@ -20,8 +15,9 @@ from composer_dynsample.mining import (
     SemiHardMiner,
     build_miner,
     mining_step,
-    skipped_step,
 )
+from composer_dynsample.mining.base import KINDS
+from composer_dynsample.mining.step import skipped_step
 
 OPTIONS = {
     "batch_hard": {},
@@ -44,15 +40,8 @@ def _as_lists(tuples: tuple[torch.Tensor, ...]) -> list[list[int]]:
     return [t.tolist() for t in tuples]
 
 
-def test_the_registry_names_the_same_strategies_as_the_functional_forms():
-    assert list(MINERS) == list(STRATEGIES) == list(OPTIONS)
-    for name, form in STRATEGIES.items():
-        assert form is getattr(mining, name)
-        assert form.__name__ == name
-
-
 @pytest.mark.parametrize("name", list(MINERS))
-def test_an_object_built_once_returns_what_its_functional_form_returns(name):
+def test_an_object_built_once_returns_what_a_fresh_object_returns(name):
     emb, labels = _batch()
     bank, bank_labels = _batch(seed=1, rows=16)
     options = dict(OPTIONS[name])
@@ -65,8 +54,8 @@ def test_an_object_built_once_returns_what_its_functional_form_returns(name):
         if name in RANDOM:
             miner.generator.manual_seed(5)
         by_object = miner(emb, labels, *pool)
-        by_function = STRATEGIES[name](emb, labels, *pool, **make())
-        assert _as_lists(by_object) == _as_lists(by_function)
+        by_fresh = MINERS[name](**make())(emb, labels, *pool)
+        assert _as_lists(by_object) == _as_lists(by_fresh)
         assert len(by_object) == KINDS[miner.kind]
         assert sum(t.numel() for t in by_object) > 0
 
@@ -106,23 +95,6 @@ def test_options_are_kept_and_shown():
         repr(miner) == "SemiHardMiner(margin=0.3, fallback='hardest', distance='euclidean', chunk_size=None)"
     )
     assert repr(BatchHardMiner()) == "BatchHardMiner(distance='cosine', chunk_size=None)"
-
-
-def test_the_functional_form_shows_the_inputs_and_the_miners_options():
-    parameters = list(inspect.signature(mining.semi_hard).parameters)
-    assert parameters == [
-        "embeddings",
-        "labels",
-        "ref_embeddings",
-        "ref_labels",
-        "self_offset",
-        "margin",
-        "fallback",
-        "distance",
-        "chunk_size",
-    ]
-    with pytest.raises(TypeError, match="margn"):
-        mining.semi_hard(*_batch(), margn=0.1)
 
 
 def test_build_miner_names_unknown_keys_and_bad_values():

@@ -11,13 +11,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from composer_dynsample.mining import (
-    SEMI_HARD_FALLBACKS,
-    batch_hard,
-    distance_weighted,
-    hard_topk,
-    multi_similarity,
-    semi_hard,
+    BatchHardMiner,
+    DistanceWeightedMiner,
+    HardTopKMiner,
+    MultiSimilarityMiner,
+    SemiHardMiner,
 )
+from composer_dynsample.mining.semi_hard import SEMI_HARD_FALLBACKS
 from tests.mining import (
     DISTANCE_NAMES,
     TOL,
@@ -168,13 +168,13 @@ def check_distance_weighted(case: Case, nonzero_loss_cutoff: float, out: tuple[t
 @SETTINGS
 @given(case=cases(), distance=distance_names)
 def test_batch_hard_matches_reference(case: Case, distance: str) -> None:
-    check_batch_hard(case, distance, batch_hard(*case.args(), distance=distance, **case.kwargs()))
+    check_batch_hard(case, distance, BatchHardMiner(distance=distance)(*case.args(), **case.kwargs()))
 
 
 @SETTINGS
 @given(case=cases(), distance=distance_names, k=st.integers(1, 6))
 def test_hard_topk_matches_reference(case: Case, distance: str, k: int) -> None:
-    check_hard_topk(case, distance, k, hard_topk(*case.args(), k=k, distance=distance, **case.kwargs()))
+    check_hard_topk(case, distance, k, HardTopKMiner(k=k, distance=distance)(*case.args(), **case.kwargs()))
 
 
 @SETTINGS
@@ -185,7 +185,7 @@ def test_hard_topk_matches_reference(case: Case, distance: str, k: int) -> None:
     fallback=st.sampled_from(SEMI_HARD_FALLBACKS),
 )
 def test_semi_hard_matches_reference(case: Case, distance: str, margin: float, fallback: str) -> None:
-    out = semi_hard(*case.args(), margin=margin, distance=distance, fallback=fallback, **case.kwargs())
+    out = SemiHardMiner(margin=margin, distance=distance, fallback=fallback)(*case.args(), **case.kwargs())
     check_semi_hard(case, distance, margin, fallback, out)
 
 
@@ -205,7 +205,7 @@ def test_semi_hard_with_many_positives_per_anchor(case: Case, distance: str, mar
         big.ref_emb = torch.cat([case.ref_emb, torch.randn(40, case.emb.shape[1])])
         big.ref_labels = torch.cat([case.ref_labels, torch.zeros(40, dtype=torch.int64)])
     for fallback in SEMI_HARD_FALLBACKS:
-        out = semi_hard(*big.args(), margin=margin, distance=distance, fallback=fallback, **big.kwargs())
+        out = SemiHardMiner(margin=margin, distance=distance, fallback=fallback)(*big.args(), **big.kwargs())
         check_semi_hard(big, distance, margin, fallback, out)
 
 
@@ -216,7 +216,7 @@ def test_multi_similarity_matches_reference(case: Case, distance: str, epsilon: 
         case,
         distance,
         epsilon,
-        multi_similarity(*case.args(), epsilon=epsilon, distance=distance, **case.kwargs()),
+        MultiSimilarityMiner(epsilon=epsilon, distance=distance)(*case.args(), **case.kwargs()),
     )
 
 
@@ -227,13 +227,9 @@ def test_multi_similarity_matches_reference(case: Case, distance: str, epsilon: 
 def test_distance_weighted_structure(
     case: Case, cutoff: float, nonzero_loss_cutoff: float, seed: int
 ) -> None:
-    out = distance_weighted(
-        *case.args(),
-        cutoff=cutoff,
-        nonzero_loss_cutoff=nonzero_loss_cutoff,
-        generator=torch.Generator().manual_seed(seed),
-        **case.kwargs(),
-    )
+    out = DistanceWeightedMiner(
+        cutoff=cutoff, nonzero_loss_cutoff=nonzero_loss_cutoff, generator=torch.Generator().manual_seed(seed)
+    )(*case.args(), **case.kwargs())
     check_distance_weighted(case, nonzero_loss_cutoff, out)
 
 
@@ -242,23 +238,23 @@ def test_distance_weighted_structure(
 def test_same_pool_objects_count_as_no_pool(case: Case, distance: str) -> None:
     """Passing the batch itself as pool (same objects) excludes self-pairs, as PML decides by identity."""
     args = (case.emb, case.labels, case.emb, case.labels)
-    assert as_rows(batch_hard(*args, distance=distance)) == as_rows(
-        batch_hard(case.emb, case.labels, distance=distance)
+    assert as_rows(BatchHardMiner(distance=distance)(*args)) == as_rows(
+        BatchHardMiner(distance=distance)(case.emb, case.labels)
     )
-    copied = batch_hard(case.emb, case.labels, case.emb.clone(), case.labels.clone(), distance=distance)
+    copied = BatchHardMiner(distance=distance)(case.emb, case.labels, case.emb.clone(), case.labels.clone())
     check_batch_hard(Case(case.emb, case.labels, case.emb.clone(), case.labels.clone()), distance, copied)
 
 
 MINERS = {
-    "batch_hard": lambda *a, **k: batch_hard(*a, **k),
-    "hard_topk": lambda *a, **k: hard_topk(*a, k=3, **k),
-    "semi_hard": lambda *a, **k: semi_hard(*a, **k),
-    "semi_hard_none": lambda *a, **k: semi_hard(*a, fallback="none", **k),
-    "semi_hard_hardest_negative": lambda *a, **k: semi_hard(*a, fallback="hardest_negative", **k),
-    "multi_similarity": lambda *a, **k: multi_similarity(*a, **k),
-    "distance_weighted": lambda *a, **k: distance_weighted(
-        *a, generator=torch.Generator().manual_seed(0), nonzero_loss_cutoff=2.0, **k
-    ),
+    "batch_hard": lambda *a, **k: BatchHardMiner(**k)(*a),
+    "hard_topk": lambda *a, **k: HardTopKMiner(k=3, **k)(*a),
+    "semi_hard": lambda *a, **k: SemiHardMiner(**k)(*a),
+    "semi_hard_none": lambda *a, **k: SemiHardMiner(fallback="none", **k)(*a),
+    "semi_hard_hardest_negative": lambda *a, **k: SemiHardMiner(fallback="hardest_negative", **k)(*a),
+    "multi_similarity": lambda *a, **k: MultiSimilarityMiner(**k)(*a),
+    "distance_weighted": lambda *a, **k: DistanceWeightedMiner(
+        generator=torch.Generator().manual_seed(0), nonzero_loss_cutoff=2.0, **k
+    )(*a),
 }
 
 
@@ -321,9 +317,9 @@ def test_anchor_without_negative_in_pool_is_left_out() -> None:
     """Pool entries of the anchor's class only: positives but no negative; the other anchor has both."""
     emb, labels = torch.randn(2, 3), torch.tensor([0, 1])
     ref_emb, ref_labels = torch.randn(3, 3), torch.tensor([0, 0, 0])
-    a = batch_hard(emb, labels, ref_emb, ref_labels)[0]
+    a = BatchHardMiner()(emb, labels, ref_emb, ref_labels)[0]
     assert a.numel() == 0  # anchor 0 has no negative, anchor 1 no positive
-    a, _, n = batch_hard(emb, torch.tensor([0, 0]), ref_emb, torch.tensor([0, 0, 1]))
+    a, _, n = BatchHardMiner()(emb, torch.tensor([0, 0]), ref_emb, torch.tensor([0, 0, 1]))
     assert a.tolist() == [0, 1] and n.tolist() == [2, 2]
 
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from composer_dynsample.distances import distance_matrix, paired_distance, pairwise_distance
-from composer_dynsample.mining import batch_hard, hard_topk, multi_similarity, semi_hard
+from composer_dynsample.mining import BatchHardMiner, HardTopKMiner, MultiSimilarityMiner, SemiHardMiner
 from tests.mining import Case, as_rows
 from tests.mining.test_miners import check_batch_hard, check_hard_topk, check_semi_hard
 
@@ -34,10 +34,10 @@ def test_half_precision_euclidean_does_not_cancel(dtype):
 @pytest.mark.parametrize(
     "miner",
     [
-        lambda *a: semi_hard(*a, margin=0.1, distance="euclidean"),
-        lambda *a: semi_hard(*a, margin=0.1, distance="euclidean", fallback="none"),
-        lambda *a: multi_similarity(*a, epsilon=0.1, distance="euclidean"),
-        lambda *a: batch_hard(*a, distance="euclidean"),
+        lambda *a: SemiHardMiner(margin=0.1, distance="euclidean")(*a),
+        lambda *a: SemiHardMiner(margin=0.1, distance="euclidean", fallback="none")(*a),
+        lambda *a: MultiSimilarityMiner(epsilon=0.1, distance="euclidean")(*a),
+        lambda *a: BatchHardMiner(distance="euclidean")(*a),
     ],
     ids=["semi_hard", "semi_hard_none", "multi_similarity", "batch_hard"],
 )
@@ -52,11 +52,11 @@ def test_points_on_a_circle_give_the_fp32_tuples_in_half_precision(dtype, miner)
 @pytest.mark.parametrize(
     "miner",
     [
-        lambda *a: batch_hard(*a, distance="euclidean"),
-        lambda *a: hard_topk(*a, k=2, distance="euclidean"),
-        lambda *a: semi_hard(*a, margin=0.2e20, distance="euclidean", fallback="none"),
-        lambda *a: batch_hard(*a, distance="cosine"),
-        lambda *a: multi_similarity(*a, epsilon=0.1, distance="cosine"),
+        lambda *a: BatchHardMiner(distance="euclidean")(*a),
+        lambda *a: HardTopKMiner(k=2, distance="euclidean")(*a),
+        lambda *a: SemiHardMiner(margin=0.2e20, distance="euclidean", fallback="none")(*a),
+        lambda *a: BatchHardMiner(distance="cosine")(*a),
+        lambda *a: MultiSimilarityMiner(epsilon=0.1, distance="cosine")(*a),
     ],
     ids=["batch_hard", "hard_topk", "semi_hard", "batch_hard_cosine", "multi_similarity_cosine"],
 )
@@ -73,7 +73,7 @@ def test_finite_embeddings_near_1e20_give_the_float64_tuples(miner):
 def test_inputs_too_large_even_for_float64_are_named():
     embeddings = torch.full((4, 2), 1e200, dtype=torch.float64)
     with pytest.raises(ValueError, match="overflow every distance computation"):
-        batch_hard(embeddings, torch.tensor([0, 0, 1, 1]))
+        BatchHardMiner()(embeddings, torch.tensor([0, 0, 1, 1]))
 
 
 @pytest.mark.parametrize("fallback", ["none", "hardest", "hardest_negative"])
@@ -83,8 +83,8 @@ def test_embeddings_near_1e20_pass_the_float64_brute_force_checks(fallback):
     case = Case(
         (torch.randn(24, 8, generator=generator) * 1e20), torch.randint(0, 4, (24,), generator=generator)
     )
-    check_batch_hard(case, "euclidean", batch_hard(*case.args(), distance="euclidean"))
-    check_hard_topk(case, "euclidean", 3, hard_topk(*case.args(), k=3, distance="euclidean"))
-    out = semi_hard(*case.args(), margin=0.5e20, distance="euclidean", fallback=fallback)
+    check_batch_hard(case, "euclidean", BatchHardMiner(distance="euclidean")(*case.args()))
+    check_hard_topk(case, "euclidean", 3, HardTopKMiner(k=3, distance="euclidean")(*case.args()))
+    out = SemiHardMiner(margin=0.5e20, distance="euclidean", fallback=fallback)(*case.args())
     check_semi_hard(case, "euclidean", 0.5e20, fallback, out)
     assert out[0].numel() > 0

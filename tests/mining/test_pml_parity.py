@@ -14,11 +14,11 @@ from pytorch_metric_learning import losses as pml_losses
 from pytorch_metric_learning import miners as pml_miners
 
 from composer_dynsample.mining import (
-    batch_hard,
-    distance_weighted,
-    hard_topk,
-    multi_similarity,
-    semi_hard,
+    BatchHardMiner,
+    DistanceWeightedMiner,
+    HardTopKMiner,
+    MultiSimilarityMiner,
+    SemiHardMiner,
 )
 from tests.mining import TOL, Case, as_rows, cases, check_index_tuple, distances
 
@@ -83,7 +83,7 @@ def _same_up_to_ties(ours, theirs, dist, columns) -> None:
 )
 def test_batch_hard_equals_pml_batch_hard_miner(case: Case, distance: str, dtype: torch.dtype) -> None:
     half, case = _normalised(case, dtype)
-    ours = batch_hard(*half.args(), distance=distance)
+    ours = BatchHardMiner(distance=distance)(*half.args())
     theirs = _pml(pml_miners.BatchHardMiner(distance=_pml_distance(distance, dtype)), case)
     check_index_tuple(ours, 3)
     if distance == "cosine":
@@ -97,7 +97,7 @@ def test_batch_hard_equals_pml_batch_hard_miner(case: Case, distance: str, dtype
 def test_batch_hard_default_equals_pml_default(case: Case) -> None:
     """Our default (cosine) and PML's default (Euclidean on normalised embeddings) order pairs alike."""
     _, case = _normalised(case)
-    ours = batch_hard(*case.args())
+    ours = BatchHardMiner()(*case.args())
     theirs = _pml(pml_miners.BatchHardMiner(), case)
     _same_up_to_ties(ours, theirs, distances(case, "euclidean"), columns=(1, 2))
 
@@ -111,7 +111,7 @@ def test_batch_hard_default_equals_pml_default(case: Case) -> None:
 )
 def test_multi_similarity_equals_pml(case: Case, distance: str, epsilon: float, dtype: torch.dtype) -> None:
     half, case = _normalised(case, dtype)
-    ours = multi_similarity(*half.args(), epsilon=epsilon, distance=distance)
+    ours = MultiSimilarityMiner(epsilon=epsilon, distance=distance)(*half.args())
     theirs = _pml(
         pml_miners.MultiSimilarityMiner(epsilon=epsilon, distance=_pml_distance(distance, dtype)), case
     )
@@ -147,7 +147,7 @@ def test_semi_hard_is_the_nearest_of_pml_semihard_triplets(
 ) -> None:
     """PML returns every semi-hard triplet; ours (fallback="none") keeps the nearest one per pair."""
     half, case = _normalised(case, dtype)
-    ours = semi_hard(*half.args(), margin=margin, distance=distance, fallback="none")
+    ours = SemiHardMiner(margin=margin, distance=distance, fallback="none")(*half.args())
     theirs = _pml(
         pml_miners.TripletMarginMiner(
             margin=margin, type_of_triplets="semihard", distance=_pml_distance(distance, dtype)
@@ -187,7 +187,7 @@ def test_pml_triplet_loss_accepts_batch_hard_and_matches_pml_miner_loss() -> Non
     emb, labels = _pk_batch()
     emb.requires_grad_(True)
     loss_fn = pml_losses.TripletMarginLoss(margin=0.2)
-    ours = loss_fn(emb, labels, indices_tuple=batch_hard(emb, labels, distance="euclidean"))
+    ours = loss_fn(emb, labels, indices_tuple=BatchHardMiner(distance="euclidean")(emb, labels))
     theirs = loss_fn(emb, labels, indices_tuple=pml_miners.BatchHardMiner()(emb, labels))
     assert torch.isfinite(ours) and float(ours) > 0
     assert torch.allclose(ours, theirs)
@@ -198,9 +198,9 @@ def test_pml_triplet_loss_accepts_batch_hard_and_matches_pml_miner_loss() -> Non
 @pytest.mark.parametrize(
     "miner",
     [
-        lambda e, y, *r: semi_hard(e, y, *r, margin=0.2),
-        lambda e, y, *r: hard_topk(e, y, *r, k=3),
-        lambda e, y, *r: distance_weighted(e, y, *r, generator=torch.Generator().manual_seed(0)),
+        lambda e, y, *r: SemiHardMiner(margin=0.2)(e, y, *r),
+        lambda e, y, *r: HardTopKMiner(k=3)(e, y, *r),
+        lambda e, y, *r: DistanceWeightedMiner(generator=torch.Generator().manual_seed(0))(e, y, *r),
     ],
     ids=["semi_hard", "hard_topk", "distance_weighted"],
 )
@@ -221,7 +221,7 @@ def test_pml_triplet_loss_accepts_other_triplet_miners(miner) -> None:
 def test_pml_losses_accept_multi_similarity_pairs_with_reference_pool() -> None:
     emb, labels = _pk_batch(seed=1)
     ref_emb, ref_labels = _pk_batch(seed=2)
-    pairs = multi_similarity(emb, labels, ref_emb, ref_labels, epsilon=0.1)
+    pairs = MultiSimilarityMiner(epsilon=0.1)(emb, labels, ref_emb, ref_labels)
     theirs = pml_miners.MultiSimilarityMiner(epsilon=0.1)(emb, labels, ref_emb, ref_labels)
     for loss_fn in (pml_losses.MultiSimilarityLoss(), pml_losses.ContrastiveLoss()):
         ours_loss = loss_fn(emb, labels, indices_tuple=pairs, ref_emb=ref_emb, ref_labels=ref_labels)

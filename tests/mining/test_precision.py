@@ -8,11 +8,11 @@ import pytest
 import torch
 
 from composer_dynsample.mining import (
-    batch_hard,
-    distance_weighted,
-    hard_topk,
-    multi_similarity,
-    semi_hard,
+    BatchHardMiner,
+    DistanceWeightedMiner,
+    HardTopKMiner,
+    MultiSimilarityMiner,
+    SemiHardMiner,
 )
 from tests.mining import DISTANCE_NAMES, check_index_tuple, ref_distance
 
@@ -34,14 +34,14 @@ SEPARATED_LABELS = torch.tensor([0, 0, 0, 1, 1, 1])
 MARGINS = {"cosine": 0.6, "euclidean": 0.622, "squared_euclidean": 1.19}
 
 MINERS = {
-    "batch_hard": lambda *a, **k: batch_hard(*a, **k),
-    "hard_topk": lambda *a, **k: hard_topk(*a, k=2, **k),
-    "semi_hard_hardest": lambda *a, **k: semi_hard(*a, margin=MARGINS[k["distance"]], **k),
-    "semi_hard_none": lambda *a, **k: semi_hard(*a, margin=MARGINS[k["distance"]], fallback="none", **k),
-    "semi_hard_hardest_negative": lambda *a, **k: semi_hard(
-        *a, margin=MARGINS[k["distance"]], fallback="hardest_negative", **k
-    ),
-    "multi_similarity": lambda *a, **k: multi_similarity(*a, epsilon=0.1, **k),
+    "batch_hard": lambda *a, **k: BatchHardMiner(**k)(*a),
+    "hard_topk": lambda *a, **k: HardTopKMiner(k=2, **k)(*a),
+    "semi_hard_hardest": lambda *a, **k: SemiHardMiner(margin=MARGINS[k["distance"]], **k)(*a),
+    "semi_hard_none": lambda *a, **k: SemiHardMiner(margin=MARGINS[k["distance"]], fallback="none", **k)(*a),
+    "semi_hard_hardest_negative": lambda *a, **k: SemiHardMiner(
+        margin=MARGINS[k["distance"]], fallback="hardest_negative", **k
+    )(*a),
+    "multi_similarity": lambda *a, **k: MultiSimilarityMiner(epsilon=0.1, **k)(*a),
 }
 
 
@@ -113,8 +113,8 @@ def test_distance_weighted_half_precision_uses_float32_weights(dtype: torch.dtyp
     gen = torch.Generator().manual_seed(0)
     emb = torch.nn.functional.normalize(torch.randn(32, 8, generator=gen), dim=1).to(dtype)
     labels = torch.arange(32) % 4
-    got = distance_weighted(emb, labels, generator=torch.Generator().manual_seed(1))
-    want = distance_weighted(emb.float(), labels, generator=torch.Generator().manual_seed(1))
+    got = DistanceWeightedMiner(generator=torch.Generator().manual_seed(1))(emb, labels)
+    want = DistanceWeightedMiner(generator=torch.Generator().manual_seed(1))(emb.float(), labels)
     check_index_tuple(got, 3)
     assert got[0].numel() == 32 * 7
     assert [t.tolist() for t in got] == [t.tolist() for t in want]

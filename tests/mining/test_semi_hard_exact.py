@@ -16,7 +16,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from composer_dynsample.distances import pairwise_distance
-from composer_dynsample.mining import SEMI_HARD_FALLBACKS, _semi_hard_kernel, semi_hard
+from composer_dynsample.mining import SemiHardMiner, _semi_hard_kernel
+from composer_dynsample.mining.semi_hard import SEMI_HARD_FALLBACKS
 from tests.mining import DISTANCE_NAMES, as_rows, check_index_tuple
 
 SETTINGS = settings(max_examples=40, deadline=None)
@@ -91,7 +92,7 @@ def tied_cases(draw, max_batch: int = 40, max_pool: int = 60):
 
 
 def check(case, margin: float, distance: str, fallback: str) -> None:
-    out = semi_hard(*case, margin=margin, distance=distance, fallback=fallback)
+    out = SemiHardMiner(margin=margin, distance=distance, fallback=fallback)(*case)
     check_index_tuple(out, 3)
     assert as_rows(out) == reference(*case, margin, distance, fallback)
 
@@ -137,5 +138,5 @@ def test_all_thresholds_equal_and_empty_results() -> None:
     labels = torch.cat([torch.zeros(20, dtype=torch.int64), torch.ones(20, dtype=torch.int64)])
     for fallback in SEMI_HARD_FALLBACKS:
         check((emb, labels, None, None), 0.5, "cosine", fallback)
-    assert all(t.numel() == 0 for t in semi_hard(emb, torch.zeros(40, dtype=torch.int64)))
-    assert all(t.numel() == 0 for t in semi_hard(emb, torch.arange(40)))
+    assert all(t.numel() == 0 for t in SemiHardMiner()(emb, torch.zeros(40, dtype=torch.int64)))
+    assert all(t.numel() == 0 for t in SemiHardMiner()(emb, torch.arange(40)))

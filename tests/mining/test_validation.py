@@ -6,15 +6,15 @@ import pytest
 import torch
 
 from composer_dynsample.mining import (
-    batch_hard,
-    distance_weighted,
-    hard_topk,
-    multi_similarity,
-    semi_hard,
-    validate_mining_inputs,
+    BatchHardMiner,
+    DistanceWeightedMiner,
+    HardTopKMiner,
+    MultiSimilarityMiner,
+    SemiHardMiner,
 )
+from composer_dynsample.mining._common import validate_mining_inputs
 
-MINERS = [batch_hard, hard_topk, semi_hard, multi_similarity, distance_weighted]
+MINERS = [BatchHardMiner, HardTopKMiner, SemiHardMiner, MultiSimilarityMiner, DistanceWeightedMiner]
 EMB, LABELS = torch.randn(4, 3), torch.tensor([0, 0, 1, 1])
 
 
@@ -65,7 +65,7 @@ EMB, LABELS = torch.randn(4, 3), torch.tensor([0, 0, 1, 1])
 )
 def test_invalid_inputs(miner, args, kwargs, pattern) -> None:
     with pytest.raises(ValueError, match=pattern):
-        miner(*args, **kwargs)
+        miner(**kwargs)(*args)
 
 
 @pytest.mark.parametrize("miner", MINERS, ids=lambda m: m.__name__)
@@ -75,38 +75,41 @@ def test_non_finite_embeddings(miner, bad: float, where: str) -> None:
     emb, ref = EMB.clone(), torch.randn(5, 3)
     (emb if where == "embeddings" else ref)[1, 2] = bad
     with pytest.raises(ValueError, match=rf"^{where} contain NaN or inf\.$"):
-        miner(emb, LABELS, ref, torch.zeros(5, dtype=torch.int64))
+        miner()(emb, LABELS, ref, torch.zeros(5, dtype=torch.int64))
 
 
 @pytest.mark.parametrize(
     ("call", "pattern"),
     [
         (
-            lambda: semi_hard(EMB, LABELS, fallback="easiest"),
+            lambda: SemiHardMiner(fallback="easiest")(EMB, LABELS),
             r"fallback must be one of \('hardest', 'hardest_negative', 'none'\), got 'easiest'",
         ),
-        (lambda: semi_hard(EMB, LABELS, margin=-0.1), r"margin must be a number >= 0.0, got -0.1"),
+        (lambda: SemiHardMiner(margin=-0.1)(EMB, LABELS), r"margin must be a number >= 0.0, got -0.1"),
         (
-            lambda: semi_hard(EMB, LABELS, margin=float("nan")),
+            lambda: SemiHardMiner(margin=float("nan"))(EMB, LABELS),
             r"margin must be a finite number >= 0.0, got nan",
         ),
-        (lambda: hard_topk(EMB, LABELS, k=0), r"k must be an integer >= 1, got 0"),
-        (lambda: hard_topk(EMB, LABELS, k=True), r"k must be an integer >= 1, got True"),
-        (lambda: multi_similarity(EMB, LABELS, epsilon=-1), r"epsilon must be a number >= 0.0, got -1"),
+        (lambda: HardTopKMiner(k=0)(EMB, LABELS), r"k must be an integer >= 1, got 0"),
+        (lambda: HardTopKMiner(k=True)(EMB, LABELS), r"k must be an integer >= 1, got True"),
+        (lambda: MultiSimilarityMiner(epsilon=-1)(EMB, LABELS), r"epsilon must be a number >= 0.0, got -1"),
         (
-            lambda: multi_similarity(EMB, LABELS, epsilon="0.1"),
+            lambda: MultiSimilarityMiner(epsilon="0.1")(EMB, LABELS),
             r"epsilon must be a number >= 0.0, got '0.1'",
         ),
-        (lambda: distance_weighted(EMB, LABELS, cutoff=-0.5), r"cutoff must be a number >= 0.0, got -0.5"),
         (
-            lambda: distance_weighted(EMB, LABELS, nonzero_loss_cutoff=0),
+            lambda: DistanceWeightedMiner(cutoff=-0.5)(EMB, LABELS),
+            r"cutoff must be a number >= 0.0, got -0.5",
+        ),
+        (
+            lambda: DistanceWeightedMiner(nonzero_loss_cutoff=0)(EMB, LABELS),
             r"nonzero_loss_cutoff must be a number > 0.0, got 0",
         ),
         (
-            lambda: distance_weighted(EMB, LABELS, generator=0),
+            lambda: DistanceWeightedMiner(generator=0)(EMB, LABELS),
             r"generator must be a torch.Generator or None, got an object of type int",
         ),
-        (lambda: distance_weighted(EMB, LABELS, distance="l1"), r"distance must be one of .*got 'l1'"),
+        (lambda: DistanceWeightedMiner(distance="l1")(EMB, LABELS), r"distance must be one of .*got 'l1'"),
     ],
 )
 def test_invalid_options(call, pattern) -> None:
@@ -134,17 +137,17 @@ def test_mixed_precision_pool_gives_same_result_as_fp32() -> None:
     emb, ref = torch.randn(10, 4, generator=gen), torch.randn(12, 4, generator=gen)
     labels, ref_labels = torch.arange(10) % 3, torch.arange(12) % 4
     emb = emb.double().float()  # exactly representable in both precisions below
-    mixed = batch_hard(emb.double(), labels, ref, ref_labels)
-    same = batch_hard(emb.double(), labels, ref.double(), ref_labels)
+    mixed = BatchHardMiner()(emb.double(), labels, ref, ref_labels)
+    same = BatchHardMiner()(emb.double(), labels, ref.double(), ref_labels)
     assert [t.tolist() for t in mixed] == [t.tolist() for t in same]
 
 
 def test_numpy_numbers_are_accepted_as_options() -> None:
     import numpy as np
 
-    assert [t.tolist() for t in hard_topk(EMB, LABELS, k=np.int64(2), chunk_size=np.int32(3))] == [
-        t.tolist() for t in hard_topk(EMB, LABELS, k=2, chunk_size=3)
+    assert [t.tolist() for t in HardTopKMiner(k=np.int64(2), chunk_size=np.int32(3))(EMB, LABELS)] == [
+        t.tolist() for t in HardTopKMiner(k=2, chunk_size=3)(EMB, LABELS)
     ]
-    assert [t.tolist() for t in semi_hard(EMB, LABELS, margin=np.float32(0.25))] == [
-        t.tolist() for t in semi_hard(EMB, LABELS, margin=0.25)
+    assert [t.tolist() for t in SemiHardMiner(margin=np.float32(0.25))(EMB, LABELS)] == [
+        t.tolist() for t in SemiHardMiner(margin=0.25)(EMB, LABELS)
     ]

@@ -24,8 +24,8 @@ from composer_dynsample import (
     PKBatchSampler,
     TripletMarginLoss,
     build_dataloader,
-    mine,
 )
+from composer_dynsample.mining import MultiSimilarityMiner, SemiHardMiner, build_miner
 from composer_dynsample.validation import InputTypeError
 
 ROWS, DIM = 48, 6
@@ -59,7 +59,7 @@ def _grads(model: nn.Module) -> list[torch.Tensor]:
 
 def _step(model: EmbeddingModel, strategy: str, loss: nn.Module, features, labels) -> torch.Tensor:
     embeddings = model.embed(features)
-    loss(embeddings, labels, mine(embeddings.detach(), labels, strategy)).backward()
+    loss(embeddings, labels, build_miner(strategy)(embeddings.detach(), labels)).backward()
     return embeddings.detach()
 
 
@@ -114,7 +114,7 @@ def test_dropout_masks_are_replayed_in_the_recomputation():
     loss = TripletMarginLoss(margin=0.3)
     torch.manual_seed(5)
     reference = _chunks_without_recomputation(model, features, 10)
-    tuples = mine(reference.detach(), labels, "semi_hard")
+    tuples = SemiHardMiner()(reference.detach(), labels)
     loss(reference, labels, tuples).backward()
     expected = _grads(model)
     torch.manual_seed(5)
@@ -134,10 +134,10 @@ def test_batchnorm_uses_chunk_statistics_and_counts_each_chunk_once():
     model = EmbeddingModel(_encoder(nn.BatchNorm1d(16)), forward_chunk_size=16)
     loss = MultiSimilarityLoss()
     reference = _chunks_without_recomputation(reference_model, features, 16)
-    loss(reference, labels, mine(reference.detach(), labels, "multi_similarity")).backward()
+    loss(reference, labels, MultiSimilarityMiner()(reference.detach(), labels)).backward()
     embeddings = model.embed(features)
     torch.testing.assert_close(embeddings, reference)
-    loss(embeddings, labels, mine(embeddings.detach(), labels, "multi_similarity")).backward()
+    loss(embeddings, labels, MultiSimilarityMiner()(embeddings.detach(), labels)).backward()
     for grad, want in zip(_grads(model), _grads(reference_model)):
         torch.testing.assert_close(grad, want)
     norm, reference_norm = model.encoder[1], reference_model.encoder[1]

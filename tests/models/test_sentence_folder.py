@@ -1,8 +1,6 @@
 """A model folder's settings: what a sentence-transformers folder says of its pooling, normalisation and
-length, the encoder built from it, and an export of it that says the same.
-
-:func:`save_sentence_folder` (a tiny BERT with a tokenizer trained here, saved by sentence-transformers)
-is used by tests/cli/test_model_folder.py too.
+length, the encoder built from it, and an export of it that says the same (on the tiny folders of
+tests/models/folders.py).
 """
 
 from __future__ import annotations
@@ -11,61 +9,17 @@ import json
 from pathlib import Path
 
 import pytest
-import torch
 
 pytest.importorskip("tokenizers")
 pytest.importorskip("transformers")
 
 from composer_dynsample import EmbeddingModel
-from composer_dynsample.data.text.tokenizer import train_tokenizer
-from composer_dynsample.export import export_sentence_transformers, pretrained_tokenizer
+from composer_dynsample.export import export_sentence_transformers
 from composer_dynsample.models.sentence_folder import read_model_folder, tokenizer_vocabulary
 from composer_dynsample.models.transformer import TransformerEncoder, position_limit
-from tests.data.text.helpers import pair_rows
+from tests.models.folders import POSITIONS, save_bert_folder, save_sentence_folder
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
-
-TEXTS = [text for row in pair_rows(64, seed=0) for text in row.values()]
-POSITIONS = 64
-
-
-def save_bert_folder(folder: Path, *, seed: int = 0, texts: list[str] = TEXTS) -> Path:
-    """A tiny BERT (16 wide, one layer, 64 positions) and a WordPiece tokenizer trained on ``texts``,
-    saved as a Hugging Face folder (``save_pretrained`` of both)."""
-    import transformers
-
-    tokenizer = pretrained_tokenizer(train_tokenizer(texts, vocab_size=200))
-    torch.manual_seed(seed)
-    config = transformers.BertConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=16,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        intermediate_size=32,
-        max_position_embeddings=POSITIONS,
-    )
-    transformers.BertModel(config).save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return folder
-
-
-def save_sentence_folder(
-    folder: Path, *, pooling: str = "cls", normalize: bool = True, max_seq_length: int | None = 20
-) -> Path:
-    """A sentence-transformers folder of :func:`save_bert_folder`'s model: Transformer, Pooling in
-    ``pooling`` mode and, when ``normalize``, Normalize; ``max_seq_length`` in ``sentence_bert_config.json``."""
-    sentence_transformers = pytest.importorskip("sentence_transformers")
-    from sentence_transformers import models
-
-    hf = save_bert_folder(folder.with_name(f"{folder.name}-hf"))
-    steps = [models.Transformer(str(hf)), models.Pooling(16, pooling)]
-    steps += [models.Normalize()] if normalize else []
-    sentence_transformers.SentenceTransformer(modules=steps, device="cpu").save(str(folder))
-    if max_seq_length is not None:
-        settings = folder / "sentence_bert_config.json"
-        values = json.loads(settings.read_text()) if settings.is_file() else {}
-        settings.write_text(json.dumps({**values, "max_seq_length": max_seq_length}))
-    return folder
 
 
 @pytest.fixture(scope="module")

@@ -10,13 +10,14 @@ import pytest
 import torch
 
 from composer_dynsample.samplers import _corpus_search, _ivf
+from composer_dynsample.samplers._candidates import window_recall
 from composer_dynsample.samplers._corpus_search import (
     CORPUS_SEARCHES,
     CorpusCandidates,
     check_corpus_search,
     corpus_candidates,
 )
-from composer_dynsample.samplers._ivf import InvertedFileIndex, ivf_cells, window_recall
+from composer_dynsample.samplers._ivf import InvertedFileIndex, ivf_cells
 
 OPTIONS = {"skip_top": 3, "max_relative_similarity": 0.95}
 

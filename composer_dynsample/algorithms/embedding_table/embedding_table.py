@@ -38,7 +38,7 @@ from composer_dynsample.distributed import (
     get_rank,
     get_world_size,
 )
-from composer_dynsample.mined import MinedBatch
+from composer_dynsample.mining.mined_batch import MinedBatch
 from composer_dynsample.validation import check_bool, check_choice, check_int, parse_time
 
 __all__ = ["EmbeddingTable", "class_centroids", "write_rows"]

@@ -3,9 +3,7 @@
 See the method card, ``README.md`` in this folder.
 """
 
-from composer_dynsample.algorithms.hard_negative_mining.hard_negative_mining import HardNegativeMining, mine
-from composer_dynsample.algorithms.hard_negative_mining.schedule import StrategySchedule
+from composer_dynsample.algorithms.hard_negative_mining.hard_negative_mining import HardNegativeMining
 from composer_dynsample.mining.memory import CrossBatchMemory
-from composer_dynsample.mining.registry import STRATEGIES
 
-__all__ = ["STRATEGIES", "CrossBatchMemory", "HardNegativeMining", "StrategySchedule", "mine"]
+__all__ = ["CrossBatchMemory", "HardNegativeMining"]

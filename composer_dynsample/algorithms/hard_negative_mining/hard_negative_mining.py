@@ -3,8 +3,8 @@
 :class:`HardNegativeMining` only matches events and moves data between ``State`` and the pure functions
 of :mod:`composer_dynsample.mining`: the miners, built once with their options, and
 :func:`~composer_dynsample.mining.mining_step`, which returns the
-:class:`~composer_dynsample.MinedBatch` the loss receives. Its checks and warnings are in
-:mod:`.checks`, its schedule in :mod:`.schedule`.
+:class:`~composer_dynsample.MinedBatch` the loss receives. Its checks are in
+:mod:`.checks`, its warnings while training in :mod:`.monitors`, its schedule in :mod:`.schedule`.
 """
 
 from __future__ import annotations
@@ -17,8 +17,6 @@ from composer.core import Algorithm, Event, State
 from composer.loggers import Logger
 
 from composer_dynsample.algorithms.hard_negative_mining.checks import (
-    CollapseWatch,
-    NothingMinedWatch,
     build_scheduled_miners,
     check_batch_key,
     check_pool_options,
@@ -26,16 +24,16 @@ from composer_dynsample.algorithms.hard_negative_mining.checks import (
     nonfinite_message,
     read_step_tensors,
 )
+from composer_dynsample.algorithms.hard_negative_mining.monitors import CollapseWatch, NothingMinedWatch
 from composer_dynsample.algorithms.hard_negative_mining.schedule import StrategySchedule, reached
 from composer_dynsample.batches import batch_rows, batch_tensor
 from composer_dynsample.distances import check_distance
 from composer_dynsample.distributed import unwrap_model
 from composer_dynsample.mining.memory import CrossBatchMemory
-from composer_dynsample.mining.registry import mine
 from composer_dynsample.mining.step import all_ranks_finite, mining_step, skipped_step
 from composer_dynsample.validation import check_choice, check_float, check_int, parse_time
 
-__all__ = ["HardNegativeMining", "mine"]
+__all__ = ["HardNegativeMining"]
 
 _ON_NONFINITE = ("raise", "skip")
 
@@ -46,7 +44,7 @@ class HardNegativeMining(Algorithm):
     At every microbatch it reads the embeddings from ``state.outputs`` and the labels from ``state.batch``,
     mines under ``no_grad`` (no extra forward pass, current weights, whole batch at once) and replaces
     ``state.outputs`` with a :class:`~composer_dynsample.MinedBatch` that the model's ``loss`` consumes
-    (see :mod:`composer_dynsample.mined` for the contract).
+    (see :mod:`composer_dynsample.mining.mined_batch` for the contract).
 
     The pool is the microbatch (``AFTER_FORWARD`` fires once per microbatch), plus the other ranks' with
     ``cross_rank=True``, plus the cross-batch memory when it is on. When Composer splits the device batch

@@ -4,9 +4,13 @@
   :func:`text_data_spec` (:mod:`~composer_dynsample.data.text.store`): a split of texts and its batches
   ``{"index", "features": {"input_ids", "attention_mask", "is_query"}, "labels", "text_hash"}``;
 - :func:`load_pairs` (anchor/positive/negative pairs) and :func:`load_texts` (labelled texts) read a
-  user's file through one column mapping (:mod:`~composer_dynsample.data.text.table`);
+  user's file (:mod:`~composer_dynsample.data.text.table`) through one column mapping
+  (:mod:`~composer_dynsample.data.text.columns`), with the tokenizer options they share
+  (:class:`~composer_dynsample.data.text._sources.TokenizeOptions`);
 - :func:`load_code_search`: docstring -> code pairs of the Python installed here;
-- the token cache (:mod:`~composer_dynsample.data.text.tokenized`) and the tokenizer a run uses
+- the token cache (:mod:`~composer_dynsample.data.text.tokenized`), its folder
+  (:mod:`~composer_dynsample.data.text.cache`), the cut of a long text before it is encoded
+  (:mod:`~composer_dynsample.data.text.truncation`) and the tokenizer a run uses
   (:mod:`~composer_dynsample.data.text.tokenizer`).
 """
 

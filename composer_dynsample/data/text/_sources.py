@@ -1,9 +1,12 @@
-"""What the text loaders share: a table's distinct texts, tokenized into a cached token store.
+"""What the text loaders share: their tokenizer options, and a table's distinct texts tokenized into a
+cached token store.
 
-:func:`~composer_dynsample.data.text.pairs.load_pairs` and :func:`~composer_dynsample.data.text.texts.load_texts`
-each describe the texts of a table as a :class:`TextSource` (a :class:`~composer_dynsample.data.text.pairs.
-PairTable` is one); :func:`tokenize_sources` keys each store by the table's bytes, the tokenizer and the
-layout, as :func:`~composer_dynsample.data.text.tokenized.tokenize_texts` documents.
+:func:`~composer_dynsample.data.text.pairs.load_pairs` and
+:func:`~composer_dynsample.data.text.texts.load_texts` take the same tokenizer and cache arguments
+(:class:`TokenizeOptions` documents them) and each describe the texts of a table as a
+:class:`TextSource` (a :class:`~composer_dynsample.data.text.pairs.PairTable` is one);
+:func:`tokenize_sources` keys each store by the table's bytes, the tokenizer and the layout, as
+:func:`~composer_dynsample.data.text.tokenized.tokenize_texts` documents.
 
 A tokenizer whose vocabulary does not fit the data (a folder's vocabulary file left behind, a vocabulary
 of another language) encodes most words as its unknown token and trains a model that ranks at chance.
@@ -17,22 +20,105 @@ on the training split may well have never seen most characters of the test texts
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
+from composer_dynsample.data.text.cache import text_cache_dir
 from composer_dynsample.data.text.tokenized import TokenStore, tokenize_texts
+from composer_dynsample.data.text.tokenizer import TextTokenizer, resolve_tokenizer
+from composer_dynsample.validation import check_float, check_int
 
 if TYPE_CHECKING:
     from composer_dynsample.data.text.table import TextTable
-    from composer_dynsample.data.text.tokenizer import TextTokenizer
 
-__all__ = ["TextSource", "check_unknown_tokens", "tokenize_sources"]
+__all__ = [
+    "TextSource",
+    "TokenizeOptions",
+    "check_loader_options",
+    "check_unknown_tokens",
+    "tokenize_sources",
+]
 
 _UNKNOWN_SAMPLE = 1000  # texts sampled, evenly spaced, to count the unknown token in
 _UNKNOWN_LIMIT = 0.5  # refuse a tokenizer that maps more than this fraction of their tokens to it
+
+
+def check_loader_options(max_length: int, test_fraction: float | None, seed: int) -> None:
+    """The options every text loader shares: ``max_length`` >= 2, ``seed`` >= 0, ``test_fraction`` in (0, 1)."""
+    check_int("max_length", max_length, minimum=2)
+    check_int("seed", seed, minimum=0)
+    if test_fraction is not None:
+        check_float(
+            "test_fraction", test_fraction, minimum=0, maximum=1, strict_minimum=True, strict_maximum=True
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class TokenizeOptions:
+    """How a text loader tokenizes its tables and where it caches them: the arguments of the same names
+    that :func:`~composer_dynsample.data.text.pairs.load_pairs` and
+    :func:`~composer_dynsample.data.text.texts.load_texts` share.
+
+    Attributes:
+        max_length (int): Truncate texts to this many tokens, special tokens included, at least 2
+            (truncations are counted and reported once). Default: ``128``.
+        tokenizer (str | os.PathLike, optional): A local ``tokenizer.json`` or model folder. Default:
+            ``None``: train one on the training split
+            (:func:`~composer_dynsample.data.text.tokenizer.train_tokenizer`).
+        tokenizer_model (str): ``"wordpiece"`` or ``"bpe"``, when training. Default: ``"wordpiece"``.
+        vocab_size (int): The trained vocabulary's size. Default: ``8192``.
+        lowercase (bool): Lower-case texts in a trained tokenizer. Default: ``True``.
+        save_tokenizer (str | os.PathLike, optional): Write the tokenizer's JSON here. Default: ``None``.
+        cache_dir (str | os.PathLike, optional): Where token stores and trained tokenizers are cached.
+            Default: ``default_cache_dir()/text``.
+        progress (bool, optional): Progress bar while tokenizing; ``None`` shows one on a terminal only.
+    """
+
+    max_length: int = 128
+    tokenizer: str | os.PathLike[str] | None = None
+    tokenizer_model: str = "wordpiece"
+    vocab_size: int = 8192
+    lowercase: bool = True
+    save_tokenizer: str | os.PathLike[str] | None = None
+    cache_dir: str | os.PathLike[str] | None = None
+    progress: bool | None = None
+
+    def tokenize(
+        self, sources: Sequence[TextSource], train_texts: Sequence[str]
+    ) -> tuple[TextTokenizer, list[TokenStore]]:
+        """The tokenizer (given, or trained on ``train_texts``) and each source's cached token store.
+
+        Args:
+            sources (Sequence[TextSource]): The tables' texts, the training table's first.
+            train_texts (Sequence[str]): The training split's texts, used only to train a tokenizer.
+
+        Returns:
+            tuple[TextTokenizer, list[TokenStore]]: The tokenizer, and the stores in the order of ``sources``.
+
+        Raises:
+            FileNotFoundError: If ``tokenizer`` does not exist.
+            ValueError: If the tokenizer is not usable or does not fit the data, or a text encodes to no
+                tokens (:func:`tokenize_sources`).
+            TokenCacheError: If ``cache_dir`` must be written and cannot be.
+        """
+        cache = text_cache_dir(self.cache_dir)
+        text_tokenizer = resolve_tokenizer(
+            self.tokenizer,
+            train_texts,
+            cache_dir=cache,
+            model=self.tokenizer_model,
+            vocab_size=self.vocab_size,
+            lowercase=self.lowercase,
+            save_path=self.save_tokenizer,
+        )
+        stores = tokenize_sources(
+            sources, text_tokenizer, max_length=self.max_length, cache_dir=cache, progress=self.progress
+        )
+        return text_tokenizer, stores
 
 
 class TextSource(Protocol):
@@ -85,7 +171,8 @@ def tokenize_sources(
         TokenCacheError: If a store must be built and ``cache_dir`` cannot be written, or a cached
             store is damaged.
     """
-    # The loaders call this directly: the stacklevel of tokenize_texts's truncation warning counts on it.
+    # TokenizeOptions.tokenize calls this directly: the stacklevel of tokenize_texts's truncation warning
+    # counts on it.
     stores = [
         tokenize_texts(
             source.texts,

@@ -50,13 +50,10 @@ def load_code_search(
         min_code_lines (int): Shortest code kept, in lines. Default: ``3``.
         constraints (str | os.PathLike, optional): The ``constraints.txt`` whose pinned distributions are
             read besides the standard library. Default: the source checkout's, else every installed one.
-        max_length (int): Truncate queries and code to this many tokens, at least 2. Default: ``128``.
-        tokenizer (str | os.PathLike, optional): A local ``tokenizer.json`` or model folder. Default:
-            ``None``: train one on the training packages.
-        tokenizer_model (str): ``"wordpiece"`` or ``"bpe"``, when training. Default: ``"wordpiece"``.
-        vocab_size (int): The trained vocabulary's size. Default: ``8192``.
-        lowercase (bool): Lower-case texts in a trained tokenizer. Default: ``True``.
-        save_tokenizer (str | os.PathLike, optional): Write the tokenizer's JSON here. Default: ``None``.
+        max_length, tokenizer, tokenizer_model, vocab_size, lowercase, save_tokenizer: How queries and code
+            are tokenized, and their defaults, as
+            :class:`~composer_dynsample.data.text._sources.TokenizeOptions` documents them (a tokenizer is
+            trained on the training packages).
         cache_dir (str | os.PathLike, optional): The cache root: the corpus goes to ``code_search/``, the
             token stores to ``text/``. Default: :func:`~composer_dynsample.data.default_cache_dir`.
         progress (bool, optional): Progress while reading sources and tokenizing; ``None`` shows it on a

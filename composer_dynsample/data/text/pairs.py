@@ -35,21 +35,19 @@ from typing import Any
 
 import numpy as np
 
-from composer_dynsample.data.text._sources import tokenize_sources
+from composer_dynsample.data.text._sources import TokenizeOptions, check_loader_options
+from composer_dynsample.data.text.columns import check_column_map, require_columns
 from composer_dynsample.data.text.store import TextInfo, TextSplits, TextStore
 from composer_dynsample.data.text.table import (
     TextTable,
-    check_column_map,
-    check_loader_options,
     check_unicode,
     hashable_column,
     read_text_tables,
-    require_columns,
     sort_key,
     text_column,
 )
-from composer_dynsample.data.text.tokenized import TextInterner, TokenStore, text_cache_dir
-from composer_dynsample.data.text.tokenizer import TextTokenizer, resolve_tokenizer
+from composer_dynsample.data.text.tokenized import TextInterner, TokenStore
+from composer_dynsample.data.text.tokenizer import TextTokenizer
 
 __all__ = ["PairTable", "load_pairs", "read_pairs", "split_pairs"]
 
@@ -331,17 +329,9 @@ def load_pairs(
         test_fraction (float, optional): The fraction of pairs held out when splitting ``path``, in
             ``(0, 1)``; must be ``None`` with a test file. Default: ``None`` (``0.2`` when splitting).
         seed (int): Seed of the split. Default: ``0``.
-        max_length (int): Truncate texts to this many tokens, special tokens included, at least 2
-            (truncations are counted and reported once). Default: ``128``.
-        tokenizer (str | os.PathLike, optional): A local ``tokenizer.json`` or model folder. Default:
-            ``None``: train one on the training split (:func:`~composer_dynsample.data.text.tokenizer.train_tokenizer`).
-        tokenizer_model (str): ``"wordpiece"`` or ``"bpe"``, when training. Default: ``"wordpiece"``.
-        vocab_size (int): The trained vocabulary's size. Default: ``8192``.
-        lowercase (bool): Lower-case texts in a trained tokenizer. Default: ``True``.
-        save_tokenizer (str | os.PathLike, optional): Write the tokenizer's JSON here. Default: ``None``.
-        cache_dir (str | os.PathLike, optional): Where token stores and trained tokenizers are cached.
-            Default: ``default_cache_dir()/text``.
-        progress (bool, optional): Progress bar while tokenizing; ``None`` shows one on a terminal only.
+        max_length, tokenizer, tokenizer_model, vocab_size, lowercase, save_tokenizer, cache_dir, progress:
+            How the texts are tokenized and cached, and their defaults, as
+            :class:`~composer_dynsample.data.text._sources.TokenizeOptions` documents them.
         name (str, optional): The name in the result. Default: the file's stem.
         columns (Mapping[str, str], optional): Read these columns under another name: ``anchor``,
             ``positive``, ``negative`` or ``negative_<n>`` to the file's column, e.g. ``{"anchor":
@@ -364,24 +354,15 @@ def load_pairs(
         (16, 24, [0, 0, 1, 1])
     """
     check_loader_options(max_length, test_fraction, seed)
+    options = TokenizeOptions(
+        max_length, tokenizer, tokenizer_model, vocab_size, lowercase, save_tokenizer, cache_dir, progress
+    )
     names = check_column_map(columns, ("anchor", "positive", "negative"))
     table, bundled = read_text_tables(path, _pair_columns(group), names)
     pairs = read_pairs(table, group)
     test_pairs, train_idx, test_idx, split = _split(pairs, bundled, test_path, group, test_fraction, seed)
-    cache = text_cache_dir(cache_dir)
-    text_tokenizer = resolve_tokenizer(
-        tokenizer,
-        _training_texts(pairs, train_idx),
-        cache_dir=cache,
-        model=tokenizer_model,
-        vocab_size=vocab_size,
-        lowercase=lowercase,
-        save_path=save_tokenizer,
-    )
     parts = [pairs] if test_pairs is pairs else [pairs, test_pairs]
-    stores = tokenize_sources(
-        parts, text_tokenizer, max_length=max_length, cache_dir=cache, progress=progress
-    )
+    text_tokenizer, stores = options.tokenize(parts, _training_texts(pairs, train_idx))
     train = pair_store(pairs, train_idx, stores[0], text_tokenizer, 0)
     num_train_labels = train.num_rows - len(train) // 2  # a label per pair and per given negative
     test = pair_store(test_pairs, test_idx, stores[-1], text_tokenizer, num_train_labels)

@@ -26,20 +26,18 @@ from typing import Any
 
 import numpy as np
 
-from composer_dynsample.data.text._sources import tokenize_sources
+from composer_dynsample.data.text._sources import TokenizeOptions, check_loader_options
+from composer_dynsample.data.text.columns import check_column_map, require_columns
 from composer_dynsample.data.text.store import TextInfo, TextSplits, TextStore
 from composer_dynsample.data.text.table import (
     TextTable,
-    check_column_map,
-    check_loader_options,
     hashable_column,
     read_text_tables,
-    require_columns,
     sort_key,
     text_column,
 )
-from composer_dynsample.data.text.tokenized import TextInterner, TokenStore, text_cache_dir
-from composer_dynsample.data.text.tokenizer import TextTokenizer, resolve_tokenizer
+from composer_dynsample.data.text.tokenized import TextInterner, TokenStore
+from composer_dynsample.data.text.tokenizer import TextTokenizer
 
 __all__ = ["load_texts", "split_labels"]
 
@@ -184,17 +182,9 @@ def load_texts(
         test_fraction (float, optional): The fraction of labels held out when splitting ``path``, in
             ``(0, 1)``; must be ``None`` with a test file. Default: ``None`` (``0.2`` when splitting).
         seed (int): Seed of the split. Default: ``0``.
-        max_length (int): Truncate texts to this many tokens, special tokens included, at least 2.
-            Default: ``128``.
-        tokenizer (str | os.PathLike, optional): A local ``tokenizer.json`` or model folder. Default:
-            ``None``: train one on the training split.
-        tokenizer_model (str): ``"wordpiece"`` or ``"bpe"``, when training. Default: ``"wordpiece"``.
-        vocab_size (int): The trained vocabulary's size. Default: ``8192``.
-        lowercase (bool): Lower-case texts in a trained tokenizer. Default: ``True``.
-        save_tokenizer (str | os.PathLike, optional): Write the tokenizer's JSON here. Default: ``None``.
-        cache_dir (str | os.PathLike, optional): Where token stores and trained tokenizers are cached.
-            Default: ``default_cache_dir()/text``.
-        progress (bool, optional): Progress bar while tokenizing; ``None`` shows one on a terminal only.
+        max_length, tokenizer, tokenizer_model, vocab_size, lowercase, save_tokenizer, cache_dir, progress:
+            How the texts are tokenized and cached, and their defaults, as
+            :class:`~composer_dynsample.data.text._sources.TokenizeOptions` documents them.
         name (str, optional): The name in the result. Default: the file's stem.
         columns (Mapping[str, str], optional): Read ``text`` and/or ``label`` from columns of other names,
             e.g. ``{"text": "sentence", "label": "intent"}``; the test file is read with the same mapping.
@@ -217,6 +207,9 @@ def load_texts(
         (16, 4, ('a', 'b', 'd', 'e', 'c'))
     """
     check_loader_options(max_length, test_fraction, seed)
+    options = TokenizeOptions(
+        max_length, tokenizer, tokenizer_model, vocab_size, lowercase, save_tokenizer, cache_dir, progress
+    )
     table, bundled = read_text_tables(path, _keep, check_column_map(columns, _COLUMNS))
     train = _read(table)
     test_table = _test_table(table, bundled, test_path, test_fraction)
@@ -229,20 +222,8 @@ def load_texts(
         )
     else:
         train_rows, test_rows = np.arange(len(train_labels)), np.arange(len(test_labels))
-    cache = text_cache_dir(cache_dir)
-    text_tokenizer = resolve_tokenizer(
-        tokenizer,
-        [train.row_texts[i] for i in train_rows.tolist()],
-        cache_dir=cache,
-        model=tokenizer_model,
-        vocab_size=vocab_size,
-        lowercase=lowercase,
-        save_path=save_tokenizer,
-    )
     parts = [train] if test is train else [train, test]
-    stores = tokenize_sources(
-        parts, text_tokenizer, max_length=max_length, cache_dir=cache, progress=progress
-    )
+    text_tokenizer, stores = options.tokenize(parts, [train.row_texts[i] for i in train_rows.tolist()])
     split = "labels" if test is train else "test_path" if test_path is not None else "bundled"
     info = TextInfo.describe(
         text_tokenizer,

@@ -21,32 +21,16 @@ into place (``os.replace``), so an interrupted run never leaves a half-written c
 that build the same cache at once both succeed and the first rename wins.
 
 Texts longer than ``max_length`` tokens (special tokens included) are truncated by the tokenizer,
-counted (:attr:`TokenStore.num_truncated`) and reported once per load with a warning.
-
-A tokenizer encodes a whole text before it truncates it (a 50 MB line takes a minute and gigabytes),
-so a longer text is first cut to a character budget: ``max_length`` times the characters one token
-can cover (its longest vocabulary entry, at least 16) times 4 (:func:`char_budget`). Every text so cut
-counts as truncated. The cut is kept when the cut text's encoding overflows ``max_length`` and every
-token kept lies in a word before the cut text's last one, the only word a cut can change (words as the
-tokenizer's pre-tokenizer splits them): then the tokens kept are exactly the whole text's. Otherwise
-(long whitespace runs, characters the normaliser drops, one word running from the kept tokens past the
-cut) the text is encoded again with 4 times the budget, up to 64 times, and cut there regardless. So
-a text that fits in ``max_length`` tokens is never cut, unless it is longer than 64 budgets; a text
-gets other ids than the whole text would only if its first 64 budgets hold fewer than ``max_length``
-tokens or a word that long. (A tokenizer without a pre-tokenizer keeps any cut that overflows.)
-:func:`text_hash` still hashes the whole text.
-
-Before anything is tokenized for it, the cache folder is created and a file written and removed in it
-(:func:`check_cache_dir`); a folder that is a file, read-only or full, there or while a store is
-written, is one :class:`TokenCacheError` line naming the folder and what to do.
+counted (:attr:`TokenStore.num_truncated`) and reported once per load with a warning; a text too long
+to encode whole is cut to a character budget first (:mod:`~composer_dynsample.data.text.truncation`).
+The cache folder is checked before anything is tokenized for it, and a folder that cannot be written
+is one :class:`~composer_dynsample.data.text.cache.TokenCacheError` line
+(:mod:`~composer_dynsample.data.text.cache`).
 """
 
 from __future__ import annotations
 
-import dataclasses
-import errno
 import hashlib
-import itertools
 import json
 import os
 import shutil
@@ -61,16 +45,14 @@ from typing import Any
 
 import numpy as np
 
+from composer_dynsample.data.text.cache import TokenCacheError, cache_write_error, check_cache_dir
+from composer_dynsample.data.text.truncation import TruncatingEncoder, encode_chunk
+
 __all__ = [
     "TextInterner",
-    "TokenCacheError",
     "TokenStore",
     "TokenStoreWriter",
-    "cache_write_error",
-    "char_budget",
-    "check_cache_dir",
     "normalise_text",
-    "text_cache_dir",
     "text_hash",
     "tokenize_texts",
 ]
@@ -78,60 +60,6 @@ __all__ = [
 _CACHE_VERSION = 1  # bump when the layout of a token store changes: the cache key carries it
 _CHUNK = 8192  # texts per encode_batch call: bounds the Python objects alive at once
 _FILES = ("ids.npy", "offsets.npy", "text_hash.npy", "meta.json")
-_CHARS_PER_TOKEN = 16  # the fewest characters a token is assumed to cover when budgeting a text
-_BUDGET_SAFETY = 4  # the budget's margin over max_length tokens of the longest vocabulary entry
-_BUDGET_GROWTH = 4  # a cut text that did not overflow is encoded again with this many times the budget
-_BUDGET_RETRIES = 3  # ... at most this many times: up to 4**3 = 64 budgets
-
-
-class TokenCacheError(ValueError):
-    """A token cache folder that cannot be used: damaged, from another layout, or not writable."""
-
-
-def _blocking_file(directory: Path) -> Path | None:
-    """The file that stands where ``directory`` or one of its parents should be a folder, if any."""
-    for path in (directory, *directory.parents):
-        if path.exists() or path.is_symlink():
-            return None if path.is_dir() else path
-    return None
-
-
-def cache_write_error(directory: Path, error: OSError) -> TokenCacheError:
-    """The one-line error for a cache folder that cannot be written: what the system said, and what to do.
-
-    Example:
-        >>> import errno
-        >>> print(cache_write_error(Path("/c"), OSError(errno.ENOSPC, "No space left on device")))
-        cannot write the text cache in /c: No space left on device; free space there, or set cache_dir to a folder on a disk with room.
-    """
-    reason = error.strerror or str(error) or type(error).__name__
-    blocking = _blocking_file(directory) if error.errno in (errno.EEXIST, errno.ENOTDIR) else None
-    if blocking is not None:
-        what = f"{blocking} is a file, not a folder; set cache_dir to a folder, or move the file away"
-    elif error.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
-        what = f"{reason}; make it writable, or set cache_dir to a folder you can write"
-    elif error.errno in (errno.ENOSPC, errno.EDQUOT):
-        what = f"{reason}; free space there, or set cache_dir to a folder on a disk with room"
-    else:
-        what = f"{reason}; set cache_dir to another folder"
-    return TokenCacheError(f"cannot write the text cache in {directory}: {what}.")
-
-
-def check_cache_dir(directory: str | os.PathLike[str]) -> None:
-    """Create the cache folder ``directory`` if needed, and write and remove a file in it: a cheap check
-    made before anything is computed for it.
-
-    Raises:
-        TokenCacheError: If the folder cannot be created or written (see :func:`cache_write_error`).
-    """
-    folder = Path(directory).expanduser()
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        fd, name = tempfile.mkstemp(prefix=".write-check-", dir=folder)
-        os.close(fd)
-        os.unlink(name)
-    except OSError as error:
-        raise cache_write_error(folder, error) from error
 
 
 def normalise_text(text: str) -> str:
@@ -207,15 +135,6 @@ class TextInterner:
     def add_all(self, texts: Sequence[str]) -> np.ndarray:
         """The ids of ``texts``, as ``int64``."""
         return np.fromiter(map(self.add, texts), dtype=np.int64, count=len(texts))
-
-
-def text_cache_dir(cache_dir: str | os.PathLike[str] | None) -> Path:
-    """Where the text loaders cache tokens and trained tokenizers: ``cache_dir``, or ``default_cache_dir()/text``."""
-    if cache_dir is not None:
-        return Path(cache_dir).expanduser()
-    from composer_dynsample.data.splits import default_cache_dir
-
-    return default_cache_dir() / "text"
 
 
 class TokenStore:
@@ -445,86 +364,6 @@ def _progress(total: int, description: str, show: bool | None) -> Any:
     return tqdm(total=total, desc=description, unit=" texts", disable=not enabled, leave=False)
 
 
-def char_budget(tokenizer: Any, max_length: int) -> int:
-    """The characters a text is cut to before it is encoded: ``max_length`` times the longest vocabulary
-    entry (at least 16 characters) times 4; see the module docstring for why nothing that fits is lost.
-
-    Example:
-        >>> from composer_dynsample.data.text.tokenizer import train_tokenizer
-        >>> char_budget(train_tokenizer(["a b c", "a b"], vocab_size=64), max_length=8)
-        512
-    """
-    longest = max(map(len, tokenizer.get_vocab(with_added_tokens=True)), default=0)
-    return int(max_length) * max(_CHARS_PER_TOKEN, longest) * _BUDGET_SAFETY
-
-
-@dataclasses.dataclass(frozen=True)
-class _Encoder:
-    """A truncating ``tokenizers.Tokenizer`` and the character budget of the texts it is given."""
-
-    tokenizer: Any
-    budget: int
-
-
-def _encode(encoder: _Encoder, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray, int]:
-    """Encode one chunk: ``(concatenated ids, lengths, number truncated)``. A text longer than the
-    encoder's budget is cut (:func:`_encode_cut`) and counts as truncated."""
-    tokenizer, budget = encoder.tokenizer, encoder.budget
-    encode = getattr(tokenizer, "encode_batch_fast", tokenizer.encode_batch)  # no offsets: faster
-    encodings: list[Any] = [None] * len(texts)
-    whole = [i for i, text in enumerate(texts) if len(text) <= budget]
-    for i, encoding in zip(whole, encode([texts[i] for i in whole]), strict=True):
-        encodings[i] = encoding
-    cut = _encode_cut(
-        tokenizer, texts, [i for i, text in enumerate(texts) if len(text) > budget], budget, encodings
-    )
-    id_lists = [encoding.ids for encoding in encodings]
-    lengths = np.fromiter(map(len, id_lists), dtype=np.int64, count=len(id_lists))
-    ids = np.fromiter(itertools.chain.from_iterable(id_lists), dtype=np.int64, count=int(lengths.sum()))
-    truncated = sum(1 for i, encoding in enumerate(encodings) if encoding.overflowing or i in cut)
-    return ids, lengths, truncated
-
-
-def _encode_cut(
-    tokenizer: Any, texts: Sequence[str], pending: list[int], budget: int, encodings: list[Any]
-) -> set[int]:
-    """Encode texts ``pending`` cut to ``budget`` characters into ``encodings``; return those still cut.
-
-    A cut is kept when the encoding is what the whole text's would be (:func:`_cut_is_exact`); otherwise
-    the text is encoded again with 4 times the budget, 3 times at most, and the last cut is kept.
-    """
-    split = tokenizer.pre_tokenizer is not None  # without a pre-tokenizer, the whole text is one word
-    cut: set[int] = set()
-    for attempt in range(_BUDGET_RETRIES + 1):
-        if not pending:
-            break
-        again = []
-        for i, encoding in zip(
-            pending, tokenizer.encode_batch([texts[i][:budget] for i in pending]), strict=True
-        ):
-            encodings[i] = encoding
-            if len(texts[i]) <= budget:
-                continue  # encoded whole
-            if attempt == _BUDGET_RETRIES or _cut_is_exact(encoding, split):
-                cut.add(i)
-            else:
-                again.append(i)
-        pending, budget = again, budget * _BUDGET_GROWTH
-    return cut
-
-
-def _cut_is_exact(encoding: Any, split: bool) -> bool:
-    """Whether the tokens kept of a cut text's encoding are the whole text's: it overflows, and the
-    tokens kept all lie in words before its last one, the only word the cut can have changed."""
-    if not encoding.overflowing:
-        return False  # the whole text might fit: more of it is needed to tell
-    if not split:
-        return True
-    kept = [word for word in encoding.word_ids if word is not None]
-    rest = [word for part in encoding.overflowing for word in part.word_ids if word is not None]
-    return bool(kept and rest) and max(kept) < max(rest)
-
-
 def _write_token_store(
     directory: Path,
     meta: dict[str, Any],
@@ -540,15 +379,10 @@ def _write_token_store(
         ValueError: If a text encodes to no tokens, naming where it is (``locate``, else its number).
         TokenCacheError: If the store cannot be written (a file, read-only, a full disk).
     """
-    from tokenizers import Tokenizer
-
     check_cache_dir(directory.parent)
-    encoder = Tokenizer.from_str(tokenizer.to_str())
-    encoder.no_padding()
-    encoder.enable_truncation(meta["max_length"])
-    budget = char_budget(encoder, meta["max_length"])
+    encoder = TruncatingEncoder.of(tokenizer, meta["max_length"])
     try:
-        _write_chunks(directory, meta, texts, _Encoder(encoder, budget), locate, progress)
+        _write_chunks(directory, meta, texts, encoder, locate, progress)
     except OSError as error:
         raise cache_write_error(directory.parent, error) from error
 
@@ -557,7 +391,7 @@ def _write_chunks(
     directory: Path,
     meta: dict[str, Any],
     texts: Sequence[str],
-    encoder: _Encoder,
+    encoder: TruncatingEncoder,
     locate: Callable[[int], str] | None,
     progress: bool | None,
 ) -> None:
@@ -569,7 +403,7 @@ def _write_chunks(
     ):
         for start in range(0, len(texts), _CHUNK):
             chunk = texts[start : start + _CHUNK]
-            ids, lengths, truncated = _encode(encoder, chunk)
+            ids, lengths, truncated = encode_chunk(encoder, chunk)
             if not lengths.all():
                 first = start + int(np.flatnonzero(lengths == 0)[0])
                 where = locate(first) if locate is not None else f"{source}: text {first}"
@@ -636,10 +470,12 @@ def tokenize_texts(
             f"{directory}: holds {len(store)} texts but {source} has {len(texts)}. Delete it to tokenize again."
         )
     if store.num_truncated:
+        # Past tokenize_sources and TokenizeOptions.tokenize, to the caller of load_* (to load_* itself
+        # before Python 3.12, where the comprehension in tokenize_sources is a frame of its own).
         warnings.warn(
             f"{store.num_truncated} of {len(store)} distinct texts in {source} are longer than "
             f"max_length={max_length} tokens and were truncated.",
             UserWarning,
-            stacklevel=4,  # the loader's caller: tokenize_texts <- tokenize_sources <- load_*
+            stacklevel=5,
         )
     return store

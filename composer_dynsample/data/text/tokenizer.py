@@ -17,13 +17,13 @@ Without a path it trains a tokenizer on the training split's texts (:func:`train
 ``[UNK]`` = 1, ``[CLS]`` = 2, ``[SEP]`` = 3, ``[MASK]`` = 4, NFKC normalisation, optional lower-casing,
 BERT's pre-tokenizer (whitespace and punctuation split) and ``[CLS] text [SEP]`` around every text. It
 learns from each text's first 100,000 characters, more than the model is shown of a text at any usual
-``max_length`` (see :mod:`~composer_dynsample.data.text.tokenized`), so one huge line (a minified file)
+``max_length`` (see :mod:`~composer_dynsample.data.text.truncation`), so one huge line (a minified file)
 costs no more memory than that. Training is deterministic: the same texts in the same order give the
 same JSON, byte for byte. The trained tokenizer is cached in ``cache_dir`` under a hash of its training
 texts and options, and written to ``save_path`` when one is given, so a run keeps the tokenizer its
 model was trained with. A cached tokenizer that does not load (a truncated file) is trained again and
 replaced, atomically; a cache folder that cannot be written is one
-:class:`~composer_dynsample.data.text.tokenized.TokenCacheError` line, checked before training.
+:class:`~composer_dynsample.data.text.cache.TokenCacheError` line, checked before training.
 
 Determinism needs one step beyond the library: ``tokenizers``' WordPiece trainer (0.23) numbers the
 ``##`` continuation of each character in the iteration order of a randomly seeded hash map, and equal
@@ -43,7 +43,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from composer_dynsample.data.text.tokenized import cache_write_error, check_cache_dir
+from composer_dynsample.data.text.cache import cache_write_error, check_cache_dir
 from composer_dynsample.validation import check_bool, check_choice, check_int
 
 __all__ = ["SPECIAL_TOKENS", "TextTokenizer", "load_tokenizer", "resolve_tokenizer", "train_tokenizer"]

@@ -11,9 +11,10 @@ import pytest
 
 pytest.importorskip("tokenizers")
 
-from composer_dynsample.data.text import tokenized
+from composer_dynsample.data.text import cache, tokenized
 from composer_dynsample.data.text import tokenizer as text_tokenizer
-from composer_dynsample.data.text.tokenized import TokenCacheError, check_cache_dir, tokenize_texts
+from composer_dynsample.data.text.cache import TokenCacheError, check_cache_dir
+from composer_dynsample.data.text.tokenized import tokenize_texts
 from composer_dynsample.data.text.tokenizer import resolve_tokenizer
 
 TEXTS = ["the cat sat on the mat", "a dog", "the cat and the dog sat together on a long mat by the door"]
@@ -87,7 +88,7 @@ def test_a_folder_that_cannot_be_written_is_refused_for_any_user(tmp_path, monke
     def denied(*args, dir=None, **kwargs):
         raise PermissionError(errno.EACCES, "Permission denied", os.path.join(dir, "x"))
 
-    monkeypatch.setattr(tokenized.tempfile, "mkstemp", denied)
+    monkeypatch.setattr(cache.tempfile, "mkstemp", denied)
     with pytest.raises(TokenCacheError, match=rf"in {tmp_path}: Permission denied; make it writable"):
         _resolve(tmp_path)
     with pytest.raises(TokenCacheError, match=rf"in {tmp_path}: Permission denied; make it writable"):

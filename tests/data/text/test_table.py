@@ -7,13 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from composer_dynsample.data.text.table import (
-    hashable_column,
-    read_text_tables,
-    require_columns,
-    sort_key,
-    text_column,
-)
+from composer_dynsample.data.text.columns import require_columns
+from composer_dynsample.data.text.table import hashable_column, read_text_tables, sort_key, text_column
 
 
 def _jsonl(path: Path, rows: list[dict]) -> Path:

@@ -11,9 +11,9 @@ import pytest
 pytest.importorskip("tokenizers")
 
 from composer_dynsample.data.text import tokenized
+from composer_dynsample.data.text.cache import TokenCacheError
 from composer_dynsample.data.text.tokenized import (
     TextInterner,
-    TokenCacheError,
     TokenStore,
     TokenStoreWriter,
     text_hash,
@@ -132,7 +132,7 @@ def test_tokenize_writes_then_reads_the_cache(tmp_path, tokenizer, monkeypatch):
     def fail(*args):
         raise AssertionError("tokenized again")
 
-    monkeypatch.setattr(tokenized, "_encode", fail)
+    monkeypatch.setattr(tokenized, "encode_chunk", fail)
     again = _tokenize(TEXTS, tokenizer, tmp_path)
     assert again.from_cache and again.directory == first.directory
     for change in (
@@ -148,7 +148,7 @@ def test_tokenize_writes_then_reads_the_cache(tmp_path, tokenizer, monkeypatch):
 def test_an_interrupted_tokenization_leaves_no_cache(tmp_path, tokenizer, monkeypatch):
     monkeypatch.setattr(tokenized, "_CHUNK", 1)
     calls = []
-    original = tokenized._encode
+    original = tokenized.encode_chunk
 
     def interrupted(encoder, texts):
         calls.append(1)
@@ -156,11 +156,11 @@ def test_an_interrupted_tokenization_leaves_no_cache(tmp_path, tokenizer, monkey
             raise KeyboardInterrupt
         return original(encoder, texts)
 
-    monkeypatch.setattr(tokenized, "_encode", interrupted)
+    monkeypatch.setattr(tokenized, "encode_chunk", interrupted)
     with pytest.raises(KeyboardInterrupt):
         _tokenize(TEXTS, tokenizer, tmp_path)
     assert list(tmp_path.iterdir()) == []
-    monkeypatch.setattr(tokenized, "_encode", original)
+    monkeypatch.setattr(tokenized, "encode_chunk", original)
     assert not _tokenize(TEXTS, tokenizer, tmp_path).from_cache
 
 

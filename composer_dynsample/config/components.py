@@ -1,12 +1,13 @@
 """How a config section reaches a class: short registry names, ``_component_`` dotted paths, checked keys.
 
-A section that builds one object names its target either with ``name:`` (a short alias from a registry
-such as :data:`~composer_dynsample.config.builders.ENCODERS`) or with ``_component_:`` (torchtune's
+A section that builds one object names its target either with ``name:`` (a short alias from a table
+such as :data:`~composer_dynsample.config.names.ENCODERS`) or with ``_component_:`` (torchtune's
 convention), a dotted import path such as ``my_models.MyEncoder`` or
 ``pytorch_metric_learning.losses.ArcFaceLoss``. A ``_component_`` without a dot is read as a registry
 alias. The section's other keys are the target's keyword arguments, checked against its signature:
 an unknown key fails with the valid keys and the closest match, a value of the wrong type (a string
-for a ``float`` argument) fails naming the key, both before the target is called.
+for a ``float`` argument) fails naming the key, both before the target is called
+(:func:`resolve_entry`; :func:`resolve_set` for the sections whose entries are a set).
 """
 
 from __future__ import annotations
@@ -31,7 +32,10 @@ __all__ = [
     "check_keys",
     "check_types",
     "import_component",
+    "peek_entry",
     "resolve",
+    "resolve_entry",
+    "resolve_set",
 ]
 
 #: The key that names a target by its dotted import path.
@@ -137,7 +141,7 @@ def check_keys(path: str, section: Mapping[str, Any], valid: Sequence[str], what
         >>> check_keys("optimizer", {"lr": 0.1, "weight_decy": 0.1}, ["lr", "weight_decay"], "AdamW")
         Traceback (most recent call last):
             ...
-        composer_dynsample.config.registry.ConfigError: optimizer: unknown key 'weight_decy' for AdamW; valid keys: ['lr', 'weight_decay']. Did you mean 'weight_decay'?
+        composer_dynsample.config.components.ConfigError: optimizer: unknown key 'weight_decy' for AdamW; valid keys: ['lr', 'weight_decay']. Did you mean 'weight_decay'?
     """
     unknown = [key for key in section if key not in valid]
     if unknown:
@@ -235,6 +239,80 @@ def lookup(path: str, name: Any, registry: Mapping[str, Registered | Lazy]) -> R
     return entry
 
 
+def resolve_entry(
+    path: str,
+    values: dict[str, Any],
+    registry: Mapping[str, Any],
+    *,
+    reserved: tuple[str, ...] = (),
+    supplied: Mapping[str, Any] | None = None,
+    **kwargs: Any,
+) -> tuple[Registered, str, dict[str, Any], dict[str, Any]]:
+    """Resolve a section's target and check its keys: ``(entry, name, kwargs, builder-level extras)``.
+
+    ``supplied`` holds values the builder fills in for the arguments of those names that the target takes
+    and the section leaves out (an encoder's input sizes).
+    """
+    entry, name = resolve(path, values, registry, **kwargs)
+    if reserved and not entry.reserved:  # a _component_: the builder's own arguments are not keys
+        entry = Registered(entry.target, reserved=reserved, inferred=("seed",))
+    takes = parameters(entry.target)
+    for key, value in (supplied or {}).items():
+        if key in takes:
+            values.setdefault(key, value)
+    if not entry.accepts_any_key():
+        check_keys(path, values, entry.valid_keys(), repr(name))
+    missing = [arg for arg in entry.required_keys() if arg not in values]
+    if missing:
+        raise ConfigError(f"{path}: {name!r} needs the key {missing[0]!r}; valid keys: {entry.valid_keys()}.")
+    extras = {key: values[key] for key in entry.extra if key in values}
+    return entry, name, {key: value for key, value in values.items() if key not in entry.extra}, extras
+
+
+def peek_entry(path: str, values: dict[str, Any], registry: Mapping[str, Any]) -> Any:
+    """The target a section names, without consuming its keys (for choices that depend on the target)."""
+    return resolve(path, dict(values), registry)[0].target
+
+
+def resolve_set(
+    path: str,
+    values: Mapping[str, Any],
+    registry: Mapping[str, Any],
+    supplied: Mapping[str, Any] | None = None,
+) -> list[tuple[str, Registered, dict[str, Any]]]:
+    """Resolve and check every entry of a ``{label: keys}`` section; null entries are off.
+
+    Args:
+        path (str): The section's name, for messages (``"algorithms"``).
+        values (Mapping[str, Any]): The section: each label and its keyword arguments, or null.
+        registry (Mapping[str, Any]): Short names and their entries; a label names its target unless its
+            keys hold a ``_component_``.
+        supplied (Mapping[str, Any], optional): Values for the arguments of those names that a target takes
+            and its keys leave out. Default: none.
+
+    Returns:
+        list[tuple[str, Registered, dict[str, Any]]]: ``(path.label, entry, kwargs)`` of each entry that is on.
+
+    Raises:
+        ConfigError: If an entry is not a mapping or null, or its name or keys are wrong.
+    """
+    entries = []
+    for label, keys in values.items():
+        if keys is None:
+            continue
+        if not isinstance(keys, Mapping):
+            raise ConfigError(
+                f"{path}.{label} must be a mapping of keyword arguments ({{}} for the defaults) or null, got {keys!r}."
+            )
+        keys = dict(keys)
+        default = None if COMPONENT_KEY in keys else label  # without a _component_ the label names the target
+        entry, _, kwargs, _ = resolve_entry(
+            f"{path}.{label}", keys, registry, default=default, name_key=False, supplied=supplied
+        )
+        entries.append((f"{path}.{label}", entry, kwargs))
+    return entries
+
+
 # ---------------------------------------------------------------------------------------------------------
 # Types of values against annotations
 # ---------------------------------------------------------------------------------------------------------
@@ -322,7 +400,7 @@ def check_types(path: str, entry: Registered, kwargs: Mapping[str, Any]) -> None
         >>> check_types("optimizer", Registered(torch.optim.SGD), {"lr": "fast"})
         Traceback (most recent call last):
             ...
-        composer_dynsample.config.registry.ConfigError: optimizer.lr must be a number, got 'fast' (a string).
+        composer_dynsample.config.components.ConfigError: optimizer.lr must be a number, got 'fast' (a string).
     """
     signature = parameters(entry.target)
     hints = _hints(entry.target)

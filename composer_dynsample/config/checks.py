@@ -1,0 +1,202 @@
+"""Check a config before anything is built or loaded: :func:`check_config`, cheapest first.
+
+The keys and value types of every section are checked against the signatures of their targets: the
+targets of ``data``, ``model``, ``sampler`` and ``optimizer`` are imported (torch at most), those that
+import Composer (algorithms, callbacks, loggers, the scheduler, the ``Trainer`` and the
+:class:`~composer_dynsample.EmbeddingModel`) are read from source (:mod:`.signatures`). The ``model``
+section's checks are in :mod:`.model_checks`; the builders check the rest as they build.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig
+
+from composer_dynsample.config.components import (
+    COMPONENT_KEY,
+    ConfigError,
+    check_keys,
+    check_types,
+    parameters,
+    peek_entry,
+    resolve_entry,
+    resolve_set,
+)
+from composer_dynsample.config.loading import dataloader_config, evaluation_config, run_options, section
+from composer_dynsample.config.model_checks import (
+    check_encoder,
+    check_model_folder,
+    check_model_keys,
+    check_positions,
+)
+from composer_dynsample.config.names import (
+    ALGORITHMS,
+    CALLBACKS,
+    DATASETS,
+    LOGGERS,
+    LOSSES,
+    OPTIMIZERS,
+    SAMPLER_RESERVED,
+    SAMPLERS,
+    SCHEDULERS,
+)
+from composer_dynsample.config.signatures import SourceRegistry, source_signature
+from composer_dynsample.validation import check_time
+
+__all__ = ["TRAINER_OWNED", "check_config", "check_sampler_table", "check_trainer_basics"]
+
+# Trainer arguments the builders construct from other sections.
+TRAINER_OWNED = {
+    "model": "model",
+    "train_dataloader": "data/sampler/dataloader",
+    "eval_dataloader": "evaluation",
+    "eval_interval": "evaluation.interval",
+    "optimizers": "optimizer",
+    "schedulers": "scheduler",
+    "algorithms": "algorithms",
+    "callbacks": "callbacks",
+    "loggers": "loggers",
+    "seed": "seed (top level)",
+}
+
+
+def check_config(cfg: DictConfig) -> None:
+    """Check what can be checked before anything is built or loaded, cheapest first.
+
+    Run options, ``evaluation``, the trainer's time and checkpoint path, then the keys and value types of
+    ``data``, ``model.encoder``, ``model.loss``, ``sampler``, ``dataloader`` and ``optimizer`` against their
+    targets' signatures, ``data.max_length`` against a transformer's positions, and a model folder's
+    pooling and tokenizer against the config (its JSON files read, no weights): an error there answers
+    without loading data, and with at most torch imported (Composer only when a section names a
+    Composer class). The builders check the rest as they build.
+
+    Raises:
+        ConfigError: The first problem found, naming the key.
+    """
+    run_options(cfg)
+    evaluation_config(cfg)
+    check_trainer_basics(section(cfg, "trainer", "trainer"))
+    model = section(cfg, "model", "model")
+    sections = [
+        ("data", section(cfg, "data", "data"), DATASETS, {}, {}),
+        ("model.loss", section(model, "loss", "model.loss"), LOSSES, {}, {}),
+        ("sampler", section(cfg, "sampler", "sampler"), SAMPLERS, {}, {"reserved": SAMPLER_RESERVED}),
+        ("optimizer", section(cfg, "optimizer", "optimizer"), OPTIMIZERS, {}, {"reserved": ("params",)}),
+    ]
+    for path, values, registry, supplied, options in sections:
+        if values:
+            entry, _, kwargs, _ = resolve_entry(path, values, registry, supplied=supplied, **options)
+            check_types(path, entry, kwargs)
+    check_encoder("model.encoder", section(model, "encoder", "model.encoder"))
+    check_positions(cfg)  # data.max_length against a transformer's positions, the data not loaded
+    check_model_folder(cfg)  # a model folder's pooling and tokenizer against the config
+    dataloader_config(cfg)
+    _check_from_source(cfg, model)
+    check_sampler_table(section(cfg, "sampler", "sampler"), section(cfg, "algorithms", "algorithms"))
+
+
+def _check_from_source(cfg: DictConfig, model: Mapping[str, Any]) -> None:
+    """The keys of the sections whose targets import Composer, against signatures read from source."""
+    for path, registry in (("algorithms", ALGORITHMS), ("callbacks", CALLBACKS), ("loggers", LOGGERS)):
+        values = section(cfg, path, path)
+        named = {  # a dotted _component_ of the user's is checked by the builder, once imported
+            label: keys
+            for label, keys in values.items()
+            if not (isinstance(keys, Mapping) and keys.get(COMPONENT_KEY, label) not in (*registry, label))
+        }
+        resolve_set(path, named, SourceRegistry(registry))
+    scheduler = cfg.get("scheduler")
+    if scheduler is not None:
+        values = section(cfg, "scheduler", "scheduler")
+        if values.get(COMPONENT_KEY, values.get("name")) in SCHEDULERS:
+            resolve_entry("scheduler", values, SourceRegistry(SCHEDULERS))
+    signature = source_signature("composer_dynsample.models.embedding_model", "EmbeddingModel")
+    if signature is not None:
+        check_model_keys(model, signature.parameters)
+    signature = source_signature("composer.trainer.trainer", "Trainer")
+    if signature is not None:
+        valid = [key for key in signature.parameters if key not in TRAINER_OWNED]
+        check_keys("trainer", section(cfg, "trainer", "trainer"), valid, "composer.Trainer")
+
+
+def check_trainer_basics(values: Mapping[str, Any]) -> None:
+    """The trainer keys the builders own, ``max_duration`` and a local ``load_path``."""
+    owned = [key for key in values if key in TRAINER_OWNED]
+    if owned:
+        raise ConfigError(
+            f"trainer: key {owned[0]!r} is set by the {TRAINER_OWNED[owned[0]]!r} section, not here."
+        )
+    if values.get("max_duration") is None:
+        raise ConfigError("trainer.max_duration is required, e.g. '60ep' or '500ba'.")
+    try:
+        number, _ = check_time("trainer.max_duration", values["max_duration"], ("ep", "ba", "sp"))
+    except ValueError as error:
+        raise ConfigError(str(error)) from error
+    if number == 0:
+        raise ConfigError(f"trainer.max_duration must be greater than zero, got {values['max_duration']!r}.")
+    load_path = values.get("load_path")
+    if (
+        load_path is not None
+        and "://" not in str(load_path)
+        and not Path(str(load_path)).expanduser().exists()
+    ):
+        raise ConfigError(f"trainer.load_path {values['load_path']!r} does not exist.")
+
+
+#: The algorithm that hands a model-aware sampler its snapshot of the model at every epoch start.
+_TABLE = "embedding_table"
+
+
+def check_sampler_table(sampler: Mapping[str, Any], algorithms: Mapping[str, Any]) -> None:
+    """Refuse a model-aware sampler that no ``algorithms.embedding_table`` feeds.
+
+    ``mined_negatives``, ``neighbours`` and ``hard_class_pk`` (with a ``hard_fraction`` above 0) build
+    their batches from the snapshot :class:`~composer_dynsample.EmbeddingTable` hands them at every epoch
+    start; without one they train on random negatives or classes and say nothing. A table with
+    ``feed_sampler: false`` is taken as meant (a control run of random negatives), and so is any
+    algorithm given by a ``_component_`` of the user's, which may feed the sampler itself.
+
+    Args:
+        sampler (Mapping[str, Any]): The ``sampler`` section.
+        algorithms (Mapping[str, Any]): The ``algorithms`` section.
+
+    Raises:
+        ConfigError: If the sampler takes a snapshot and no algorithm may hand it one.
+    """
+    if not sampler:
+        return
+    target = peek_entry("sampler", dict(sampler), SAMPLERS)
+    without = _without_table(target)
+    only_classes = not hasattr(target, "update_neighbours")
+    if without is None or (only_classes and sampler.get("hard_fraction") == 0):
+        return  # hard_fraction 0: the hard-class sampler is P x K on purpose
+    if any(_may_feed(label, keys) for label, keys in algorithms.items()):
+        return
+    name = sampler.get(COMPONENT_KEY, sampler.get("name"))
+    raise ConfigError(
+        f"sampler: {name!r} takes its batches from the embedding table's snapshot of the model, but the "
+        f"algorithms section has no {_TABLE}, so {without}. Add algorithms: {{{_TABLE}: {{}}}} (on the "
+        f"command line: 'algorithms.{_TABLE}={{}}'); for random ones on purpose, add it with feed_sampler: false."
+    )
+
+
+def _without_table(target: Any) -> str | None:
+    """What a sampler would do without the table's snapshot, or ``None`` for a sampler that takes none."""
+    if hasattr(target, "update_neighbours"):  # nearest rows: a pairs sampler's are passages
+        if "is_passage" in parameters(target):
+            return "every negative would be a random passage"
+        return "every negative would be a random sample of another class"
+    if hasattr(target, "update_class_embeddings"):
+        return "every batch would hold random classes, as sampler.name: pk does"
+    return None
+
+
+def _may_feed(label: str, keys: Any) -> bool:
+    """Whether an ``algorithms`` entry is an embedding table, or an algorithm of the user's that may feed the sampler."""
+    if not isinstance(keys, Mapping):
+        return keys is not None  # null is off; any other value is refused by the algorithms' builder
+    component = keys.get(COMPONENT_KEY, label)  # a dotted path of the user's: it may feed the sampler
+    return not isinstance(component, str) or component not in ALGORITHMS or component == _TABLE
