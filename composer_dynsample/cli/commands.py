@@ -19,6 +19,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+# Modules that load torch or Composer are imported in the functions that use them: --help and config errors
+# answer before they load.
+from composer_dynsample.checkpoints import check_checkpoint
 from composer_dynsample.cli import training
 from composer_dynsample.cli.resume import (
     autoresume_enabled,
@@ -35,6 +38,17 @@ from composer_dynsample.cli.run_dir import (
     prepare_run_dir,
 )
 from composer_dynsample.cli.training import Interrupted, evaluate_run, fit_and_report, plot_run_retrievals
+from composer_dynsample.config.checks import check_config
+from composer_dynsample.config.components import ConfigError
+from composer_dynsample.config.loading import (
+    default_run_dir,
+    expand_trainer_paths,
+    load_config,
+    run_options,
+    section,
+)
+from composer_dynsample.config.ranks import check_same_config_on_every_rank
+from composer_dynsample.validation import check_choice
 
 __all__ = [
     "EXPORT_FORMATS",
@@ -139,8 +153,6 @@ def _load(
     value is not parsed as YAML (a path may hold ``#`` or ``: ``)."""
     from omegaconf import OmegaConf
 
-    from composer_dynsample.config.loading import load_config, section
-
     cfg = load_config(config, overrides)
     for key, value in settings.items():
         head = key.split(".", 1)[0]
@@ -153,10 +165,6 @@ def _check_config(cfg: Any) -> None:
     """Check the whole config before anything on disk changes (``--overwrite`` removes a previous run):
     ``seed`` and ``run_dir`` before torch and Composer are imported, then the cheap checks of every section
     (no data loaded, at most torch imported), then that every rank was given the same config."""
-    from composer_dynsample.config.checks import check_config
-    from composer_dynsample.config.loading import run_options
-    from composer_dynsample.config.ranks import check_same_config_on_every_rank
-
     run_options(cfg)
     check_config(cfg)
     check_same_config_on_every_rank(cfg)
@@ -166,8 +174,6 @@ def _local_defaults(cfg: Any, quiet: bool) -> None:
     """Set what may differ between ranks, once every rank's config is checked to be the same: no progress
     bar when asked or when stdout is not a terminal (unless the config sets one), ``~`` expanded in the
     trainer's local paths."""
-    from composer_dynsample.config.loading import expand_trainer_paths
-
     if quiet:
         cfg.trainer.progress_bar = False
     elif "progress_bar" not in cfg.trainer:
@@ -177,8 +183,6 @@ def _local_defaults(cfg: Any, quiet: bool) -> None:
 
 def _run_directory(cfg: Any, run_dir: str | os.PathLike[str] | None, config_path: Path | None) -> Path:
     """The run directory: ``run_dir`` if given, else the config's ``run_dir``, else ``runs/<config stem>``."""
-    from composer_dynsample.config.loading import default_run_dir
-
     return Path(run_dir or cfg.get("run_dir") or default_run_dir(config_path)).expanduser()
 
 
@@ -281,8 +285,6 @@ def _prepare_model_run(
         CheckpointError: If ``checkpoint`` is unsafe or broken.
         ConfigError: If the config is wrong.
     """
-    from composer_dynsample.checkpoints import check_checkpoint
-
     if checkpoint is not None:
         check_checkpoint(checkpoint, trusted=trust_checkpoint)
     settings: dict[str, Any] = {
@@ -400,9 +402,7 @@ def embed(
     import numpy as np
 
     from composer_dynsample.cli.inputs import read_embed_input, split_arrays
-    from composer_dynsample.config.components import ConfigError
     from composer_dynsample.models.embed import embed_store
-    from composer_dynsample.validation import check_choice
 
     if split is not None and input_path is not None:
         raise ConfigError(
@@ -466,11 +466,9 @@ def export(
             that cannot be written in (before anything is loaded).
         ConfigError: If the data are not texts, or the encoder does not fit the format.
     """
-    from composer_dynsample.config.components import ConfigError
     from composer_dynsample.data import TextSplits
     from composer_dynsample.distributed import unwrap_model
     from composer_dynsample.export import export_huggingface, export_sentence_transformers, run_metrics
-    from composer_dynsample.validation import check_choice
 
     export_format = check_choice("format", export_format, EXPORT_FORMATS)
     target = _out_path(out, directory=True)

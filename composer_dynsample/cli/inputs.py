@@ -24,6 +24,9 @@ import numpy as np
 import torch
 
 from composer_dynsample.data import DatasetSplits, TensorStore, TextSplits, TextStore
+from composer_dynsample.data.images import read_images
+from composer_dynsample.data.text.table import map_columns, read_text_tables, text_column
+from composer_dynsample.data.text.tokenized import TextInterner, tokenize_texts
 
 __all__ = ["read_embed_input", "split_arrays"]
 
@@ -58,17 +61,12 @@ def read_embed_input(
         )
     if not file.is_dir():
         raise ValueError(f"--input {str(path)!r}: for image data, give a folder of images.")
-    from composer_dynsample.data.images import read_images
-
     images, _ = read_images(file, size=(shape[1], shape[2]), grayscale=shape[0] == 1)
     store = TensorStore(images, torch.zeros(len(images), dtype=torch.int64))
     return store, {"indices": np.arange(len(images), dtype=np.int64)}
 
 
 def _read_texts(file: Path, splits: TextSplits) -> tuple[TextStore, dict[str, np.ndarray]]:
-    from composer_dynsample.data.text.table import map_columns, read_text_tables, text_column
-    from composer_dynsample.data.text.tokenized import TextInterner, tokenize_texts
-
     table = map_columns(read_text_tables(file)[0], splits.info.columns)
     if "text" in table.columns:
         columns = ["text"]

@@ -8,6 +8,8 @@ is and how to resume, with exit status ``128 + signal``.
 
 from __future__ import annotations
 
+# The commands and the config and checkpoint modules (numpy, OmegaConf) are imported in main() once the
+# arguments are parsed: --help and --version answer before they load.
 import argparse
 import sys
 from collections.abc import Sequence

@@ -17,6 +17,9 @@ from typing import Any
 import numpy as np
 import torch
 
+# composer_dynsample.metrics (it loads torchmetrics and transformers) is imported in the function using it.
+from composer_dynsample.distances import pairwise_distance
+
 __all__ = [
     "format_metrics_table",
     "metrics_table_title",
@@ -352,8 +355,6 @@ def nearest_neighbours(
         >>> nearest_neighbours(items[:1], items, 1, exclude=torch.tensor([0]), distance="euclidean").tolist()
         [[1]]
     """
-    from composer_dynsample.distances import pairwise_distance
-
     distances = pairwise_distance(queries.float(), gallery.float(), distance)
     if exclude is not None:
         distances[torch.arange(queries.shape[0]), exclude] = float("inf")

@@ -16,7 +16,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+# Modules that load torch or Composer are imported in the functions that use them: --help and config errors
+# answer before they load.
+from composer_dynsample.checkpoints import check_checkpoint
 from composer_dynsample.cli.run_dir import RunDirError, is_rank_zero, load_path_override
+from composer_dynsample.config.components import ConfigError
 
 __all__ = [
     "autoresume_enabled",
@@ -29,8 +33,6 @@ __all__ = [
 
 def checked_load_path(cfg: Any, trust_checkpoint: bool) -> Any:
     """Check ``trainer.load_path`` (a local file) before Composer unpickles it."""
-    from composer_dynsample.checkpoints import check_checkpoint
-
     load_path = cfg.trainer.get("load_path") if "trainer" in cfg else None
     if load_path is not None and "://" not in str(load_path):
         check_checkpoint(load_path, trusted=trust_checkpoint)  # trusted: a regular file, not read
@@ -43,8 +45,6 @@ def autoresume_enabled(cfg: Any, run_dir: Path, *, overwrite: bool, trust_checkp
     Composer resumes from ``save_folder/save_latest_filename`` (``RUN_DIR/checkpoints/latest-rank0.pt``
     by default) when that file exists, else it starts afresh (or from ``trainer.load_path``).
     """
-    from composer_dynsample.config.components import ConfigError
-
     autoresume = cfg.trainer.get("autoresume", False)
     if not isinstance(autoresume, bool):
         raise ConfigError(f"trainer.autoresume must be true or false, got {autoresume!r}.")
@@ -57,7 +57,6 @@ def autoresume_enabled(cfg: Any, run_dir: Path, *, overwrite: bool, trust_checkp
         )
     from composer.utils import format_name_with_dist
 
-    from composer_dynsample.checkpoints import check_checkpoint
     from composer_dynsample.config.run import trainer_defaults
 
     settings = {**trainer_defaults(run_dir), **cfg.trainer}

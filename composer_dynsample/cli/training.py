@@ -20,8 +20,13 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+# Modules that load torch or Composer are imported in the functions that use them: --help and config errors
+# answer before they load.
 from composer_dynsample.cli.resume import interrupt_message
 from composer_dynsample.cli.run_dir import is_rank_zero
+from composer_dynsample.config.components import ConfigError
+from composer_dynsample.config.loading import evaluation_config, save_config
+from composer_dynsample.config.run_tokenizer import write_run_tokenizer
 
 __all__ = [
     "Interrupted",
@@ -48,8 +53,6 @@ class Interrupted(Exception):
 
 def _check_duration_left(run: Any) -> None:
     """A resumed run whose checkpoint already reached ``max_duration``: say what to raise, in one line."""
-    from composer_dynsample.config import ConfigError
-
     state = run.trainer.state
     duration = state.max_duration
     elapsed = int(state.timestamp.get(duration.unit))
@@ -156,8 +159,6 @@ def _score_start(run: Any, start_batch: int) -> tuple[dict[str, Any] | None, flo
     """``(the starting model's metrics, seconds spent)``: scored now when ``evaluation.at_start`` is on
     and the run starts at batch 0 (every rank scores it), else what the run's ``StartMetrics`` callback
     (:func:`start_metrics_keeper`) read from the checkpoint it resumed."""
-    from composer_dynsample.config.loading import evaluation_config
-
     callbacks = run.trainer.state.callbacks
     keeper = next((item for item in callbacks if type(item).__qualname__ == _KEEPER), None)
     kept = keeper.metrics if keeper is not None else None
@@ -194,8 +195,6 @@ def fit_and_report(
     from composer.utils import dist
 
     from composer_dynsample.callbacks.checkpoint_on_interrupt import TrainingInterrupted
-    from composer_dynsample.config.loading import save_config
-    from composer_dynsample.config.run_tokenizer import write_run_tokenizer
 
     _check_duration_left(run)
     if is_rank_zero():
