@@ -17,28 +17,10 @@ from composer_dynsample.config.run_tokenizer import run_tokenizer, write_run_tok
 from composer_dynsample.data import TextCollate
 from composer_dynsample.metrics import RankingScore, RetrievalRecallAtK
 from composer_dynsample.models.text import BagOfTokensEncoder, TextCNNEncoder, TwoTowerEncoder
+from tests.config.helpers import pairs_config
 from tests.data.text.helpers import write_pairs, write_texts
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
-
-
-def pairs_config(path, cache, **sections) -> dict:
-    config = {
-        "data": {
-            "name": "pairs",
-            "path": str(path),
-            "vocab_size": 200,
-            "max_length": 24,
-            "cache_dir": str(cache),
-        },
-        "model": {"encoder": {"name": "bag_of_tokens", "token_dim": 16}, "loss": {"name": "info_nce"}},
-        "sampler": {"name": "pk", "classes_per_batch": 8, "samples_per_class": 2},
-        "optimizer": {"name": "adamw", "lr": 0.01},
-        "evaluation": {"interval": "1ep", "ks": [1, 5]},
-        "trainer": {"max_duration": "2ba", "progress_bar": False},
-    }
-    config.update(sections)
-    return config
 
 
 @pytest.fixture(scope="module")

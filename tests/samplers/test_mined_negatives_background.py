@@ -254,7 +254,7 @@ def test_the_config_sets_it_on_the_sampler(tmp_path):
     pytest.importorskip("tokenizers")
     from composer_dynsample.callbacks.set_sampler_epoch import find_epoch_target
     from composer_dynsample.config import ConfigError, build_run, load_config
-    from tests.config.test_text import pairs_config
+    from tests.config.helpers import pairs_config
     from tests.data.text.helpers import write_pairs
 
     sampler_section = {"name": "mined_negatives", "pairs_per_batch": 4, "negatives_per_anchor": 1}

@@ -162,7 +162,7 @@ def test_the_config_builds_the_sampler_from_the_pairs_store(tmp_path):
     pytest.importorskip("tokenizers")
     from composer_dynsample.callbacks.set_sampler_epoch import find_epoch_target
     from composer_dynsample.config import ConfigError, build_run, load_config
-    from tests.config.test_text import pairs_config
+    from tests.config.helpers import pairs_config
     from tests.data.text.helpers import write_pairs
 
     path = write_pairs(tmp_path / "pairs.jsonl", 60)
