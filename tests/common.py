@@ -6,6 +6,7 @@ import contextlib
 from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
 import torch
 from composer import Trainer
 from composer.core import Callback, State
@@ -53,6 +54,14 @@ class BatchRecorder(Callback):
 
     def in_order(self) -> list[list[int]]:
         return [batch for _, batch in sorted(self.batches.items())]
+
+
+class IndexRecorder(BatchRecorder):
+    """BatchRecorder for GatherCollate's dict batches: the sample indices are under "index"."""
+
+    def after_dataloader(self, state, logger) -> None:
+        key = (int(state.timestamp.epoch), int(state.timestamp.batch_in_epoch))
+        self.batches[key] = state.batch["index"].tolist()
 
 
 def _pre_fix_get_distributed_sampler(dataloader: DataLoader) -> DistributedSampler | None:
@@ -105,6 +114,20 @@ def recorded_fit(make_run, *, revert: bool = False, **kwargs) -> tuple[PKBatchSa
         trainer, sampler, recorder = make_run(**kwargs)
         trainer.fit()
     return sampler, recorder
+
+
+def assert_reverting_the_fix_is_caught(make_run) -> None:
+    """With Composer's fix reverted, the 3 epochs' batches are caught as not each epoch's own order."""
+    sampler, recorder = recorded_fit(make_run, revert=True)
+    with pytest.raises(AssertionError, match="trained on"):
+        assert_each_epoch_has_its_own_order(recorder, sampler, epochs=3)
+
+
+def assert_set_sampler_epoch_repairs_the_reverted_fix(make_run) -> BatchRecorder:
+    """With the fix reverted and SetSamplerEpoch added, each of 3 epochs trains its own order."""
+    sampler, recorder = recorded_fit(make_run, revert=True, callbacks=[SetSamplerEpoch()])
+    assert_each_epoch_has_its_own_order(recorder, sampler, epochs=3)
+    return recorder
 
 
 def assert_mid_epoch_resume_replays_the_rest(make_run, folder: Path, *, revert: bool) -> BatchRecorder:

@@ -11,6 +11,9 @@ import os
 
 import pytest
 
+# The shared helpers assert too: pytest rewrites their asserts as a test module's, for the same reports.
+pytest.register_assert_rewrite("tests.common", "tests.cli.helpers", "tests.mining", "tests.samplers.helpers")
+
 
 def _marked_world_size(item: pytest.Item) -> int:
     marker = item.get_closest_marker("world_size")

@@ -17,7 +17,7 @@ from composer_dynsample.export import (
 )
 from composer_dynsample.models.text import BagOfTokensEncoder, TransformerEncoder, TwoTowerEncoder
 from composer_dynsample.validation import InputTypeError
-from tests.models.test_text_encoders import (
+from tests.models.text_helpers import (
     PAD,
     TEXTS,
     TOKENIZER,

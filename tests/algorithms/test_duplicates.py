@@ -5,16 +5,14 @@ from __future__ import annotations
 import pytest
 import torch
 from composer import Trainer
-from composer.core import Callback, DataSpec, State
-from composer.loggers import InMemoryLogger, Logger
-from torch.utils.data import Dataset
+from composer.core import DataSpec
+from composer.loggers import InMemoryLogger
 
 from composer_dynsample import (
     CrossBatchMemory,
     EmbeddingModel,
     HardNegativeMining,
     InfoNCELoss,
-    MinedBatch,
     PKBatchSampler,
     TripletMarginLoss,
     build_dataloader,
@@ -30,24 +28,14 @@ from composer_dynsample.mining import (
     drop_duplicate_negatives,
 )
 from composer_dynsample.mining.duplicates import duplicate_negatives
-
-
-def reference_duplicates(labels, ids, ref_labels=None, ref_ids=None) -> list[list[bool]]:
-    """The definition with Python sets: row ``n`` of another label is a duplicate negative of anchor ``a``
-    when some row of the batch or pool holds ``n``'s id under ``a``'s label, or ``a``'s id under ``n``'s."""
-    labels, ids = labels.tolist(), ids.tolist()
-    ref_labels = labels if ref_labels is None else ref_labels.tolist()
-    ref_ids = ids if ref_ids is None else ref_ids.tolist()
-    held = {(i, label) for i, label in zip(ids + ref_ids, labels + ref_labels) if i >= 0}
-
-    def duplicate(a: int, n: int) -> bool:
-        if labels[a] == ref_labels[n]:
-            return False
-        return (ref_ids[n] >= 0 and (ref_ids[n], labels[a]) in held) or (
-            ids[a] >= 0 and (ids[a], ref_labels[n]) in held
-        )
-
-    return [[duplicate(a, n) for n in range(len(ref_labels))] for a in range(len(labels))]
+from tests.algorithms.helpers import (
+    BagEncoder,
+    PairsTexts,
+    Recorder,
+    TextCollate,
+    reference_duplicates,
+    text_trainer,
+)
 
 
 def _drop_reference(tuples, duplicates):
@@ -208,92 +196,6 @@ def test_the_memory_checkpoint_holds_the_ids_and_an_old_one_without_them_loads()
 
 
 # Through Composer's Trainer, on text batches: {"features": {...}, "labels", "indices", "text_hash"}.
-
-VOCAB, PAIRS = 40, 48
-
-
-class PairsTexts(Dataset):
-    """Index-only pairs: row ``2k`` is pair ``k``'s query, ``2k+1`` its answer. Answers come from a small
-    set, so two queries often share one, and pairs 40-47 repeat pairs 0-7 exactly."""
-
-    def __init__(self) -> None:
-        generator = torch.Generator().manual_seed(0)
-        answers = torch.randint(1000, 1012, (PAIRS,), generator=generator)
-        queries = torch.arange(PAIRS)
-        answers[40:], queries[40:] = answers[:8], queries[:8]
-        self.text_ids = torch.stack([queries, answers], dim=1).reshape(-1)
-        self.labels = torch.arange(2 * PAIRS) // 2
-
-    def __len__(self) -> int:
-        return self.labels.shape[0]
-
-    def __getitem__(self, index: int) -> int:
-        return index
-
-
-class TextCollate:
-    def __init__(self, data: PairsTexts) -> None:
-        self.data = data
-
-    def __call__(self, indices: list[int]) -> dict:
-        index = torch.tensor(indices)
-        text_ids = self.data.text_ids[index]
-        lengths = 3 + text_ids % 4
-        tokens = torch.stack([torch.randint(1, VOCAB, (7,), generator=torch.Generator().manual_seed(int(t)))
-                              for t in text_ids])  # fmt: skip
-        mask = (torch.arange(7)[None, :] < lengths[:, None]).long()
-        features = {"input_ids": tokens * mask, "attention_mask": mask, "is_query": index % 2 == 0}
-        text_hash = text_ids * 7919 + 3  # stands in for the hash of the normalised text
-        return {
-            "features": features,
-            "labels": self.data.labels[index],
-            "indices": index,
-            "text_hash": text_hash,
-        }
-
-
-class BagEncoder(torch.nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.embedding = torch.nn.Embedding(VOCAB, 8)
-        self.project = torch.nn.Linear(8, 4)
-
-    def forward(self, features: dict) -> torch.Tensor:
-        mask = features["attention_mask"].unsqueeze(-1).float()
-        pooled = (self.embedding(features["input_ids"]) * mask).sum(1) / mask.sum(1)
-        return self.project(pooled)
-
-
-class Recorder(Callback):
-    def __init__(self) -> None:
-        self.mined: list[MinedBatch] = []
-        self.batches: list[dict] = []
-        self.losses: list[torch.Tensor] = []
-
-    def after_forward(self, state: State, logger: Logger) -> None:
-        self.mined.append(state.outputs)
-        self.batches.append(state.batch)
-
-    def after_loss(self, state: State, logger: Logger) -> None:
-        self.losses.append(state.loss.detach().clone())
-
-
-def text_trainer(algorithm, loss, *, max_duration="2ep", **kwargs):
-    data = PairsTexts()
-    sampler = PKBatchSampler(data.labels, classes_per_batch=8, samples_per_class=2, seed=0)
-    loader = build_dataloader(data, sampler, collate_fn=TextCollate(data))
-    torch.manual_seed(0)
-    model = EmbeddingModel(BagEncoder(), loss=loss)
-    spec = DataSpec(loader, get_num_samples_in_batch=lambda batch: int(batch["labels"].shape[0]))
-    return Trainer(
-        model=model,
-        train_dataloader=spec,
-        optimizers=torch.optim.SGD(model.parameters(), lr=0.1),
-        algorithms=[algorithm],
-        max_duration=max_duration,
-        progress_bar=False,
-        **kwargs,
-    )
 
 
 def test_trainer_mines_without_duplicate_negatives_and_logs_how_many_it_dropped():

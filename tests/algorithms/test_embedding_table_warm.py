@@ -23,7 +23,7 @@ from composer_dynsample.algorithms.embedding_table import EmbeddingTable
 from composer_dynsample.algorithms.embedding_table import embedding_table as table_module
 from composer_dynsample.data import GatherCollate, IndexDataset, TensorStore
 from composer_dynsample.samplers.mined_negatives import MinedNegativesPKBatchSampler
-from tests.samplers.test_mined_negatives import IndexRecorder
+from tests.common import IndexRecorder
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 

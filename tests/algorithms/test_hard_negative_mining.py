@@ -23,27 +23,7 @@ from composer_dynsample import (
     build_dataloader,
 )
 from composer_dynsample.mining import BatchHardMiner, build_miner
-
-NUM, DIM, CLASSES = 128, 6, 8
-
-
-def make_data(seed: int = 0):
-    generator = torch.Generator().manual_seed(seed)
-    labels = torch.arange(NUM) % CLASSES
-    centers = torch.randn(CLASSES, DIM, generator=generator)
-    features = centers[labels] + 0.8 * torch.randn(NUM, DIM, generator=generator)
-    return features, labels
-
-
-class CountingEncoder(torch.nn.Module):
-    def __init__(self, out: int = 4) -> None:
-        super().__init__()
-        self.layer = torch.nn.Linear(DIM, out)
-        self.calls = 0
-
-    def forward(self, x):
-        self.calls += 1
-        return self.layer(x)
+from tests.algorithms.helpers import DIM, NUM, CountingEncoder, make_data, make_trainer
 
 
 class Recorder(Callback):
@@ -58,29 +38,6 @@ class Recorder(Callback):
 
     def after_loss(self, state: State, logger: Logger) -> None:
         self.losses.append(state.loss.detach().clone())
-
-
-def make_trainer(
-    algorithm, *, loss=None, encoder=None, callbacks=(), max_duration="2ep", sampler=None, **kwargs
-):
-    features, labels = make_data()
-    sampler = sampler or PKBatchSampler(labels, classes_per_batch=4, samples_per_class=4, seed=0)
-    encoder = encoder or CountingEncoder()
-    model = EmbeddingModel(encoder, loss=loss, **kwargs.pop("model_kwargs", {}))
-    return (
-        Trainer(
-            model=model,
-            train_dataloader=build_dataloader(TensorDataset(features, labels), sampler),
-            optimizers=torch.optim.SGD(model.parameters(), lr=kwargs.pop("lr", 0.05)),
-            algorithms=[algorithm] if algorithm is not None else [],
-            callbacks=list(callbacks),
-            max_duration=max_duration,
-            progress_bar=False,
-            **kwargs,
-        ),
-        encoder,
-        sampler,
-    )
 
 
 def test_mines_the_forward_embeddings_once_per_batch_without_extra_forward():

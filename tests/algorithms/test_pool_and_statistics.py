@@ -12,7 +12,7 @@ from composer_dynsample.distances import paired_distance
 from composer_dynsample.mining import BatchHardMiner, MultiSimilarityMiner, build_miner
 from composer_dynsample.mining.pool import assemble_pool
 from composer_dynsample.mining.statistics import STATISTICS, mining_statistics
-from tests.algorithms.test_hard_negative_mining import make_trainer
+from tests.algorithms.helpers import make_trainer
 
 
 def _data(seed=0, rows=12, dim=4):

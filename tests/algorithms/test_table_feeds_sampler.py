@@ -10,25 +10,18 @@ from composer import Trainer
 
 from composer_dynsample import (
     EmbeddingModel,
+    EmbeddingTable,
+    GatherCollate,
     HardNegativeMining,
+    IndexDataset,
     PKBatchSampler,
     SetSamplerEpoch,
+    TensorStore,
     build_dataloader,
 )
-from composer_dynsample.algorithms.embedding_table import EmbeddingTable
-from composer_dynsample.data import GatherCollate, IndexDataset, TensorStore
 from composer_dynsample.samplers.hard_class import HardClassPKBatchSampler
 from composer_dynsample.samplers.neighbours import NeighbourBatchSampler
-from tests.common import BatchRecorder
-
-
-class IndexRecorder(BatchRecorder):
-    """BatchRecorder for GatherCollate's dict batches: the sample indices are under "index"."""
-
-    def after_dataloader(self, state, logger) -> None:
-        key = (int(state.timestamp.epoch), int(state.timestamp.batch_in_epoch))
-        self.batches[key] = state.batch["index"].tolist()
-
+from tests.common import IndexRecorder
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 

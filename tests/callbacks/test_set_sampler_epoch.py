@@ -21,10 +21,11 @@ from torch.utils.data import BatchSampler, DataLoader, DistributedSampler
 from composer_dynsample import PKBatchSampler, SetSamplerEpoch, build_dataloader
 from composer_dynsample.callbacks.set_sampler_epoch import find_epoch_target
 from tests.common import (
-    BatchRecorder,
     IndexClassifier,
     assert_each_epoch_has_its_own_order,
     assert_mid_epoch_resume_replays_the_rest,
+    assert_reverting_the_fix_is_caught,
+    assert_set_sampler_epoch_repairs_the_reverted_fix,
     index_dataset,
     pk_run,
     recorded_fit,
@@ -42,20 +43,6 @@ def test_installed_composer_sets_the_batch_sampler_epoch():
     sampler, recorder = recorded_fit(make_run)
     assert len(sampler) == 8
     assert_each_epoch_has_its_own_order(recorder, sampler, epochs=3)
-
-
-def assert_reverting_the_fix_is_caught(make_run) -> None:
-    """With Composer's fix reverted, the 3 epochs' batches are caught as not each epoch's own order."""
-    sampler, recorder = recorded_fit(make_run, revert=True)
-    with pytest.raises(AssertionError, match="trained on"):
-        assert_each_epoch_has_its_own_order(recorder, sampler, epochs=3)
-
-
-def assert_set_sampler_epoch_repairs_the_reverted_fix(make_run) -> BatchRecorder:
-    """With the fix reverted and SetSamplerEpoch added, each of 3 epochs trains its own order."""
-    sampler, recorder = recorded_fit(make_run, revert=True, callbacks=[SetSamplerEpoch()])
-    assert_each_epoch_has_its_own_order(recorder, sampler, epochs=3)
-    return recorder
 
 
 def test_reverting_the_fix_is_caught():

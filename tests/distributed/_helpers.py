@@ -1,5 +1,5 @@
 """Set-up shared by the 2-rank tests: a folder both ranks share, the gradient comparisons' encoder, memory
-and cases, and a trainer over a tensor store's rows as a batch sampler picks them."""
+and cases, a trainer over a tensor store's rows as a batch sampler picks them, and mined-negative pairs."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from composer.utils import dist, get_device
 
 from composer_dynsample import EmbeddingModel, InfoNCELoss, SetSamplerEpoch, build_dataloader
 from composer_dynsample.data import GatherCollate, IndexDataset, TensorStore
+from composer_dynsample.samplers.mined_negatives import MinedNegativesPKBatchSampler
 
 #: A miner with each of InfoNCE's options: the in-batch or the mined negatives, one direction or both.
 INFONCE_CASES = [
@@ -102,3 +103,40 @@ def store_trainer(
         callbacks=[SetSamplerEpoch(), recorder],
         **{"max_duration": "3ep", "progress_bar": False, "seed": 0, **trainer_options},
     )
+
+
+# Pair batches with mined corpus negatives.
+PAIRS, P = 96, 4
+
+
+def pairs_store() -> TensorStore:
+    """96 pairs: an anchor near its positive, both near one of 12 topics (so other pairs are near too)."""
+    gen = torch.Generator().manual_seed(0)
+    topics = torch.randn(12, 6, generator=gen) * 2
+    pairs = topics[torch.arange(PAIRS) % 12] + torch.randn(PAIRS, 6, generator=gen)
+    features = pairs.repeat_interleave(2, dim=0) + 0.3 * torch.randn(2 * PAIRS, 6, generator=gen)
+    return TensorStore(features, torch.arange(2 * PAIRS) // 2)
+
+
+def sampler(seed: int = 2, **options) -> MinedNegativesPKBatchSampler:
+    """Mined-negative batches of :func:`pairs_store`'s pairs: ``P`` pairs x (2 + 2 negatives) a batch."""
+    is_passage = torch.arange(2 * PAIRS) % 2 == 1
+    return MinedNegativesPKBatchSampler(
+        pairs_store().labels, P, 2, is_passage=is_passage, skip_top=1, window=4, seed=seed, **options
+    )
+
+
+def trainer_for(
+    batches: MinedNegativesPKBatchSampler, algorithms, seen: dict | None = None, **trainer_options
+) -> Trainer:
+    """A :func:`store_trainer` on :func:`pairs_store` that records into ``seen`` each epoch's pair rows and
+    each ``(global batch, rows)``."""
+
+    class Record(Callback):
+        def after_dataloader(self, state, logger) -> None:
+            if seen is not None:
+                rows = state.batch["index"].tolist()
+                seen.setdefault(int(state.timestamp.epoch), []).extend(rows[: 2 * P])
+                seen.setdefault("batches", []).append((int(state.timestamp.batch), rows))
+
+    return store_trainer(pairs_store(), batches, algorithms, Record(), **trainer_options)

@@ -9,7 +9,7 @@ from composer.utils import dist
 
 from composer_dynsample import HardNegativeMining, InfoNCELoss
 from composer_dynsample.mining import assemble_pool, build_miner, drop_duplicate_negatives
-from tests.algorithms.test_duplicates import Recorder, reference_duplicates, text_trainer
+from tests.algorithms.helpers import Recorder, reference_duplicates, text_trainer
 from tests.distributed._helpers import INFONCE_CASES, gradient_setup, parametrize_strategy_and_loss
 
 pytestmark = pytest.mark.world_size(2)

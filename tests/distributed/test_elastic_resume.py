@@ -15,6 +15,7 @@ from composer.utils import dist
 from torch.utils.data import DataLoader, DistributedSampler
 
 from tests.common import index_dataset
+from tests.distributed._helpers import shared_tmp_dir
 from tests.distributed.elastic_run import (
     LABELS,
     epoch_batches,
@@ -23,7 +24,6 @@ from tests.distributed.elastic_run import (
     run_on_one_rank,
     train,
 )
-from tests.distributed.test_samplers_two_ranks import shared_tmp_dir
 
 pytestmark = [pytest.mark.world_size(2), pytest.mark.filterwarnings("ignore::UserWarning")]
 

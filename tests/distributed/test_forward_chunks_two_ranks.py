@@ -6,7 +6,7 @@ import pytest
 import torch
 from composer.utils import dist
 
-from tests.models.test_forward_chunks import fit_with_chunks
+from tests.models.helpers import fit_with_chunks
 
 pytestmark = pytest.mark.world_size(2)
 

@@ -5,50 +5,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from composer import Trainer
 from composer.utils import dist
 
 from composer_dynsample import HardNegativeMining
 from composer_dynsample.algorithms.embedding_table import EmbeddingTable
-from composer_dynsample.data import TensorStore
 from composer_dynsample.distributed import stable_hash
-from composer_dynsample.samplers.mined_negatives import MinedNegativesPKBatchSampler
-from tests.distributed._helpers import shared_tmp_dir, store_trainer
+from tests.distributed._helpers import PAIRS, P, sampler, shared_tmp_dir, trainer_for
 
 pytestmark = [pytest.mark.world_size(2), pytest.mark.filterwarnings("ignore::UserWarning")]
-
-PAIRS, P = 96, 4
-
-
-def store() -> TensorStore:
-    """96 pairs: an anchor near its positive, both near one of 12 topics (so other pairs are near too)."""
-    gen = torch.Generator().manual_seed(0)
-    topics = torch.randn(12, 6, generator=gen) * 2
-    pairs = topics[torch.arange(PAIRS) % 12] + torch.randn(PAIRS, 6, generator=gen)
-    features = pairs.repeat_interleave(2, dim=0) + 0.3 * torch.randn(2 * PAIRS, 6, generator=gen)
-    return TensorStore(features, torch.arange(2 * PAIRS) // 2)
-
-
-def sampler(seed: int = 2, **options) -> MinedNegativesPKBatchSampler:
-    is_passage = torch.arange(2 * PAIRS) % 2 == 1
-    return MinedNegativesPKBatchSampler(
-        store().labels, P, 2, is_passage=is_passage, skip_top=1, window=4, seed=seed, **options
-    )
-
-
-def trainer_for(
-    batches: MinedNegativesPKBatchSampler, algorithms, seen: dict | None = None, **trainer_options
-) -> Trainer:
-    from composer.core import Callback
-
-    class Record(Callback):
-        def after_dataloader(self, state, logger) -> None:
-            if seen is not None:
-                rows = state.batch["index"].tolist()
-                seen.setdefault(int(state.timestamp.epoch), []).extend(rows[: 2 * P])
-                seen.setdefault("batches", []).append((int(state.timestamp.batch), rows))
-
-    return store_trainer(store(), batches, algorithms, Record(), **trainer_options)
 
 
 def test_the_table_gives_both_ranks_one_snapshot_one_plan_and_disjoint_pair_shards():

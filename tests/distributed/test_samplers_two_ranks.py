@@ -12,15 +12,13 @@ from composer.utils import dist
 from torch.utils.data import DataLoader, IterableDataset
 
 from composer_dynsample import PKBatchSampler, SetSamplerEpoch, TwoStreamBatchSampler
-from tests.callbacks.test_set_sampler_epoch import (
-    assert_reverting_the_fix_is_caught,
-    assert_set_sampler_epoch_repairs_the_reverted_fix,
-)
 from tests.common import (
     BatchRecorder,
     IndexClassifier,
     assert_each_epoch_has_its_own_order,
     assert_mid_epoch_resume_replays_the_rest,
+    assert_reverting_the_fix_is_caught,
+    assert_set_sampler_epoch_repairs_the_reverted_fix,
     pk_run,
     recorded_fit,
 )

@@ -8,7 +8,7 @@ from composer.utils import dist
 
 pytest.importorskip("transformers")
 
-from tests.models.test_text_encoders import fit_transformer, transformer
+from tests.models.text_helpers import fit_transformer, transformer
 
 pytestmark = pytest.mark.world_size(2)
 

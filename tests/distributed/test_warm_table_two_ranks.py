@@ -13,8 +13,7 @@ from composer.utils import dist
 from composer_dynsample import EmbeddingModel, HardNegativeMining, PKBatchSampler, build_dataloader
 from composer_dynsample.algorithms.embedding_table import EmbeddingTable, _training_set
 from composer_dynsample.data import GatherCollate, IndexDataset, TensorStore
-from tests.distributed._helpers import shared_tmp_dir
-from tests.distributed.test_mined_negatives_two_ranks import PAIRS, P, sampler, trainer_for
+from tests.distributed._helpers import PAIRS, P, sampler, shared_tmp_dir, trainer_for
 
 pytestmark = [pytest.mark.world_size(2), pytest.mark.filterwarnings("ignore::UserWarning")]
 

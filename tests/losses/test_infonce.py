@@ -9,7 +9,7 @@ from pytorch_metric_learning import losses as pml_losses
 from composer_dynsample import InfoNCELoss
 from composer_dynsample.losses import all_pairs
 from composer_dynsample.mining import BatchHardMiner, HardTopKMiner, MultiSimilarityMiner, SemiHardMiner
-from tests.algorithms.test_duplicates import reference_duplicates
+from tests.algorithms.helpers import reference_duplicates
 
 
 def _batch(seed: int, size: int = 12, dim: int = 5, classes: int = 3, dtype=torch.float64):

@@ -1,4 +1,4 @@
-"""Tests of :mod:`composer_dynsample.mining`, with shared brute-force references and input strategies.
+"""Tests of :mod:`composer_dynsample.mining`, with shared brute-force references, checks and input strategies.
 
 The references below loop over anchors in plain Python on float64 distances, so that they are obviously
 right; comparisons against the (float32) miners allow ``TOL`` for ties and rounding.
@@ -6,6 +6,8 @@ right; comparisons against the (float32) miners allow ``TOL`` for ties and round
 
 from __future__ import annotations
 
+import itertools
+import math
 from dataclasses import dataclass
 
 import torch
@@ -120,3 +122,135 @@ def check_index_tuple(out: tuple[torch.Tensor, ...], n: int, device: torch.devic
         assert len(out[0]) == len(out[1]) == len(out[2])
     else:
         assert len(out[0]) == len(out[1]) and len(out[2]) == len(out[3])
+
+
+# ------------------------------------------------- each miner's output against the references
+def _tol(dist: list[list[float]]) -> float:
+    """Absolute tolerance for float32-vs-float64 comparisons, scaled to the distances' magnitude."""
+    return TOL * (1.0 + max((abs(x) for row in dist for x in row), default=0.0))
+
+
+def check_batch_hard(case: Case, distance: str, out: tuple[torch.Tensor, ...]) -> None:
+    check_index_tuple(out, 3)
+    dist = distances(case, distance)
+    tol = _tol(dist)
+    expected = [a for a in range(len(case.labels)) if positives_of(case, a) and negatives_of(case, a)]
+    assert out[0].tolist() == expected
+    for a, p, n in as_rows(out):
+        pos, neg = positives_of(case, a), negatives_of(case, a)
+        assert p in pos and n in neg
+        assert dist[a][p] >= max(dist[a][j] for j in pos) - tol
+        assert dist[a][n] <= min(dist[a][j] for j in neg) + tol
+
+
+def check_hard_topk(case: Case, distance: str, k: int, out: tuple[torch.Tensor, ...]) -> None:
+    check_index_tuple(out, 3)
+    dist = distances(case, distance)
+    tol = _tol(dist)
+    rows = as_rows(out)
+    assert [a for a, _, _ in rows] == sorted(a for a, _, _ in rows)
+    for a in range(len(case.labels)):
+        pos, neg = positives_of(case, a), negatives_of(case, a)
+        mine = [(p, n) for aa, p, n in rows if aa == a]
+        if not pos or not neg:
+            assert mine == []
+            continue
+        assert len(mine) == min(k, len(neg))
+        assert len({p for p, _ in mine}) == 1
+        p = mine[0][0]
+        assert p in pos and dist[a][p] >= max(dist[a][j] for j in pos) - tol
+        got = [dist[a][n] for _, n in mine]
+        assert len({n for _, n in mine}) == len(mine) and all(n in neg for _, n in mine)
+        assert all(x <= y + tol for x, y in itertools.pairwise(got))  # increasing distance
+        best = sorted(dist[a][j] for j in neg)[: len(mine)]
+        assert all(abs(x - y) <= tol for x, y in zip(got, best))
+
+
+def check_semi_hard(
+    case: Case, distance: str, margin: float, fallback: str, out: tuple[torch.Tensor, ...]
+) -> None:
+    check_index_tuple(out, 3)
+    dist = distances(case, distance)
+    tol = _tol(dist)
+    rows = as_rows(out)
+    got = {(a, p): n for a, p, n in rows}
+    assert len(got) == len(rows), "one triplet per anchor-positive pair at most"
+    assert [(a, p) for a, p, _ in rows] == sorted(got), "ordered by anchor, then positive"
+    all_pairs = {(a, p) for a in range(len(case.labels)) for p in positives_of(case, a)}
+    assert set(got) <= all_pairs
+    for a, p in sorted(all_pairs):
+        neg = negatives_of(case, a)
+        d_ap = dist[a][p]
+        d = {j: dist[a][j] for j in neg}
+        above = [x for x in d.values() if x > d_ap + tol]
+        successor = min(above) if above else math.inf
+        window_strict = any(d_ap + tol < x < d_ap + margin - tol for x in d.values())
+        window_loose = any(d_ap - tol < x < d_ap + margin + tol for x in d.values())
+        n = got.get((a, p))
+        if n is not None:
+            assert n in neg
+        is_successor = n is not None and d_ap - tol < d[n] <= successor + tol
+        if fallback == "none":
+            assert (n is not None) or not window_strict
+            assert (n is None) or (window_loose and is_successor and d[n] < d_ap + margin + tol)
+        elif fallback == "hardest":
+            exists_loose = any(x > d_ap - tol for x in d.values())
+            assert (n is not None) or not above
+            assert (n is None) or (exists_loose and is_successor)
+        else:
+            assert (n is not None) == bool(neg)
+            if n is None:
+                continue
+            if window_strict:
+                assert is_successor and d[n] < d_ap + margin + tol
+            elif not window_loose:
+                assert d[n] <= min(d.values()) + tol
+            else:
+                assert (is_successor and d[n] < d_ap + margin + tol) or d[n] <= min(d.values()) + tol
+
+
+def check_multi_similarity(case: Case, distance: str, epsilon: float, out: tuple[torch.Tensor, ...]) -> None:
+    check_index_tuple(out, 4)
+    dist = distances(case, distance)
+    tol = _tol(dist)
+    got_pos, got_neg = as_rows(out[:2]), as_rows(out[2:])
+    assert len(set(got_pos)) == len(got_pos) and len(set(got_neg)) == len(got_neg)
+    sure_pos, maybe_pos, sure_neg, maybe_neg = set(), set(), set(), set()
+    for a in range(len(case.labels)):
+        pos, neg = positives_of(case, a), negatives_of(case, a)
+        if not pos or not neg:
+            continue
+        min_neg = min(dist[a][j] for j in neg)
+        max_pos = max(dist[a][j] for j in pos)
+        for p in pos:
+            margin = dist[a][p] + epsilon - min_neg
+            (sure_pos if margin > tol else maybe_pos if margin > -tol else set()).add((a, p))
+        for n in neg:
+            margin = max_pos - (dist[a][n] - epsilon)
+            (sure_neg if margin > tol else maybe_neg if margin > -tol else set()).add((a, n))
+    assert sure_pos <= set(got_pos) <= sure_pos | maybe_pos
+    assert sure_neg <= set(got_neg) <= sure_neg | maybe_neg
+    assert got_pos == sorted(got_pos) and got_neg == sorted(got_neg)
+
+
+def check_distance_weighted(case: Case, nonzero_loss_cutoff: float, out: tuple[torch.Tensor, ...]) -> None:
+    """Structure only (the statistics are tested in test_distance_weighted.py)."""
+    check_index_tuple(out, 3)
+    pool_emb, _ = case.pool
+    xn = torch.nn.functional.normalize(case.emb.double(), dim=1)
+    yn = torch.nn.functional.normalize(pool_emb.double(), dim=1)
+    chord = torch.cdist(xn, yn)
+    rows = as_rows(out)
+    got_pairs = [(a, p) for a, p, _ in rows]
+    assert got_pairs == sorted(set(got_pairs)), "one negative per anchor-positive pair, in order"
+    for a in range(len(case.labels)):
+        pos, neg = positives_of(case, a), negatives_of(case, a)
+        eligible_sure = [j for j in neg if chord[a, j] < nonzero_loss_cutoff - TOL]
+        eligible_loose = [j for j in neg if chord[a, j] < nonzero_loss_cutoff + TOL]
+        mine = [(p, n) for aa, p, n in rows if aa == a]
+        if eligible_sure:
+            assert [p for p, _ in mine] == pos
+        if not eligible_loose:
+            assert mine == []
+        for _, n in mine:
+            assert n in eligible_loose

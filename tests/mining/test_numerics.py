@@ -9,8 +9,7 @@ import torch
 
 from composer_dynsample.distances import distance_matrix, paired_distance, pairwise_distance
 from composer_dynsample.mining import BatchHardMiner, HardTopKMiner, MultiSimilarityMiner, SemiHardMiner
-from tests.mining import Case, as_rows
-from tests.mining.test_miners import check_batch_hard, check_hard_topk, check_semi_hard
+from tests.mining import Case, as_rows, check_batch_hard, check_hard_topk, check_semi_hard
 
 HALF = [torch.float16, torch.bfloat16]
 

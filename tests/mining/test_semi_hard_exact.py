@@ -1,11 +1,11 @@
 """semi_hard against a brute-force reference on the very distances it sees, so ties must match exactly.
 
-The references in ``test_miners.py`` work in float64 and allow a tolerance; here the reference reads the
-float32 matrix :func:`pairwise_distance` returns (the miner's own distances, computed the same way), so
-every decision (strictly farther than the positive, inside the margin, the smallest pool index among
-equal distances) can be compared for equality. Inputs with many exact ties (integer coordinates,
-repeated rows), reference pools, anchors with more positives than the comparison loop takes (the grid
-path), half precision and empty results are covered.
+The references of ``test_miners.py`` (in ``tests/mining/__init__.py``) work in float64 and allow a
+tolerance; here the reference reads the float32 matrix :func:`pairwise_distance` returns (the miner's own
+distances, computed the same way), so every decision (strictly farther than the positive, inside the
+margin, the smallest pool index among equal distances) can be compared for equality. Inputs with many
+exact ties (integer coordinates, repeated rows), reference pools, anchors with more positives than the
+comparison loop takes (the grid path), half precision and empty results are covered.
 """
 
 from __future__ import annotations

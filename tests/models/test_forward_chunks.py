@@ -12,23 +12,17 @@ import warnings
 
 import pytest
 import torch
-from composer import Trainer
 from torch import nn
-from torch.utils.data import TensorDataset
 
 from composer_dynsample import (
     EmbeddingModel,
-    HardNegativeMining,
     InfoNCELoss,
     MultiSimilarityLoss,
-    PKBatchSampler,
     TripletMarginLoss,
-    build_dataloader,
 )
 from composer_dynsample.mining import MultiSimilarityMiner, SemiHardMiner, build_miner
 from composer_dynsample.validation import InputTypeError
-
-ROWS, DIM = 48, 6
+from tests.models.helpers import DIM, fit_with_chunks, make_data, make_encoder, make_trainer
 
 CASES = [
     ("semi_hard", TripletMarginLoss(margin=0.3)),
@@ -37,18 +31,6 @@ CASES = [
     ("batch_hard", InfoNCELoss(temperature=0.1)),
     ("multi_similarity", InfoNCELoss(temperature=0.1, negatives="mined", symmetric=True)),
 ]
-
-
-def _data(rows: int = ROWS, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    generator = torch.Generator().manual_seed(seed)
-    labels = torch.arange(rows) % 6
-    features = torch.randn(6, DIM, generator=generator)[labels] + torch.randn(rows, DIM, generator=generator)
-    return features.double(), labels
-
-
-def _encoder(*layers: nn.Module) -> nn.Module:
-    torch.manual_seed(0)
-    return nn.Sequential(nn.Linear(DIM, 16), *layers, nn.ReLU(), nn.Linear(16, 5)).double()
 
 
 def _grads(model: nn.Module) -> list[torch.Tensor]:
@@ -68,8 +50,8 @@ def _step(model: EmbeddingModel, strategy: str, loss: nn.Module, features, label
     ("strategy", "loss"), CASES, ids=[f"{name}-{type(loss).__name__}" for name, loss in CASES]
 )
 def test_gradients_equal_the_unchunked_batch(strategy, loss, chunk):
-    features, labels = _data()
-    model = EmbeddingModel(_encoder())
+    features, labels = make_data()
+    model = EmbeddingModel(make_encoder())
     expected_embeddings = _step(model, strategy, loss, features, labels)
     expected = _grads(model)
     model.forward_chunk_size = chunk
@@ -95,7 +77,7 @@ def _saved_bytes(model: EmbeddingModel, features: torch.Tensor) -> int:
 
 
 def test_the_forward_keeps_no_activations():
-    features, _ = _data(rows=256)
+    features, _ = make_data(rows=256)
     wide = nn.Sequential(nn.Linear(DIM, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 8))
     unchunked = _saved_bytes(EmbeddingModel(wide.double()), features)
     chunked = _saved_bytes(EmbeddingModel(wide, forward_chunk_size=32), features)
@@ -109,8 +91,8 @@ def _chunks_without_recomputation(model: EmbeddingModel, features: torch.Tensor,
 
 
 def test_dropout_masks_are_replayed_in_the_recomputation():
-    features, labels = _data()
-    model = EmbeddingModel(_encoder(nn.Dropout(0.5)), forward_chunk_size=10)
+    features, labels = make_data()
+    model = EmbeddingModel(make_encoder(nn.Dropout(0.5)), forward_chunk_size=10)
     loss = TripletMarginLoss(margin=0.3)
     torch.manual_seed(5)
     reference = _chunks_without_recomputation(model, features, 10)
@@ -129,9 +111,9 @@ def test_dropout_masks_are_replayed_in_the_recomputation():
 
 
 def test_batchnorm_uses_chunk_statistics_and_counts_each_chunk_once():
-    features, labels = _data()
-    reference_model = EmbeddingModel(_encoder(nn.BatchNorm1d(16)))
-    model = EmbeddingModel(_encoder(nn.BatchNorm1d(16)), forward_chunk_size=16)
+    features, labels = make_data()
+    reference_model = EmbeddingModel(make_encoder(nn.BatchNorm1d(16)))
+    model = EmbeddingModel(make_encoder(nn.BatchNorm1d(16)), forward_chunk_size=16)
     loss = MultiSimilarityLoss()
     reference = _chunks_without_recomputation(reference_model, features, 16)
     loss(reference, labels, MultiSimilarityMiner()(reference.detach(), labels)).backward()
@@ -145,7 +127,7 @@ def test_batchnorm_uses_chunk_statistics_and_counts_each_chunk_once():
     torch.testing.assert_close(norm.running_mean, reference_norm.running_mean)
     torch.testing.assert_close(norm.running_var, reference_norm.running_var)
     # Chunk statistics, not the batch's: the unchunked batch normalises differently.
-    assert not torch.allclose(EmbeddingModel(_encoder(nn.BatchNorm1d(16))).embed(features), reference)
+    assert not torch.allclose(EmbeddingModel(make_encoder(nn.BatchNorm1d(16))).embed(features), reference)
 
 
 class DictEncoder(nn.Module):
@@ -158,7 +140,7 @@ class DictEncoder(nn.Module):
 
 
 def test_mapping_features_are_split_key_by_key():
-    features, _ = _data()
+    features, _ = make_data()
     batch = {"x": features, "y": features[:, :2] * 3}
     torch.manual_seed(0)
     model = EmbeddingModel(DictEncoder())
@@ -174,9 +156,9 @@ def test_mapping_features_are_split_key_by_key():
 
 
 def test_no_grad_embeds_chunk_by_chunk_without_checkpoints():
-    features, _ = _data()
+    features, _ = make_data()
     calls: list[int] = []
-    model = EmbeddingModel(_encoder(), forward_chunk_size=20)
+    model = EmbeddingModel(make_encoder(), forward_chunk_size=20)
     model.encoder.register_forward_hook(lambda module, args, out: calls.append(args[0].shape[0]))
     with torch.no_grad():
         embeddings = model.embed(features)
@@ -185,8 +167,8 @@ def test_no_grad_embeds_chunk_by_chunk_without_checkpoints():
 
 def test_chunks_are_as_equal_as_possible_and_a_one_row_chunk_under_batchnorm_is_named():
     # Before, 10 rows in chunks of 3 left a last chunk of one row, on which BatchNorm raised in training.
-    features, _ = _data(rows=10)
-    model = EmbeddingModel(_encoder(nn.BatchNorm1d(16)), forward_chunk_size=3)
+    features, _ = make_data(rows=10)
+    model = EmbeddingModel(make_encoder(nn.BatchNorm1d(16)), forward_chunk_size=3)
     calls: list[int] = []
     model.encoder.register_forward_hook(lambda module, args, out: calls.append(args[0].shape[0]))
     assert model.embed(features).shape == (10, 5) and calls == [3, 3, 2, 2]
@@ -213,50 +195,6 @@ def test_features_that_cannot_be_split_are_named():
         model.embed([torch.zeros(4, 2)])
 
 
-LOSSES = {"multi_similarity": MultiSimilarityLoss(), "batch_hard": InfoNCELoss(temperature=0.1)}
-
-
-def _trainer(
-    chunk: int | None,
-    strategy: str,
-    *,
-    rows: int,
-    lr: float,
-    mining: dict[str, object],
-    **trainer_options: object,
-) -> tuple[Trainer, EmbeddingModel]:
-    """A Trainer over ``rows`` samples in 4 x 8 P x K batches; the loss follows the miner
-    (multi-similarity pairs, InfoNCE on batch-hard, else triplets)."""
-    features, labels = _data(rows=rows)
-    model = EmbeddingModel(
-        _encoder(), LOSSES.get(strategy, TripletMarginLoss(margin=0.3)), forward_chunk_size=chunk
-    )
-    loader = build_dataloader(TensorDataset(features, labels), PKBatchSampler(labels, 4, 8, seed=1))
-    trainer = Trainer(
-        model=model,
-        train_dataloader=loader,
-        optimizers=torch.optim.SGD(model.parameters(), lr=lr),
-        algorithms=[HardNegativeMining(strategy, **mining)],
-        progress_bar=False,
-        **trainer_options,
-    )
-    return trainer, model
-
-
-def fit_with_chunks(
-    chunk: int | None, strategy: str, memory_size: int, **mining: object
-) -> list[torch.Tensor]:
-    """Two epochs of 4 x 8 P x K batches through the Trainer; the trained parameters.
-
-    The 2-rank tests pass ``cross_rank=True, gather="autograd"`` as ``mining``.
-    """
-    trainer, model = _trainer(
-        chunk, strategy, rows=128, lr=0.2, mining={"memory_size": memory_size, **mining}, max_duration="2ep"
-    )
-    trainer.fit()
-    return [p.detach().clone() for p in model.parameters()]
-
-
 @pytest.mark.parametrize(
     ("strategy", "memory_size"), [("semi_hard", 0), ("semi_hard", 40), ("batch_hard", 40)]
 )
@@ -265,12 +203,12 @@ def test_training_through_the_trainer_matches_the_unchunked_run(strategy, memory
     params = fit_with_chunks(12, strategy, memory_size)
     for param, want in zip(params, expected):
         torch.testing.assert_close(param, want)
-    assert not torch.allclose(_encoder()[0].weight, params[0])  # training moved the weights
+    assert not torch.allclose(make_encoder()[0].weight, params[0])  # training moved the weights
 
 
 def _fit_microbatched(chunk: int | None, microbatch: int) -> list[str]:
     """One epoch of 4 x 8 P x K batches with Composer's microbatches; the warnings it raised."""
-    trainer, _ = _trainer(
+    trainer, _ = make_trainer(
         chunk,
         "semi_hard",
         rows=64,

@@ -7,7 +7,7 @@ import importlib.util
 import numpy as np
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from composer_dynsample import PKBatchSampler
@@ -16,78 +16,25 @@ from composer_dynsample.samplers.mined_negatives import (
     MinedNegativesPKBatchSampler,
     corpus_candidates,
 )
-from tests.common import BatchRecorder
-from tests.samplers.helpers import all_ranks_or_none
+from tests.common import IndexRecorder
+from tests.samplers.helpers import (
+    SETTINGS,
+    all_ranks_or_none,
+    check_guards,
+    pairs_data,
+    reference,
+    sampler_for,
+)
 
-SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 HAS_FAISS = importlib.util.find_spec("faiss") is not None
 
 
-# ----------------------------------------------------------------------------------------- the data
-def pairs_data(num_pairs: int, seed: int, *, duplicates: bool = False, dim: int = 4):
-    """Rows of ``num_pairs`` pairs in a shuffled order, with sparse labels, their passages and text ids.
-
-    With ``duplicates`` some passages share a text, some anchors share a query text, and one passage
-    repeats an anchor's text, each with an embedding of its own (the model sees the same text in two
-    contexts only in the table's staleness, but the guards must not rely on equal embeddings)."""
-    rng = np.random.default_rng(seed)
-    order = rng.permutation(2 * num_pairs)
-    labels = (np.repeat(np.arange(num_pairs), 2) * 5 - 7)[order]
-    is_passage = np.tile([False, True], num_pairs)[order]
-    texts = np.arange(2 * num_pairs) * 11 + 1000
-    if duplicates:
-        texts = np.where(is_passage, rng.integers(0, int(1.5 * num_pairs), 2 * num_pairs), texts)
-        queries = np.flatnonzero(~is_passage)
-        texts[queries[:3]] = texts[queries[3]]  # four pairs of one query
-        texts[np.flatnonzero(is_passage)[0]] = texts[queries[5]]  # a passage with an anchor's text
-    embeddings = torch.randn(2 * num_pairs, dim, generator=torch.Generator().manual_seed(seed))
-    return labels, is_passage, texts, embeddings
-
-
-def reference(embeddings, labels, is_passage, window, skip_top=0, margin=None, texts=None, valid=None):
-    """``corpus_candidates`` by brute force: every pair, every passage, sorted in Python."""
-    unit = torch.nn.functional.normalize(embeddings.double(), dim=1)
-    n = len(labels)
-    texts = np.arange(n) if texts is None else texts
-    usable = [
-        bool(torch.isfinite(embeddings[i]).all()) and bool(embeddings[i].abs().sum() > 0) for i in range(n)
-    ]
-    usable = [u and (valid is None or bool(valid[i])) for i, u in enumerate(usable)]
-    classes = sorted(set(labels.tolist()))
-    anchor = {c: next(i for i in range(n) if labels[i] == c and not is_passage[i]) for c in classes}
-    positive = {c: next(i for i in range(n) if labels[i] == c and is_passage[i]) for c in classes}
-    width = skip_top + window
-    ranked, kept, dropped, searched = [], [], [], []
-    for c in classes:
-        a, p = anchor[c], positive[c]
-        ok = usable[a] and (usable[p] or margin is None)
-        searched.append(ok)
-        sims = {q: float(unit[a] @ unit[q]) for q in positive.values() if q != p and usable[q]}
-        order = sorted(sims, key=lambda q: (-sims[q], q)) if ok else []
-        row = (order[:width] + [-1] * width)[:width]
-        keep, counts = [False] * width, [sum(q >= 0 for q in row[:skip_top]), 0, 0, 0]
-        for i in range(skip_top, width):
-            q = row[i]
-            if q < 0:
-                continue
-            if texts[q] in (texts[a], texts[p]):
-                counts[1] += 1
-            elif texts[anchor[labels[q]]] == texts[a]:
-                counts[2] += 1
-            elif margin is not None and sims[q] > margin * float(unit[a] @ unit[p]):
-                counts[3] += 1
-            else:
-                keep[i] = True
-        ranked.append(row), kept.append(keep), dropped.append(counts)
-    return CorpusCandidates(np.array(ranked), np.array(kept), np.array(dropped), np.array(searched))
-
-
+# ------------------------------------------------------------------------------------- the search
 def assert_same(ours: CorpusCandidates, expected: CorpusCandidates) -> None:
     for name in CorpusCandidates._fields:
         assert np.array_equal(getattr(ours, name), getattr(expected, name)), name
 
 
-# ------------------------------------------------------------------------------------- the search
 SEARCHES = ["exact", "faiss", "faiss_ivf"] if HAS_FAISS else ["exact"]
 
 
@@ -186,10 +133,6 @@ def test_bad_pairs_name_the_label():
 
 
 # ------------------------------------------------------------------------------------ the sampler
-def sampler_for(labels, is_passage, texts, p, n, **options):
-    return MinedNegativesPKBatchSampler(labels, p, n, is_passage=is_passage, duplicate_ids=texts, **options)
-
-
 @st.composite
 def setups(draw):
     p, n = draw(st.integers(2, 4)), draw(st.integers(1, 3))
@@ -287,35 +230,6 @@ def test_batches_on_any_world_keep_pk_and_every_guard(setup, epoch):
     again = build(0)
     again.set_epoch(epoch)
     assert np.array_equal(again.global_batches(epoch), batches)
-
-
-def check_guards(batches, labels, is_passage, texts, p, n, expected):
-    """Every negative: a passage of another pair, a text new to the batch, never a dropped candidate;
-    a random negative only when each of the anchor's kept candidates has its text in the batch."""
-    classes = np.unique(labels)
-    pair_of = np.searchsorted(classes, labels)
-    anchor_of_pair = np.empty(classes.size, dtype=np.int64)
-    anchor_of_pair[pair_of[~is_passage]] = np.flatnonzero(~is_passage)
-    for batch in batches:
-        pairs, negatives = batch[: 2 * p], batch[2 * p :].reshape(p, n)
-        assert is_passage[negatives].all()
-        all_texts = texts[batch]
-        assert np.unique(texts[negatives]).size == negatives.size
-        assert not set(texts[negatives.ravel()].tolist()) & set(texts[pairs].tolist())
-        anchors = pairs[~is_passage[pairs]]
-        for anchor, own in zip(anchors, negatives):
-            assert not set(pair_of[own].tolist()) & set(pair_of[pairs].tolist())  # no pair of the batch
-            assert (
-                texts[anchor_of_pair[pair_of[own]]] != texts[anchor]
-            ).all()  # no other answer of its query
-            if expected is None:
-                continue
-            k = pair_of[anchor]
-            ranked, kept = expected.ranked[k], expected.kept[k]
-            assert not set(own.tolist()) & set(ranked[~kept & (ranked >= 0)].tolist())  # window and guards
-            survivors = set(ranked[kept].tolist())
-            if not set(own.tolist()) <= survivors:
-                assert set(texts[list(survivors)].tolist()) <= set(all_texts.tolist())
 
 
 @pytest.mark.parametrize("snapshot", [False, True])
@@ -493,14 +407,6 @@ def test_embeddings_of_another_size_are_refused():
 
 
 # -------------------------------------------------------------------------- through the Trainer
-class IndexRecorder(BatchRecorder):
-    """BatchRecorder for GatherCollate's dict batches: the sample indices are under "index"."""
-
-    def after_dataloader(self, state, logger) -> None:
-        key = (int(state.timestamp.epoch), int(state.timestamp.batch_in_epoch))
-        self.batches[key] = state.batch["index"].tolist()
-
-
 def make_run(**kwargs):
     """48 pairs of 6-dimensional features around 8 topics; 4 pairs x (2 + 2 negatives): 12 batches an epoch."""
     from composer import Trainer

@@ -10,8 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.samplers.test_mined_negatives import check_guards, pairs_data, reference, sampler_for
-from tests.samplers.test_mined_negatives_refresh import make_run
+from tests.samplers.helpers import check_guards, make_run, pairs_data, reference, sampler_for
 
 # 60 pairs, 3 a batch: 20 batches an epoch, segments of 6, 6, 6 and 2 batches. In the background a search
 # started at batch 6 applies from batch 12, one started at 12 from 18; one started at 18 would apply from

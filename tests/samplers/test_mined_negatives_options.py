@@ -11,8 +11,14 @@ from hypothesis import strategies as st
 
 from composer_dynsample.samplers import HardClassPKBatchSampler
 from composer_dynsample.samplers.mined_negatives import MinedNegativesPKBatchSampler
-from tests.samplers.helpers import all_ranks_or_none
-from tests.samplers.test_mined_negatives import SETTINGS, check_guards, pairs_data, reference, sampler_for
+from tests.samplers.helpers import (
+    SETTINGS,
+    all_ranks_or_none,
+    check_guards,
+    pairs_data,
+    reference,
+    sampler_for,
+)
 
 
 def pair_centroids(embeddings, labels):

@@ -8,13 +8,7 @@ import pytest
 import torch
 
 from composer_dynsample.samplers.mined_negatives import MinedNegativesPKBatchSampler
-from tests.samplers.test_mined_negatives import (
-    IndexRecorder,
-    check_guards,
-    pairs_data,
-    reference,
-    sampler_for,
-)
+from tests.samplers.helpers import check_guards, make_run, pairs_data, reference, sampler_for
 
 
 def test_each_segment_takes_its_negatives_from_the_snapshot_searched_when_it_was_reached():
@@ -87,65 +81,6 @@ def test_an_elastic_resume_is_refused_with_refreshes():
 
 
 # -------------------------------------------------------------------------- through the Trainer
-def make_run(num_workers=0, refresh_in_background=False, **kwargs):
-    """48 pairs, 4 pairs x (2 + 2 negatives) a batch, 12 batches an epoch, a refresh every 3 batches."""
-    from composer import Trainer
-    from composer.core import Callback
-
-    from composer_dynsample import EmbeddingModel, HardNegativeMining, SetSamplerEpoch, build_dataloader
-    from composer_dynsample.algorithms.embedding_table import EmbeddingTable
-    from composer_dynsample.data import GatherCollate, IndexDataset, TensorStore
-
-    gen = torch.Generator().manual_seed(0)
-    pairs = (torch.randn(8, 6, generator=gen) * 2)[torch.arange(48) % 8] + torch.randn(48, 6, generator=gen)
-    data = TensorStore(
-        pairs.repeat_interleave(2, 0) + 0.3 * torch.randn(96, 6, generator=gen), torch.arange(96) // 2
-    )
-    sampler = MinedNegativesPKBatchSampler(
-        data.labels,
-        4,
-        2,
-        is_passage=torch.arange(96) % 2 == 1,
-        window=4,
-        max_relative_similarity=None,
-        refresh_every=3,
-        refresh_in_background=refresh_in_background,
-        seed=3,
-    )
-    table = EmbeddingTable()
-    searched_at = []
-
-    class WhenSearched(Callback):
-        """The table's newest stamp each time the sampler reads it: the step it searched."""
-
-        def fit_start(self, state, logger) -> None:
-            source = sampler.snapshot_source
-
-            def spy():
-                searched_at.append(-1 if table.written_at is None else int(table.written_at.max()))
-                return source()
-
-            sampler.snapshot_source = spy
-
-    torch.manual_seed(0)
-    model = EmbeddingModel(torch.nn.Linear(6, 4))
-    recorder = IndexRecorder()
-    options = {"num_workers": num_workers, "prefetch_factor": 2} if num_workers else {}
-    loader = build_dataloader(IndexDataset(data.labels), sampler, collate_fn=GatherCollate(data), **options)
-    trainer = Trainer(
-        model=model,
-        train_dataloader=loader,
-        optimizers=torch.optim.SGD(model.parameters(), lr=0.05),
-        algorithms=[HardNegativeMining("semi_hard"), table],
-        callbacks=[recorder, SetSamplerEpoch(), WhenSearched()],
-        max_duration="3ep",
-        progress_bar=False,
-        seed=0,
-        **kwargs,
-    )
-    return trainer, sampler, recorder, searched_at, table
-
-
 @pytest.mark.filterwarnings("ignore::UserWarning")
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_refreshes_follow_the_loader_and_a_mid_epoch_resume_trains_the_same_batches(tmp_path, num_workers):

@@ -10,7 +10,7 @@ import torch
 
 from composer_dynsample.algorithms.embedding_table.embedding_table import _search_on_the_model_device
 from composer_dynsample.samplers.mined_negatives import MinedNegativesPKBatchSampler
-from tests.samplers.test_mined_negatives import pairs_data, sampler_for
+from tests.samplers.helpers import pairs_data, sampler_for
 
 
 def _batches(device) -> np.ndarray:
