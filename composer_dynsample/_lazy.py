@@ -1,10 +1,28 @@
-"""Lazy module attributes (PEP 562): re-exports imported from their module on first use."""
+"""The package's one way to defer an import: :func:`load` a name from its module when it is first needed.
+
+A package re-exports its public names through :func:`lazy_exports` (PEP 562 ``__getattr__``), and a config
+registry entry (:class:`~composer_dynsample.config.components.Lazy`) names its target by module and
+attribute; both import through :func:`load`, so ``import composer_dynsample``, ``--help`` and config
+errors answer before torch and Composer load.
+"""
 
 from __future__ import annotations
 
 import importlib
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
+
+__all__ = ["lazy_exports", "load"]
+
+
+def load(module: str, attribute: str) -> Any:
+    """``module.attribute``, importing ``module`` now if it is not imported yet.
+
+    Example:
+        >>> load("json", "dumps")([1])
+        '[1]'
+    """
+    return getattr(importlib.import_module(module), attribute)
 
 
 def lazy_exports(
@@ -36,7 +54,7 @@ def lazy_exports(
         module = owner.get(name)
         if module is None:
             raise AttributeError(f"module {package!r} has no attribute {name!r}")
-        value = getattr(importlib.import_module(module), name)
+        value = load(module, name)
         namespace[name] = value  # later lookups skip __getattr__
         return value
 

@@ -21,6 +21,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from composer_dynsample._lazy import load
 from composer_dynsample.validation import did_you_mean
 
 __all__ = [
@@ -130,8 +131,8 @@ class Lazy:
         self.reserved, self.inferred, self.extra = reserved, inferred, dict(extra or {})
 
     def get(self) -> Callable[..., Any]:
-        """Import and return the target."""
-        return getattr(importlib.import_module(self.module), self.attribute)
+        """Import and return the target (:func:`composer_dynsample._lazy.load`)."""
+        return load(self.module, self.attribute)
 
 
 def check_keys(path: str, section: Mapping[str, Any], valid: Sequence[str], what: str) -> None:
