@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from composer_dynsample.samplers._corpus_search import CorpusCandidates
+from composer_dynsample.samplers._candidates import CorpusCandidates
 
 #: ``(rows, valid) -> candidates``: the sampler's search, run in the thread.
 Search = Callable[[torch.Tensor, Any], CorpusCandidates]

@@ -26,7 +26,6 @@ from composer_dynsample.validation import check_choice, check_float, check_int
 __all__ = [
     "CORPUS_SEARCHES",
     "GUARDS",
-    "CorpusCandidates",
     "check_corpus_search",
     "corpus_candidates",
     "pair_layout",

@@ -8,7 +8,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from composer_dynsample.samplers._corpus_search import GUARDS, CorpusCandidates
+from composer_dynsample.samplers._candidates import CorpusCandidates
+from composer_dynsample.samplers._corpus_search import GUARDS
 from composer_dynsample.validation import as_labels
 
 _DRAWS_PER_BLOCK = 4096  # random passages drawn at a time; a fixed size keeps the plan a pure function

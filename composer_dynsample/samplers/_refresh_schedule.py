@@ -19,7 +19,8 @@ import numpy as np
 import torch
 
 from composer_dynsample.samplers._background import BackgroundRefreshes
-from composer_dynsample.samplers._corpus_search import GUARDS, CorpusCandidates
+from composer_dynsample.samplers._candidates import CorpusCandidates
+from composer_dynsample.samplers._corpus_search import GUARDS
 from composer_dynsample.validation import check_bool, check_int
 
 

@@ -19,9 +19,9 @@ import numpy as np
 import torch
 
 from composer_dynsample.samplers._background import BackgroundRefreshes
+from composer_dynsample.samplers._candidates import CorpusCandidates
 from composer_dynsample.samplers._corpus_search import (
     GUARDS,
-    CorpusCandidates,
     check_corpus_search,
     corpus_candidates,
     dense_ids,
