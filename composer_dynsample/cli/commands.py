@@ -19,8 +19,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-# Modules that load torch or Composer are imported in the functions that use them: --help and config errors
-# answer before they load.
+# Only modules that load neither torch nor Composer are imported here; the others are imported in the
+# functions that use them, so --help and config errors answer before torch and Composer load.
 from composer_dynsample.checkpoints import check_checkpoint
 from composer_dynsample.cli import training
 from composer_dynsample.cli.resume import (
@@ -44,7 +44,6 @@ from composer_dynsample.config.loading import (
     default_run_dir,
     expand_trainer_paths,
     load_config,
-    run_options,
     section,
 )
 from composer_dynsample.config.ranks import check_same_config_on_every_rank
@@ -163,9 +162,9 @@ def _load(
 
 def _check_config(cfg: Any) -> None:
     """Check the whole config before anything on disk changes (``--overwrite`` removes a previous run):
-    ``seed`` and ``run_dir`` before torch and Composer are imported, then the cheap checks of every section
-    (no data loaded, at most torch imported), then that every rank was given the same config."""
-    run_options(cfg)
+    the cheap checks of every section, ``seed`` and ``run_dir`` first (no data loaded, at most torch
+    imported; :func:`~composer_dynsample.config.checks.check_config`), then that every rank was given the
+    same config."""
     check_config(cfg)
     check_same_config_on_every_rank(cfg)
 

@@ -16,8 +16,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-# Modules that load torch or Composer are imported in the functions that use them: --help and config errors
-# answer before they load.
+# Only modules that load neither torch nor Composer are imported here; the others are imported in the
+# functions that use them, so --help and config errors answer before torch and Composer load.
 from composer_dynsample.checkpoints import check_checkpoint
 from composer_dynsample.cli.run_dir import RunDirError, is_rank_zero, load_path_override
 from composer_dynsample.config.components import ConfigError
