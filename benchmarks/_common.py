@@ -146,6 +146,46 @@ def machine_info(torch_threads: bool = True) -> str:
     return ", ".join(parts)
 
 
+#: Composer's name of each device a benchmark's ``--device`` (torch's name) takes: Composer calls CUDA ``gpu``.
+COMPOSER_DEVICES = {"cpu": "cpu", "cuda": "gpu", "mps": "mps"}
+#: Composer's ``trainer.precision`` of each ``--precision`` a benchmark takes.
+COMPOSER_PRECISIONS = {"fp32": "fp32", "bf16": "amp_bf16", "fp16": "amp_fp16"}
+
+
+def trainer_overrides(device: str, precision: str = "fp32") -> list[str]:
+    """The ``composer-dynsample`` overrides that run on a benchmark's ``--device`` at its ``--precision``.
+
+    Both are always given: without ``trainer.device`` Composer takes any GPU it sees, and on a GPU its
+    default precision is ``amp_fp16``, so a CPU run and a float32 run must say so.
+
+    Args:
+        device (str): torch's name of the device: ``cpu``, ``cuda`` or ``mps``.
+        precision (str): ``fp32``, ``bf16`` or ``fp16`` (autocast, on CUDA only). Default: ``fp32``.
+
+    Returns:
+        list[str]: ``trainer.device=...`` and ``trainer.precision=...``.
+
+    Raises:
+        ValueError: If ``device`` or ``precision`` is unknown, or a mixed precision is asked off CUDA.
+
+    Example:
+        >>> trainer_overrides("cuda", "bf16")
+        ['trainer.device=gpu', 'trainer.precision=amp_bf16']
+    """
+    if device not in COMPOSER_DEVICES:
+        raise ValueError(f"device must be one of {sorted(COMPOSER_DEVICES)}, got {device!r}.")
+    if precision not in COMPOSER_PRECISIONS:
+        raise ValueError(f"precision must be one of {sorted(COMPOSER_PRECISIONS)}, got {precision!r}.")
+    if precision != "fp32" and device != "cuda":
+        raise ValueError(
+            f"precision {precision!r} runs on CUDA only (Composer's autocast); got device {device!r}."
+        )
+    return [
+        f"trainer.device={COMPOSER_DEVICES[device]}",
+        f"trainer.precision={COMPOSER_PRECISIONS[precision]}",
+    ]
+
+
 def write_results(
     out: Path,
     name: str,

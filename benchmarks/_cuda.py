@@ -1,4 +1,5 @@
-"""What the GPU checks (``gpu.py``) share: waiting for a device's queued work, and errors as one line."""
+"""What the GPU checks (``gpu.py``) and the GPU benchmarks share: waiting for a device's queued work, its name, and
+errors as one line."""
 
 from __future__ import annotations
 
@@ -20,3 +21,16 @@ def one_line(error: BaseException) -> str:
     """
     lines = str(error).strip().splitlines()
     return f"{type(error).__name__}: {lines[0]}" if lines else type(error).__name__
+
+
+def gpu_name(device: torch.device | str) -> str | None:
+    """The GPU's name (``torch.cuda.get_device_name``) where ``device`` is CUDA and present, else ``None``.
+
+    Example:
+        >>> gpu_name("cpu") is None
+        True
+    """
+    device = torch.device(device)
+    if device.type != "cuda" or not torch.cuda.is_available():
+        return None
+    return torch.cuda.get_device_name(device)

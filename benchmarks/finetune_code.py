@@ -1,13 +1,13 @@
 """Fine-tuning a pretrained encoder on code search: this project beside sentence-transformers, with and
 without hard negatives mined by a model.
 
-all-MiniLM-L6-v2 (the ``bench`` extra: ``benchmarks/_pretrained.py``; it saw CodeSearchNet pairs in its
-pre-training, so its absolute scores on Python code flatter it, while recipes from the same start compare
-fairly) is fine-tuned on pairs of the code-search corpus (:mod:`composer_dynsample.data.text.code_search`: a
-docstring's first paragraph and its function's code) from the training packages, and tested on queries
+all-MiniLM-L6-v2 (the ``bench`` extra: ``benchmarks/_pretrained.py``, or ``--model DIR``; it saw CodeSearchNet
+pairs in its pre-training, so its absolute scores on Python code flatter it, while recipes from the same start
+compare fairly) is fine-tuned on pairs of the code-search corpus (:mod:`composer_dynsample.data.text.code_search`:
+a docstring's first paragraph and its function's code) from the training packages, and tested on queries
 of packages never seen in training. Every recipe has the same start, seeds, steps, batch of pairs,
 ``max_length``, learning rate and schedule (AdamW at 2e-5, linear warm-up over 10% of the steps, linear
-decay to zero), threads and precision (float32):
+decay to zero), threads, device and precision:
 
 - **zero-shot**: the starting model (``composer-dynsample eval`` without a checkpoint);
 - **BM25** (``bm25s`` on identifier tokens, as ``quality_code.py``);
@@ -25,47 +25,69 @@ decay to zero), threads and precision (float32):
 
 Every trained model is scored by the same code (``composer-dynsample eval`` of its folder, or the final
 evaluation of ``train``): CodeSearchNet's MRR (each query against its own code and 999 others) and, against
-the whole test corpus, MRR@10, Recall@1/10 and nDCG@10. Each run is its own process; its seconds per step
-and peak RSS (``ru_maxrss`` of that process, loading included) are recorded beside the scores. A
-difference counts only beyond two standard errors over seeds.
+the whole test corpus, MRR@10, Recall@1/10 and nDCG@10. Seconds per step are those of the fit (no checkpoint
+is saved) beside the scores. A difference counts only beyond two standard errors over seeds.
 
-    python benchmarks/finetune_code.py [--quick] [--device cpu|cuda] [--seeds 0 1 2] [--threads 2]
-        [--train-pairs 3000] [--test-queries 1000] [--steps 60] [--batch 16] [--recipes NAME ...] [--merge]
-        [--name finetune_code] [--report]
+Two sizes (:data:`SIZES`; a flag given overrides its size's value):
 
-Writes ``results/NAME.{json,md,png}`` (``finetune_code`` unless ``--name``) with the ``recipes -> runs`` layout of
-``quality_code.json``.
+- ``--size cpu`` (the stored table): 3,000 training pairs, 60 steps of 16, float32, each run its own process
+  (its peak RSS recorded, loading included);
+- ``--size gpu`` (with ``--device cuda``): every training pair of the corpus for one epoch of 128 pairs a step,
+  bf16 autocast (``trainer.precision=amp_bf16``; sentence-transformers' ``bf16=True``), evaluation batches of
+  256, 3 seeds, one process per tool (``_finetune_workers.py``: the imports paid once; each run's peak of
+  allocated GPU memory recorded), results in ``finetune_code_gpu``. On the CPU it runs in float32.
+
+    python benchmarks/finetune_code.py [--quick] [--size cpu|gpu] [--device cpu|cuda] [--precision fp32|bf16]
+        [--model DIR] [--seeds 0 1 2] [--threads 2] [--train-pairs N] [--test-queries N] [--steps N] [--batch N]
+        [--eval-batch N] [--process-per run|tool] [--recipes NAME ...] [--merge] [--name NAME] [--report]
+
+Writes ``results/NAME.{json,md,png}`` (``finetune_code``, ``finetune_code_gpu`` for ``--size gpu``, unless
+``--name``) with the ``recipes -> runs`` layout of ``quality_code.json``.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from _common import machine_info, markdown_table, merged_recipes, save_figure, write_results
+import _finetune_report as report
+from _common import machine_info, merged_recipes, trainer_overrides, write_results
 from _common import parser as make_parser
+from _finetune_workers import PROGRESS
 from _pretrained import minilm_folder
 from quality_code import bm25
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "yamls" / "finetune_code_search.yaml"
-METRICS = ("csn_mrr", "mrr@10", "recall@1", "recall@10", "ndcg@10")
-HEADERS = ("CSN MRR", "MRR@10", "Recall@1", "Recall@10", "nDCG@10")
-ZERO_SHOT, BM25 = "zero-shot (all-MiniLM-L6-v2)", "BM25 (bm25s, identifier tokens)"
-ST_IN_BATCH, ST_MINED = "sentence-transformers, in-batch (MNRL)", "sentence-transformers, mined once (MNRL)"
-OURS_IN_BATCH = "this project, in-batch (InfoNCE)"
-OURS_OFFLINE = "this project, mined once from the warm table"
-OURS_ONLINE = "this project, mined online (warm table, refreshed)"
-TRAINED = (ST_IN_BATCH, ST_MINED, OURS_IN_BATCH, OURS_OFFLINE, OURS_ONLINE)
+WORKERS = Path(__file__).with_name("_finetune_workers.py")
+RECIPES = (report.ZERO_SHOT, report.BM25, *report.TRAINED)
+#: What ``--size`` sets unless the flag of the same name is given (``None``: every training pair, one epoch,
+#: refreshes every third of the steps).
+SIZES: dict[str, dict[str, Any]] = {
+    "cpu": {"train_pairs": 3000, "test_queries": 1000, "steps": 60, "batch": 16, "refresh_every": 20,
+            "eval_batch": 32, "mine_batch": 64, "precision": "fp32", "process_per": "run", "name": "finetune_code"},
+    "gpu": {"train_pairs": None, "test_queries": 1000, "steps": None, "batch": 128, "refresh_every": None,
+            "eval_batch": 256, "mine_batch": 256, "precision": "bf16", "process_per": "tool",
+            "name": "finetune_code_gpu"},
+}  # fmt: skip
+#: What ``--quick`` sets on top of its size: a smoke test on a small corpus, one seed.
+QUICK: dict[str, dict[str, Any]] = {
+    "cpu": {"train_pairs": 64, "test_queries": 32, "steps": 6, "batch": 4, "refresh_every": 3},
+    "gpu": {"train_pairs": 64, "test_queries": 32, "batch": 8, "eval_batch": 32, "mine_batch": 32},
+}
+OPTIONS = (
+    "size", "device", "precision", "process_per", "train_pairs", "test_queries", "steps", "batch", "lr",
+    "max_length", "window", "refresh_every", "eval_batch", "threads",
+)  # fmt: skip
 
 
 def _mined_sampler(args: Any, offline: bool) -> list[str]:
@@ -79,14 +101,45 @@ def _mined_sampler(args: Any, offline: bool) -> list[str]:
 
 def ours_overrides(recipe: str, args: Any) -> list[str]:
     """The overrides of ``yamls/finetune_code_search.yaml`` for one of this project's recipes."""
-    if recipe == OURS_IN_BATCH:
+    if recipe == report.OURS_IN_BATCH:
         return [f"sampler.classes_per_batch={args.batch}"]
-    return _mined_sampler(args, offline=recipe == OURS_OFFLINE)
+    return _mined_sampler(args, offline=recipe == report.OURS_OFFLINE)
+
+
+# ------------------------------------------------------------------------------------------------ plan
+def resolve_size(args: argparse.Namespace, parser: argparse.ArgumentParser) -> argparse.Namespace:
+    """Fill every option left unset from ``--quick``'s values, else ``--size``'s; bf16 only on CUDA."""
+    chosen_precision = args.precision
+    for key, value in {**SIZES[args.size], **(QUICK[args.size] if args.quick else {})}.items():
+        if getattr(args, key, None) is None:
+            setattr(args, key, value)
+    if chosen_precision is None and args.device != "cuda":  # the size's bf16 is an autocast on CUDA
+        args.precision = "fp32"
+    try:
+        trainer_overrides(args.device, args.precision)
+    except ValueError as error:
+        parser.error(f"--precision {args.precision} --device {args.device}: {error}")
+    if args.seeds is None:
+        args.seeds = [0] if args.quick else [0, 1, 2]
+    return args
+
+
+def one_epoch(args: argparse.Namespace, train_pairs: int) -> None:
+    """Set ``--steps`` to one epoch of the training pairs and ``--refresh-every`` to a third of the steps,
+    where the size leaves them to the data."""
+    if args.steps is None:
+        args.steps = train_pairs // args.batch
+        if args.steps < 1:
+            raise SystemExit(f"--batch {args.batch} is larger than the {train_pairs} training pairs: lower it.")  # fmt: skip
+    if args.refresh_every is None:
+        args.refresh_every = max(1, args.steps // 3)
+    args.train_pairs = train_pairs
 
 
 # ------------------------------------------------------------------------------------------------ data
-def prepare_data(folder: Path, train_pairs: int, test_queries: int, quick: bool) -> dict[str, Any]:
-    """A seeded subset of the corpus's training pairs and of its test pairs, written as JSON Lines."""
+def prepare_data(folder: Path, train_pairs: int | None, test_queries: int, quick: bool) -> dict[str, Any]:
+    """A seeded subset of the corpus's training pairs (all of them for ``None``) and of its test pairs,
+    written as JSON Lines."""
     import numpy as np
 
     from composer_dynsample.data.text.code_search import build_code_search
@@ -99,7 +152,7 @@ def prepare_data(folder: Path, train_pairs: int, test_queries: int, quick: bool)
         ("test", corpus.test_path, test_queries),
     ):
         rows = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
-        chosen = sorted(rng.permutation(len(rows))[: min(count, len(rows))].tolist())
+        chosen = sorted(rng.permutation(len(rows))[: len(rows) if count is None else count].tolist())
         target = folder / f"{split}.jsonl"
         target.write_text(
             "".join(
@@ -119,9 +172,12 @@ def data_override(data: dict[str, Any], max_length: int) -> str:
     )
 
 
-# ---------------------------------------------------------------------------------- processes, measured
-def run_measured(command: list[str], threads: int, log: Path) -> tuple[float, int]:
-    """Run ``command`` in its own process: ``(wall seconds, peak RSS in KiB of that process)``."""
+# ---------------------------------------------------------------------------------- commands, measured
+def run_measured(
+    command: list[str], threads: int, log: Path, *, echo: str | None = None
+) -> tuple[float, int]:
+    """Run ``command`` in its own process: ``(wall seconds, peak RSS in KiB of that process)``. Its output
+    goes to ``log``; the lines that start with ``echo`` are printed too, without it."""
     env = {
         **os.environ,
         "OMP_NUM_THREADS": str(threads),
@@ -130,7 +186,13 @@ def run_measured(command: list[str], threads: int, log: Path) -> tuple[float, in
     }
     start = time.perf_counter()
     with open(log, "w") as out:
-        process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
+        process = subprocess.Popen(
+            command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
+        for line in process.stdout or ():
+            out.write(line)
+            if echo is not None and line.startswith(echo):
+                print(line[len(echo) :], end="", flush=True)
         _, status, usage = os.wait4(process.pid, 0)
         process.returncode = os.waitstatus_to_exitcode(status)
     seconds = time.perf_counter() - start
@@ -144,336 +206,284 @@ def _cli(*arguments: str) -> list[str]:
     return [sys.executable, "-m", "composer_dynsample", *arguments]
 
 
-def evaluate_folder(model: Path, data: dict, args: Any, out: Path) -> dict[str, Any]:
-    """``composer-dynsample eval`` of a model folder as it is (no checkpoint): its metrics."""
+def _worker(flag: str, spec: dict[str, Any]) -> list[str]:
+    return [sys.executable, str(WORKERS), flag, json.dumps(spec)]
+
+
+def eval_command(model: Path, data: dict, args: Any, out: Path) -> list[str]:
+    """``composer-dynsample eval`` of a model folder as it is (no checkpoint), on ``--device``."""
     overrides = [
-        f"model.encoder.path={model}",
-        data_override(data, args.max_length),
-        f"evaluation.batch_size={args.eval_batch}",
-        f"evaluation.gallery_batch_size={args.eval_batch}",
-    ]
-    run_measured(
-        _cli("eval", str(CONFIG), *overrides, "--out", str(out)), args.threads, out.with_suffix(".log")
-    )
-    return json.loads(out.read_text())
+        f"model.encoder.path={model}", data_override(data, args.max_length),
+        f"evaluation.batch_size={args.eval_batch}", f"evaluation.gallery_batch_size={args.eval_batch}",
+        *trainer_overrides(args.device),  # the model is scored in float32 whatever the training's precision
+    ]  # fmt: skip
+    return _cli("eval", str(CONFIG), *overrides, "--out", str(out))
+
+
+def ours_command(recipe: str, seed: int, model: Path, data: dict, args: Any, run_dir: Path) -> list[str]:
+    """One ``composer-dynsample train`` of this project's recipe."""
+    overrides = [
+        f"seed={seed}", f"model.encoder.path={model}", data_override(data, args.max_length),
+        f"trainer.max_duration={args.steps}ba", "trainer.save_folder=null",
+        "trainer.progress_bar=false", f"evaluation.batch_size={args.eval_batch}",
+        f"evaluation.gallery_batch_size={args.eval_batch}", "evaluation.at_start=false",
+        *trainer_overrides(args.device, args.precision), *ours_overrides(recipe, args),
+    ]  # fmt: skip
+    return _cli("train", str(CONFIG), *overrides, "--run-dir", str(run_dir))
+
+
+def st_spec(seed: int, model: Path, train: Path | str, args: Any, out: Path) -> dict[str, Any]:
+    """The spec of one sentence-transformers fine-tuning (``_finetune_workers.st_worker``)."""
+    return {
+        "model": str(model), "train": str(train), "out": str(out), "seed": seed, "steps": args.steps,
+        "batch": args.batch, "lr": args.lr, "max_length": args.max_length, "device": args.device,
+        "bf16": args.precision == "bf16",
+    }  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Job:
+    """One command line of the benchmark, named; ``tool`` is the process that runs it with
+    ``--process-per tool`` (sentence-transformers' first: this project's evaluates its folders)."""
+
+    name: str
+    command: list[str]
+
+    @property
+    def tool(self) -> str:
+        return "composer" if self.command[1:3] == ["-m", "composer_dynsample"] else "sentence-transformers"
+
+
+@dataclass(frozen=True)
+class Planned:
+    """A recipe's run of one seed (or the mining before them): its jobs, and what makes its result of the
+    jobs' records (``{name: {"seconds", "peak_rss_mib" or "peak_gpu_mib"}}``)."""
+
+    recipe: str
+    seed: int
+    jobs: list[Job]
+    collect: Callable[[dict[str, dict[str, float]]], dict[str, Any]]
 
 
 def _scores(metrics: dict[str, Any]) -> dict[str, float]:
-    return {name: metrics[name.replace("@", "_at_")] for name in METRICS}
+    return {name: metrics[name.replace("@", "_at_")] for name in report.METRICS}
 
 
-def run_ours(recipe: str, seed: int, model: Path, data: dict, args: Any, work: Path) -> dict[str, Any]:
-    """One ``composer-dynsample train`` of this project's recipe: scores, time per step, peak RSS."""
-    run_dir = work / f"ours-{TRAINED.index(recipe)}-{seed}"
-    overrides = [
-        f"seed={seed}", f"model.encoder.path={model}", data_override(data, args.max_length),
-        f"trainer.max_duration={args.steps}ba", f"trainer.save_interval={args.steps}ba",
-        "trainer.progress_bar=false", f"evaluation.batch_size={args.eval_batch}",
-        f"evaluation.gallery_batch_size={args.eval_batch}", "evaluation.at_start=false",
-        *([f"trainer.device={args.device}"] if args.device != "cpu" else []),
-        *ours_overrides(recipe, args),
-    ]  # fmt: skip
-    seconds, peak_kib = run_measured(
-        _cli("train", str(CONFIG), *overrides, "--run-dir", str(run_dir)),
-        args.threads,
-        work / f"{run_dir.name}.log",
-    )
-    metrics = json.loads((run_dir / "metrics.json").read_text())
-    run = {
-        "seed": seed,
-        **_scores(metrics),
-        "process_s": round(seconds, 1),
-        "peak_rss_mib": round(peak_kib / 1024),
-    }
-    warm = metrics.get("embedding_table_warm_start") or {"seconds": 0.0}
-    # The warm start's one encode of the training set is paid once, before the first step: counted apart.
-    run["s_per_step"] = round((metrics["wall_time_s"] - warm["seconds"]) / args.steps, 3)
-    if "rows_encoded" in warm:
-        run["warm_start"] = {"rows_encoded": warm["rows_encoded"], "seconds": round(warm["seconds"], 1)}
-        run["once_s"] = run["warm_start"]["seconds"]
-    return run
+def _cost(record: dict[str, float], process_per: str) -> dict[str, Any]:
+    """A run's seconds and peak memory: its process's with ``--process-per run``, else its own."""
+    seconds = {"process_s" if process_per == "run" else "run_s": record["seconds"]}
+    return {**seconds, **{key: record[key] for key in ("peak_rss_mib", "peak_gpu_mib") if key in record}}
 
 
-def run_st(
+def plan_ours(recipe: str, seed: int, model: Path, data: dict, args: Any, work: Path) -> Planned:
+    run_dir = work / f"ours-{report.TRAINED.index(recipe)}-{seed}"
+
+    def collect(records: dict[str, dict[str, float]]) -> dict[str, Any]:
+        metrics = json.loads((run_dir / "metrics.json").read_text())
+        run = {"seed": seed, **_scores(metrics), **_cost(records[run_dir.name], args.process_per)}
+        warm = metrics.get("embedding_table_warm_start") or {"seconds": 0.0}
+        # The warm start's one encode of the training set is paid once, before the first step: counted apart.
+        run["s_per_step"] = round((metrics["wall_time_s"] - warm["seconds"]) / args.steps, 3)
+        if "rows_encoded" in warm:
+            run["warm_start"] = {"rows_encoded": warm["rows_encoded"], "seconds": round(warm["seconds"], 1)}
+            run["once_s"] = run["warm_start"]["seconds"]
+        return run
+
+    job = Job(run_dir.name, ours_command(recipe, seed, model, data, args, run_dir))
+    return Planned(recipe, seed, [job], collect)
+
+
+def plan_st(
     recipe: str, seed: int, model: Path, data: dict, args: Any, work: Path, mined: Path | None
-) -> dict[str, Any]:
-    """One sentence-transformers fine-tuning process, then the same evaluation as this project's; a mined
-    recipe's ``once_s`` is the one mining of its negatives (one process for every seed)."""
-    out = work / f"st-{TRAINED.index(recipe)}-{seed}"
-    spec = {
-        "model": str(model), "train": str(mined or data["train"]["path"]), "out": str(out), "seed": seed,
-        "steps": args.steps, "batch": args.batch, "lr": args.lr, "max_length": args.max_length, "device": args.device,
-    }  # fmt: skip
-    seconds, peak_kib = run_measured(
-        [sys.executable, __file__, "--st-worker", json.dumps(spec)], args.threads, work / f"{out.name}.log"
-    )
-    timing = json.loads((out / "timing.json").read_text())
-    scores = _scores(evaluate_folder(out, data, args, work / f"{out.name}-eval.json"))
-    return {
-        "seed": seed,
-        **scores,
-        "process_s": round(seconds, 1),
-        "peak_rss_mib": round(peak_kib / 1024),
-        "s_per_step": timing["s_per_step"],
-        **({"once_s": json.loads(mined.with_suffix(".timing.json").read_text())["mine_s"]} if mined else {}),
-    }
-
-
-def st_worker(spec: dict[str, Any]) -> None:
-    """Fine-tune with sentence-transformers' trainer (in this process), save the model and its timing."""
-    import datasets
-    from sentence_transformers import SentenceTransformer, SentenceTransformerTrainer, losses
-    from sentence_transformers.sentence_transformer.training_args import (
-        BatchSamplers,
-        SentenceTransformerTrainingArguments,
+) -> Planned:
+    """A sentence-transformers fine-tuning, then the same evaluation as this project's; a mined recipe's
+    ``once_s`` is the one mining of its negatives (one process for every seed)."""
+    out = work / f"st-{report.TRAINED.index(recipe)}-{seed}"
+    scored = work / f"{out.name}-eval.json"
+    spec = st_spec(seed, model, mined or data["train"]["path"], args, out)
+    train, evaluate = (
+        Job(out.name, _worker("--st-worker", spec)),
+        Job(scored.stem, eval_command(out, data, args, scored)),
     )
 
-    model = SentenceTransformer(spec["model"], device=spec["device"])
-    model.max_seq_length = spec["max_length"]
-    rows = [json.loads(line) for line in Path(spec["train"]).read_text().splitlines() if line.strip()]
-    arguments = SentenceTransformerTrainingArguments(
-        output_dir=str(Path(spec["out"]) / "trainer"), max_steps=spec["steps"], per_device_train_batch_size=spec["batch"],
-        learning_rate=spec["lr"], warmup_steps=0.1, lr_scheduler_type="linear", weight_decay=0.01, seed=spec["seed"],
-        batch_sampler=BatchSamplers.NO_DUPLICATES, save_strategy="no", report_to=[], logging_steps=10**9,
-        disable_tqdm=True, use_cpu=spec["device"] == "cpu", dataloader_drop_last=True,
-    )  # fmt: skip
-    trainer = SentenceTransformerTrainer(
-        model=model, args=arguments, train_dataset=datasets.Dataset.from_list(rows),
-        loss=losses.MultipleNegativesRankingLoss(model),
-    )  # fmt: skip
-    start = time.perf_counter()
-    trainer.train()
-    seconds = time.perf_counter() - start
-    model.save(spec["out"])
-    timing = {"s_per_step": round(seconds / spec["steps"], 3), "fit_s": round(seconds, 1)}
-    (Path(spec["out"]) / "timing.json").write_text(json.dumps(timing))
+    def collect(records: dict[str, dict[str, float]]) -> dict[str, Any]:
+        run = {
+            "seed": seed,
+            **_scores(json.loads(scored.read_text())),
+            **_cost(records[out.name], args.process_per),
+        }
+        run["s_per_step"] = json.loads((out / "timing.json").read_text())["s_per_step"]
+        if mined:
+            run["once_s"] = json.loads(mined.with_suffix(".timing.json").read_text())["mine_s"]
+        return run
+
+    return Planned(recipe, seed, [train, evaluate], collect)
 
 
-def mine_worker(spec: dict[str, Any]) -> None:
-    """Mine one negative per query with the base model, as sentence-transformers documents, to JSON Lines."""
-    import datasets
-    from sentence_transformers import SentenceTransformer
-    from sentence_transformers.util import mine_hard_negatives
+def _bm25(test: Path) -> dict[str, Any]:
+    scores = bm25([json.loads(line) for line in test.read_text().splitlines()])
+    return {"seed": 0, **{metric: scores[metric] for metric in report.METRICS}}
 
-    model = SentenceTransformer(spec["model"], device=spec["device"])
-    model.max_seq_length = spec["max_length"]
-    rows = [json.loads(line) for line in Path(spec["train"]).read_text().splitlines() if line.strip()]
-    start = time.perf_counter()
-    mined = mine_hard_negatives(
-        datasets.Dataset.from_list(rows), model, range_min=0, range_max=50, relative_margin=0.05,
-        num_negatives=1, batch_size=64, verbose=False,
-    )  # fmt: skip
-    seconds = time.perf_counter() - start
-    Path(spec["out"]).write_text("".join(json.dumps(row) + "\n" for row in mined))
-    Path(spec["out"]).with_suffix(".timing.json").write_text(
-        json.dumps({"mine_s": round(seconds, 1), "triplets": len(mined), "pairs": len(rows)})
+
+def plan(chosen: list[str], model: Path, data: dict, args: Any, work: Path) -> list[Planned]:
+    """Every job of the benchmark in the order of ``--process-per run``: the zero-shot evaluation, BM25 (no
+    job), the mining, then seed by seed every recipe in turn (a drift of the machine's load hits them alike)."""
+    planned = []
+    if report.ZERO_SHOT in chosen:
+        zero = work / "zero.json"
+        job = Job("zero-shot", eval_command(model, data, args, zero))
+        planned.append(Planned(report.ZERO_SHOT, 0, [job], lambda _: {"seed": 0, **_scores(json.loads(zero.read_text()))}))  # fmt: skip
+    if report.BM25 in chosen:
+        planned.append(Planned(report.BM25, 0, [], lambda _: _bm25(Path(data["test"]["path"]))))
+    mined = work / "st-mined.jsonl" if report.ST_MINED in chosen else None
+    if mined is not None:
+        spec = {
+            "model": str(model), "train": data["train"]["path"], "out": str(mined), "max_length": args.max_length,
+            "device": args.device, "batch_size": args.mine_batch,
+        }  # fmt: skip
+        timing, job = mined.with_suffix(".timing.json"), Job("st-mining", _worker("--mine-worker", spec))
+        planned.append(Planned("mining", 0, [job], lambda _: json.loads(timing.read_text())))
+    for seed in args.seeds:
+        for recipe in (name for name in report.TRAINED if name in chosen):
+            if recipe in (report.ST_IN_BATCH, report.ST_MINED):
+                negatives = mined if recipe == report.ST_MINED else None
+                planned.append(plan_st(recipe, seed, model, data, args, work, negatives))
+            else:
+                planned.append(plan_ours(recipe, seed, model, data, args, work))
+    return planned
+
+
+def run_jobs(jobs: list[Job], args: Any, work: Path) -> dict[str, dict[str, float]]:
+    """Run ``jobs``, each in its own process (``--process-per run``) or each tool's in one: their records."""
+    if args.process_per == "run":
+        records = {}
+        for job in jobs:
+            seconds, peak_kib = run_measured(job.command, args.threads, work / f"{job.name}.log")
+            records[job.name] = {"seconds": round(seconds, 1), "peak_rss_mib": round(peak_kib / 1024)}
+        return records
+    records = {}
+    for tool in ("sentence-transformers", "composer"):
+        listed = [{"name": job.name, "command": job.command} for job in jobs if job.tool == tool]
+        if listed:
+            listing, out = work / f"{tool}-commands.json", work / f"{tool}-records.json"
+            listing.write_text(json.dumps(listed))
+            command = [sys.executable, str(WORKERS), "--commands", str(listing), str(out)]
+            run_measured(command, args.threads, work / f"{tool}.log", echo=PROGRESS)
+            records.update(json.loads(out.read_text()))
+    return records
+
+
+# ------------------------------------------------------------------------------------------------ main
+def build_parser() -> argparse.ArgumentParser:
+    parser = make_parser(
+        __doc__, quick_help="one seed, a few steps of a few pairs on a small corpus: a smoke test"
     )
-
-
-# ------------------------------------------------------------------------------------------- reporting
-def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {"runs": runs}
-    for metric in METRICS:
-        values = [run[metric] for run in runs]
-        out[metric] = statistics.fmean(values)
-        out[f"{metric}_se"] = statistics.stdev(values) / math.sqrt(len(values)) if len(values) > 1 else 0.0
-    for key in ("s_per_step", "peak_rss_mib", "once_s"):
-        if all(key in run for run in runs):
-            out[key] = statistics.fmean(run[key] for run in runs)
-    return out
-
-
-def _difference(
-    first: dict[str, Any], second: dict[str, Any], metric: str = "csn_mrr"
-) -> tuple[float, float]:
-    """``(mean of first - mean of second, two standard errors of that difference)``."""
-    return first[metric] - second[metric], 2 * math.hypot(first[f"{metric}_se"], second[f"{metric}_se"])
-
-
-def goals(recipes: dict[str, dict[str, Any]]) -> list[str]:
-    """The issue's goals, each a sentence with its figures and whether it is met (differences in CSN MRR)."""
-    lines = []
-    if ZERO_SHOT in recipes:
-        behind = [
-            name
-            for name in TRAINED
-            if name in recipes and recipes[name]["csn_mrr"] <= recipes[ZERO_SHOT]["csn_mrr"]
-        ]
-        lines.append(
-            "Every fine-tuned recipe beats zero-shot: "
-            + ("met." if not behind else f"missed by {', '.join(behind)}.")
-        )
-    pairs = [
-        (OURS_OFFLINE, OURS_IN_BATCH, "> 2 SE"), (OURS_ONLINE, OURS_IN_BATCH, "> 2 SE"),
-        (ST_MINED, ST_IN_BATCH, "> 2 SE"), (OURS_ONLINE, OURS_OFFLINE, "> 2 SE"),
-        (OURS_IN_BATCH, ST_IN_BATCH, "within 2 SE"),
-    ]  # fmt: skip
-    for first, second, goal in pairs:
-        if first in recipes and second in recipes:
-            gap, two_se = _difference(recipes[first], recipes[second])
-            met = abs(gap) <= two_se if goal == "within 2 SE" else gap > two_se
-            lines.append(
-                f"{first} - {second}: {gap:+.4f} (2 SE {two_se:.4f}); goal {goal}: {'met' if met else 'missed'}."
-            )
-    ours, theirs = recipes.get(OURS_IN_BATCH), recipes.get(ST_IN_BATCH)
-    if ours and theirs and "s_per_step" in ours and "s_per_step" in theirs:
-        time_ratio, rss_ratio = (
-            ours["s_per_step"] / theirs["s_per_step"],
-            ours["peak_rss_mib"] / theirs["peak_rss_mib"],
-        )
-        lines.append(
-            f"In-batch step, this project / sentence-transformers: {time_ratio:.2f}x the time, {rss_ratio:.2f}x the "
-            f"peak RSS (goal <= 1.0x both: {'met' if max(time_ratio, rss_ratio) <= 1 else 'missed'})."
-        )
-    return lines
-
-
-def headline_ratio(recipes: dict[str, dict[str, Any]]) -> float | None:
-    """The online recipe's CSN MRR over this project's in-batch recipe's."""
-    if OURS_ONLINE in recipes and OURS_IN_BATCH in recipes:
-        return recipes[OURS_ONLINE]["csn_mrr"] / recipes[OURS_IN_BATCH]["csn_mrr"]
-    return None
-
-
-def table(recipes: dict[str, dict[str, Any]], seeds: list[int], options: dict[str, Any]) -> str:
-    rows = []
-    for name, result in recipes.items():
-        cells = [
-            f"{result[m]:.4f} +- {result[m + '_se']:.4f}" if len(result["runs"]) > 1 else f"{result[m]:.4f}"
-            for m in METRICS
-        ]
-        step = f"{result['s_per_step']:.2f}" if "s_per_step" in result else "-"
-        rss = f"{result['peak_rss_mib']:.0f}" if "peak_rss_mib" in result else "-"
-        once = f"{result['once_s']:.0f}" if "once_s" in result else "-"
-        rows.append([name, *cells, step, once, rss])
-    text = markdown_table(["recipe", *HEADERS, "s/step", "mining s", "peak RSS MiB"], "lrrrrrrrr", rows)
-    return (
-        f"Fine-tuning all-MiniLM-L6-v2 on code search (unseen packages): {options['train_pairs']} training "
-        f"pairs, {options['steps']} steps of {options['batch']} pairs, {options['test_queries']} test queries, "
-        f"max_length {options['max_length']}, {options['threads']} threads, {len(seeds)} seed(s), mean +- "
-        f"standard error.\n\n{text}\n\n" + "\n".join(f"- {line}" for line in goals(recipes))
+    parser.add_argument(
+        "--size", choices=tuple(SIZES), default="cpu", help="the defaults of the options below"
     )
-
-
-def plot(recipes: dict[str, dict[str, Any]], path: Path) -> None:
-    """The dense recipes' CSN MRR, mean +- 2 SE and each seed, on an axis that shows their differences;
-    BM25, far below, is named in the title."""
-    from matplotlib.figure import Figure
-
-    names = [name for name in recipes if name != BM25]
-    figure = Figure(figsize=(8, 0.6 * len(names) + 1.8))
-    ax = figure.subplots()
-    means = [recipes[n]["csn_mrr"] for n in names]
-    errors = [2 * recipes[n]["csn_mrr_se"] for n in names]
-    ax.errorbar(means, range(len(names)), xerr=errors, fmt="o", color="tab:blue", capsize=4)
-    for row, name in enumerate(names):
-        ax.plot([r["csn_mrr"] for r in recipes[name]["runs"]], [row] * len(recipes[name]["runs"]), "k.", ms=4)
-    ax.set_yticks(range(len(names)), names, fontsize=8)
-    ax.set_xlabel("CodeSearchNet MRR (unseen packages)")
-    ax.grid(axis="x", alpha=0.3)
-    bm25 = f"; BM25 {recipes[BM25]['csn_mrr']:.3f}" if BM25 in recipes else ""
-    ax.set_title(f"fine-tuning all-MiniLM-L6-v2: mean +- 2 SE over seeds, dots = seeds{bm25}", fontsize=9)
-    save_figure(figure, path)
-
-
-def main(argv: list[str] | None = None) -> dict[str, Any]:
-    parser = make_parser(__doc__, quick_help="one seed, 6 steps of 4 pairs on a small corpus: a smoke test")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument(
+        "--precision", choices=("fp32", "bf16"), default=None, help="bf16: autocast, CUDA only"
+    )
+    parser.add_argument(
+        "--model", type=Path, default=None, help="the starting folder (default: the bench extra's)"
+    )
     parser.add_argument("--seeds", type=int, nargs="+", default=None)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--train-pairs", type=int, default=3000)
-    parser.add_argument("--test-queries", type=int, default=1000)
-    parser.add_argument("--steps", type=int, default=60)
-    parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--lr", type=float, default=2e-5)
     parser.add_argument("--max-length", type=int, default=128)
     parser.add_argument("--window", type=int, default=8)
-    parser.add_argument("--refresh-every", type=int, default=20)
-    parser.add_argument("--eval-batch", type=int, default=32, help="texts per forward pass of every encode")
-    parser.add_argument("--recipes", nargs="+", default=None)
+    for flag in ("--train-pairs", "--test-queries", "--steps", "--batch", "--refresh-every", "--eval-batch"):
+        parser.add_argument(flag, type=int, default=None, help="default: the size's (SIZES)")
     parser.add_argument(
-        "--name", default="finetune_code", help="the results' file name (an ablation beside the main table)"
+        "--process-per", choices=("run", "tool"), default=None, help="one process a run, or a tool"
     )
+    parser.add_argument("--recipes", nargs="+", default=None)
+    parser.add_argument("--name", default=None, help="the results' file name (default: the size's)")
     parser.add_argument("--merge", action="store_true", help="keep the stored recipes this run does not redo")
     parser.add_argument("--report", action="store_true", help="rewrite the table and plot of the stored json")
-    args = parser.parse_args(argv)
+    return parser  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = build_parser()
+    args = resolve_size(parser.parse_args(argv), parser)
     if args.report:
-        stored = json.loads(
-            (args.out / (f"{args.name}_quick.json" if args.quick else f"{args.name}.json")).read_text()
-        )
+        stored = json.loads((args.out / f"{args.name}{'_quick' if args.quick else ''}.json").read_text())
         return _write(argparse.Namespace(**{**vars(args), "merge": False}), stored, stored["seeds"])
-    if args.quick:
-        args.train_pairs, args.test_queries, args.steps, args.batch, args.refresh_every = 64, 32, 6, 4, 3
-    seeds = args.seeds if args.seeds is not None else ([0] if args.quick else [0, 1, 2])
-    model = minilm_folder()
-    started, recipes = time.time(), {}
-    chosen = args.recipes or [ZERO_SHOT, BM25, *TRAINED]
+    model, started = args.model or minilm_folder(), time.time()
+    chosen = args.recipes or list(RECIPES)
     with tempfile.TemporaryDirectory(prefix="dynsample-finetune-") as scratch:
         work = Path(scratch)
         data = prepare_data(work, args.train_pairs, args.test_queries, args.quick)
+        one_epoch(args, data["train"]["pairs"])
         result = {
-            "recipes": recipes, "seeds": seeds, "data": data, "st_mining": None, "device": args.device,
-            "options": {key: getattr(args, key) for key in ("train_pairs", "test_queries", "steps", "batch", "lr", "max_length", "window", "refresh_every", "threads")},
-            "machine": machine_info(torch_threads=False),
+            "recipes": {}, "seeds": args.seeds, "data": data, "st_mining": None, "device": args.device,
+            **_device_names(args.device), "options": {key: getattr(args, key) for key in OPTIONS},
         }  # fmt: skip
-        if ZERO_SHOT in chosen:
-            recipes[ZERO_SHOT] = summarise(
-                [{"seed": 0, **_scores(evaluate_folder(model, data, args, work / "zero.json"))}]
+        return run_planned(plan(chosen, model, data, args, work), args, work, result, started)
+
+
+def run_planned(
+    planned: list[Planned], args: Any, work: Path, result: dict[str, Any], started: float
+) -> dict[str, Any]:
+    """Run the planned jobs, collect each run into ``result`` and write it after each (after all with
+    ``--process-per tool``): what is done so far survives an interrupted run. ``started``: ``time.time()``
+    at the benchmark's start, for ``total_s``."""
+    recipes, runs = result["recipes"], {}
+    records = (
+        run_jobs([job for item in planned for job in item.jobs], args, work)
+        if args.process_per == "tool"
+        else {}
+    )
+    for item in planned:
+        if args.process_per == "run":
+            records.update(run_jobs(item.jobs, args, work))
+        if item.recipe == "mining":
+            result["st_mining"] = item.collect(records)
+            continue
+        runs.setdefault(item.recipe, []).append(item.collect(records))
+        recipes[item.recipe] = report.summarise(runs[item.recipe])
+        if item.recipe in report.TRAINED:
+            run = runs[item.recipe][-1]
+            print(
+                f"{item.recipe} seed {item.seed}: CSN MRR {run['csn_mrr']:.4f}, {run['s_per_step']:.3f} s a step"
             )
-        if BM25 in chosen:
-            test = [json.loads(line) for line in Path(data["test"]["path"]).read_text().splitlines()]
-            recipes[BM25] = summarise([{"seed": 0, **{m: bm25(test)[m] for m in METRICS}}])
-        mined = None
-        if ST_MINED in chosen:
-            mined = work / "st-mined.jsonl"
-            spec = {
-                "model": str(model),
-                "train": data["train"]["path"],
-                "out": str(mined),
-                "max_length": args.max_length,
-                "device": args.device,
-            }
-            run_measured(
-                [sys.executable, __file__, "--mine-worker", json.dumps(spec)], args.threads, work / "mine.log"
-            )
-            result["st_mining"] = json.loads(mined.with_suffix(".timing.json").read_text())
-        runs: dict[str, list[dict[str, Any]]] = {name: [] for name in TRAINED if name in chosen}
-        for (
-            seed
-        ) in seeds:  # seed by seed, every recipe in turn: a drift of the machine's load hits them alike
-            for recipe in runs:
-                if recipe in (ST_IN_BATCH, ST_MINED):
-                    runs[recipe].append(
-                        run_st(recipe, seed, model, data, args, work, mined if recipe == ST_MINED else None)
-                    )
-                else:
-                    runs[recipe].append(run_ours(recipe, seed, model, data, args, work))
-                print(f"{recipe} seed {seed}: CSN MRR {runs[recipe][-1]['csn_mrr']:.4f}", flush=True)
-                recipes[recipe] = summarise(runs[recipe])
-                result["total_s"] = round(time.time() - started, 1)
-                _write(args, result, seeds)  # what is done so far survives an interrupted run
-    return _write(args, result, seeds)
+        result["total_s"] = round(time.time() - started, 1)
+        _write(args, result, args.seeds)
+    return _write(args, result, args.seeds)
+
+
+def _device_names(device: str) -> dict[str, str | None]:
+    """``{"gpu": name or None, "machine": the machine's line, the GPU's name at its end}``."""
+    from _cuda import gpu_name
+
+    name = gpu_name(device)
+    return {"gpu": name, "machine": machine_info(torch_threads=False) + (f", {name}" if name else "")}
 
 
 def _write(args: Any, result: dict[str, Any], seeds: list[int]) -> dict[str, Any]:
     recipes, stored = result["recipes"], args.out / f"{args.name}.json"
     if args.merge:
-        recipes = merged_recipes(stored, recipes, seeds, [ZERO_SHOT, BM25, *TRAINED], keep_others=True)
+        recipes = merged_recipes(stored, recipes, seeds, RECIPES, keep_others=True)
         if result.get("st_mining") is None and stored.exists():  # the mining of the recipes kept
             result = {**result, "st_mining": json.loads(stored.read_text()).get("st_mining")}
-    shown = {**result, "recipes": recipes, "ratio": headline_ratio(recipes), "goals": goals(recipes)}
+    options = {**result["options"], "gpu": result.get("gpu")}
+    shown = {
+        **result,
+        "recipes": recipes,
+        "ratio": report.headline_ratio(recipes),
+        "goals": report.goals(recipes, options),
+    }
     return write_results(
         args.out,
         args.name,
         args.quick,
         shown,
-        table(recipes, seeds, result["options"]),
-        plot=lambda path: plot(recipes, path),
+        report.table(recipes, seeds, options),
+        plot=lambda path: report.plot(recipes, path),
     )
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 3 and sys.argv[1] in ("--st-worker", "--mine-worker"):
-        (st_worker if sys.argv[1] == "--st-worker" else mine_worker)(json.loads(sys.argv[2]))
-    else:
-        main()
+    main()

@@ -30,12 +30,8 @@ def test_each_of_this_project_s_recipes_is_a_valid_config(
     recipe: str, tmp_path: Path, model_folder: Path
 ) -> None:
     pytest.importorskip("bm25s")  # quality_code, which the benchmark imports, needs it at import
-    finetune = load_benchmark("finetune_code")
-    name = {
-        "in-batch": finetune.OURS_IN_BATCH,
-        "offline": finetune.OURS_OFFLINE,
-        "online": finetune.OURS_ONLINE,
-    }
+    finetune, report = load_benchmark("finetune_code"), load_benchmark("_finetune_report")
+    name = {"in-batch": report.OURS_IN_BATCH, "offline": report.OURS_OFFLINE, "online": report.OURS_ONLINE}
     data = {"train": {"path": str(tmp_path / "train.jsonl")}, "test": {"path": str(tmp_path / "test.jsonl")}}
     overrides = [finetune.data_override(data, 24), *finetune.ours_overrides(name[recipe], _args())]
     cfg = load_config(
@@ -54,52 +50,89 @@ def test_each_of_this_project_s_recipes_is_a_valid_config(
 
 def test_the_summary_is_the_mean_and_standard_error_over_seeds() -> None:
     pytest.importorskip("bm25s")
-    finetune = load_benchmark("finetune_code")
+    report = load_benchmark("_finetune_report")
     runs = [
         {
             "seed": seed,
             "s_per_step": 1.0 + seed,
             "peak_rss_mib": 100,
-            **dict.fromkeys(finetune.METRICS, value),
+            **dict.fromkeys(report.METRICS, value),
         }
         for seed, value in enumerate([0.5, 0.7])
     ]
-    summary = finetune.summarise(runs)
+    summary = report.summarise(runs)
     assert summary["csn_mrr"] == pytest.approx(0.6) and summary["csn_mrr_se"] == pytest.approx(0.1)
     assert summary["s_per_step"] == 1.5 and summary["peak_rss_mib"] == 100
-    text = finetune.table({finetune.OURS_IN_BATCH: summary}, [0, 1], vars(_args()))
+    text = report.table({report.OURS_IN_BATCH: summary}, [0, 1], vars(_args()))
     assert "| this project, in-batch (InfoNCE) | 0.6000 +- 0.1000 |" in text and "| 1.50 | - | 100 |" in text
 
 
-def _recipe(finetune, mean: float, se: float, s_per_step: float = 1.0) -> dict:
+def _recipe(report, mean: float, se: float, s_per_step: float = 1.0) -> dict:
     return {
         "runs": [{"csn_mrr": mean}] * 3, "s_per_step": s_per_step, "peak_rss_mib": 100.0,
-        **{m: mean for m in finetune.METRICS}, **{f"{m}_se": se for m in finetune.METRICS},
+        **{m: mean for m in report.METRICS}, **{f"{m}_se": se for m in report.METRICS},
     }  # fmt: skip
 
 
 def test_the_goals_compare_recipes_beyond_two_standard_errors_and_report_rewrites_the_table(tmp_path):
     pytest.importorskip("bm25s")
-    finetune = load_benchmark("finetune_code")
+    report = load_benchmark("_finetune_report")
     recipes = {
-        finetune.ZERO_SHOT: _recipe(finetune, 0.60, 0.0),
-        finetune.ST_IN_BATCH: _recipe(finetune, 0.700, 0.003, s_per_step=2.0),
-        finetune.OURS_IN_BATCH: _recipe(finetune, 0.705, 0.003, s_per_step=2.5),
-        finetune.OURS_OFFLINE: _recipe(finetune, 0.712, 0.003),  # +0.007, 2 SE of the difference 0.0085
-        finetune.OURS_ONLINE: _recipe(finetune, 0.725, 0.003),
+        report.ZERO_SHOT: _recipe(report, 0.60, 0.0),
+        report.ST_IN_BATCH: _recipe(report, 0.700, 0.003, s_per_step=2.0),
+        report.OURS_IN_BATCH: _recipe(report, 0.705, 0.003, s_per_step=2.5),
+        report.OURS_OFFLINE: _recipe(report, 0.712, 0.003),  # +0.007, 2 SE of the difference 0.0085
+        report.OURS_ONLINE: _recipe(report, 0.725, 0.003),
     }
-    lines = finetune.goals(recipes)
+    lines = report.goals(recipes)
     assert lines[0] == "Every fine-tuned recipe beats zero-shot: met."
     verdicts = {line.split(":")[0]: line.rsplit(": ", 1)[1] for line in lines[1:-1]}
-    assert verdicts[f"{finetune.OURS_OFFLINE} - {finetune.OURS_IN_BATCH}"] == "missed."
-    assert verdicts[f"{finetune.OURS_ONLINE} - {finetune.OURS_IN_BATCH}"] == "met."
-    assert verdicts[f"{finetune.OURS_ONLINE} - {finetune.OURS_OFFLINE}"] == "met."
-    assert verdicts[f"{finetune.OURS_IN_BATCH} - {finetune.ST_IN_BATCH}"] == "met."
+    assert verdicts[f"{report.OURS_OFFLINE} - {report.OURS_IN_BATCH}"] == "missed."
+    assert verdicts[f"{report.OURS_ONLINE} - {report.OURS_IN_BATCH}"] == "met."
+    assert verdicts[f"{report.OURS_ONLINE} - {report.OURS_OFFLINE}"] == "met."
+    assert verdicts[f"{report.OURS_IN_BATCH} - {report.ST_IN_BATCH}"] == "met."
     assert lines[-1].startswith("In-batch step, this project / sentence-transformers: 1.25x the time, 1.00x")
-    assert finetune.headline_ratio(recipes) == pytest.approx(0.725 / 0.705)
+    assert report.headline_ratio(recipes) == pytest.approx(0.725 / 0.705)
     stored = {"recipes": recipes, "seeds": [0, 1, 2], "options": vars(_args())}
     (tmp_path / "finetune_code.json").write_text(json.dumps(stored))
-    finetune.main(["--report", "--out", str(tmp_path)])
+    load_benchmark("finetune_code").main(["--report", "--out", str(tmp_path)])
     assert "goal > 2 SE: met" in (tmp_path / "finetune_code.md").read_text()
     assert (tmp_path / "finetune_code.png").stat().st_size > 0
     assert json.loads((tmp_path / "finetune_code.json").read_text())["ratio"] == pytest.approx(0.725 / 0.705)
+
+
+def test_the_gpu_size_s_commands_are_valid_configs(tmp_path: Path, model_folder: Path) -> None:
+    pytest.importorskip("bm25s")
+    finetune, report = load_benchmark("finetune_code"), load_benchmark("_finetune_report")
+    args = _args(
+        batch=128, steps=203, refresh_every=67, eval_batch=256, device="cuda", precision="bf16", max_length=24
+    )
+    data = {"train": {"path": str(tmp_path / "train.jsonl")}, "test": {"path": str(tmp_path / "test.jsonl")}}
+    for recipe in (report.OURS_IN_BATCH, report.OURS_OFFLINE, report.OURS_ONLINE):
+        command = finetune.ours_command(recipe, 0, model_folder, data, args, tmp_path / "run")
+        cfg = load_config(finetune.CONFIG, command[command.index(str(finetune.CONFIG)) + 1 : -2])
+        check_config(cfg)
+        assert (cfg.trainer.device, cfg.trainer.precision, cfg.trainer.max_duration) == (
+            "gpu",
+            "amp_bf16",
+            "203ba",
+        )
+        assert cfg.trainer.save_folder is None and cfg.evaluation.gallery_batch_size == 256
+    command = finetune.eval_command(model_folder, data, args, tmp_path / "eval.json")
+    cfg = load_config(finetune.CONFIG, command[command.index(str(finetune.CONFIG)) + 1 : -2])
+    check_config(cfg)
+    assert (cfg.trainer.device, cfg.trainer.precision) == ("gpu", "fp32")  # scored in float32 on the GPU
+
+
+def test_the_gpu_size_s_step_goal_is_half_sentence_transformers_time_and_a_25_ms_moonshot() -> None:
+    report = load_benchmark("_finetune_report")
+    recipes = {
+        report.ST_IN_BATCH: _recipe(report, 0.700, 0.003, s_per_step=0.060),
+        report.OURS_IN_BATCH: _recipe(report, 0.701, 0.003, s_per_step=0.027),
+    }
+    lines = report.goals(recipes, {"size": "gpu", "precision": "bf16", "batch": 128, "max_length": 128})
+    assert lines[-1] == (
+        "In-batch step, this project / sentence-transformers, both in bf16 autocast: 0.45x the time (goal <= 0.5x: "
+        "met); this project's step 27 ms at 128 pairs x 128 tokens (moonshot <= 25 ms: missed)."
+    )
+    assert lines[0].endswith("goal within 2 SE: met.")
