@@ -64,9 +64,11 @@ bench: $(TEST_STAMP)
 	$(PY) benchmarks/table_costs.py
 	$(PY) benchmarks/report.py
 
-# On a CUDA machine: the miners on the GPU against the CPU, AMP training through the CLI, pin_memory, the
-# transformer encoder's step rate and (2+ GPUs) a cross-rank NCCL step; results in benchmarks/results/gpu.*.
-# Without CUDA it lists what it skipped and why, writes gpu_cpu_only.* and exits 0.
+# On a CUDA machine, in <= 5 minutes (every check has a share of it; one past its share is stopped and
+# recorded as timed_out): the miners on the GPU against the CPU, AMP training through the CLI, pin_memory,
+# the transformer encoder's step rate, (2+ GPUs) a cross-rank NCCL step and the corpus search of mined
+# negatives; results in benchmarks/results/gpu.*. Without CUDA it lists what it skipped and why, writes
+# gpu_cpu_only.* and exits 0. `python benchmarks/gpu.py --device cpu` dry-runs it on any machine.
 gpu-check: $(TEST_STAMP)
 	$(PY) benchmarks/gpu.py
 

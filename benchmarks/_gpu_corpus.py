@@ -1,11 +1,17 @@
 """The ``corpus_search`` check of ``benchmarks/gpu.py``: mined corpus negatives searched on the device.
 
-At ``pairs`` pairs of clustered embeddings (``corpus_negatives.pair_embeddings``, D = 128), every anchor's
-candidates are searched on the device (``corpus_candidates(..., device=device)``, what
-``MinedNegativesPKBatchSampler.search_device`` runs when the model is on CUDA) exactly and with the
-project's own IVF, and a sample of anchors on the CPU exactly. Passes when the device's exact lists equal
-the CPU's for the sample (the float64 ranking makes them a pure function of the rows) and the IVF keeps at
-least 0.9 of the exact window. Reports the seconds of each search (synchronised).
+At ``pairs`` pairs of clustered embeddings (``corpus_negatives.pair_embeddings``, D = 128), a sample of
+``anchors`` anchors is searched exactly on the CPU and on the device (``corpus_candidates(...,
+device=device)``, what ``MinedNegativesPKBatchSampler.search_device`` runs when the model is on CUDA), and
+every anchor with the project's own IVF on the device (the sampler's refresh above 50,000 passages).
+Passes when the device's exact lists equal the CPU's (the float64 ranking makes them a pure function of
+the rows) and the IVF keeps at least 0.9 of the exact window over the sample. Reports the seconds of
+each search (synchronised).
+
+Only a sample is searched exactly, on either side. The exact search of every anchor is what the IVF
+replaces at this size, and on CUDA it runs in blocks of ``2**25`` similarities (33 anchors at 1M
+passages): 30,000 blocks, each waiting for the device and reranked on the host, the likely reason the
+first H200 run (which searched every anchor exactly) did not finish this check at 1M pairs.
 """
 
 from __future__ import annotations
@@ -32,30 +38,28 @@ def _timed(device: torch.device, **options: Any) -> tuple[Any, float]:
     return found, time.perf_counter() - start
 
 
-def check_corpus_search(device: torch.device, pairs: int, anchors: int = 2_000) -> dict:
-    """The exact and the IVF search of ``pairs`` pairs on ``device`` against the CPU's exact search."""
+def check_corpus_search(device: torch.device, pairs: int, anchors: int) -> dict:
+    """The exact search of ``anchors`` anchors on the CPU and on ``device``, and the IVF of all on ``device``."""
     embeddings, labels, is_passage = pair_embeddings(pairs)
     data = {"embeddings": embeddings, "labels": labels, "is_passage": is_passage, **OPTIONS}
     sample = np.unique(np.linspace(0, pairs - 1, min(anchors, pairs)).astype(np.int64))
     reference, cpu_s = _timed(torch.device("cpu"), search="exact", pairs=sample, **data)
-    rows, equal = [], True
-    for search in ("exact", "ivf"):
-        found, seconds = _timed(device, search=search, **data)
-        recall = window_recall(found, reference, rows=sample)
-        same = bool(np.array_equal(found.ranked[sample], reference.ranked))
-        equal &= same or search != "exact"
-        rows.append({"search": search, "pairs": pairs, "seconds": round(seconds, 2), "window_recall": round(recall, 4),
-                     "equal_to_cpu": same})  # fmt: skip
-    rows.append(
-        {"search": f"exact on the CPU, {sample.size} anchors", "pairs": pairs, "seconds": round(cpu_s, 2)}
-    )
-    ivf = rows[1]
-    passed = equal and ivf["window_recall"] >= GOAL_RECALL
+    exact, exact_s = _timed(device, search="exact", pairs=sample, **data)
+    ivf, ivf_s = _timed(device, search="ivf", **data)
+    equal = bool(np.array_equal(exact.ranked, reference.ranked))
+    recall = round(window_recall(ivf, reference, rows=sample), 4)
+    rows = [
+        {"search": "exact", "on": "cpu", "anchors": sample.size, "seconds": round(cpu_s, 2)},
+        {"search": "exact", "on": device.type, "anchors": sample.size, "seconds": round(exact_s, 2),
+         "equal_to_cpu": equal},
+        {"search": "ivf", "on": device.type, "anchors": pairs, "seconds": round(ivf_s, 2), "window_recall": recall},
+    ]  # fmt: skip
     return {
-        "status": "passed" if passed else "failed",
+        "status": "ok" if equal and recall >= GOAL_RECALL else "failed",
         "summary": (
-            f"{pairs:,} pairs: exact {rows[0]['seconds']} s ({'equal to' if equal else 'DIFFERS from'} the CPU's lists), "
-            f"ivf {ivf['seconds']} s, window recall {ivf['window_recall']}"
+            f"{pairs:,} pairs: exact on {device.type}, {sample.size} anchors, {exact_s:.2f} s "
+            f"({'equal to' if equal else 'DIFFERS from'} the CPU's lists, {cpu_s:.2f} s); ivf of every anchor "
+            f"{ivf_s:.2f} s, window recall {recall}"
         ),
         "rows": rows,
     }

@@ -185,13 +185,14 @@ def wait_for_ranks(procs: list[subprocess.Popen], timeout_s: float) -> tuple[int
     return failure
 
 
-def check_nccl(batch: int, steps: int, backend: str = "nccl", device_kind: str = "cuda") -> dict:
+def check_nccl(device: torch.device, batch: int, steps: int, timeout_s: float = 240) -> dict:
     """The cross-rank step on 2 ranks of ``batch`` rows each: ``ok`` when both ranks' gradients match.
 
-    ``backend="gloo", device_kind="cpu"`` runs the same check on the CPU (what the tests do).
+    NCCL on 2 CUDA devices; with ``device`` the CPU, the same check over gloo (what the tests run).
     """
+    backend = "nccl" if device.type == "cuda" else "gloo"
     start = time.perf_counter()
-    ranks = launch_ranks(backend, device_kind, batch, steps, timeout_s=240)
+    ranks = launch_ranks(backend, device.type, batch, steps, timeout_s=timeout_s)
     wall = time.perf_counter() - start
     ok = all(r["grad_matches"] and r["offset_ok"] for r in ranks)
     worst = max(r["grad_max_abs_diff"] for r in ranks)
