@@ -25,6 +25,7 @@ from typing import Any, Final
 import torch
 import torch.nn.functional as F
 
+from composer_dynsample.deferred_checks import value_checks_deferred
 from composer_dynsample.validation import check_choice, check_embeddings
 
 __all__ = [
@@ -68,7 +69,9 @@ def working_dtype(x: torch.Tensor, y: torch.Tensor) -> torch.dtype:
     in half precision (two unit vectors one degree apart, true distance 0.0175, come out 0.0 in fp16).
     float32 inputs whose squared norms could overflow (entries near 1e18 and above) are computed in
     float64, so a finite input never gives an inf or NaN distance and a wrong tuple; inputs too large
-    even for float64 raise a ``ValueError``.
+    even for float64 raise a ``ValueError``. Under
+    :func:`~composer_dynsample.deferred_checks.defer_value_checks` the largest entry is the caller's to
+    check (on the device, with no host read): the promoted dtype is returned.
 
     Example:
         >>> working_dtype(torch.ones(2, 3, dtype=torch.float16), torch.ones(4, 3, dtype=torch.float16))
@@ -77,8 +80,8 @@ def working_dtype(x: torch.Tensor, y: torch.Tensor) -> torch.dtype:
         torch.float64
     """
     dtype = torch.promote_types(torch.promote_types(x.dtype, y.dtype), torch.float32)
-    if x.numel() == 0 and y.numel() == 0:
-        return dtype
+    if (x.numel() == 0 and y.numel() == 0) or value_checks_deferred() is not None:
+        return dtype  # inside a training step the largest entry is checked on the device (deferred_checks)
     largest = max(float(t.detach().abs().max()) if t.numel() else 0.0 for t in ((x,) if y is x else (x, y)))
     needed = largest * largest * max(x.shape[-1], 1) * 4.0  # a bound on |x.y| + ||x||^2 + ||y||^2
     if dtype == torch.float32 and needed > torch.finfo(torch.float32).max:

@@ -23,6 +23,7 @@ __all__ = [
     "barrier",
     "broadcast_buffers",
     "check_ranks_agree",
+    "gather_host_ints",
     "get_rank",
     "get_world_size",
     "is_distributed",
@@ -132,7 +133,7 @@ def all_gather_embeddings(
     """
     if not is_distributed() or get_world_size() == 1:
         return embeddings, labels, 0
-    rows = all_gather_rows(torch.tensor([embeddings.shape[0]], device=embeddings.device)).view(-1).tolist()
+    rows = gather_host_ints(embeddings.shape[0])  # over the host: no device read
     largest, rank = max(rows), get_rank()
     pad = largest - embeddings.shape[0]
     padded = torch.nn.functional.pad(embeddings, (0, 0, 0, pad)) if pad else embeddings
@@ -151,6 +152,40 @@ def all_gather_embeddings(
         # This rank's own rows keep their gradient even when the others are constants.
         pool = torch.cat([pool[:offset], embeddings, pool[offset + embeddings.shape[0] :]])
     return pool, pool_labels, offset
+
+
+_HOST_GROUPS: dict[int, Any] = {}
+
+
+def gather_host_ints(value: int) -> list[int]:
+    """Every rank's ``value``, in rank order, exchanged through host memory: no device tensor is read.
+
+    With a gloo default group the exchange is its own; with NCCL (whose collectives run on the GPU, where
+    reading the result would wait for the GPU's whole queue) a gloo group of all ranks is made on the first
+    call, which every rank reaches in the same order, as every collective. With one rank: ``[value]``.
+
+    Example:
+        >>> gather_host_ints(7)
+        [7]
+    """
+    if not is_distributed() or get_world_size() == 1:
+        return [int(value)]
+    group = _host_group()
+    parts = [torch.zeros(1, dtype=torch.int64) for _ in range(get_world_size())]
+    torch_dist.all_gather(parts, torch.tensor([int(value)], dtype=torch.int64), group=group)
+    return [int(part.numpy()[0]) for part in parts]  # host memory: numpy reads no device
+
+
+def _host_group() -> Any:
+    """The default group when it runs on the host (gloo), else a gloo group of every rank, made once."""
+    default = torch_dist.group.WORLD
+    if torch_dist.get_backend(default) == "gloo":
+        return default
+    key = id(default)
+    if key not in _HOST_GROUPS:
+        _HOST_GROUPS.clear()  # a process group made after another was destroyed
+        _HOST_GROUPS[key] = torch_dist.new_group(backend="gloo")
+    return _HOST_GROUPS[key]
 
 
 def all_reduce_sum(value: torch.Tensor) -> torch.Tensor:

@@ -9,6 +9,7 @@ from typing import Final, NamedTuple
 
 import torch
 
+from composer_dynsample.deferred_checks import value_checks_deferred
 from composer_dynsample.distances import RankMatrix, check_distance
 from composer_dynsample.validation import check_int, check_pool
 
@@ -145,7 +146,11 @@ def _check_self_offset(self_offset: object, labels: torch.Tensor, ref_labels: to
         return None
     rows, pool = labels.shape[0], ref_labels.shape[0]
     offset = check_int("self_offset", self_offset, minimum=0)
-    if offset + rows > pool or not torch.equal(ref_labels[offset : offset + rows], labels):
+    # torch.equal reads the device: a training step that assembled the pool itself defers it (deferred_checks).
+    same = offset + rows <= pool and (
+        value_checks_deferred() is not None or torch.equal(ref_labels[offset : offset + rows], labels)
+    )
+    if not same:
         raise ValueError(
             f"self_offset={offset} says the pool holds the {rows} anchors at rows {offset} to {offset + rows - 1}, "
             f"but the pool has {pool} rows"
@@ -212,7 +217,9 @@ class LabelIndex:
     Attributes:
         n_pos: ``(B,)`` number of positives per anchor (same label, its own pool entry excluded).
         n_neg: ``(B,)`` number of negatives per anchor.
-        width: Largest number of positives of any anchor (the table width).
+        width: Largest number of positives of any anchor (the table width), or the bound a training step
+            gives under :func:`~composer_dynsample.deferred_checks.defer_value_checks` (no host read; the
+            slots beyond an anchor's ``n_pos`` are padding).
         self_offset: Anchor ``i`` is pool entry ``self_offset + i`` (``0`` for a self pool), or ``None``
             when the pool does not hold the anchors.
     """
@@ -233,7 +240,12 @@ class LabelIndex:
             self.n_pos = count - 1
         else:
             self.n_pos = count
-        self.width = int(self.n_pos.max()) if self.n_pos.numel() > 0 else 0
+        deferred = value_checks_deferred()
+        bound = None if deferred is None else deferred.max_positives
+        if self.n_pos.numel() == 0:
+            self.width = 0
+        else:
+            self.width = int(self.n_pos.max()) if bound is None else min(int(bound), self._pool_size)
 
     def chunk(self, start: int, stop: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Return ``(pos_idx, pos_valid)`` for anchors ``start:stop``.

@@ -100,8 +100,9 @@ class BaseMiner:
             if not self.uses_label_index:
                 return self.mine(inputs, None)
             index = LabelIndex(inputs.labels, inputs.ref_labels, inputs.self_offset)
-            # Every miner needs an anchor-positive pair; no positive anywhere means an empty result.
-            if not bool((index.n_pos > 0).any()):
+            # Every miner needs an anchor-positive pair; no positive anywhere means an empty result (the
+            # width is the largest count, or a training step's bound known on the host: deferred_checks).
+            if index.width == 0:
                 return self.empty(inputs.device)
             return self.mine(inputs, index)
 

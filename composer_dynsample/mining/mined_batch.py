@@ -49,12 +49,15 @@ class MinedBatch:
             then average over the tuples of all ranks, so that DDP's gradient average equals the gradient
             of one process on the concatenated batch.
         outputs (Any): What the model's forward returned, untouched.
-        stats (dict[str, float]): What the algorithm logged for this step.
+        stats (dict[str, torch.Tensor]): The step's statistics, 0-d tensors on the embeddings' device
+            (:func:`~composer_dynsample.mining.mining_statistics`); the algorithm reads them when it logs.
         duplicate_ids (torch.Tensor | None): This rank's ``(B,)`` duplicate ids (e.g. ``text_hash``), when
             the algorithm reads them (``duplicate_key``): equal ids mark the same sample under different
             labels, which must not serve as each other's negatives
             (:mod:`composer_dynsample.mining.duplicates`). The mined tuples already leave such negatives out.
         ref_duplicate_ids (torch.Tensor | None): The pool's duplicate ids, set with ``ref_embeddings``.
+        checks_deferred (bool): The embeddings' value checks (NaN, inf, float32 overflow) are made on the
+            device and read later (:mod:`composer_dynsample.deferred_checks`): the loss reads none either.
     """
 
     embeddings: torch.Tensor
@@ -65,9 +68,10 @@ class MinedBatch:
     strategy: str = ""
     global_mean: bool = False
     outputs: Any = None
-    stats: dict[str, float] = field(default_factory=dict)
+    stats: dict[str, torch.Tensor] = field(default_factory=dict)
     duplicate_ids: torch.Tensor | None = None
     ref_duplicate_ids: torch.Tensor | None = None
+    checks_deferred: bool = False
 
     @property
     def pool_embeddings(self) -> torch.Tensor:

@@ -2,10 +2,11 @@
 ``AFTER_FORWARD``, with no Composer inside.
 
 :func:`mining_step` assembles the pool (the batch, other ranks' rows, the memory), runs the miner, drops
-duplicate negatives, enqueues into the memory and computes the statistics, read back to the host in one
-transfer; it returns the :class:`~composer_dynsample.MinedBatch` the loss receives. :func:`all_ranks_finite`
-decides, the same way on every rank, whether the step can run; :func:`skipped_step` is the step that
-trains nothing when it cannot.
+duplicate negatives, enqueues into the memory and computes the statistics, left on the device as 0-d
+tensors; it returns the :class:`~composer_dynsample.MinedBatch` the loss receives. With ``deferred=True``
+it reads no tensor on the host: the miner's value checks are left to :func:`step_health`, a device flag the
+caller reads when it logs. :func:`all_ranks_finite` decides on the host, the same way on every rank,
+whether the step can run; :func:`skipped_step` is the step that trains nothing when it cannot.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from collections.abc import Iterable
 
 import torch
 
+from composer_dynsample.deferred_checks import defer_value_checks
 from composer_dynsample.distributed import all_reduce_sum, get_world_size
 from composer_dynsample.mining.base import BaseMiner
 from composer_dynsample.mining.duplicates import drop_duplicate_negatives
@@ -22,7 +24,17 @@ from composer_dynsample.mining.mined_batch import MinedBatch
 from composer_dynsample.mining.pool import assemble_pool
 from composer_dynsample.mining.statistics import mining_statistics
 
-__all__ = ["all_ranks_finite", "mining_step", "skipped_step"]
+__all__ = [
+    "HEALTH_NONFINITE",
+    "HEALTH_TOO_LARGE",
+    "all_ranks_finite",
+    "mining_step",
+    "skipped_step",
+    "step_health",
+]
+
+#: Bits of :func:`step_health`: some embedding is NaN or inf; some entry is too large for float32 distances.
+HEALTH_NONFINITE, HEALTH_TOO_LARGE = 1, 2
 
 
 def mining_step(
@@ -36,12 +48,20 @@ def mining_step(
     gather: str | None = None,
     memory: CrossBatchMemory | None = None,
     log_margin: float = 0.2,
+    deferred: bool = False,
+    max_positives: int | None = None,
 ) -> MinedBatch:
     """Mine one microbatch against its pool and return what the loss receives.
 
     Every rank must call it with the same ``cross_rank``, ``memory`` (present or not) and whether
     ``duplicate_ids`` are given: the pool's collectives (:func:`~composer_dynsample.mining.assemble_pool`)
-    run on all ranks. Host syncs: those the miner needs and one ``tolist`` of the stacked statistics.
+    run on all ranks. The statistics stay on the device.
+
+    Host reads: with ``deferred=False``, those of the miner's value checks (NaN or inf raise, float32
+    overflow switches to float64, the positives' count). With ``deferred=True`` none, for ``batch_hard`` and
+    ``hard_topk`` on a pool of the batch alone with ``max_positives`` given: the caller checks
+    :func:`step_health` on the device instead, and the miner runs on the embeddings with NaN and inf set to
+    zero, in float32 (float64 for float64 embeddings).
 
     Args:
         embeddings (torch.Tensor): ``(B, D)`` embeddings from the forward pass, with their graph.
@@ -56,18 +76,54 @@ def mining_step(
         memory (CrossBatchMemory, optional): A cross-batch memory to mine against and then fill. Default:
             none.
         log_margin (float): The margin of the ``active_fraction`` statistic. Default: ``0.2``.
+        deferred (bool): Leave the value checks to the caller's :func:`step_health` (see above). Default:
+            ``False``.
+        max_positives (int, optional): With ``deferred``, an upper bound of any anchor's positives in the
+            pool, known on the host (the largest label count of the batch, less one). Default: unknown.
 
     Returns:
         MinedBatch: The embeddings, the mined tuples, the pool when it is not the batch alone, and the
-        statistics as floats (:func:`~composer_dynsample.mining.mining_statistics`).
+        statistics as 0-d tensors on the embeddings' device (:func:`~composer_dynsample.mining.mining_statistics`).
 
     Example:
         >>> from composer_dynsample.mining import BatchHardMiner
         >>> emb = torch.nn.functional.normalize(torch.randn(8, 4, generator=torch.Generator().manual_seed(0)))
         >>> mined = mining_step(emb, torch.arange(8) % 4, BatchHardMiner(), strategy="batch_hard")
-        >>> mined.num_tuples, mined.ref_embeddings is None, mined.stats["num_tuples"]
+        >>> mined.num_tuples, mined.ref_embeddings is None, float(mined.stats["num_tuples"])
         (8, True, 8.0)
     """
+    if not deferred:
+        return _mining_step(
+            embeddings, labels, miner, strategy, duplicate_ids, cross_rank, gather, memory, log_margin
+        )
+    with defer_value_checks(max_positives=max_positives):
+        return _mining_step(
+            embeddings,
+            labels,
+            miner,
+            strategy,
+            duplicate_ids,
+            cross_rank,
+            gather,
+            memory,
+            log_margin,
+            sanitize=True,
+        )
+
+
+def _mining_step(
+    embeddings: torch.Tensor,
+    labels: torch.Tensor,
+    miner: BaseMiner,
+    strategy: str,
+    duplicate_ids: torch.Tensor | None,
+    cross_rank: bool,
+    gather: str | None,
+    memory: CrossBatchMemory | None,
+    log_margin: float,
+    *,
+    sanitize: bool = False,
+) -> MinedBatch:
     stored = memory is not None and len(memory) > 0
     if stored:
         memory.to(embeddings.device)  # a memory restored from a checkpoint sits on the CPU until used
@@ -86,8 +142,11 @@ def mining_step(
     ref_labels = pool.labels if uses_pool else None
     ref_ids = pool.duplicate_ids if uses_pool else None
     ref_embeddings = pool.embeddings if uses_pool else None
+    # Deferred checks: NaN or inf must not reach a miner that samples (its weights would be NaN); the step is
+    # reported by step_health and what is mined from the zeros is never trained on past the next read.
+    anchors = embeddings.detach().nan_to_num(0.0, 0.0, 0.0) if sanitize else embeddings.detach()
     tuples = miner(
-        embeddings.detach(),
+        anchors,
         labels,
         None if ref_embeddings is None else ref_embeddings.detach(),
         ref_labels,
@@ -101,7 +160,7 @@ def mining_step(
     stats = mining_statistics(
         embeddings.detach(), pool.embeddings.detach(), tuples, distance=miner.distance, margin=log_margin
     )
-    if dropped is not None:  # joins the one stacked host sync of the statistics
+    if dropped is not None:
         stats["duplicate_negatives_dropped"] = dropped.to(stats["num_tuples"])
     return MinedBatch(
         embeddings=embeddings,
@@ -111,9 +170,10 @@ def mining_step(
         ref_labels=ref_labels,
         strategy=strategy,
         global_mean=cross_rank and get_world_size() > 1 and uses_pool,
-        stats=_to_host(stats),
+        stats=stats,
         duplicate_ids=duplicate_ids,
         ref_duplicate_ids=ref_ids,
+        checks_deferred=sanitize,
     )
 
 
@@ -135,14 +195,14 @@ def skipped_step(
         >>> from composer_dynsample.mining import BatchHardMiner
         >>> layer = torch.nn.Linear(2, 2)
         >>> mined = skipped_step(torch.full((4, 2), float("nan")), torch.arange(4), BatchHardMiner(), layer.parameters())
-        >>> mined.embeddings.abs().sum().item(), mined.num_tuples, mined.stats
+        >>> mined.embeddings.abs().sum().item(), mined.num_tuples, {k: float(v) for k, v in mined.stats.items()}
         (0.0, 0, {'skipped': 1.0})
     """
     embeddings = _zero_stand_in(embeddings, parameters)
     tuples = miner.empty(labels.device)
     stats = mining_statistics(embeddings, embeddings, tuples, skipped=True)
     return MinedBatch(
-        embeddings=embeddings, labels=labels, indices_tuple=tuples, strategy=strategy, stats=_to_host(stats)
+        embeddings=embeddings, labels=labels, indices_tuple=tuples, strategy=strategy, stats=stats
     )
 
 
@@ -160,9 +220,28 @@ def all_ranks_finite(embeddings: torch.Tensor) -> bool:
     return int(all_reduce_sum(nonfinite).item()) == 0
 
 
-def _to_host(stats: dict[str, torch.Tensor]) -> dict[str, float]:
-    """The statistics as floats, read back in one transfer (they share one dtype and device)."""
-    return dict(zip(stats, torch.stack(list(stats.values())).tolist()))
+def step_health(embeddings: torch.Tensor) -> torch.Tensor:
+    """What a deferred step's value checks would have found, on every rank, as a 0-d int32 device tensor.
+
+    :data:`HEALTH_NONFINITE` when some rank's embeddings hold NaN or inf; :data:`HEALTH_TOO_LARGE` when an
+    entry is so large that float32 distances overflow (``entry^2 x dim x 4`` beyond float32's range, as
+    :func:`~composer_dynsample.distances.working_dtype` bounds it; float64's range for float64 embeddings);
+    ``0`` when neither. One all-reduce and no host read: the caller reads it when it logs.
+
+    Example:
+        >>> int(step_health(torch.ones(2, 2))), int(step_health(torch.tensor([[float("nan")]])))
+        (0, 1)
+        >>> int(step_health(torch.full((1, 4), 1e19)))
+        2
+    """
+    x = embeddings.detach()
+    dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
+    bound = (torch.finfo(dtype).max / (4.0 * max(x.shape[-1], 1))) ** 0.5
+    largest = x.abs().amax().to(torch.float64) if x.numel() else x.new_zeros((), dtype=torch.float64)
+    finite = torch.isfinite(largest)
+    flags = torch.stack([~finite, finite & (largest > bound)]).to(torch.int32)
+    flags = all_reduce_sum(flags)
+    return ((flags[0] > 0) * HEALTH_NONFINITE + (flags[1] > 0) * HEALTH_TOO_LARGE).to(torch.int32)
 
 
 def _zero_stand_in(embeddings: torch.Tensor, parameters: Iterable[torch.nn.Parameter]) -> torch.Tensor:

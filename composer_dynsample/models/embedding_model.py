@@ -14,6 +14,7 @@ from torch.utils.checkpoint import checkpoint
 from torchmetrics import Metric
 
 from composer_dynsample.batches import find_in_batch
+from composer_dynsample.deferred_checks import defer_value_checks
 from composer_dynsample.losses.tuple_losses import TripletMarginLoss, TupleLoss
 from composer_dynsample.mining.mined_batch import MinedBatch
 from composer_dynsample.validation import InputTypeError, check_bool, check_int
@@ -168,14 +169,16 @@ class EmbeddingModel(ComposerModel):
             extra = {"global_mean": outputs.global_mean} if isinstance(self.loss_fn, TupleLoss) else {}
             if outputs.duplicate_ids is not None and _takes_duplicate_ids(self.loss_fn):
                 extra.update(duplicate_ids=outputs.duplicate_ids, ref_duplicate_ids=outputs.ref_duplicate_ids)
-            return self.loss_fn(
-                outputs.embeddings,
-                outputs.labels,
-                outputs.indices_tuple,
-                outputs.ref_embeddings,
-                outputs.ref_labels,
-                **extra,
-            )
+            # A step whose value checks run on the device (HardNegativeMining) reads none in the loss either.
+            with defer_value_checks() if outputs.checks_deferred else nullcontext():
+                return self.loss_fn(
+                    outputs.embeddings,
+                    outputs.labels,
+                    outputs.indices_tuple,
+                    outputs.ref_embeddings,
+                    outputs.ref_labels,
+                    **extra,
+                )
         _, labels = self._split(batch)
         return self.loss_fn(outputs, labels)
 

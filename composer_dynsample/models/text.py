@@ -33,6 +33,7 @@ from composer_dynsample.models.tokens import (
     import_text_extra,
     masked_max_pool,
     masked_mean_pool,
+    range_checked_after,
     token_inputs,
 )
 from composer_dynsample.models.transformer import TRANSFORMER_POOLINGS, TransformerEncoder
@@ -68,7 +69,9 @@ class _TokenEncoder(nn.Module):
 
     def _tokens(self, features: Any) -> tuple[torch.Tensor, torch.Tensor]:
         """The masked token embeddings ``(B, L, token_dim)`` (padding zeroed) and the mask."""
-        ids, mask = token_inputs(features, type(self).__name__, self.vocab_size)
+        checked = getattr(self, "_range_checked", False)
+        ids, mask = token_inputs(features, type(self).__name__, self.vocab_size, check_range=not checked)
+        self._range_checked = range_checked_after(ids)
         tokens = self.dropout(self.embedding(ids))
         return tokens * mask.unsqueeze(-1).to(tokens.dtype), mask
 

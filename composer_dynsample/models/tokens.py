@@ -20,7 +20,14 @@ from torch import nn
 
 from composer_dynsample.validation import InputTypeError, check_int, describe
 
-__all__ = ["import_text_extra", "length_groups", "masked_max_pool", "masked_mean_pool", "token_inputs"]
+__all__ = [
+    "import_text_extra",
+    "length_groups",
+    "masked_max_pool",
+    "masked_mean_pool",
+    "range_checked_after",
+    "token_inputs",
+]
 
 
 def import_text_extra(module: str, needed_by: str) -> Any:
@@ -39,7 +46,21 @@ def import_text_extra(module: str, needed_by: str) -> Any:
         ) from None
 
 
-def token_inputs(features: Any, owner: str, vocab_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+def range_checked_after(ids: torch.Tensor) -> bool:
+    """Whether an encoder that has checked ``ids`` may skip the check of the next batches: on an accelerator,
+    where each check reads the device (the ids come from one tokenizer, and an embedding lookup out of range
+    still fails there); never on the CPU, where it reads nothing.
+
+    Example:
+        >>> range_checked_after(torch.tensor([[1, 2]]))
+        False
+    """
+    return ids.device.type != "cpu"
+
+
+def token_inputs(
+    features: Any, owner: str, vocab_size: int, *, check_range: bool = True
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Check and return ``(input_ids, attention_mask)`` from text features.
 
     Args:
@@ -47,6 +68,9 @@ def token_inputs(features: Any, owner: str, vocab_size: int) -> tuple[torch.Tens
             of ids (then every position is a token).
         owner (str): The encoder's name, for the error messages.
         vocab_size (int): Ids must lie in ``[0, vocab_size)``.
+        check_range (bool): Check that they do. Ids in host memory are checked there (numpy: no device
+            read); ids on an accelerator are read from it, so an encoder checks only the first batch it
+            sees there (:func:`range_checked_after`). Default: ``True``.
 
     Returns:
         The ``(B, L)`` ids and the ``(B, L)`` mask, as given (the mask is all ones when absent).
@@ -79,8 +103,12 @@ def token_inputs(features: Any, owner: str, vocab_size: int) -> tuple[torch.Tens
             f"{owner}: attention_mask must be an integer or bool tensor of the ids' shape "
             f"{tuple(ids.shape)}, got {describe(mask)}."
         )
-    if ids.numel():
-        low, high = (int(v) for v in torch.aminmax(ids))
+    if ids.numel() and check_range:
+        if ids.device.type == "cpu":
+            host = ids.numpy()
+            low, high = int(host.min()), int(host.max())
+        else:
+            low, high = (int(v) for v in torch.aminmax(ids))
         if low < 0 or high >= vocab_size:
             raise ValueError(
                 f"{owner}: input_ids hold token id {low if low < 0 else high} but vocab_size is {vocab_size}; "

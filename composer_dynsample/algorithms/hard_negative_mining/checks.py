@@ -3,6 +3,7 @@
 :func:`check_pool_options`, :func:`check_batch_key` and :func:`build_scheduled_miners` validate what the
 algorithm is built with; :func:`check_embeddings_and_labels` and :func:`check_duplicate_ids` what it reads
 from ``State`` (found there by :func:`~composer_dynsample.batches.find_in_batch`);
+:func:`check_batches` the log interval, :func:`largest_label_count` the host's bound of the positives;
 :func:`microbatch_warning` and :func:`nonfinite_message` say what went wrong in words. The warnings that
 watch the steps while training are in :mod:`.monitors`.
 """
@@ -12,22 +13,26 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+import numpy as np
 import torch
 
 from composer_dynsample.algorithms.hard_negative_mining.schedule import parse_schedule
 from composer_dynsample.batches import find_in_batch
 from composer_dynsample.mining.base import BaseMiner
 from composer_dynsample.mining.registry import MINERS, build_miner, check_strategy
+from composer_dynsample.mining.step import HEALTH_NONFINITE
 from composer_dynsample.validation import check_bool, check_labels
 
 __all__ = [
     "GATHERS",
     "build_scheduled_miners",
     "check_batch_key",
+    "check_batches",
     "check_duplicate_ids",
     "check_embeddings_and_labels",
     "check_pool_options",
     "check_strategy",
+    "largest_label_count",
     "microbatch_warning",
     "nonfinite_message",
     "parse_schedule",
@@ -118,12 +123,59 @@ def check_batch_key(name: str, key: object) -> str | int | None:
     return key  # type: ignore[return-value]
 
 
-def nonfinite_message(batch: int) -> str:
-    """The error for NaN or inf embeddings at ``batch`` with ``on_nonfinite='raise'``."""
+def nonfinite_message(batch: int, health: int = HEALTH_NONFINITE) -> str:
+    """The error for NaN or inf embeddings (or, by ``health``, entries too large for float32 distances) at
+    ``batch`` with ``on_nonfinite='raise'``.
+
+    Example:
+        >>> nonfinite_message(3, health=2)[:80]
+        'HardNegativeMining: the embeddings at batch 3 hold entries too large for float32'
+    """
+    if health & HEALTH_NONFINITE:
+        found = "contain NaN or inf"
+    else:
+        found = "hold entries too large for float32 distances (1e17 and above: the squared norms overflow)"
     return (
-        f"HardNegativeMining: the embeddings at batch {batch} contain NaN or inf (on this or another rank). "
+        f"HardNegativeMining: the embeddings at batch {batch} {found} (on this or another rank). "
         "Lower the learning rate, check the inputs, or pass on_nonfinite='skip' to skip such steps."
     )
+
+
+def check_batches(name: str, value: object) -> int:
+    """A positive number of batches, from an int or a time string in batches (``"50ba"``).
+
+    Example:
+        >>> check_batches("log_interval", "50ba"), check_batches("log_interval", 3)
+        (50, 3)
+        >>> check_batches("log_interval", "2ep")
+        Traceback (most recent call last):
+            ...
+        ValueError: log_interval must be a number of batches >= 1 (an int or a time string such as '50ba'), got '2ep'.
+    """
+    number = value if isinstance(value, int) and not isinstance(value, bool) else None
+    if isinstance(value, str) and value.endswith("ba") and value[:-2].isdigit():
+        number = int(value[:-2])
+    if number is None or number < 1:
+        raise ValueError(
+            f"{name} must be a number of batches >= 1 (an int or a time string such as '50ba'), got {value!r}."
+        )
+    return number
+
+
+def largest_label_count(labels: object) -> int | None:
+    """The most rows any label has in a batch still on the host (``None`` for a batch already on a device,
+    where counting would read it): a bound, less one, of the positives any anchor has in the batch.
+
+    Example:
+        >>> largest_label_count(torch.tensor([3, 1, 3, 3])), largest_label_count(torch.tensor([], dtype=torch.int64))
+        (3, 0)
+    """
+    if not isinstance(labels, torch.Tensor) or labels.device.type != "cpu" or labels.ndim != 1:
+        return None
+    if not labels.numel():
+        return 0
+    _, counts = np.unique(labels.numpy(), return_counts=True)  # host memory: no device read
+    return int(counts.max())
 
 
 def microbatch_warning(rows: int, device_rows: int | None, forward_chunk_size: int | None) -> str | None:

@@ -19,18 +19,22 @@ from composer.loggers import Logger
 from composer_dynsample.algorithms.hard_negative_mining.checks import (
     build_scheduled_miners,
     check_batch_key,
+    check_batches,
     check_pool_options,
+    largest_label_count,
     microbatch_warning,
     nonfinite_message,
     read_step_tensors,
 )
+from composer_dynsample.algorithms.hard_negative_mining.log_window import LogWindow
 from composer_dynsample.algorithms.hard_negative_mining.monitors import CollapseWatch, NothingMinedWatch
 from composer_dynsample.algorithms.hard_negative_mining.schedule import StrategySchedule, reached
 from composer_dynsample.batches import batch_rows, batch_tensor
 from composer_dynsample.distances import check_distance
 from composer_dynsample.distributed import unwrap_model
 from composer_dynsample.mining.memory import CrossBatchMemory
-from composer_dynsample.mining.step import all_ranks_finite, mining_step, skipped_step
+from composer_dynsample.mining.mined_batch import MinedBatch
+from composer_dynsample.mining.step import all_ranks_finite, mining_step, skipped_step, step_health
 from composer_dynsample.validation import check_choice, check_float, check_int, parse_time
 
 __all__ = ["HardNegativeMining"]
@@ -49,6 +53,15 @@ class HardNegativeMining(Algorithm):
     The pool is the microbatch (``AFTER_FORWARD`` fires once per microbatch), plus the other ranks' with
     ``cross_rank=True``, plus the cross-batch memory when it is on. When Composer splits the device batch
     it warns once: bound memory with ``EmbeddingModel(forward_chunk_size=N)`` instead.
+
+    **No host read in a step.** A step reads no tensor's value on the host (on a GPU such a read waits for
+    the whole queue, and the host can no longer run ahead): the statistics, the finiteness of the embeddings
+    and the warnings' counters stay on the device (:mod:`.log_window`) and are read back in one transfer
+    every ``log_interval`` batches, at the end of each epoch and at the end of training, at ``BATCH_END``,
+    where Composer has just read the loss. The statistics logged are then the means over those steps. The
+    miners ``batch_hard`` and ``hard_topk`` on a pool of the batch alone read nothing; the others, the
+    cross-rank pool and the memory may read what they need (a count, a size). ``on_nonfinite="skip"`` must
+    decide before the loss, so it reads one flag a step.
 
     Args:
         strategy (str | Mapping[str, str]): A name of :data:`~composer_dynsample.mining.MINERS`, or a
@@ -72,11 +85,16 @@ class HardNegativeMining(Algorithm):
         memory_start (str): Composer time string from which the memory is filled and mined against
             (XBM starts once embeddings have settled). Default: ``"0ba"``.
         on_nonfinite (str): NaN or inf embeddings ``"raise"`` a ``ValueError`` or ``"skip"`` the step (a
-            zero loss with zero gradients, so DDP stays in step). Default: ``"raise"``.
+            zero loss with zero gradients, so DDP stays in step). ``"raise"`` is checked on the device and
+            raised at the next read (see above), naming the first such batch; entries too large for
+            float32 distances (about 1e17 and above) raise too, where ``"skip"`` mines them in float64.
+            Default: ``"raise"``.
         log_margin (float): The margin of the logged fraction of active triplets
             (``d(a, p) - d(a, n) + margin > 0``). Default: ``0.2``.
         collapse_threshold (float): Warn (once per fall) when the mean pairwise distance of a microbatch
             falls below this: the embeddings have collapsed to a point. Default: ``1e-3``.
+        log_interval (int | str): Batches between two reads of the statistics (an int or a time string in
+            batches, ``"50ba"``): the steps between read nothing on the host. Default: ``"1ba"`` (every step).
 
     Example:
         >>> from composer import Trainer
@@ -104,6 +122,7 @@ class HardNegativeMining(Algorithm):
         on_nonfinite: str = "raise",
         log_margin: float = 0.2,
         collapse_threshold: float = 1e-3,
+        log_interval: int | str = "1ba",
     ) -> None:
         self.schedule = StrategySchedule(strategy)
         self.distance = check_distance(distance)
@@ -119,18 +138,36 @@ class HardNegativeMining(Algorithm):
         threshold = check_float("collapse_threshold", collapse_threshold, minimum=0.0)
         self._collapse = CollapseWatch(threshold, self.distance)
         self._nothing_mined = NothingMinedWatch()
+        self.log_interval = check_batches("log_interval", log_interval)
+        self._window = LogWindow()
+        self._memory_used = False
         self._warned_microbatch = False
         self._device_rows: int | None = None
+        self._max_positives: int | None = None
 
     def match(self, event: Event, state: State) -> bool:
-        return event in (Event.AFTER_DATALOADER, Event.AFTER_FORWARD)
+        return event in (Event.AFTER_DATALOADER, Event.AFTER_FORWARD, Event.BATCH_END, Event.EPOCH_END) or (
+            event == Event.FIT_END
+        )
 
     def apply(self, event: Event, state: State, logger: Logger) -> None:
-        """Note the device batch's size (``AFTER_DATALOADER``), or mine the microbatch, log its statistics
-        and hand a :class:`MinedBatch` to the loss; the ranks first agree whether to skip (one all-reduce)."""
+        """Note the device batch (``AFTER_DATALOADER``), mine the microbatch and hand a :class:`MinedBatch` to
+        the loss (``AFTER_FORWARD``), or read, log and check the steps since the last read (``BATCH_END`` of
+        a logging step, ``EPOCH_END``, ``FIT_END``)."""
         if event == Event.AFTER_DATALOADER:  # labels that are not there yet are looked for at AFTER_FORWARD
-            self._device_rows = batch_rows(batch_tensor(state, self.labels_key, "labels", 1)[0])
+            labels = batch_tensor(state, self.labels_key, "labels", 1)[0]
+            self._device_rows = batch_rows(labels)
+            self._max_positives = largest_label_count(labels)
             return
+        if event in (Event.EPOCH_END, Event.FIT_END) or (
+            event == Event.BATCH_END and int(state.timestamp.batch) % self.log_interval == 0
+        ):
+            self._read(state, logger)
+        elif event != Event.BATCH_END:  # AFTER_FORWARD
+            state.outputs = self._mine(state)
+
+    def _mine(self, state: State) -> MinedBatch:
+        """Mine the microbatch; with ``on_nonfinite="skip"`` the ranks first agree whether to (one read)."""
         embeddings, labels, ids = read_step_tensors(
             state, self.embeddings_key, self.labels_key, self.duplicate_key
         )
@@ -139,28 +176,52 @@ class HardNegativeMining(Algorithm):
         miner, batch = self.miners[strategy], int(state.timestamp.batch)
         on = self.memory is not None and reached(state.timestamp, self.memory_start)
         memory = self.memory if on else None
-        if all_ranks_finite(embeddings):
+        self._memory_used = memory is not None
+        pool = {"duplicate_ids": ids, "cross_rank": self.cross_rank, "gather": self.gather, "memory": memory}
+        health = None
+        if self.on_nonfinite == "raise":
+            health = step_health(embeddings)
+            alone = memory is None and not self.cross_rank  # the label counts of the batch bound the pool's
+            bound = None if self._max_positives is None or not alone else self._max_positives - 1
             mined = mining_step(
-                embeddings,
-                labels,
-                miner,
-                strategy=strategy,
-                duplicate_ids=ids,
-                cross_rank=self.cross_rank,
-                gather=self.gather,
-                memory=memory,
-                log_margin=self.log_margin,
+                embeddings, labels, miner, strategy=strategy, log_margin=self.log_margin, deferred=True,
+                max_positives=bound, **pool,
+            )  # fmt: skip
+        elif all_ranks_finite(embeddings):
+            mined = mining_step(
+                embeddings, labels, miner, strategy=strategy, log_margin=self.log_margin, **pool
             )
-        elif self.on_nonfinite == "skip":
-            mined = skipped_step(embeddings, labels, miner, state.model.parameters(), strategy=strategy)
         else:
-            raise ValueError(nonfinite_message(batch))
+            mined = skipped_step(embeddings, labels, miner, state.model.parameters(), strategy=strategy)
         mined.outputs = state.outputs
-        logger.log_metrics({f"mining/{name}": value for name, value in mined.stats.items()})
-        self._collapse.update(mined.stats, batch=batch, memory_active=memory is not None)
-        # batch + 1: the batch being trained, counted from 1.
-        self._nothing_mined.update_from(mined, batch=batch + 1, steps_per_epoch=state.dataloader_len)
-        state.outputs = mined
+        self._window.add(mined, batch=batch, health=health)
+        return mined
+
+    def _read(self, state: State, logger: Logger) -> None:
+        """Read the steps since the last read (one transfer): raise on unhealthy embeddings, log, warn."""
+        reading = self._window.read()
+        if reading is None:
+            return
+        if reading.first_unhealthy_batch is not None:
+            raise ValueError(nonfinite_message(reading.first_unhealthy_batch, reading.health))
+        logger.log_metrics({f"mining/{name}": value for name, value in reading.means.items()})
+        window = self._window
+        self._collapse.update(
+            reading.means if reading.last_spread is None else {"embedding_spread": reading.last_spread},
+            batch=window.last_batch,
+            memory_active=self._memory_used,
+            smallest=reading.smallest_spread,
+        )
+        if window.last_labels is not None:
+            labels, pool_labels = window.last_labels
+            self._nothing_mined.update(
+                reading.longest_empty_run,
+                labels,
+                pool_labels,
+                strategy=window.last_strategy,
+                batch=window.last_batch + 1,  # the batch being trained, counted from 1
+                steps_per_epoch=None if state.dataloader_len is None else int(state.dataloader_len),
+            )
 
     def strategy_at(self, state: State) -> str:
         """The strategy the schedule gives for the current time."""

@@ -13,8 +13,6 @@ from collections.abc import Mapping
 
 import torch
 
-from composer_dynsample.mining.mined_batch import MinedBatch
-
 __all__ = ["NOTHING_MINED_PATIENCE", "CollapseWatch", "NothingMinedWatch"]
 
 log = logging.getLogger(__name__)
@@ -29,7 +27,9 @@ class NothingMinedWatch:
     Such steps give a zero loss and train nothing. ``patience`` consecutive empty steps, or a whole epoch
     of them when an epoch is shorter, trigger the warning, which names the likely cause read off the
     last batch's labels: no label twice (``samples_per_class=1``), one label only, or a strategy that
-    selects nothing among the pairs there are.
+    selects nothing among the pairs there are. The run of empty steps is counted on the device
+    (:class:`~composer_dynsample.algorithms.hard_negative_mining.log_window.LogWindow`) and checked here
+    when the algorithm logs.
 
     Args:
         patience (int): Consecutive empty steps before the warning. Default: :data:`NOTHING_MINED_PATIENCE`.
@@ -37,37 +37,22 @@ class NothingMinedWatch:
     Example:
         >>> watch = NothingMinedWatch(patience=2)
         >>> labels = torch.arange(4)
-        >>> watch.update(0, labels, None, strategy="semi_hard", batch=1)
+        >>> watch.update(1, labels, None, strategy="semi_hard", batch=1)
         >>> import warnings
         >>> with warnings.catch_warnings(record=True) as caught:
         ...     warnings.simplefilter("always")
-        ...     watch.update(0, labels, None, strategy="semi_hard", batch=2)
+        ...     watch.update(2, labels, None, strategy="semi_hard", batch=2)
         >>> "No label occurs twice" in str(caught[0].message)
         True
     """
 
     def __init__(self, patience: int = NOTHING_MINED_PATIENCE) -> None:
         self.patience = patience
-        self.empty_steps = 0
         self.warned = False
-
-    def update_from(self, mined: MinedBatch, *, batch: int, steps_per_epoch: object = None) -> None:
-        """:meth:`update` with a step's :class:`~composer_dynsample.MinedBatch` (a skipped step, which
-        mined nothing on purpose, does not count); ``steps_per_epoch`` may be a Composer ``Time``."""
-        if "num_tuples" in mined.stats:
-            steps = None if steps_per_epoch is None else int(steps_per_epoch)  # type: ignore[call-overload]
-            self.update(
-                mined.stats["num_tuples"],
-                mined.labels,
-                mined.ref_labels,
-                strategy=mined.strategy,
-                batch=batch,
-                steps_per_epoch=steps,
-            )
 
     def update(
         self,
-        num_tuples: float,
+        empty_steps: int,
         labels: torch.Tensor,
         pool_labels: torch.Tensor | None,
         *,
@@ -75,26 +60,22 @@ class NothingMinedWatch:
         batch: int,
         steps_per_epoch: int | None = None,
     ) -> None:
-        """Count one mining step; warn when the empty steps in a row reach the patience.
+        """Warn when the run of empty steps reaches the patience.
 
         Args:
-            num_tuples (float): The tuples the step found.
-            labels (torch.Tensor): The step's anchor labels.
+            empty_steps (int): The longest run of consecutive steps without a tuple, up to ``batch``.
+            labels (torch.Tensor): The last step's anchor labels.
             pool_labels (torch.Tensor, optional): The labels of the pool it mined against, when not the batch.
             strategy (str): The strategy that ran.
             batch (int): The batch being trained, counted from 1, for the message.
             steps_per_epoch (int, optional): The batches in an epoch, when known.
         """
-        if num_tuples > 0:
-            self.empty_steps = 0
-            return
-        self.empty_steps += 1
         limit = min(self.patience, steps_per_epoch) if steps_per_epoch else self.patience
-        if self.warned or self.empty_steps < max(limit, 1):
+        if self.warned or empty_steps < max(limit, 1):
             return
         self.warned = True
         message = (
-            f"HardNegativeMining: {strategy} found no tuple in {self.empty_steps} consecutive steps (through "
+            f"HardNegativeMining: {strategy} found no tuple in {empty_steps} consecutive steps (through "
             f"batch {batch}): the loss is zero and nothing trains. {_likely_cause(labels, pool_labels, strategy)}"
         )
         log.warning(message)
@@ -149,15 +130,29 @@ class CollapseWatch:
         self.threshold, self.distance = threshold, distance
         self.warned = False
 
-    def update(self, stats: Mapping[str, float], *, batch: int, memory_active: bool = False) -> None:
-        """Read one step's ``embedding_spread`` (steps without it are skipped) and warn on a new fall."""
+    def update(
+        self,
+        stats: Mapping[str, float],
+        *,
+        batch: int,
+        memory_active: bool = False,
+        smallest: float | None = None,
+    ) -> None:
+        """Read the ``embedding_spread`` (steps without it are skipped) and warn on a new fall.
+
+        Args:
+            stats (Mapping[str, float]): The statistics, with the last step's ``embedding_spread``.
+            batch (int): The batch, for the message.
+            memory_active (bool): Whether a cross-batch memory was mined against, for the message.
+            smallest (float, optional): The smallest spread since the last update, when several steps passed.
+        """
         spread = stats.get("embedding_spread")
         if spread is None:
             return
-        if spread >= 10 * self.threshold:
-            self.warned = False
-            return
-        if self.warned or spread >= self.threshold:
+        low = spread if smallest is None else min(spread, smallest)
+        if self.warned and spread >= 10 * self.threshold:
+            self.warned = False  # recovered: a later fall warns again
+        if self.warned or low >= self.threshold:
             return
         self.warned = True
         memory = (
@@ -168,7 +163,7 @@ class CollapseWatch:
         )
         warnings.warn(
             f"HardNegativeMining: the embeddings have collapsed (mean pairwise {self.distance} distance "
-            f"{spread:.2e} < {self.threshold:g} at batch {batch}). Batch-hard "
+            f"{low:.2e} < {self.threshold:g} at batch {batch}). Batch-hard "
             "mining from the first step often does this; start with semi_hard and switch later, e.g. "
             "strategy={'0ep': 'semi_hard', '40ep': 'batch_hard'}, or lower the learning rate." + memory,
             UserWarning,
