@@ -42,15 +42,24 @@ def origin_of(frame: FrameType | None) -> str:
         >>> origin_of(sys._getframe())
         'other'
     """
+    return _caller(frame)[0]
+
+
+def _caller(frame: FrameType | None) -> tuple[str, str]:
+    """``(origin, "path:line")`` of the first frame outside torch; the path from its package's folder on."""
     while frame is not None:
         path = frame.f_code.co_filename
         if not path.startswith(_TORCH) and "<" not in path[:1]:
-            if path.startswith(_PACKAGE):
-                return "composer_dynsample"
             parts = Path(path).parts
-            return "composer" if "composer" in parts and "site-packages" in parts else "other"
+            if path.startswith(_PACKAGE):
+                origin = "composer_dynsample"
+            else:
+                origin = "composer" if "composer" in parts and "site-packages" in parts else "other"
+            top = origin if origin != "other" else None
+            short = "/".join(parts[parts.index(top) :]) if top in parts else Path(path).name
+            return origin, f"{short}:{frame.f_lineno}"
         frame = frame.f_back
-    return "other"
+    return "other", "?"
 
 
 class HostReadCounter:
@@ -70,6 +79,8 @@ class HostReadCounter:
 
     def __init__(self) -> None:
         self.counts: Counter[tuple[str, str]] = Counter()
+        #: The same calls by call site: ``{(origin, "path:line", method): calls}``.
+        self.sites: Counter[tuple[str, str, str]] = Counter()
         self.armed = True
         self._saved: dict[str, Any] = {}
 
@@ -96,7 +107,9 @@ class HostReadCounter:
 
         def counted(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
             if counter.armed:
-                counter.counts[(origin_of(sys._getframe(1)), name)] += 1
+                origin, site = _caller(sys._getframe(1))
+                counter.counts[(origin, name)] += 1
+                counter.sites[(origin, site, name)] += 1
             return method(tensor, *args, **kwargs)
 
         counted.__name__ = name
