@@ -259,6 +259,9 @@ def _run_record(
         "protocol": protocol,
         "world_size": dist.get_world_size(),
         "device": type(state.device).__name__,
+        "precision": str(getattr(state.precision, "value", state.precision)),
+        # What the run took from its device because the config did not say (config/device.py).
+        "device_defaults": dict(getattr(run, "device_defaults", {})),
         "checkpoint": saved[-1] if saved else None,
         "load_path": run.config.trainer.get("load_path"),
         "eval_history": run.gallery.history if run.gallery is not None else [],

@@ -50,7 +50,7 @@ from composer_dynsample.config.components import (
     resolve_entry,
     resolve_set,
 )
-from composer_dynsample.config.loading import dataloader_config, section
+from composer_dynsample.config.loading import collate_padding, dataloader_config, section
 from composer_dynsample.config.model_checks import folder_data_defaults
 from composer_dynsample.config.names import (
     ALGORITHMS,
@@ -164,7 +164,8 @@ def _pair_rows(name: str, store: Any) -> dict[str, Any]:
 def build_train_dataloader(cfg: DictConfig, store: TensorStore | TextStore, seed: int) -> DataLoader:
     """The train loader: ``IndexDataset`` + the sampler + ``GatherCollate`` (``TextCollate`` for texts) over the store.
 
-    Give the Trainer :func:`composer_dataloader` of it: Composer cannot size a text batch by itself.
+    A text batch's length is padded up to ``dataloader.pad_to_multiple_of`` (when set). Give the
+    Trainer :func:`composer_dataloader` of it: Composer cannot size a text batch by itself.
     """
     sampler = build_sampler(cfg, store.labels, seed, store)
     component, kwargs = dataloader_config(cfg)
@@ -174,7 +175,10 @@ def build_train_dataloader(cfg: DictConfig, store: TensorStore | TextStore, seed
         entry = Registered(import_component("dataloader._component_", component), reserved=LOADER_OWNED)
         if not entry.accepts_any_key():
             check_keys("dataloader", kwargs, entry.valid_keys(), component)
-    collate = TextCollate(store) if isinstance(store, TextStore) else GatherCollate(store)
+    if isinstance(store, TextStore):
+        collate: Any = TextCollate(store, pad_to_multiple_of=collate_padding(cfg))
+    else:
+        collate = GatherCollate(store)
     kwargs = {**kwargs, "collate_fn": collate}
     return call("dataloader", entry, kwargs, IndexDataset(store.labels), sampler)
 

@@ -28,6 +28,7 @@ __all__ = [
     "DataloaderConfig",
     "EvaluationConfig",
     "RunOptions",
+    "collate_padding",
     "default_run_dir",
     "expand_trainer_paths",
     "load_config",
@@ -134,7 +135,11 @@ class DataloaderConfig:
 
     ``batch_size``, ``shuffle``, ``sampler``, ``batch_sampler``, ``drop_last`` and ``collate_fn`` come
     from the sampler and the data. A ``_component_`` names another loader class, called as
-    ``loader(dataset, batch_sampler, collate_fn=..., **keys)``; its keys are then checked against it.
+    ``loader(dataset, batch_sampler, collate_fn=..., **keys)``; its keys are then checked against it
+    (``pad_to_multiple_of`` excepted: it is the collate's). On a CUDA device a run fills the keys its
+    config leaves out with :func:`~composer_dynsample.config.device.device_defaults`' (2 persistent
+    workers, 4 batches ahead each, pinned memory, padding to a multiple of 8); on the CPU it keeps these
+    defaults.
 
     Attributes:
         num_workers (int): Worker processes; they only see indices. Default: ``0``.
@@ -146,6 +151,10 @@ class DataloaderConfig:
         timeout (float): Seconds to wait for a worker's batch. Default: ``0`` (forever).
         multiprocessing_context (str, optional): ``"fork"``, ``"spawn"`` or ``"forkserver"``. Default: the
             platform's.
+        pad_to_multiple_of (int, optional): Text batches only: the collate pads the batch's length up to
+            a multiple of this (pad ids, attention mask 0: the values do not change, the shape fills a
+            GPU's tensor-core tiles); null or 1 pads to the longest row. Default: null (``8`` on a CUDA
+            device, filled by the run).
     """
 
     num_workers: int = 0
@@ -154,10 +163,17 @@ class DataloaderConfig:
     prefetch_factor: Optional[int] = None  # noqa: UP045
     timeout: float = 0.0
     multiprocessing_context: Optional[str] = None  # noqa: UP045
+    pad_to_multiple_of: Optional[int] = None  # noqa: UP045
 
     def __post_init__(self) -> None:
         _checked(
             "dataloader.num_workers", lambda: check_int("dataloader.num_workers", self.num_workers, minimum=0)
+        )
+        _checked(
+            "dataloader.pad_to_multiple_of",
+            lambda: check_int(
+                "dataloader.pad_to_multiple_of", self.pad_to_multiple_of, minimum=1, allow_none=True
+            ),
         )
         # PyTorch asserts these only once a worker starts (a bare AssertionError mid-run) or not at all.
         if self.prefetch_factor is not None:
@@ -398,10 +414,13 @@ def dataloader_config(cfg: DictConfig) -> tuple[str | None, dict[str, Any]]:
     """The ``dataloader`` section: its ``_component_`` (or ``None``) and the keyword arguments the user set.
 
     Without a ``_component_`` the keys are checked against :class:`DataloaderConfig`; ``pin_memory``
-    defaults to whether CUDA is available.
+    defaults to whether CUDA is available. ``pad_to_multiple_of`` is the collate's, not the loader's:
+    see :func:`collate_padding`.
     """
     values = section(cfg, "dataloader", "dataloader")
     component = values.pop(COMPONENT_KEY, None)
+    collate_padding(cfg)  # checked with a _component_ too
+    values.pop("pad_to_multiple_of", None)
     if component is None:
         checked = dataclasses.asdict(structured("dataloader", values, DataloaderConfig))
         values = {key: checked[key] for key in values}
@@ -410,3 +429,24 @@ def dataloader_config(cfg: DictConfig) -> tuple[str | None, dict[str, Any]]:
 
             values["pin_memory"] = torch.cuda.is_available()
     return component, values
+
+
+def collate_padding(cfg: DictConfig) -> int | None:
+    """``dataloader.pad_to_multiple_of``: the multiple the train collate pads a text batch's length to.
+
+    Returns:
+        int | None: The multiple; ``None`` for null, ``1`` or unset (the longest row).
+
+    Raises:
+        ConfigError: If the value is not null or an integer >= 1.
+
+    Example:
+        >>> collate_padding(OmegaConf.create({"dataloader": {"pad_to_multiple_of": 8}}))
+        8
+        >>> collate_padding(OmegaConf.create({})), collate_padding(OmegaConf.create({"dataloader": {"pad_to_multiple_of": 1}}))
+        (None, None)
+    """
+    values = section(cfg, "dataloader", "dataloader")
+    value = values.get("pad_to_multiple_of", DataloaderConfig.pad_to_multiple_of)
+    checked = structured("dataloader", {"pad_to_multiple_of": value}, DataloaderConfig).pad_to_multiple_of
+    return None if checked in (None, 1) else checked

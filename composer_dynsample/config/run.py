@@ -30,6 +30,12 @@ from composer_dynsample.config.builders import (
 )
 from composer_dynsample.config.checks import TRAINER_OWNED, check_sampler_table, check_trainer_basics
 from composer_dynsample.config.components import ConfigError, check_keys, parameters, peek_entry
+from composer_dynsample.config.device import (
+    apply_device_settings,
+    device_defaults,
+    fill_device_defaults,
+    run_device,
+)
 from composer_dynsample.config.evaluation import LEAVE_ONE_OUT, build_evaluation, protocol_of
 from composer_dynsample.config.loading import (
     default_run_dir,
@@ -271,6 +277,10 @@ class TrainingRun:
         composer_run_dir (Path | None): The path Composer writes ``run_dir`` through when it would not read
             ``run_dir`` itself as a local path (a symbolic link to it, see
             :func:`composer_reads_as_path`); ``None`` when it is ``run_dir``.
+        device_defaults (dict[str, Any]): What the run took from its device because the config did not
+            say (see :mod:`~composer_dynsample.config.device`): the keys written into :attr:`config`
+            (``trainer.precision``, ``dataloader`` keys, ``pad_to_multiple_of``), and ``tf32``: whether TF32
+            was turned on.
     """
 
     config: DictConfig
@@ -287,6 +297,7 @@ class TrainingRun:
     leave_one_out: bool = False
     composer_run_dir: Path | None = None
     link_folder: Any = field(default=None, repr=False)  # keeps the link's temporary folder alive
+    device_defaults: dict[str, Any] = field(default_factory=dict)
 
     def local_path(self, path: str | os.PathLike[str]) -> Path:
         """A path Composer reported (a saved checkpoint) as a path inside :attr:`run_dir`."""
@@ -304,6 +315,13 @@ def build_run(
     The train loader is built before the model and the evaluation, so that a batch the data cannot fill
     is said before anything that follows from the data's size. The run's callbacks end with a
     :class:`DataIdentity`, which records the data in every checkpoint.
+
+    First, the device's settings fill what the config leaves out (see
+    :mod:`~composer_dynsample.config.device`): on a CUDA device ``trainer.precision: amp_bf16`` (where the
+    GPU has bf16), a loader of 2 pinned, persistent workers and text batches padded to a multiple of 8; on
+    the CPU ``fp32``, no workers and no padding, as before. They are written into the returned config
+    (and so into ``config.yaml``); TF32 is turned on for the process on such a GPU, unless
+    ``trainer.precision`` is ``fp32``, before the model is built.
 
     Args:
         cfg (DictConfig): A config from :func:`~composer_dynsample.config.load_config`.
@@ -327,6 +345,7 @@ def build_run(
         run_dir if run_dir is not None else options.run_dir or default_run_dir(None)
     ).expanduser()
     cfg.run_dir = str(directory)
+    device_settings = _device_settings(cfg)
     evaluation = evaluation_config(cfg)
     check_sampler_table(section(cfg, "sampler", "sampler"), section(cfg, "algorithms", "algorithms"))
     reproducibility.seed_all(options.seed)
@@ -364,10 +383,19 @@ def build_run(
         cfg, directory, trainer, model, splits, train_loader, tuple(evaluation.ks), evaluation.distance
     )
     run.gallery, run.seed, run.leave_one_out = gallery, options.seed, leave_one_out
+    run.device_defaults = device_settings
     run.batch_sizes = (evaluation.batch_size, evaluation.gallery_batch_size)
     if link_folder is not None:
         run.composer_run_dir, run.link_folder = composer_dir, link_folder
     return run
+
+
+def _device_settings(cfg: DictConfig) -> dict[str, Any]:
+    """Fill the config's device-dependent defaults and set TF32; what was filled, and ``tf32``."""
+    defaults = device_defaults(*run_device(section(cfg, "trainer", "trainer")))
+    filled = fill_device_defaults(cfg, defaults)
+    tf32 = apply_device_settings(defaults, cfg.trainer.get("precision"))
+    return {**filled, "tf32": tf32}
 
 
 def _evaluation(evaluation: Any, splits: DatasetSplits) -> tuple[RetrievalGallery | None, dict[str, Any]]:

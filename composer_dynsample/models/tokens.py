@@ -15,6 +15,7 @@ import importlib
 from collections.abc import Mapping
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -126,7 +127,7 @@ def _integer_tensor(value: object) -> bool:
     )
 
 
-def length_groups(mask: torch.Tensor, min_saving: float = 0.25) -> list[torch.Tensor] | None:
+def length_groups(mask: torch.Tensor, min_saving: float = 0.25) -> list[tuple[torch.Tensor, int]] | None:
     """Two groups of rows, shorter and longer, that pad to fewer positions than the batch as a whole.
 
     A batch of short queries and long passages padded to its longest row spends most of a transformer's
@@ -134,34 +135,43 @@ def length_groups(mask: torch.Tensor, min_saving: float = 0.25) -> list[torch.Te
     its own longest row, hold the fewest positions; the cut is made when it saves at least ``min_saving``
     of the batch's positions. Only right-padded masks are grouped (each row's ones come first).
 
+    The cut is a shape, so it is decided on the host: a mask in host memory is read there (numpy), a mask
+    on an accelerator in one transfer of its row lengths at the start of the forward, where the queue holds
+    little (the batch's copy and the last optimizer step); ``trim_padding=False`` reads nothing.
+
     Args:
         mask (torch.Tensor): ``(B, L)`` attention mask.
         min_saving (float): The least share of positions a cut must save. Default: ``0.25``.
 
     Returns:
-        list[torch.Tensor] | None: The row indices of the shorter and of the longer group (each sorted by
-        length), or ``None`` when one group is as good.
+        list[tuple[torch.Tensor, int]] | None: The row indices of the shorter and of the longer group (each
+        sorted by length) with the group's longest row, or ``None`` when one group is as good.
 
     Example:
         >>> mask = torch.tensor([[1, 1, 0, 0, 0, 0], [1, 1, 1, 1, 1, 1], [1, 0, 0, 0, 0, 0]])
-        >>> [rows.tolist() for rows in length_groups(mask)]
-        [[2, 0], [1]]
+        >>> [(rows.tolist(), longest) for rows, longest in length_groups(mask)]
+        [([2, 0], 2), ([1], 6)]
     """
     if mask.dim() != 2 or mask.shape[0] < 2:
         return None
     lengths = mask.sum(dim=1)
     positions = torch.arange(mask.shape[1], device=mask.device)
-    if not torch.equal(mask.bool(), positions[None, :] < lengths[:, None]):
+    right_padded = (mask.bool() == (positions[None, :] < lengths[:, None])).all()
+    flagged = torch.cat([right_padded.reshape(1).to(lengths.dtype), lengths])
+    host = flagged.numpy() if flagged.device.type == "cpu" else flagged.cpu().numpy()  # the one read
+    if not host[0]:
         return None  # left padding or holes: the rows cannot be cut to a common width
-    ordered, order = torch.sort(lengths, stable=True)
+    order = np.argsort(host[1:], kind="stable")
+    ordered = host[1:][order]
     count, widest = len(ordered), int(ordered[-1])
-    cuts = torch.arange(1, count, device=mask.device)
+    cuts = np.arange(1, count)
     cost = cuts * ordered[:-1] + (count - cuts) * widest  # rows before the cut padded to the cut's row
-    best = int(torch.argmin(cost))
+    best = int(np.argmin(cost))
     if float(cost[best]) > (1 - min_saving) * count * widest:
         return None
     cut = int(cuts[best])
-    return [order[:cut], order[cut:]]
+    rows = torch.from_numpy(order).to(mask.device)
+    return [(rows[:cut], int(ordered[cut - 1])), (rows[cut:], widest)]
 
 
 def masked_mean_pool(hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

@@ -7,26 +7,32 @@ pooling (its ``Pooling`` module's mode) unless one is given; its model may sit i
 features as the other text encoders (see :mod:`composer_dynsample.models.text`); ``transformers`` is
 imported only when one is built. It is importable from :mod:`composer_dynsample.models.text` too.
 
-:func:`position_limit` reads how long a text such a model takes off its config, without building it
-(the config checks compare it with the data's ``max_length``); :func:`folder_pooling` is the pooling a
-folder gives, or a one-line error for one the encoder lacks; :func:`quiet_transformers` keeps
-``transformers``' load reports and progress bars out of the output.
+:func:`position_limit` (of :mod:`~composer_dynsample.models.positions`, importable from here too) reads
+how long a text such a model takes off its config, without building it (the config checks compare it
+with the data's ``max_length``); :func:`folder_pooling` is the pooling a folder gives, or a one-line
+error for one the encoder lacks; :func:`quiet_transformers` keeps ``transformers``' load reports and
+progress bars out of the output.
 """
 
 from __future__ import annotations
 
 import contextlib
 import difflib
-import json
 import os
 import warnings
 from collections.abc import Iterator, Mapping
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
 from torch import nn
 
 from composer_dynsample.distributed import get_rank
+from composer_dynsample.models.positions import (
+    PADDING_OFFSET_MODEL_TYPES,
+    PositionLimit,
+    position_limit,
+    token_positions,
+)
 from composer_dynsample.models.sentence_folder import ModelFolder, read_model_folder
 from composer_dynsample.models.tokens import (
     _positive,
@@ -34,9 +40,10 @@ from composer_dynsample.models.tokens import (
     import_text_extra,
     length_groups,
     masked_mean_pool,
+    range_checked_after,
     token_inputs,
 )
-from composer_dynsample.validation import InputTypeError, check_bool, check_choice
+from composer_dynsample.validation import InputTypeError, check_bool, check_choice, check_int
 
 __all__ = [
     "PADDING_OFFSET_MODEL_TYPES",
@@ -49,27 +56,6 @@ __all__ = [
 ]
 
 TRANSFORMER_POOLINGS = ("mean", "cls")
-# Model types that number positions from ``padding_idx + 1`` as RoBERTa does: two of their
-# ``max_position_embeddings`` never hold a token (RoBERTa's 514 positions take texts of 512 tokens).
-PADDING_OFFSET_MODEL_TYPES = frozenset(
-    {
-        "camembert",
-        "data2vec-text",
-        "esm",
-        "ibert",
-        "layoutlmv3",
-        "lilt",
-        "longformer",
-        "luke",
-        "markuplm",
-        "mpnet",
-        "roberta",
-        "roberta-prelayernorm",
-        "xlm-roberta",
-        "xlm-roberta-xl",
-        "xmod",
-    }
-)
 
 
 class TransformerEncoder(nn.Module):
@@ -103,6 +89,20 @@ class TransformerEncoder(nn.Module):
             (:func:`~composer_dynsample.models.tokens.length_groups`): a batch of short queries and long
             passages no longer runs the queries' padding through every layer. The embeddings are those of
             the whole batch (the padding is masked out either way) up to float rounding. Default: ``True``.
+        pad_to_multiple_of (int, optional): With ``trim_padding``, cut each group to its longest row
+            rounded up to a multiple of this (never past the batch's width), so that the groups keep the
+            shapes a GPU's tensor cores take whole (8) as the collate's padding does. Default: ``None``
+            (each group's longest row; a config run on a CUDA device fills 8).
+        attn_implementation (str): The attention kernel ``transformers`` runs: ``"sdpa"``, PyTorch's
+            fused ``scaled_dot_product_attention`` (flash or memory-efficient kernels on a GPU), for a model
+            type that has it, else ``"eager"`` (no error: MPNet, DeBERTa...); ``"eager"`` or another
+            ``transformers`` implementation is used as given. An ``attn_implementation`` in ``config`` wins.
+            Default: ``"sdpa"`` (also ``transformers``' own default where the model has it).
+        compile (bool | Mapping[str, Any]): ``torch.compile`` the ``transformers`` model in place
+            (``nn.Module.compile``: its parameter names, checkpoints and exports do not change), with these
+            ``torch.compile`` arguments (``mode``, ``dynamic``, ``backend``, ``fullgraph``, ``options``) when a
+            mapping; the checks and pooling around it stay eager. The first steps pay the compilation.
+            Default: ``False``.
 
     Attributes:
         max_tokens (int | None): The longest text, in tokens (special tokens included), the model has
@@ -110,6 +110,7 @@ class TransformerEncoder(nn.Module):
         folder (ModelFolder | None): What ``path`` says of its model (pooling, normalisation, length),
             read by :func:`~composer_dynsample.models.sentence_folder.read_model_folder`; ``None`` with
             ``config``.
+        attn_implementation (str): The attention implementation the model runs (``"sdpa"``, ``"eager"``...).
 
     Loading from ``path`` prints no report of ``transformers``: a line says what of the folder's weights
     was not loaded (its pooler, heads of other tasks), and a ``UserWarning`` names weights the folder
@@ -139,9 +140,21 @@ class TransformerEncoder(nn.Module):
         pooling: str | None = None,
         embedding_dim: int | None = None,
         trim_padding: bool = True,
+        pad_to_multiple_of: int | None = None,
+        attn_implementation: str = "sdpa",
+        compile: bool | Mapping[str, Any] = False,
     ) -> None:
         super().__init__()
         self.trim_padding = check_bool("trim_padding", trim_padding)
+        self.pad_to_multiple_of = check_int(
+            "pad_to_multiple_of", pad_to_multiple_of, minimum=1, allow_none=True
+        )
+        if not isinstance(attn_implementation, str) or not attn_implementation:
+            raise InputTypeError(
+                "attn_implementation must be a transformers attention implementation such as 'sdpa' or "
+                f"'eager', got {attn_implementation!r}."
+            )
+        compile_options = _compile_options(compile)
         self.folder = _read_folder(path) if path is not None and config is None else None
         if pooling is None:
             pooling = "mean" if self.folder is None else folder_pooling(self.folder)
@@ -155,11 +168,12 @@ class TransformerEncoder(nn.Module):
                 f"(a model_type and its sizes), got {given}."
             )
         model = (
-            _load_pretrained(path, self.folder)
+            _load_pretrained(path, self.folder, attn_implementation)
             if self.folder is not None
-            else _from_config(config, vocab_size)
+            else _from_config(config, vocab_size, attn_implementation)
         )
-        self.max_tokens = _token_positions(model.config.to_dict())
+        self.attn_implementation = str(getattr(model.config, "_attn_implementation", None) or "eager")
+        self.max_tokens = token_positions(model.config.to_dict())
         table = model.get_input_embeddings().num_embeddings
         if vocab_size is not None and vocab_size > table:
             raise ValueError(
@@ -170,6 +184,8 @@ class TransformerEncoder(nn.Module):
         if getattr(model, "pooler", None) is not None:
             model.pooler = None  # its output is never used: DDP would wait for its gradients forever
         self.model = model
+        if compile_options is not None:
+            model.compile(**compile_options)  # in place: the state dict keeps its keys
         self.projection, self.embedding_dim = _projection(model.config.hidden_size, embedding_dim)
         self.arguments = {
             "vocab_size": self.vocab_size,
@@ -184,7 +200,9 @@ class TransformerEncoder(nn.Module):
             ValueError: If the features are malformed, an id is outside the vocabulary, or the texts are
                 longer than the model has positions for (:attr:`max_tokens`).
         """
-        ids, mask = token_inputs(features, type(self).__name__, self.vocab_size)
+        checked = getattr(self, "_range_checked", False)
+        ids, mask = token_inputs(features, type(self).__name__, self.vocab_size, check_range=not checked)
+        self._range_checked = range_checked_after(ids)
         if self.max_tokens is not None and ids.shape[-1] > self.max_tokens:
             raise ValueError(
                 f"{type(self).__name__}: the texts are {ids.shape[-1]} tokens long but the model has positions "
@@ -199,15 +217,20 @@ class TransformerEncoder(nn.Module):
             pooled = self._pooled(ids, mask, extra)
         else:  # short and long rows apart, each group cut to its own longest row
             parts = []
-            for rows in groups:
-                width = int(mask[rows].sum(dim=1).max())
+            for rows, longest in groups:
+                width = self._group_width(longest, ids.shape[-1])
                 cut = {key: value[rows, :width] for key, value in extra.items()}
                 parts.append(self._pooled(ids[rows, :width], mask[rows, :width], cut))
-            order = torch.cat(groups)
+            order = torch.cat([rows for rows, _ in groups])
             inverse = torch.empty_like(order)
             inverse[order] = torch.arange(len(order), device=order.device)
             pooled = torch.cat(parts)[inverse]
         return pooled if self.projection is None else self.projection(pooled)
+
+    def _group_width(self, longest: int, width: int) -> int:
+        """A group's width: its ``longest`` row, rounded up to :attr:`pad_to_multiple_of`, at most ``width``."""
+        multiple = self.pad_to_multiple_of
+        return longest if multiple is None else min(width, -(-longest // multiple) * multiple)
 
     def _pooled(self, ids: torch.Tensor, mask: torch.Tensor, extra: dict[str, torch.Tensor]) -> torch.Tensor:
         """The model's pooled last hidden states of ``ids`` (``(B, hidden)``)."""
@@ -253,7 +276,39 @@ def folder_pooling(folder: ModelFolder, key: str = "pooling", path_key: str = "p
     )
 
 
-def _load_pretrained(path: str | os.PathLike[str], folder: ModelFolder) -> nn.Module:
+def _compile_options(value: Any) -> dict[str, Any] | None:
+    """``torch.compile``'s keyword arguments of ``compile`` (``None``: not compiled).
+
+    Raises:
+        InputTypeError: If ``compile`` is neither a bool nor a mapping.
+        ValueError: If the mapping names an argument ``torch.compile`` does not take.
+    """
+    if isinstance(value, bool):
+        return {} if value else None
+    if not isinstance(value, Mapping):
+        raise InputTypeError(
+            f"compile must be true, false or a mapping of torch.compile arguments, got {value!r}."
+        )
+    valid = ("fullgraph", "dynamic", "backend", "mode", "options", "disable")
+    unknown = sorted(str(key) for key in value if key not in valid)
+    if unknown:
+        raise ValueError(f"compile: torch.compile takes no argument {unknown[0]!r}; valid: {list(valid)}.")
+    return dict(value)
+
+
+def _with_attention(build: Any, *args: Any, attn_implementation: str, **kwargs: Any) -> nn.Module:
+    """``build(..., attn_implementation=...)``; ``"sdpa"`` falls back to ``"eager"`` for a model without it."""
+    try:
+        return _without_pooler(build, *args, attn_implementation=attn_implementation, **kwargs)
+    except (ValueError, ImportError) as error:
+        if attn_implementation != "sdpa" or "scaled_dot_product_attention" not in str(error):
+            raise
+    return _without_pooler(build, *args, attn_implementation="eager", **kwargs)
+
+
+def _load_pretrained(
+    path: str | os.PathLike[str], folder: ModelFolder, attn_implementation: str = "sdpa"
+) -> nn.Module:
     """``AutoModel.from_pretrained`` from a local directory only; a one-line error for anything else."""
     directory = folder.model_dir
     if not (directory / "config.json").is_file():
@@ -265,8 +320,12 @@ def _load_pretrained(path: str | os.PathLike[str], folder: ModelFolder) -> nn.Mo
     auto_model = import_text_extra("transformers", "TransformerEncoder").AutoModel
     try:
         with quiet_transformers():
-            model, info = _without_pooler(
-                auto_model.from_pretrained, str(directory), local_files_only=True, output_loading_info=True
+            model, info = _with_attention(
+                auto_model.from_pretrained,
+                str(directory),
+                attn_implementation=attn_implementation,
+                local_files_only=True,
+                output_loading_info=True,
             )
     except (OSError, ValueError) as error:
         first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
@@ -336,85 +395,9 @@ def _report_loading(path: str, model_name: str, info: Mapping[str, Any]) -> None
         )
 
 
-class PositionLimit(NamedTuple):
-    """How long a text a transformer takes, read off its config (see :func:`position_limit`).
-
-    Attributes:
-        tokens (int): The most tokens a text may have, special tokens included.
-        max_position_embeddings (int): The config's value.
-        model_type (str): The config's ``model_type``.
-        default (bool): Whether ``max_position_embeddings`` is the model type's default (not given).
-    """
-
-    tokens: int
-    max_position_embeddings: int
-    model_type: str
-    default: bool = False
-
-
-def _token_positions(config: Mapping[str, Any]) -> int | None:
-    """The most tokens per text of a model config (a dict), or ``None`` when it sets no bound."""
-    positions = config.get("max_position_embeddings")
-    if isinstance(positions, bool) or not isinstance(positions, int) or positions < 1:
-        return None
-    if config.get("position_biased_input") is False:  # DeBERTa's relative positions only: no absolute table
-        return None
-    return positions - 2 if config.get("model_type") in PADDING_OFFSET_MODEL_TYPES else positions
-
-
-def position_limit(
-    *, path: str | os.PathLike[str] | None = None, config: Mapping[str, Any] | None = None
-) -> PositionLimit | None:
-    """The longest text a :class:`TransformerEncoder` of ``path`` or ``config`` takes, without building it.
-
-    A model of ``path`` is read from the folder's ``config.json`` (JSON only, no weights; that of its
-    ``Transformer`` module in a sentence-transformers folder); a ``config`` without
-    ``max_position_embeddings`` takes its model type's default (``AutoConfig.for_model(model_type)``,
-    512 for BERT). BERT-like models count their special tokens
-    among the positions; RoBERTa-like ones (:data:`PADDING_OFFSET_MODEL_TYPES`) keep two positions for
-    padding, so ``max_position_embeddings`` 514 takes 512 tokens. DeBERTa with
-    ``position_biased_input: false`` has no bound.
-
-    Args:
-        path (str | os.PathLike, optional): A local model folder. Default: ``None``.
-        config (Mapping[str, Any], optional): A ``model_type`` and the config's other arguments.
-            Default: ``None``.
-
-    Returns:
-        PositionLimit | None: ``None`` when the config cannot be read or sets no bound (the encoder's own
-        checks name a folder or config that is wrong).
-    """
-    if path is not None:
-        try:
-            directory = read_model_folder(path).model_dir  # a sentence-transformers folder's model
-            values = json.loads((directory / "config.json").read_text(encoding="utf-8"))
-        except (OSError, ValueError, TypeError):
-            return None
-        default = False
-    elif isinstance(config, Mapping) and isinstance(config.get("model_type"), str):
-        values, default = dict(config), "max_position_embeddings" not in config
-        if default:
-            values["max_position_embeddings"] = _default_positions(config["model_type"])
-    else:
-        return None
-    tokens = _token_positions(values) if isinstance(values, Mapping) else None
-    if tokens is None:
-        return None
-    model_type = str(values.get("model_type", ""))
-    return PositionLimit(tokens, values["max_position_embeddings"], model_type, default)
-
-
-def _default_positions(model_type: str) -> int | None:
-    """``max_position_embeddings`` of ``AutoConfig.for_model(model_type)``, or ``None``."""
-    try:
-        auto_config = import_text_extra("transformers", "TransformerEncoder").AutoConfig
-        return getattr(auto_config.for_model(model_type), "max_position_embeddings", None)
-    except (ImportError, ValueError):
-        return None
-
-
-def _from_config(config: Any, vocab_size: int | None) -> nn.Module:
-    """A randomly initialised ``AutoModel`` of ``config``'s ``model_type`` and arguments."""
+def _from_config(config: Any, vocab_size: int | None, attn_implementation: str = "sdpa") -> nn.Module:
+    """A randomly initialised ``AutoModel`` of ``config``'s ``model_type`` and arguments (its own
+    ``attn_implementation`` before the encoder's)."""
     if not isinstance(config, Mapping) or not isinstance(config.get("model_type"), str):
         raise ValueError(
             f"config must be a mapping with a 'model_type' (such as 'bert') and the model's sizes, got {config!r}."
@@ -443,7 +426,12 @@ def _from_config(config: Any, vocab_size: int | None) -> nn.Module:
             f"config['vocab_size'] is {arguments['vocab_size']} but vocab_size (the tokenizer's) is "
             f"{vocab_size}; leave vocab_size out of config."
         )
-    return _without_pooler(transformers.AutoModel.from_config, auto_config.for_model(model_type, **arguments))
+    model_config = auto_config.for_model(model_type, **arguments)
+    if "attn_implementation" in arguments:
+        return _without_pooler(transformers.AutoModel.from_config, model_config)
+    return _with_attention(
+        transformers.AutoModel.from_config, model_config, attn_implementation=attn_implementation
+    )
 
 
 def _without_pooler(build: Any, *args: Any, **kwargs: Any) -> nn.Module:

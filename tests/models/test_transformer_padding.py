@@ -22,10 +22,20 @@ def _batch(lengths: list[int], width: int, seed: int = 0) -> dict[str, torch.Ten
     return {"input_ids": ids * mask, "attention_mask": mask}
 
 
+def test_a_mask_in_host_memory_is_grouped_with_no_tensor_read():
+    from composer_dynsample.callbacks.host_reads import HostReadCounter
+
+    mask = _batch([3, 40, 5, 38, 4, 40], 40)["attention_mask"]
+    with HostReadCounter() as counter:
+        assert length_groups(mask) is not None
+    assert counter.total() == 0  # before: int, argmin, float and int of the cut, besides torch.equal
+
+
 def test_rows_are_cut_where_the_two_groups_pad_least():
     mask = _batch([3, 40, 5, 38, 4, 40], 40)["attention_mask"]
-    short, long = length_groups(mask)
+    (short, short_longest), (long, long_longest) = length_groups(mask)
     assert sorted(short.tolist()) == [0, 2, 4] and sorted(long.tolist()) == [1, 3, 5]
+    assert (short_longest, long_longest) == (5, 40)  # each group's longest row, read with the cut
     assert length_groups(_batch([30, 40, 35], 40)["attention_mask"]) is None  # saves under a quarter
     left = torch.tensor([[0, 0, 1, 1], [1, 1, 1, 1]])
     assert length_groups(left) is None and length_groups(left[:1]) is None

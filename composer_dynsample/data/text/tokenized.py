@@ -47,6 +47,7 @@ import numpy as np
 
 from composer_dynsample.data.text.cache import TokenCacheError, cache_write_error, check_cache_dir
 from composer_dynsample.data.text.truncation import TruncatingEncoder, encode_chunk
+from composer_dynsample.validation import check_int
 
 __all__ = [
     "TextInterner",
@@ -242,21 +243,38 @@ class TokenStore:
         """The token ids of one text (a read-only view)."""
         return self.ids[int(self.offsets[text_id]) : int(self.offsets[text_id + 1])]
 
-    def pad(self, text_ids: np.ndarray, pad_id: int) -> tuple[np.ndarray, np.ndarray]:
-        """Gather texts and right-pad them to the longest of them.
+    def pad(
+        self, text_ids: np.ndarray, pad_id: int, pad_to_multiple_of: int | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Gather texts and right-pad them to the longest of them (rounded up to a multiple, if asked).
 
         Args:
             text_ids (np.ndarray): ``(B,)`` text indices.
             pad_id (int): The id written at padded positions.
+            pad_to_multiple_of (int, optional): Round ``L`` up to a multiple of this (8 fills a GPU's
+                tensor-core tiles); the extra columns are ``pad_id`` with mask 0. Default: ``None`` (the
+                longest text's length).
 
         Returns:
             tuple[np.ndarray, np.ndarray]: ``int64`` ``(B, L)`` ids and ``int64`` ``(B, L)`` attention mask,
-            ``L`` the longest text's length.
+            ``L`` the longest text's length, rounded up to ``pad_to_multiple_of``.
+
+        Example:
+            >>> import tempfile
+            >>> folder = Path(tempfile.mkdtemp()) / "tokens"
+            >>> with TokenStoreWriter(folder, {}) as writer:
+            ...     writer.append(np.array([2, 7, 3]), np.array([3]), np.array([11]))
+            >>> ids, mask = TokenStore(folder).pad(np.array([0]), pad_id=0, pad_to_multiple_of=4)
+            >>> ids.tolist(), mask.tolist()
+            ([[2, 7, 3, 0]], [[1, 1, 1, 0]])
         """
+        multiple = check_int("pad_to_multiple_of", pad_to_multiple_of, minimum=1, allow_none=True)
         text_ids = np.asarray(text_ids, dtype=np.int64)
         starts = np.asarray(self.offsets[text_ids])
         lengths = np.asarray(self.offsets[text_ids + 1]) - starts
         width = int(lengths.max()) if len(lengths) else 0
+        if multiple is not None:
+            width = -(-width // multiple) * multiple
         positions = np.arange(width, dtype=np.int64)
         mask = positions[None, :] < lengths[:, None]
         ids = np.full((len(text_ids), width), pad_id, dtype=np.int64)
