@@ -56,6 +56,11 @@ HEADLINES = [
         "online mined negatives' CSN MRR / in-batch InfoNCE's, fine-tuning all-MiniLM-L6-v2",
         "> 1 beyond 2 SE",
     ),
+    (
+        "step_overhead",
+        "fine-tuning recipe's step / a bare PyTorch loop's, null encoder (host overhead)",
+        "<= 1.10, no host read between logs",
+    ),
 ]
 GLYPH_GROUPS = ("sampling_glyphs", "contrastive_glyphs")
 
