@@ -56,6 +56,7 @@ HEADLINES = [
         "online mined negatives' CSN MRR / in-batch InfoNCE's, fine-tuning all-MiniLM-L6-v2",
         "> 1 beyond 2 SE",
     ),
+    ("startup", "train's imports (text recipe) / import torch, composer, transformers", "<= 1.5"),
     (
         "step_overhead",
         "fine-tuning recipe's step / a bare PyTorch loop's, null encoder (host overhead)",

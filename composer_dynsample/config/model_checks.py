@@ -215,11 +215,11 @@ def check_model_folder(cfg: DictConfig) -> None:
             unset, lower-cases texts its tokenizer does not, or ``data.tokenizer`` has another vocabulary
             than the folder's tokenizer.
     """
-    from composer_dynsample.models.transformer import folder_pooling
-
     folder = model_folder(cfg)
     if folder is None:
         return
+    from composer_dynsample.models.transformer import folder_pooling  # it imports torch: only for a folder
+
     encoder = section(section(cfg, "model", "model"), "encoder", "model.encoder")
     if encoder.get("pooling") is None:
         try:

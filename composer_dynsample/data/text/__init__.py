@@ -14,10 +14,20 @@
   (:mod:`~composer_dynsample.data.text.tokenizer`).
 """
 
-from composer_dynsample.data.text.code_search_pairs import load_code_search
-from composer_dynsample.data.text.pairs import load_pairs
-from composer_dynsample.data.text.store import TextCollate, TextInfo, TextSplits, TextStore, text_data_spec
-from composer_dynsample.data.text.texts import load_texts
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from composer_dynsample._lazy import lazy_exports
+
+# Each defining module and the public names it provides: a run that only batches texts (or none, as an
+# array recipe's evaluation, which imports the store) does not load the file readers and the tokenizers.
+_MODULES: dict[str, str] = {
+    "composer_dynsample.data.text.code_search_pairs": "load_code_search",
+    "composer_dynsample.data.text.pairs": "load_pairs",
+    "composer_dynsample.data.text.store": "TextCollate TextInfo TextSplits TextStore text_data_spec",
+    "composer_dynsample.data.text.texts": "load_texts",
+}
 
 __all__ = [
     "TextCollate",
@@ -29,3 +39,17 @@ __all__ = [
     "load_texts",
     "text_data_spec",
 ]
+
+if TYPE_CHECKING:
+    from composer_dynsample.data.text.code_search_pairs import load_code_search
+    from composer_dynsample.data.text.pairs import load_pairs
+    from composer_dynsample.data.text.store import (
+        TextCollate,
+        TextInfo,
+        TextSplits,
+        TextStore,
+        text_data_spec,
+    )
+    from composer_dynsample.data.text.texts import load_texts
+
+__getattr__, __dir__ = lazy_exports(__name__, _MODULES, globals())
