@@ -10,6 +10,7 @@ from composer_dynsample.models.tokens import length_groups
 pytest.importorskip("transformers")
 
 from composer_dynsample.models.transformer import TransformerEncoder
+from tests.models.text_helpers import record_widths
 
 BERT = {"model_type": "bert", "hidden_size": 16, "num_hidden_layers": 2, "num_attention_heads": 2,
         "intermediate_size": 32, "max_position_embeddings": 64}  # fmt: skip
@@ -61,14 +62,7 @@ def test_the_embeddings_and_gradients_are_those_of_the_whole_batch(pooling):
 
 def test_a_batch_of_queries_and_passages_runs_fewer_positions(monkeypatch):
     encoder = TransformerEncoder(vocab_size=50, config=BERT).eval()
-    widths = []
-    forward = encoder.model.forward
-
-    def recorded(*args, **kwargs):
-        widths.append(tuple(kwargs["input_ids"].shape))
-        return forward(*args, **kwargs)
-
-    monkeypatch.setattr(encoder.model, "forward", recorded)
+    widths = record_widths(encoder, monkeypatch)
     encoder(_batch([4, 40] * 8, 40))
     assert sorted(widths) == [(8, 4), (8, 40)]  # 192 positions a layer where the batch had 640
     widths.clear()

@@ -21,6 +21,7 @@ from composer_dynsample.data import TextCollate
 from composer_dynsample.models.transformer import TransformerEncoder
 from tests.cli.helpers import write_tiny_pairs_config
 from tests.models.folders import save_sentence_folder
+from tests.models.text_helpers import record_widths
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
@@ -81,14 +82,7 @@ def test_the_groups_of_short_and_long_rows_are_cut_to_multiples_of_8(monkeypatch
     lengths = torch.tensor([3, 37, 5, 36] * 4)
     mask = (torch.arange(40)[None, :] < lengths[:, None]).long()
     ids = torch.randint(5, 50, mask.shape, generator=torch.Generator().manual_seed(0)) * mask
-    widths = []
-    forward = encoder.model.forward
-
-    def recorded(*args, **kwargs):
-        widths.append(tuple(kwargs["input_ids"].shape))
-        return forward(*args, **kwargs)
-
-    monkeypatch.setattr(encoder.model, "forward", recorded)
+    widths = record_widths(encoder, monkeypatch)
     rounded = encoder({"input_ids": ids, "attention_mask": mask})
     assert sorted(widths) == [(8, 8), (8, 40)]  # 5 -> 8; 37 -> 40, the batch's width
     widths.clear()

@@ -186,3 +186,16 @@ def fit_transformer(
     )
     trainer.fit()
     return model
+
+
+def record_widths(encoder: TransformerEncoder, monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int]]:
+    """The ``(rows, width)`` of every batch the encoder's ``transformers`` model is run on, from now on."""
+    widths: list[tuple[int, int]] = []
+    forward = encoder.model.forward
+
+    def recorded(*args: object, **kwargs: torch.Tensor) -> object:
+        widths.append(tuple(kwargs["input_ids"].shape))
+        return forward(*args, **kwargs)
+
+    monkeypatch.setattr(encoder.model, "forward", recorded)
+    return widths
