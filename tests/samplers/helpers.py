@@ -144,7 +144,7 @@ def check_guards(batches, labels, is_passage, texts, p, n, expected):
                 assert set(texts[list(survivors)].tolist()) <= set(all_texts.tolist())
 
 
-def make_run(num_workers=0, refresh_in_background=False, **kwargs):
+def make_run(num_workers=0, refresh_in_background=False, stage_writes=None, **kwargs):
     """48 pairs, 4 pairs x (2 + 2 negatives) a batch, 12 batches an epoch, a refresh every 3 batches."""
     from composer import Trainer
     from composer.core import Callback
@@ -169,7 +169,7 @@ def make_run(num_workers=0, refresh_in_background=False, **kwargs):
         refresh_in_background=refresh_in_background,
         seed=3,
     )
-    table = EmbeddingTable()
+    table = EmbeddingTable(stage_writes=stage_writes)
     searched_at = []
 
     class WhenSearched(Callback):

@@ -108,6 +108,30 @@ def test_refreshes_follow_the_loader_and_a_mid_epoch_resume_trains_the_same_batc
     assert resumed_at == [step for step in expected if step >= 15]
 
 
+@pytest.mark.filterwarnings("ignore::UserWarning")
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_writes_staged_to_batch_end_train_and_resume_as_immediate_writes(tmp_path, num_workers):
+    # On a GPU the table's rows are copied without waiting and written at BATCH_END (StagedWrites): the
+    # sampler must still search the table as the immediate writes left it, and a resume be as exact.
+    runs = {}
+    for staged in (False, True):
+        folder = tmp_path / str(staged)
+        trainer, _, recorder, searched_at, table = make_run(
+            num_workers, stage_writes=staged, save_folder=str(folder), save_interval="4ba"
+        )
+        trainer.fit()
+        trainer.close()
+        runs[staged] = (recorder.in_order(), searched_at, table.rows.clone(), table.written_at.clone())
+    assert runs[True][:2] == runs[False][:2]
+    assert torch.equal(runs[True][2], runs[False][2]) and torch.equal(runs[True][3], runs[False][3])
+    resumed_trainer, _, resumed, _, resumed_table = make_run(
+        num_workers, stage_writes=True, load_path=str(tmp_path / "True" / "ep1-ba16-rank0.pt")
+    )
+    resumed_trainer.fit()
+    assert resumed.in_order() == runs[False][0][16:]
+    assert torch.equal(resumed_table.rows, runs[False][2])
+
+
 @pytest.mark.parametrize("drop_last", [True, False])
 def test_a_refresh_builds_only_the_segments_the_iteration_reaches(drop_last, monkeypatch):
     """Each segment's negatives are built once, from the snapshot in force there, never for segments a

@@ -30,6 +30,7 @@ from composer_dynsample.algorithms.embedding_table._training_set import (
     train_labels,
     train_loader,
 )
+from composer_dynsample.algorithms.embedding_table.rows import StagedWrites, write_rows
 from composer_dynsample.batches import find_in_batch
 from composer_dynsample.checkpoints import CheckpointError
 from composer_dynsample.distributed import (
@@ -41,42 +42,9 @@ from composer_dynsample.distributed import (
 from composer_dynsample.mining.mined_batch import MinedBatch
 from composer_dynsample.validation import check_bool, check_choice, check_int, parse_time
 
-__all__ = ["EmbeddingTable", "class_centroids", "write_rows"]
+__all__ = ["EmbeddingTable", "class_centroids"]
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-
-
-def write_rows(
-    rows: torch.Tensor, written_at: torch.Tensor, indices: torch.Tensor, embeddings: torch.Tensor, step: int
-) -> None:
-    """Write ``embeddings`` into ``rows[indices]`` (in place) and stamp them with ``step``.
-
-    An index that occurs twice (a sampler that repeats a sample within a batch) keeps its last row, as
-    a sequential write would. Negative indices (padding) are skipped.
-
-    Args:
-        rows (torch.Tensor): The ``(N, D)`` table.
-        written_at (torch.Tensor): The ``(N,)`` int64 step of each row's last write, ``-1`` if never.
-        indices (torch.Tensor): ``(B,)`` row indices.
-        embeddings (torch.Tensor): ``(B, D)`` embeddings, cast to the table's dtype and device.
-        step (int): The step to stamp.
-
-    Example:
-        >>> rows, written = torch.zeros(4, 2), torch.full((4,), -1)
-        >>> write_rows(rows, written, torch.tensor([3, 1, 3]), torch.tensor([[1.0, 1], [2, 2], [3, 3]]), step=7)
-        >>> rows.tolist(), written.tolist()
-        ([[0.0, 0.0], [2.0, 2.0], [0.0, 0.0], [3.0, 3.0]], [-1, 7, -1, 7])
-    """
-    keep = indices >= 0
-    indices, embeddings = indices[keep].to(rows.device), embeddings[keep]
-    # Last occurrence wins: write in reverse and keep each index's first hit of the reversed order.
-    reversed_indices = indices.flip(0)
-    unique, inverse = torch.unique(reversed_indices, return_inverse=True)
-    first = torch.full((unique.numel(),), reversed_indices.numel(), dtype=torch.int64, device=rows.device)
-    first.scatter_reduce_(0, inverse, torch.arange(reversed_indices.numel(), device=rows.device), "amin")
-    source = embeddings.flip(0)[first.to(embeddings.device)]
-    rows[unique] = source.detach().to(device=rows.device, dtype=rows.dtype)
-    written_at[unique] = int(step)
 
 
 def class_centroids(
@@ -166,6 +134,10 @@ class EmbeddingTable(Algorithm):
         warm_start (bool): Encode the whole training set with the starting model at ``FIT_START`` of a run
             that starts at step 0, from the train loader's ``GatherCollate`` or ``TextCollate`` store, so the
             sampler's first snapshot is the first epoch's. Default: ``False``.
+        stage_writes (bool, optional): Copy a step's rows to the table without waiting (see
+            :class:`~composer_dynsample.algorithms.embedding_table.rows.StagedWrites`) and write them at
+            ``BATCH_END``, before the next batch is drawn. Default: ``None``, when the embeddings are on a CUDA
+            device and the table is not; the rows written are the same either way.
 
     Raises:
         ValueError: If an option is out of its range or of the wrong type.
@@ -190,6 +162,7 @@ class EmbeddingTable(Algorithm):
         refresh_batch_size: int = 1024,
         feed_sampler: bool = True,
         warm_start: bool = False,
+        stage_writes: bool | None = None,
     ) -> None:
         self.num_items = check_int("num_items", num_items, minimum=1, allow_none=True)
         self._size_given = self.num_items is not None  # else read off the dataset at FIT_START
@@ -211,6 +184,9 @@ class EmbeddingTable(Algorithm):
         self.refresh_batch_size = check_int("refresh_batch_size", refresh_batch_size, minimum=1)
         self.feed_sampler = check_bool("feed_sampler", feed_sampler)
         self.warm_start = check_bool("warm_start", warm_start)
+        if stage_writes is not None:
+            check_bool("stage_writes", stage_writes)
+        self._staged = StagedWrites(stage_writes)
         #: The warm start's ``rows_encoded`` and ``seconds``; ``None`` until it ran (in the checkpoint).
         self.warm_start_cost: dict[str, float] | None = None
         self._encoded = {"rows": 0, "seconds": 0.0}  # encoded beyond the forward passes this epoch
@@ -286,9 +262,14 @@ class EmbeddingTable(Algorithm):
     def match(self, event: Event, state: State) -> bool:
         if event in (Event.AFTER_FORWARD, Event.FIT_START, Event.EPOCH_END):
             return True
+        if event == Event.BATCH_END:
+            return len(self._staged) > 0
         return event == Event.EPOCH_START and (self._refresh_due(state) or self._sampler is not None)
 
     def apply(self, event: Event, state: State, logger: Logger) -> None:
+        self.apply_staged()  # before any read of the table, and at BATCH_END
+        if event == Event.BATCH_END:
+            return
         if event == Event.FIT_START:
             self._fit_start(state, logger)
         elif event == Event.EPOCH_END:
@@ -311,7 +292,12 @@ class EmbeddingTable(Algorithm):
             gathered, gathered_indices, _ = all_gather_embeddings(
                 embeddings.detach(), indices, with_grad=False
             )
-            self.write(gathered_indices, gathered, int(state.timestamp.batch))
+            if self._staged.wanted(gathered, self.device):  # written at BATCH_END: the copy does not wait
+                self._staged.stage(
+                    gathered_indices, gathered, step=int(state.timestamp.batch), dtype=self.dtype
+                )
+            else:
+                self.write(gathered_indices, gathered, int(state.timestamp.batch))
 
     def _fit_start(self, state: State, logger: Logger) -> None:
         """Size the table, warm it, find the sampler to feed, and give it back its snapshot when resuming."""
@@ -367,6 +353,11 @@ class EmbeddingTable(Algorithm):
 
     def _count_encoded(self, rows: int, seconds: float) -> None:
         self._encoded = {"rows": self._encoded["rows"] + rows, "seconds": self._encoded["seconds"] + seconds}
+
+    def apply_staged(self) -> None:
+        """Write what :class:`StagedWrites` holds (nothing when the writes are not staged)."""
+        if len(self._staged):
+            self._staged.apply(self.write)
 
     def _snapshot_rows(self) -> tuple[torch.Tensor, torch.Tensor] | None:
         """The rows as a sampler searches them, and which hold an embedding (``None`` before any)."""
@@ -448,6 +439,7 @@ class EmbeddingTable(Algorithm):
         )
 
     def state_dict(self) -> dict[str, Any]:
+        self.apply_staged()
         state = super().state_dict()
         state["rows"] = None if self.rows is None else self.rows.cpu()
         state["written_at"] = None if self.written_at is None else self.written_at.cpu()
