@@ -39,7 +39,8 @@ Two sizes (:data:`SIZES`; a flag given overrides its size's value):
 
     python benchmarks/finetune_code.py [--quick] [--size cpu|gpu] [--device cpu|cuda] [--precision fp32|bf16]
         [--model DIR] [--seeds 0 1 2] [--threads 2] [--train-pairs N] [--test-queries N] [--steps N] [--batch N]
-        [--eval-batch N] [--process-per run|tool] [--recipes NAME ...] [--merge] [--name NAME] [--report]
+        [--eval-batch N] [--process-per run|tool] [--recipes NAME ...] [--override KEY=VALUE ...] [--merge]
+        [--name NAME] [--report]
 
 Writes ``results/NAME.{json,md,png}`` (``finetune_code``, ``finetune_code_gpu`` for ``--size gpu``, unless
 ``--name``) with the ``recipes -> runs`` layout of ``quality_code.json``.
@@ -86,7 +87,7 @@ QUICK: dict[str, dict[str, Any]] = {
 }
 OPTIONS = (
     "size", "device", "precision", "process_per", "train_pairs", "test_queries", "steps", "batch", "lr",
-    "max_length", "window", "refresh_every", "eval_batch", "threads",
+    "max_length", "window", "refresh_every", "eval_batch", "threads", "override",
 )  # fmt: skip
 
 
@@ -227,7 +228,7 @@ def ours_command(recipe: str, seed: int, model: Path, data: dict, args: Any, run
         f"trainer.max_duration={args.steps}ba", "trainer.save_folder=null",
         "trainer.progress_bar=false", f"evaluation.batch_size={args.eval_batch}",
         f"evaluation.gallery_batch_size={args.eval_batch}", "evaluation.at_start=false",
-        *trainer_overrides(args.device, args.precision), *ours_overrides(recipe, args),
+        *trainer_overrides(args.device, args.precision), *ours_overrides(recipe, args), *args.override,
     ]  # fmt: skip
     return _cli("train", str(CONFIG), *overrides, "--run-dir", str(run_dir))
 
@@ -399,6 +400,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--process-per", choices=("run", "tool"), default=None, help="one process a run, or a tool"
     )
     parser.add_argument("--recipes", nargs="+", default=None)
+    parser.add_argument("--override", nargs="+", default=[], help="config overrides of this project's runs")
     parser.add_argument("--name", default=None, help="the results' file name (default: the size's)")
     parser.add_argument("--merge", action="store_true", help="keep the stored recipes this run does not redo")
     parser.add_argument("--report", action="store_true", help="rewrite the table and plot of the stored json")

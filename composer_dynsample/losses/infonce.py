@@ -22,11 +22,18 @@ from composer_dynsample.distances import distance_matrix
 from composer_dynsample.distributed import all_gather_embeddings, get_world_size
 from composer_dynsample.losses.tuple_losses import TupleLoss
 from composer_dynsample.mining.duplicates import duplicate_negatives
-from composer_dynsample.validation import check_bool, check_choice, check_float, check_labels, check_pool
+from composer_dynsample.validation import (
+    check_bool,
+    check_choice,
+    check_float,
+    check_labels,
+    check_pool,
+    describe,
+)
 
 __all__ = ["NEGATIVES", "InfoNCELoss", "info_nce_masks"]
 
-NEGATIVES: Final[tuple[str, ...]] = ("pool", "mined")
+NEGATIVES: Final[tuple[str, ...]] = ("pool", "mined", "passages")
 _NAMES = ("embeddings", "labels", "ref_emb", "ref_labels")
 
 
@@ -45,6 +52,11 @@ class InfoNCELoss(TupleLoss):
     Negatives of an anchor: with ``negatives="pool"`` every pool row of another label (the batch, the
     other ranks' rows of a cross-rank pool, the cross-batch memory); with ``"mined"`` only the distinct
     rows the tuple names as that anchor's negatives (every other-label row when there is no tuple).
+    With ``"passages"`` (pairs of a query and a passage, ``is_query=`` saying which row is which) only the
+    queries are anchors, and their positives and negatives are the batch's passages alone: each query
+    against its passage and every other passage, one direction, which is sentence-transformers'
+    ``MultipleNegativesRankingLoss``; ``"pool"`` on such a batch is NT-Xent, where a query's negatives
+    include the other queries and the passages are anchors too.
     A positive pair whose anchor has no negative costs zero and still counts in the mean, as in PML.
 
     **Duplicates.** ``duplicate_ids=`` (``(B,)``, e.g. the ``text_hash`` of text batches) and, with
@@ -81,7 +93,7 @@ class InfoNCELoss(TupleLoss):
     Args:
         temperature (float): Divides the similarities; small values sharpen the softmax. Default: ``0.07``.
         symmetric (bool): Average with the reverse direction (see above). Default: ``False``.
-        negatives (str): ``"pool"`` or ``"mined"`` (see above). Default: ``"pool"``.
+        negatives (str): ``"pool"``, ``"mined"`` or ``"passages"`` (see above). Default: ``"pool"``.
         distance (str): ``"cosine"`` (similarity ``cos``), ``"euclidean"`` or ``"squared_euclidean"``
             (similarity ``-d``). Default: ``"cosine"``.
 
@@ -119,10 +131,13 @@ class InfoNCELoss(TupleLoss):
         global_mean: bool = False,
         duplicate_ids: torch.Tensor | None = None,
         ref_duplicate_ids: torch.Tensor | None = None,
+        is_query: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """The loss; ``duplicate_ids``/``ref_duplicate_ids`` as in the class docstring. Default: none."""
+        """The loss; ``duplicate_ids``/``ref_duplicate_ids`` as in the class docstring, ``is_query`` (``(B,)``
+        bool, which rows are queries) with ``negatives="passages"``. Default: none."""
         if (ref_emb is None) != (ref_labels is None):
             raise ValueError("ref_emb and ref_labels must be given together.")
+        query_rows = _check_query_rows(self.negatives, is_query, labels, ref_emb)
         loss = self._loss(
             embeddings,
             labels,
@@ -132,6 +147,7 @@ class InfoNCELoss(TupleLoss):
             global_mean,
             duplicate_ids,
             ref_duplicate_ids,
+            query_rows,
         )
         return loss + self._attached_zero(embeddings, ref_emb)
 
@@ -145,8 +161,10 @@ class InfoNCELoss(TupleLoss):
         global_mean: bool,
         duplicate_ids: torch.Tensor | None = None,
         ref_duplicate_ids: torch.Tensor | None = None,
+        query_rows: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """The loss before the attached zero: the masks of :func:`info_nce_masks`, then the softmax terms."""
+        """The loss before the attached zero: the masks of :func:`info_nce_masks`, restricted to queries
+        against passages with ``query_rows`` (``negatives="passages"``), then the softmax terms."""
         checked = check_pool((embeddings, labels), (ref_emb, ref_labels), _NAMES, finite=False)
         pool, pool_labels = (embeddings, labels) if checked is None else checked
         if self.symmetric and global_mean and ref_emb is None:
@@ -162,6 +180,9 @@ class InfoNCELoss(TupleLoss):
             duplicate_ids=duplicate_ids,
             ref_duplicate_ids=ref_duplicate_ids,
         )
+        if query_rows is not None:  # queries against passages only (see the class docstring)
+            queries_to_passages = query_rows[:, None] & ~query_rows[None, :]
+            positive, negative = positive & queries_to_passages, negative & queries_to_passages
         logits = distance_matrix(embeddings, pool, self.distance).neg() / self.temperature
         floor = torch.finfo(logits.dtype).min  # finite: a row without negatives gives 0, never NaN
         masked = logits.masked_fill(~negative, floor)
@@ -172,6 +193,26 @@ class InfoNCELoss(TupleLoss):
                 column = _logsumexp_over_ranks(column)
             values = (values + F.softplus(column[None, :] - logits)) / 2
         return self._weighted_mean(values, positive.to(values.dtype), global_mean)
+
+
+def _check_query_rows(
+    negatives: str, is_query: torch.Tensor | None, labels: torch.Tensor, ref_emb: torch.Tensor | None
+) -> torch.Tensor | None:
+    """``is_query`` as a bool tensor when ``negatives="passages"`` (``None`` otherwise), checked."""
+    if negatives != "passages":
+        return None
+    if ref_emb is not None:
+        raise ValueError(
+            "InfoNCELoss(negatives='passages') scores the batch's queries against its passages; a pool beyond "
+            "the batch (cross-rank mining, a cross-batch memory) has no query flags: use negatives='pool'."
+        )
+    if not isinstance(is_query, torch.Tensor) or is_query.shape != labels.shape:
+        raise ValueError(
+            "InfoNCELoss(negatives='passages') needs is_query=, a (B,) bool tensor of which rows are queries "
+            "(the text batches' features['is_query'], which EmbeddingModel passes), got "
+            f"{'none' if is_query is None else describe(is_query)}."
+        )
+    return is_query.to(device=labels.device, dtype=torch.bool)
 
 
 def info_nce_masks(

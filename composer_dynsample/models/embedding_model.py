@@ -167,8 +167,9 @@ class EmbeddingModel(ComposerModel):
     def loss(self, outputs: Any, batch: Any, *args: Any, **kwargs: Any) -> torch.Tensor:
         if isinstance(outputs, MinedBatch):
             extra = {"global_mean": outputs.global_mean} if isinstance(self.loss_fn, TupleLoss) else {}
-            if outputs.duplicate_ids is not None and _takes_duplicate_ids(self.loss_fn):
+            if outputs.duplicate_ids is not None and _takes(self.loss_fn, "duplicate_ids"):
                 extra.update(duplicate_ids=outputs.duplicate_ids, ref_duplicate_ids=outputs.ref_duplicate_ids)
+            extra.update(self._query_flags(batch))
             # A step whose value checks run on the device (HardNegativeMining) reads none in the loss either.
             with defer_value_checks() if outputs.checks_deferred else nullcontext():
                 return self.loss_fn(
@@ -180,7 +181,17 @@ class EmbeddingModel(ComposerModel):
                     **extra,
                 )
         _, labels = self._split(batch)
-        return self.loss_fn(outputs, labels)
+        return self.loss_fn(outputs, labels, **self._query_flags(batch))
+
+    def _query_flags(self, batch: Any) -> dict[str, torch.Tensor]:
+        """``{"is_query": ...}`` of a text batch (its ``features["is_query"]``) for a loss that takes it
+        (:class:`~composer_dynsample.InfoNCELoss` with ``negatives="passages"``), else ``{}``."""
+        features = batch.get("features") if isinstance(batch, Mapping) else None
+        if not isinstance(features, Mapping) or "is_query" not in features:
+            return {}
+        if getattr(self.loss_fn, "negatives", None) != "passages" or not _takes(self.loss_fn, "is_query"):
+            return {}
+        return {"is_query": features["is_query"]}
 
     def eval_forward(self, batch: Any, outputs: Any | None = None) -> torch.Tensor:
         if isinstance(outputs, MinedBatch):
@@ -253,10 +264,11 @@ def _split_features(features: Any, count: int) -> list[Any]:
     return [dict(zip(parts, chunk)) for chunk in zip(*parts.values())]
 
 
-def _takes_duplicate_ids(loss: nn.Module) -> bool:
-    """Whether the loss takes ``duplicate_ids`` (as :class:`~composer_dynsample.InfoNCELoss` does)."""
+def _takes(loss: nn.Module, keyword: str) -> bool:
+    """Whether the loss's ``forward`` takes ``keyword`` (``duplicate_ids`` and ``is_query`` as
+    :class:`~composer_dynsample.InfoNCELoss` does)."""
     try:
-        return "duplicate_ids" in inspect.signature(loss.forward).parameters
+        return keyword in inspect.signature(loss.forward).parameters
     except (TypeError, ValueError):
         return False
 

@@ -216,7 +216,7 @@ def test_global_mean_on_one_process_is_the_plain_mean():
     [
         ({"temperature": 0.0}, "temperature must be a number > 0.0"),
         ({"temperature": float("nan")}, "temperature must be a finite number"),
-        ({"negatives": "hard"}, "negatives must be one of ('pool', 'mined')"),
+        ({"negatives": "hard"}, "negatives must be one of ('pool', 'mined', 'passages')"),
         ({"symmetric": 1}, "symmetric must be true or false"),
         ({"distance": "manhattan"}, "distance must be one of"),
     ],
