@@ -159,9 +159,15 @@ def table(recipes: dict[str, dict[str, Any]], seeds: list[int], options: Mapping
         f"Fine-tuning all-MiniLM-L6-v2 on code search (unseen packages): {options['train_pairs']} training "
         f"pairs, {options['steps']} steps of {options['batch']} pairs{epoch}, {options['test_queries']} test "
         f"queries, max_length {options['max_length']}, {options['threads']} threads{_setting(options)}, "
-        f"{len(seeds)} seed(s), mean +- standard error.\n\n{text}\n\n"
+        f"{len(seeds)} seed(s), mean +- standard error{_overridden(options)}.\n\n{text}\n\n"
         + "\n".join(f"- {line}" for line in goals(recipes, options))
     )
+
+
+def _overridden(options: Mapping[str, Any]) -> str:
+    """The caption's words for ``--override``: what this project's runs were given beyond their recipe."""
+    overrides = options.get("override") or []
+    return f"; this project's runs with {', '.join(f'`{item}`' for item in overrides)}" if overrides else ""
 
 
 def plot(recipes: dict[str, dict[str, Any]], path: Path) -> None:

@@ -65,6 +65,12 @@ def test_the_summary_is_the_mean_and_standard_error_over_seeds() -> None:
     assert summary["s_per_step"] == 1.5 and summary["peak_rss_mib"] == 100
     text = report.table({report.OURS_IN_BATCH: summary}, [0, 1], vars(_args()))
     assert "| this project, in-batch (InfoNCE) | 0.6000 +- 0.1000 |" in text and "| 1.50 | - | 100 |" in text
+    assert "runs with" not in text.splitlines()[0]
+    # An --override run says what its runs were given beyond the recipe, in the caption.
+    overridden = report.table(
+        {report.OURS_IN_BATCH: summary}, [0, 1], vars(_args(override=["model.loss.negatives=passages"]))
+    )
+    assert "this project's runs with `model.loss.negatives=passages`." in overridden.splitlines()[0]
 
 
 def _recipe(report, mean: float, se: float, s_per_step: float = 1.0) -> dict:
