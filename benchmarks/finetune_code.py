@@ -228,7 +228,8 @@ def ours_command(recipe: str, seed: int, model: Path, data: dict, args: Any, run
         f"trainer.max_duration={args.steps}ba", "trainer.save_folder=null",
         "trainer.progress_bar=false", f"evaluation.batch_size={args.eval_batch}",
         f"evaluation.gallery_batch_size={args.eval_batch}", "evaluation.at_start=false",
-        *trainer_overrides(args.device, args.precision), *ours_overrides(recipe, args), *getattr(args, "override", ()),
+        *trainer_overrides(args.device, args.precision), *ours_overrides(recipe, args),
+        *getattr(args, "override", ()),
     ]  # fmt: skip
     return _cli("train", str(CONFIG), *overrides, "--run-dir", str(run_dir))
 

@@ -21,7 +21,9 @@ def _pairs(pairs: int, dim: int = 8, seed: int = 0, negatives: int = 0):
     generator = torch.Generator().manual_seed(seed)
     queries = torch.nn.functional.normalize(torch.randn(pairs, dim, generator=generator, dtype=torch.float64))
     passages = torch.nn.functional.normalize(queries + 0.8 * torch.randn(pairs, dim, generator=generator))
-    hard = torch.nn.functional.normalize(torch.randn(negatives, dim, generator=generator, dtype=torch.float64))
+    hard = torch.nn.functional.normalize(
+        torch.randn(negatives, dim, generator=generator, dtype=torch.float64)
+    )
     embeddings = torch.cat([torch.stack([queries, passages], 1).reshape(2 * pairs, dim), hard])
     labels = torch.cat([torch.arange(pairs).repeat_interleave(2), pairs + torch.arange(negatives)])
     is_query = torch.cat([torch.arange(2 * pairs) % 2 == 0, torch.zeros(negatives, dtype=torch.bool)])
