@@ -40,6 +40,9 @@ from composer_dynsample.validation import check_choice, check_float, check_int, 
 __all__ = ["HardNegativeMining"]
 
 _ON_NONFINITE = ("raise", "skip")
+# Where the batch is noted, mined, and its statistics read (BATCH_END of a logging step, each epoch's and the
+# run's end).
+_EVENTS = (Event.AFTER_DATALOADER, Event.AFTER_FORWARD, Event.BATCH_END, Event.EPOCH_END, Event.FIT_END)
 
 
 class HardNegativeMining(Algorithm):
@@ -146,9 +149,7 @@ class HardNegativeMining(Algorithm):
         self._max_positives: int | None = None
 
     def match(self, event: Event, state: State) -> bool:
-        return event in (Event.AFTER_DATALOADER, Event.AFTER_FORWARD, Event.BATCH_END, Event.EPOCH_END) or (
-            event == Event.FIT_END
-        )
+        return event in _EVENTS
 
     def apply(self, event: Event, state: State, logger: Logger) -> None:
         """Note the device batch (``AFTER_DATALOADER``), mine the microbatch and hand a :class:`MinedBatch` to
@@ -207,7 +208,7 @@ class HardNegativeMining(Algorithm):
         logger.log_metrics({f"mining/{name}": value for name, value in reading.means.items()})
         window = self._window
         self._collapse.update(
-            reading.means if reading.last_spread is None else {"embedding_spread": reading.last_spread},
+            {} if reading.last_spread is None else {"embedding_spread": reading.last_spread},
             batch=window.last_batch,
             memory_active=self._memory_used,
             smallest=reading.smallest_spread,

@@ -100,11 +100,6 @@ class LogWindow:
         self.last_labels = (mined.labels, mined.ref_labels)
         self.last_strategy, self.last_batch = mined.strategy, batch
 
-    @property
-    def pending(self) -> int:
-        """The steps added since the last read."""
-        return self._steps
-
     def read(self) -> WindowReading | None:
         """Everything since the last read, in one transfer to the host (``None`` when no step was added)."""
         if not self._steps:
