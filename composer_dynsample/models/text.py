@@ -37,7 +37,14 @@ from composer_dynsample.models.tokens import (
     token_inputs,
 )
 from composer_dynsample.models.transformer import TRANSFORMER_POOLINGS, TransformerEncoder
-from composer_dynsample.validation import InputTypeError, check_choice, check_float, describe, is_int
+from composer_dynsample.validation import (
+    InputTypeError,
+    check_bool,
+    check_choice,
+    check_float,
+    describe,
+    is_int,
+)
 
 __all__ = [
     "BAG_POOLINGS",
@@ -221,9 +228,17 @@ class TwoTowerEncoder(nn.Module):
     still joins the autograd graph with a zero gradient, so DDP (which expects a gradient for every
     parameter) does not stall on it. Both towers must produce embeddings of one dimension.
 
+    With ``frozen_passages`` the passage tower is fixed (ADORE, Zhan et al. 2021): its parameters take no
+    gradient, it runs in eval mode under ``no_grad`` whatever the model's mode, so a passage's embedding
+    never changes. An :class:`~composer_dynsample.EmbeddingTable` then holds exact passage rows (its warm
+    start's), and a mined-negatives sampler that re-encodes its anchors first (the table's
+    ``fresh_upcoming``) ranks the current query model against them: exact, current negatives. Give both
+    towers the same starting folder for one encoder whose passage side stays the starting copy.
+
     Args:
         query_encoder (torch.nn.Module): Embeds the rows where ``is_query`` is true.
         passage_encoder (torch.nn.Module): Embeds the other rows.
+        frozen_passages (bool): Freeze the passage tower. Default: ``False``.
 
     Example:
         >>> towers = TwoTowerEncoder(BagOfTokensEncoder(vocab_size=50, token_dim=8),
@@ -234,7 +249,9 @@ class TwoTowerEncoder(nn.Module):
         True
     """
 
-    def __init__(self, query_encoder: nn.Module, passage_encoder: nn.Module) -> None:
+    def __init__(
+        self, query_encoder: nn.Module, passage_encoder: nn.Module, frozen_passages: bool = False
+    ) -> None:
         super().__init__()
         for name, tower in (("query_encoder", query_encoder), ("passage_encoder", passage_encoder)):
             if not isinstance(tower, nn.Module):
@@ -249,6 +266,17 @@ class TwoTowerEncoder(nn.Module):
             )
         self.query_encoder, self.passage_encoder = query_encoder, passage_encoder
         self.embedding_dim = dims[0]
+        self.frozen_passages = check_bool("frozen_passages", frozen_passages)
+        if self.frozen_passages:
+            passage_encoder.requires_grad_(False)
+            passage_encoder.eval()
+
+    def train(self, mode: bool = True) -> TwoTowerEncoder:
+        """Set the mode as ``nn.Module.train`` does; a frozen passage tower stays in eval mode."""
+        super().train(mode)
+        if self.frozen_passages:
+            self.passage_encoder.eval()
+        return self
 
     def forward(self, features: Any) -> torch.Tensor:
         """Embed every row with its tower; ``(B, embedding_dim)`` in the rows' order."""
@@ -264,9 +292,13 @@ class TwoTowerEncoder(nn.Module):
         rows = (is_query.nonzero().squeeze(1), (~is_query).nonzero().squeeze(1))
         parts, unused = [], []
         for tower, index in zip((self.query_encoder, self.passage_encoder), rows):
+            frozen = tower is self.passage_encoder and self.frozen_passages
             if index.numel():
-                parts.append(tower({key: value.index_select(0, index) for key, value in features.items()}))
-            else:
+                with torch.set_grad_enabled(torch.is_grad_enabled() and not frozen):
+                    parts.append(
+                        tower({key: value.index_select(0, index) for key, value in features.items()})
+                    )
+            elif not frozen:
                 unused.append(tower)
         dtype = parts[0].dtype if len(parts) == 1 else torch.promote_types(parts[0].dtype, parts[1].dtype)
         order = torch.cat([index for index in rows if index.numel()])

@@ -12,7 +12,10 @@ from typing import NamedTuple
 
 import numpy as np
 
-__all__ = ["CorpusCandidates", "window_recall"]
+__all__ = ["GUARDS", "CorpusCandidates", "window_recall"]
+
+#: What the guards of the corpus search drop, in the order they are tried on a candidate.
+GUARDS = ("rank_window", "duplicate", "same_query", "margin")
 
 
 class CorpusCandidates(NamedTuple):
@@ -25,15 +28,48 @@ class CorpusCandidates(NamedTuple):
         kept (numpy.ndarray): ``(A, skip_top + window)`` bool, which of them passed every guard (the
             ``skip_top`` first never do).
         dropped (numpy.ndarray): ``(A, 4)`` int64, how many candidates each of
-            :data:`~composer_dynsample.samplers._corpus_search.GUARDS` dropped.
+            :data:`GUARDS` dropped.
         searched (numpy.ndarray): ``(A,)`` bool, false for an anchor without an embedding (or, with the
             margin guard, whose positive has none): it has no candidates.
+        similarity (numpy.ndarray, optional): ``(A, skip_top + window)`` float64, each ranked candidate's cosine
+            similarity to the anchor, ``-inf`` where ``ranked`` is ``-1`` (``None`` in lists saved before it was
+            kept: sampling by similarity then falls back to a uniform order).
+        positive (numpy.ndarray, optional): ``(A,)`` float64, the anchor's similarity to its own positive, NaN
+            where the positive has no embedding.
     """
 
     ranked: np.ndarray
     kept: np.ndarray
     dropped: np.ndarray
     searched: np.ndarray
+    similarity: np.ndarray | None = None
+    positive: np.ndarray | None = None
+
+    def above_positive(self) -> np.ndarray:
+        """``(A, skip_top + window)`` bool: the kept candidates at least as similar to the anchor as its own
+        positive, the likeliest unlabelled answers (all false without similarities)."""
+        if self.similarity is None or self.positive is None:
+            return np.zeros_like(self.kept)
+        with np.errstate(invalid="ignore"):
+            return self.kept & (self.similarity >= self.positive[:, None])
+
+    def summary(self) -> dict[str, float]:
+        """What one search found, over the anchors searched, for a log: ``anchors``, ``kept`` candidates,
+        each guard's drops (:data:`GUARDS`), ``above_positive``
+        (kept ones at least as similar to the anchor as its positive) and the mean similarity of the kept
+        candidates and of the positives (NaN without similarities)."""
+        record = {"anchors": float(self.searched.sum()), "kept": float(self.kept.sum())}
+        record.update({name: float(total) for name, total in zip(GUARDS, self.dropped.sum(axis=0).tolist())})
+        record["above_positive"] = float(self.above_positive().sum())
+        nan = float("nan")
+        with np.errstate(invalid="ignore"):
+            kept = self.similarity[self.kept] if self.similarity is not None else np.empty(0)
+            positive = self.positive[self.searched] if self.positive is not None else np.empty(0)
+            record["kept_similarity"] = float(kept.mean()) if kept.size else nan
+            record["positive_similarity"] = (
+                float(np.nanmean(positive)) if np.isfinite(positive).any() else nan
+            )
+        return record
 
     def survivors(self) -> np.ndarray:
         """The kept rows of every anchor, nearest first, ``-1`` after them: ``(A, skip_top + window)``."""
@@ -64,7 +100,7 @@ def window_recall(approx: CorpusCandidates, exact: CorpusCandidates, rows: np.nd
         0.5
     """
     if rows is not None:
-        approx = approx._make(np.asarray(field)[rows] for field in approx)
+        approx = approx._make(None if field is None else np.asarray(field)[rows] for field in approx)
     if approx.ranked.shape[0] != exact.ranked.shape[0]:
         raise ValueError(
             f"approx and exact must cover the same anchors, got {approx.ranked.shape[0]} and "

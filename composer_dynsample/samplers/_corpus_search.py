@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from composer_dynsample.samplers._candidates import CorpusCandidates
+from composer_dynsample.samplers._candidates import GUARDS, CorpusCandidates
 from composer_dynsample.samplers._ivf import InvertedFileIndex
 from composer_dynsample.samplers._ranking import SLACK, rank_columns
 from composer_dynsample.validation import check_choice, check_float, check_int
@@ -31,8 +31,6 @@ __all__ = [
     "pair_layout",
 ]
 
-#: What the guards of :func:`corpus_candidates` drop, in the order they are tried on a candidate.
-GUARDS = ("rank_window", "duplicate", "same_query", "margin")
 _SIMILARITY_BUDGET = 2**25  # float32 entries of one chunk's similarity block: 128 MiB
 # Anchors per faiss call: faiss blocks its own similarities, and its flat index is about 9 times slower
 # per anchor when called with a few dozen (measured at 100,000 x 128 on one thread).
@@ -115,6 +113,7 @@ def corpus_candidates(
     *,
     skip_top: int = 0,
     max_relative_similarity: float | None = None,
+    absolute_margin: float | None = None,
     duplicate_ids: np.ndarray | None = None,
     valid: torch.Tensor | np.ndarray | None = None,
     pairs: np.ndarray | None = None,
@@ -130,7 +129,9 @@ def corpus_candidates(
     ``duplicate_ids`` entry) is the anchor's or the positive's (``"duplicate"``), when it is the
     positive of another pair whose anchor has the anchor's text (``"same_query"``: the same query with
     another answer), or when its similarity exceeds ``max_relative_similarity`` times the anchor's
-    similarity to its positive (``"margin"``, NV-Retriever's TopK-PercPos). Rows without an embedding
+    similarity to its positive (``"margin"``, NV-Retriever's TopK-PercPos) or is within ``absolute_margin``
+    of it (sentence-transformers' ``absolute_margin``: kept only if ``similarity + absolute_margin <=
+    positive's``; also ``"margin"``). Rows without an embedding
     (``valid`` false, a non-finite or a zero row) are no candidate, and their anchors get none.
 
     Searches (every one keeps 8 spare candidates, ranked again in float64 with ties in row order):
@@ -150,6 +151,8 @@ def corpus_candidates(
         window (int): Candidates looked at after the skipped ones.
         skip_top (int): The nearest passages skipped. Default: ``0``.
         max_relative_similarity (float, optional): The margin guard's fraction. Default: ``None`` (off).
+        absolute_margin (float, optional): The margin guard's gap below the positive's similarity (``0``: never
+            more similar than the positive). Default: ``None`` (off).
         duplicate_ids (numpy.ndarray, optional): ``(N,)`` integer id of every row's text (equal texts,
             equal ids). Default: none (no duplicate or same-query guard).
         valid (torch.Tensor | numpy.ndarray, optional): ``(N,)`` bool, the rows holding an embedding.
@@ -166,8 +169,8 @@ def corpus_candidates(
             guards stay on the CPU. Default: the CPU.
 
     Returns:
-        CorpusCandidates: The passage rows examined, which passed, what each guard dropped and which
-        anchors were searched.
+        CorpusCandidates: The passage rows examined, which passed, what each guard dropped, which anchors
+        were searched, the candidates' similarities and each anchor's similarity to its positive.
 
     Example:
         >>> x = torch.tensor([[1.0, 0.0], [1.0, 0.1], [0.0, 1.0], [0.9, 0.5], [0.8, 0.6], [0.0, 1.0]])
@@ -180,12 +183,15 @@ def corpus_candidates(
     search = check_corpus_search(search)
     if max_relative_similarity is not None:
         check_float("max_relative_similarity", max_relative_similarity, minimum=0, strict_minimum=True)
+    if absolute_margin is not None:
+        check_float("absolute_margin", absolute_margin)
+    guarded = max_relative_similarity is not None or absolute_margin is not None
     labels, is_passage = np.asarray(labels, dtype=np.int64), np.asarray(is_passage, dtype=bool)
     base = embeddings.detach().cpu()
     anchors, positives, pair_of = pair_layout(labels, is_passage)
     usable = _usable_rows(base, valid)
     pairs = np.arange(anchors.size) if pairs is None else np.asarray(pairs, dtype=np.int64)
-    searched = usable[anchors[pairs]] & (usable[positives[pairs]] | (max_relative_similarity is None))
+    searched = usable[anchors[pairs]] & (usable[positives[pairs]] | (not guarded))
     database = np.flatnonzero(usable[positives])  # pairs whose passage has an embedding
     column_of = np.full(anchors.size, -1, dtype=np.int64)
     column_of[database] = np.arange(database.size)
@@ -203,11 +209,13 @@ def corpus_candidates(
     screen = _Screen(
         base, dense_ids(duplicate_ids, labels.size), (anchors, positives, pair_of), skip_top, width
     )
-    screen.margin = max_relative_similarity
+    screen.margin, screen.gap = max_relative_similarity, absolute_margin
     step = check_int("chunk_size", chunk_size or _default_step(search, database.size), minimum=1)
-    return _search_all(
+    found = _search_all(
         find, screen, (pairs, np.flatnonzero(searched), column_of, positives[database]), step, searched
     )
+    found.positive[~usable[positives[pairs]]] = np.nan  # no embedding: no similarity to it
+    return found
 
 
 def _default_step(search: str, passages: int) -> int:
@@ -233,6 +241,8 @@ def _search_all(
         np.zeros((pairs.size, screen.width), dtype=bool),
         np.zeros((pairs.size, len(GUARDS)), dtype=np.int64),
         searched,
+        np.full((pairs.size, screen.width), -np.inf),
+        np.full(pairs.size, np.nan),
     )
     if queries.size * (screen.width + SLACK) > screen.base.shape[0]:  # each row gathered more than once
         screen.norms = _row_norms(screen.base)
@@ -253,8 +263,9 @@ def _search_all(
             rows = np.where(found >= 0, database_rows[np.maximum(found, 0)], -1)
             blocks = [slice(b, b + _RERANK_ANCHORS) for b in range(0, at.size, _RERANK_ANCHORS)]
             done = pool.map(screen, [own[block] for block in blocks], [rows[block] for block in blocks])
-            for block, (ranked, kept, dropped) in zip(blocks, done, strict=True):
+            for block, (ranked, kept, dropped, values, positive) in zip(blocks, done, strict=True):
                 out.ranked[at[block]], out.kept[at[block]], out.dropped[at[block]] = ranked, kept, dropped
+                out.similarity[at[block]], out.positive[at[block]] = values, positive  # type: ignore[index]
     return out
 
 
@@ -427,17 +438,26 @@ class _Screen:
         self.base, self.texts, self.skip_top, self.width = base, texts, skip_top, width
         self.anchors, self.positives, self.pair_of = layout
         self.margin: float | None = None  # max_relative_similarity
+        self.gap: float | None = None  # absolute_margin
         self.norms: np.ndarray | None = None  # every row's float64 length, when many rows are reranked
 
-    def __call__(self, pairs: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """``(ranked, kept, dropped)`` of the anchors of ``pairs`` from their candidate passage ``rows``."""
+    def __call__(
+        self, pairs: np.ndarray, rows: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """``(ranked, kept, dropped, similarity, positive)`` of the anchors of ``pairs`` from their candidate
+        passage ``rows``."""
         anchors, positives = self.anchors[pairs], self.positives[pairs]
         values, ranked = _rerank(self.base, anchors, rows, self.width, self.norms)
         guard = _Guard(self.texts, self.anchors, self.pair_of, (anchors, positives), self.skip_top)
-        if self.margin is not None:
-            guard.margin = self.margin * _similarity(self.base, anchors, positives, self.norms)
+        with np.errstate(invalid="ignore", divide="ignore"):  # a positive without an embedding: NaN
+            positive = _similarity(self.base, anchors, positives, self.norms)
+        limits = [positive * self.margin] if self.margin is not None else []
+        if self.gap is not None:
+            limits.append(positive - self.gap)
+        if limits:
+            guard.margin = np.minimum.reduce(limits)
         kept, dropped = guard(values, ranked)
-        return ranked, kept, dropped
+        return ranked, kept, dropped, values, positive
 
 
 class _Guard:

@@ -56,10 +56,55 @@ class RefreshSchedule:
         # The refreshes of the newest epoch that had any: {epoch: {segment: snapshot}}.
         self._segments: dict[int, dict[int, CorpusCandidates]] = {}
         self._refresh_digest = ""  # a hash chain over every refresh taken: in the snapshot fingerprint
+        #: One :meth:`CorpusCandidates.summary` per snapshot taken effect, with its ``epoch`` and the
+        #: ``segment`` it applies from (``0``: the epoch start's): what the guards dropped and how many kept
+        #: candidates score above the positive, refresh after refresh (in the state dict).
+        self.snapshot_log: list[dict[str, float]] = []
+        self._reading: tuple[int, int] | None = None  # (epoch, segment) while the source is read
+
+    def _schedule_state(self) -> dict[str, Any]:
+        """The schedule's part of the sampler's state dict (the searches running beside training joined)."""
+        return {
+            "handover": self._background.handover_state(),
+            "snapshots_taken": self._snapshots_taken,
+            "refresh_digest": self._refresh_digest,
+            "snapshot_log": list(self.snapshot_log),
+            "segments": {
+                epoch: {segment: found._asdict() for segment, found in found_by_segment.items()}
+                for epoch, found_by_segment in self._segments.items()
+            },
+        }
+
+    def _load_schedule_state(self, state: dict[str, Any], taken_before: int) -> None:
+        """Restore :meth:`_schedule_state` (``taken_before``: the snapshots a state from before the count
+        was kept held)."""
+        self._snapshots_taken = int(state.get("snapshots_taken", taken_before))
+        self._refresh_digest = str(state.get("refresh_digest", ""))
+        self.snapshot_log = list(state.get("snapshot_log", []))
+        self._segments = {
+            int(epoch): {int(segment): CorpusCandidates(**found) for segment, found in by_segment.items()}
+            for epoch, by_segment in (state.get("segments") or {}).items()
+        }
+        self._background = BackgroundRefreshes(state.get("handover"))  # searches running here are dropped
+
+    def _log_snapshot(self, epoch: int, segment: int, found: CorpusCandidates) -> None:
+        self.snapshot_log.append({"epoch": float(epoch), "segment": float(segment), **found.summary()})
 
     def _capped(self) -> bool:
         """Whether ``max_snapshots`` were taken: no further search, at an epoch start or within one."""
         return self.max_snapshots is not None and self._snapshots_taken >= self.max_snapshots
+
+    def wants_snapshot(self) -> bool:
+        """Whether the next snapshot handed over or read from :attr:`snapshot_source` would be searched."""
+        return not self._capped()
+
+    def upcoming_segment(self, epoch: int) -> tuple[int, int]:
+        """``(epoch, segment)`` of the batches the next snapshot applies from: while :attr:`snapshot_source`
+        is read within an epoch, the refresh's; otherwise the one handed over at ``epoch``'s start (its
+        segment 1 with ``refresh_in_background`` and a snapshot in force, else its segment 0)."""
+        if self._reading is not None:
+            return self._reading
+        return epoch, int(self.refresh_in_background and self._in_force())
 
     @property
     def refreshes(self) -> int:
@@ -76,7 +121,11 @@ class RefreshSchedule:
             return
         if self._capped():
             return
-        found = self.snapshot_source()
+        self._reading = (self.epoch, segment)  # what upcoming_segment tells the source
+        try:
+            found = self.snapshot_source()
+        finally:
+            self._reading = None
         if found is None:
             return
         self._snapshots_taken += 1
@@ -88,6 +137,7 @@ class RefreshSchedule:
     def _keep_refresh(self, epoch: int, segment: int, searched: CorpusCandidates) -> None:
         """Keep ``searched`` as the snapshot of ``epoch`` from ``segment`` on, in the fingerprint's chain."""
         self._segments = {epoch: {**self._segments.get(epoch, {}), segment: searched}}
+        self._log_snapshot(epoch, segment, searched)
         digest = hashlib.sha256(f"{self._refresh_digest}:{epoch}:{segment}".encode())
         for array in (searched.ranked, searched.kept, searched.searched):
             digest.update(np.ascontiguousarray(array).tobytes())

@@ -18,7 +18,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from composer_dynsample.samplers._background import BackgroundRefreshes
 from composer_dynsample.samplers._candidates import CorpusCandidates
 from composer_dynsample.samplers._corpus_search import (
     GUARDS,
@@ -28,8 +27,10 @@ from composer_dynsample.samplers._corpus_search import (
     pair_layout,
 )
 from composer_dynsample.samplers._negative_plan import (
-    NegativePlanner,
-    ordered_candidates,
+    PLAN_COUNTS,
+    SAMPLINGS,
+    Sampling,
+    plan_negatives,
     row_array,
 )
 from composer_dynsample.samplers._refresh_schedule import RefreshSchedule
@@ -37,12 +38,10 @@ from composer_dynsample.samplers.base import DistributedBatchSampler, epoch_rng
 from composer_dynsample.samplers.hard_class import HardClassPKBatchSampler
 from composer_dynsample.samplers.neighbours import check_max_relative_similarity
 from composer_dynsample.samplers.pk import PKBatchSampler
-from composer_dynsample.validation import check_float, check_int
+from composer_dynsample.validation import check_choice, check_float, check_int
 
 __all__ = ["CorpusCandidates", "MinedNegativesPKBatchSampler", "corpus_candidates"]
 
-#: What :meth:`MinedNegativesPKBatchSampler.guard_counts` reports: the search's guards, then the plan's.
-PLAN_COUNTS = (*GUARDS, "in_batch", "random", "no_embedding")
 _SEGMENT_STREAM = 1 << 20  # the random stream of a refresh segment: 4 is the epoch's first
 
 
@@ -60,8 +59,9 @@ class MinedNegativesPKBatchSampler(RefreshSchedule, DistributedBatchSampler):
     :class:`~composer_dynsample.EmbeddingTable`, from the next :meth:`set_epoch` on): each anchor's
     passages of other pairs ranked by cosine similarity, the ``skip_top`` nearest skipped, the next
     ``window`` passed through the guards of :func:`corpus_candidates` (identical texts, another answer
-    of the same query, the margin ``max_relative_similarity`` x sim(anchor, positive)). Each epoch an
-    anchor takes its survivors in a random order (so negatives vary across epochs;
+    of the same query, the margin ``max_relative_similarity`` x sim(anchor, positive) or
+    ``absolute_margin`` below it). Each epoch an anchor takes its survivors in an order drawn by
+    ``sampling`` (uniformly at random by default, so negatives vary across epochs;
     ``window=negatives_per_anchor`` takes the hardest ones), skipping any whose text is already in the
     batch (a pair's row or an earlier negative). Slots left over, every slot before the first
     snapshot, and the slots of an anchor without an embedding take random passages of other pairs
@@ -82,7 +82,23 @@ class MinedNegativesPKBatchSampler(RefreshSchedule, DistributedBatchSampler):
         window (int, optional): The candidates looked at after them, at least ``negatives_per_anchor``.
             Default: ``negatives_per_anchor`` (the hardest ones).
         max_relative_similarity (float, optional): Drop candidates more similar to the anchor than this
-            times the anchor's similarity to its positive; ``None`` turns the guard off. Default: ``0.95``.
+            times the anchor's similarity to its positive (sentence-transformers' ``relative_margin`` is
+            ``1 - max_relative_similarity``); ``None`` turns the guard off. Default: ``0.95``.
+        absolute_margin (float, optional): Drop candidates whose similarity to the anchor plus this exceeds
+            the anchor's similarity to its positive (sentence-transformers' ``absolute_margin``; ``0``: never
+            one more similar than the positive). Counted with the relative one as ``margin``. Default:
+            ``None`` (off).
+        sampling (str): How an anchor orders its window's survivors: ``"uniform"`` (at random),
+            ``"softmax"`` (without replacement, proportional to ``exp(similarity / sampling_temperature)``, by
+            Gumbel-max) or ``"simans"`` (proportional to ``exp(-((similarity - positive's -
+            sampling_shift) / sampling_temperature) ** 2)``, SimANS): see
+            :class:`~composer_dynsample.samplers._negative_plan.Sampling`. Every draw comes from the
+            ``(seed, epoch, segment)`` stream, so ranks agree and a resume draws the same. Default:
+            ``"uniform"``.
+        sampling_temperature (float): The temperature of ``"softmax"`` and the width of ``"simans"``.
+            Default: ``0.05``.
+        sampling_shift (float): SimANS' ``b``: the similarity, relative to the positive's, sampled most.
+            Default: ``0.0``.
         search (str): ``"exact"`` (torch), ``"ivf"`` (the project's own approximate inverted-file search
             in torch, for large corpora: 1,000,000 pairs at D = 128 in about 21 s on 2 threads, window
             recall about 0.95), ``"auto"`` (exact up to 50,000 passages, ``"ivf"`` above), ``"faiss"``
@@ -145,6 +161,10 @@ class MinedNegativesPKBatchSampler(RefreshSchedule, DistributedBatchSampler):
         skip_top: int = 0,
         window: int | None = None,
         max_relative_similarity: float | None = 0.95,
+        absolute_margin: float | None = None,
+        sampling: str = "uniform",
+        sampling_temperature: float = 0.05,
+        sampling_shift: float = 0.0,
         search: str = "exact",
         hard_fraction: float = 0.0,
         max_snapshots: int | None = None,
@@ -168,6 +188,14 @@ class MinedNegativesPKBatchSampler(RefreshSchedule, DistributedBatchSampler):
             "window", negatives_per_anchor if window is None else window, minimum=self.negatives_per_anchor
         )
         self.max_relative_similarity = check_max_relative_similarity(max_relative_similarity)
+        self.absolute_margin = (
+            None if absolute_margin is None else check_float("absolute_margin", absolute_margin)
+        )
+        self.sampling = Sampling(
+            check_choice("sampling", sampling, SAMPLINGS),
+            check_float("sampling_temperature", sampling_temperature, minimum=0, strict_minimum=True),
+            check_float("sampling_shift", sampling_shift),
+        )
         self.search = check_corpus_search(search)
         #: Where the exact and ``"ivf"`` searches run (``None``: the CPU); ``EmbeddingTable`` sets the model's
         #: CUDA device when the model is on one. The float64 ranking and the guards stay on the CPU.
@@ -291,6 +319,7 @@ class MinedNegativesPKBatchSampler(RefreshSchedule, DistributedBatchSampler):
             self.window,
             skip_top=self.skip_top,
             max_relative_similarity=self.max_relative_similarity,
+            absolute_margin=self.absolute_margin,
             duplicate_ids=self.duplicate_ids,
             valid=valid,
             search=self.search,
@@ -312,6 +341,19 @@ class MinedNegativesPKBatchSampler(RefreshSchedule, DistributedBatchSampler):
         counts = torch.bincount(pair_of, minlength=self._anchors.size)
         return sums / counts.clamp(min=1).unsqueeze(1), counts
 
+    def upcoming_rows(self, epoch: int) -> np.ndarray:
+        """The anchor and positive rows (sorted, each once) of the batches the next snapshot applies to: the
+        epoch's global batches of the segment :meth:`upcoming_segment` names (the whole epoch without
+        ``refresh_every``; every pair's at an epoch start with ``hard_fraction``, whose pairs the snapshot
+        itself chooses), on every rank alike. :class:`~composer_dynsample.EmbeddingTable`'s
+        ``fresh_upcoming`` encodes them with the current model before the snapshot is searched."""
+        if self.hard_fraction > 0 and self._reading is None:  # the snapshot chooses the epoch's pairs
+            return np.unique(np.concatenate([self._anchors, self._positives]))
+        epoch, segment = self.upcoming_segment(epoch)
+        pairs = self._pair_batches.global_batches(epoch)
+        step = pairs.shape[0] if self.refresh_every is None else self.refresh_every * self.num_replicas
+        return np.unique(pairs[segment * step : (segment + 1) * step])
+
     def set_epoch(self, epoch: int) -> None:
         """Set the epoch; a snapshot handed over since the last call applies from this epoch on (with
         ``refresh_in_background``, from the epoch's batch ``refresh_every`` on)."""
@@ -319,6 +361,7 @@ class MinedNegativesPKBatchSampler(RefreshSchedule, DistributedBatchSampler):
         self._pair_batches.set_epoch(epoch)
         if self._pending is not None:
             self._activate(self._pending)
+            self._log_snapshot(epoch, 0, self._pending)
             self._pending = None
         if self.refresh_in_background:
             self._roll_forward(epoch)
@@ -387,15 +430,9 @@ class MinedNegativesPKBatchSampler(RefreshSchedule, DistributedBatchSampler):
         self._join_background()
         return {
             "epoch": self.epoch,
-            "handover": self._background.handover_state(),
             "snapshot": _as_dict(self._snapshot),
             "pending": _as_dict(self._pending),
-            "snapshots_taken": self._snapshots_taken,
-            "refresh_digest": self._refresh_digest,
-            "segments": {
-                epoch: {segment: found._asdict() for segment, found in found_by_segment.items()}
-                for epoch, found_by_segment in self._segments.items()
-            },
+            **self._schedule_state(),
             "pair_batches": (
                 self._pair_batches.state_dict()
                 if isinstance(self._pair_batches, HardClassPKBatchSampler)
@@ -409,15 +446,7 @@ class MinedNegativesPKBatchSampler(RefreshSchedule, DistributedBatchSampler):
         snapshot, pending = state.get("snapshot"), state.get("pending")
         self._activate(None if snapshot is None else CorpusCandidates(**snapshot))
         self._pending = None if pending is None else CorpusCandidates(**pending)
-        self._snapshots_taken = int(
-            state.get("snapshots_taken", (snapshot is not None) + (pending is not None))
-        )
-        self._refresh_digest = str(state.get("refresh_digest", ""))
-        self._segments = {
-            int(epoch): {int(segment): CorpusCandidates(**found) for segment, found in by_segment.items()}
-            for epoch, by_segment in (state.get("segments") or {}).items()
-        }
-        self._background = BackgroundRefreshes(state.get("handover"))  # searches running here are dropped
+        self._load_schedule_state(state, (snapshot is not None) + (pending is not None))
         if state.get("pair_batches") is not None and isinstance(self._pair_batches, HardClassPKBatchSampler):
             self._pair_batches.load_state_dict(state["pair_batches"])
 
@@ -432,7 +461,9 @@ class MinedNegativesPKBatchSampler(RefreshSchedule, DistributedBatchSampler):
         Over the epoch's anchors: the search's guards of :data:`GUARDS` (``rank_window``: candidates
         skipped at the top; ``duplicate``; ``same_query``; ``margin``), then the plan's: ``in_batch``
         (survivors skipped because their text was in the batch already), ``random`` (negatives drawn at
-        random) and ``no_embedding`` (anchors without candidates: before the first snapshot, every one).
+        random), ``no_embedding`` (anchors without candidates: before the first snapshot, every one) and
+        ``above_positive`` (mined negatives at least as similar to their anchor as its own positive, in the
+        snapshot they came from: the likeliest unlabelled answers that passed the guards).
         """
         return dict(self._plan(self.epoch if epoch is None else epoch)[1])
 
@@ -464,35 +495,10 @@ class MinedNegativesPKBatchSampler(RefreshSchedule, DistributedBatchSampler):
             snapshot = self._snapshot if source < 0 else refreshed[source]
             stream = 4 if segment == 0 else _SEGMENT_STREAM + segment
             start = segment * step
-            self._cached[key] = self._build(
-                pairs[start : start + step], snapshot, epoch_rng(self.seed, epoch, stream)
+            self._cached[key] = plan_negatives(
+                self, pairs[start : start + step], snapshot, epoch_rng(self.seed, epoch, stream)
             )
         return self._cached[key]
-
-    def _build(
-        self, pairs: np.ndarray, snapshot: CorpusCandidates | None, rng: np.random.Generator
-    ) -> tuple[np.ndarray, dict[str, int]]:
-        """The negatives of ``pairs``' batches from ``snapshot``, and what the guards and the plan did."""
-        n, p = pairs.shape[0], self.pairs_per_batch
-        chunks = pairs.reshape(n, p, 2)
-        first_is_anchor = ~self.is_passage[chunks[:, :, 0]]
-        anchor_rows = np.where(first_is_anchor, chunks[:, :, 0], chunks[:, :, 1]).reshape(-1)
-        own = self._pair_of[anchor_rows]
-        counts = dict.fromkeys(PLAN_COUNTS, 0)
-        width = self.skip_top + self.window
-        ordered, forbidden = ordered_candidates(snapshot, own, rng, counts, self.pairs_per_batch, width)
-        planner = NegativePlanner(
-            self._texts, self._positives, self._texts[self._anchors], self.negatives_per_anchor, rng
-        )
-        negatives = np.empty((n, p * self.negatives_per_anchor), dtype=np.int64)
-        anchor_texts = self._texts[anchor_rows].reshape(n, p)
-        for b in range(n):
-            batch_texts = self._texts[pairs[b]].tolist()
-            excluded = None if forbidden is None else forbidden[b]
-            negatives[b] = planner.batch(batch_texts, anchor_texts[b].tolist(), ordered[b], excluded)
-        counts["in_batch"], counts["random"] = planner.in_batch, planner.random
-        negatives.flags.writeable = False  # cached: shared by every caller of this epoch's plan
-        return negatives, counts
 
 
 def _as_dict(found: CorpusCandidates | None) -> dict[str, np.ndarray] | None:

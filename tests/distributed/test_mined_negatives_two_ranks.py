@@ -47,20 +47,30 @@ def test_ranks_with_different_snapshots_are_caught():
 
 
 @pytest.mark.parametrize(
-    ("background", "every", "refreshes"),
+    ("background", "every", "refreshes", "sampling"),
     # Inline: refreshes at batches 4 and 8 of the last epoch. In the background, every 3 batches: the
-    # epoch start's search applies from batch 3, those started at batches 3 and 6 from 6 and 9.
-    [(False, 4, 2), (True, 3, 3)],
-    ids=["inline", "background"],
+    # epoch start's search applies from batch 3, those started at batches 3 and 6 from 6 and 9. Sampled:
+    # the window by softmax and the candidates above the positive dropped (absolute_margin 0).
+    # Fresh: the table re-encodes 8 rows a step and each snapshot's anchors and positives first.
+    [
+        (False, 4, 2, {}),
+        (True, 3, 3, {}),
+        (False, 4, 2, {"sampling": "softmax", "absolute_margin": 0.0}),
+        (True, 3, 3, {"fresh": {"fresh_rows_per_step": 8, "fresh_upcoming": True}}),
+    ],
+    ids=["inline", "background", "softmax_margin", "fresh"],
 )
 def test_refreshes_within_epochs_stay_identical_on_both_ranks_and_resume_exactly(
-    background, every, refreshes
+    background, every, refreshes, sampling
 ):
+    sampling = dict(sampling)
+    fresh = sampling.pop("fresh", {})
     folder = shared_tmp_dir()
     # 96 pairs, 4 a batch: 12 batches a rank and epoch.
     options = {"refresh_every": every, "refresh_in_background": background, "max_relative_similarity": None}
+    options.update(sampling)
     batches, seen = sampler(**options), {}
-    table = EmbeddingTable()
+    table = EmbeddingTable(**fresh)
     trainer_options = {"save_folder": str(folder), "save_interval": "18ba"}
     trainer_for(batches, [HardNegativeMining("semi_hard"), table], seen, **trainer_options).fit()
     assert batches.refreshes == refreshes
@@ -71,7 +81,13 @@ def test_refreshes_within_epochs_stay_identical_on_both_ranks_and_resume_exactly
     # background with the search started at batch 3 not joined yet.
     resumed, resumed_seen = sampler(**options), {}
     trainer_options = {"load_path": str(folder / "ep1-ba18-rank{rank}.pt")}
-    algorithms = [HardNegativeMining("semi_hard"), EmbeddingTable()]
-    trainer_for(resumed, algorithms, resumed_seen, **trainer_options).fit()
+    resumed_table = EmbeddingTable(**fresh)
+    trainer_for(
+        resumed, [HardNegativeMining("semi_hard"), resumed_table], resumed_seen, **trainer_options
+    ).fit()
     assert resumed_seen["batches"] == [item for item in seen["batches"] if item[0] >= 18]
     assert resumed.snapshot_fingerprint() == batches.snapshot_fingerprint()
+    assert resumed.snapshot_log == batches.snapshot_log  # the refreshes' diagnostics, resumed too
+    assert resumed_table.fingerprint() == table.fingerprint()
+    if fresh:  # the drift of what the fresh encodings replaced: the same on both ranks, and measured
+        assert table.history[-1]["fresh_rows_measured"] > 0

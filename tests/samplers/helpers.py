@@ -73,8 +73,11 @@ def pairs_data(num_pairs: int, seed: int, *, duplicates: bool = False, dim: int 
     return labels, is_passage, texts, embeddings
 
 
-def reference(embeddings, labels, is_passage, window, skip_top=0, margin=None, texts=None, valid=None):
-    """``corpus_candidates`` by brute force: every pair, every passage, sorted in Python."""
+def reference(
+    embeddings, labels, is_passage, window, skip_top=0, margin=None, texts=None, valid=None, gap=None
+):
+    """``corpus_candidates`` by brute force: every pair, every passage, sorted in Python (``margin``: the
+    relative one, ``gap``: the absolute one)."""
     unit = torch.nn.functional.normalize(embeddings.double(), dim=1)
     n = len(labels)
     texts = np.arange(n) if texts is None else texts
@@ -86,14 +89,17 @@ def reference(embeddings, labels, is_passage, window, skip_top=0, margin=None, t
     anchor = {c: next(i for i in range(n) if labels[i] == c and not is_passage[i]) for c in classes}
     positive = {c: next(i for i in range(n) if labels[i] == c and is_passage[i]) for c in classes}
     width = skip_top + window
-    ranked, kept, dropped, searched = [], [], [], []
+    ranked, kept, dropped, searched, similarity, positives = [], [], [], [], [], []
     for c in classes:
         a, p = anchor[c], positive[c]
-        ok = usable[a] and (usable[p] or margin is None)
+        ok = usable[a] and (usable[p] or (margin is None and gap is None))
         searched.append(ok)
+        own = float(unit[a] @ unit[p]) if ok and usable[p] else float("nan")
+        positives.append(own)
         sims = {q: float(unit[a] @ unit[q]) for q in positive.values() if q != p and usable[q]}
         order = sorted(sims, key=lambda q: (-sims[q], q)) if ok else []
         row = (order[:width] + [-1] * width)[:width]
+        similarity.append([sims[q] if q >= 0 else -np.inf for q in row])
         keep, counts = [False] * width, [sum(q >= 0 for q in row[:skip_top]), 0, 0, 0]
         for i in range(skip_top, width):
             q = row[i]
@@ -103,12 +109,19 @@ def reference(embeddings, labels, is_passage, window, skip_top=0, margin=None, t
                 counts[1] += 1
             elif texts[anchor[labels[q]]] == texts[a]:
                 counts[2] += 1
-            elif margin is not None and sims[q] > margin * float(unit[a] @ unit[p]):
+            elif (margin is not None and sims[q] > margin * own) or (gap is not None and sims[q] + gap > own):
                 counts[3] += 1
             else:
                 keep[i] = True
         ranked.append(row), kept.append(keep), dropped.append(counts)
-    return CorpusCandidates(np.array(ranked), np.array(kept), np.array(dropped), np.array(searched))
+    return CorpusCandidates(
+        np.array(ranked),
+        np.array(kept),
+        np.array(dropped),
+        np.array(searched),
+        np.array(similarity, dtype=np.float64).reshape(len(classes), width),
+        np.array(positives),
+    )
 
 
 def sampler_for(labels, is_passage, texts, p, n, **options):
@@ -144,8 +157,9 @@ def check_guards(batches, labels, is_passage, texts, p, n, expected):
                 assert set(texts[list(survivors)].tolist()) <= set(all_texts.tolist())
 
 
-def make_run(num_workers=0, refresh_in_background=False, stage_writes=None, **kwargs):
-    """48 pairs, 4 pairs x (2 + 2 negatives) a batch, 12 batches an epoch, a refresh every 3 batches."""
+def make_run(num_workers=0, refresh_in_background=False, stage_writes=None, table_options=None, **kwargs):
+    """48 pairs, 4 pairs x (2 + 2 negatives) a batch, 12 batches an epoch, a refresh every 3 batches; the
+    table gets ``table_options``."""
     from composer import Trainer
     from composer.core import Callback
 
@@ -169,7 +183,7 @@ def make_run(num_workers=0, refresh_in_background=False, stage_writes=None, **kw
         refresh_in_background=refresh_in_background,
         seed=3,
     )
-    table = EmbeddingTable(stage_writes=stage_writes)
+    table = EmbeddingTable(stage_writes=stage_writes, **(table_options or {}))
     searched_at = []
 
     class WhenSearched(Callback):

@@ -171,7 +171,7 @@ def test_window_recall_counts_the_exact_survivors_found():
     # anchor 0: 5 and 7 of {5, 6, 7}; anchor 1: 2 of {2, 3} (3 was not kept); anchor 2: no exact survivor
     assert window_recall(approx, exact) == pytest.approx((2 / 3 + 1 / 2) / 2)
     assert window_recall(exact, exact) == 1.0
-    whole = CorpusCandidates(*(np.concatenate([field, field]) for field in approx))
+    whole = CorpusCandidates(*(None if f is None else np.concatenate([f, f]) for f in approx))
     assert window_recall(whole, exact, rows=np.array([3, 4, 5])) == window_recall(approx, exact)
     with pytest.raises(ValueError, match="approx and exact must cover the same anchors, got 6 and 3 rows"):
         window_recall(whole, exact)

@@ -31,8 +31,12 @@ HAS_FAISS = importlib.util.find_spec("faiss") is not None
 
 # ------------------------------------------------------------------------------------- the search
 def assert_same(ours: CorpusCandidates, expected: CorpusCandidates) -> None:
-    for name in CorpusCandidates._fields:
+    for name in ("ranked", "kept", "dropped", "searched"):
         assert np.array_equal(getattr(ours, name), getattr(expected, name)), name
+    # The similarities: float64 of one summation order against Python's; NaN where no positive is known.
+    assert np.allclose(ours.similarity, expected.similarity, rtol=0, atol=1e-12), "similarity"
+    searched = expected.searched & np.isfinite(expected.positive)
+    assert np.allclose(ours.positive[searched], expected.positive[searched], rtol=0, atol=1e-12)
 
 
 SEARCHES = ["exact", "faiss", "faiss_ivf"] if HAS_FAISS else ["exact"]
@@ -43,15 +47,18 @@ SEARCHES = ["exact", "faiss", "faiss_ivf"] if HAS_FAISS else ["exact"]
     ("skip_top", "window", "margin", "duplicates", "chunk_size"),
     [(0, 3, None, False, None), (2, 4, 0.95, True, 7), (1, 6, 0.5, True, 1), (3, 2, None, True, None)],
 )
-def test_corpus_candidates_equal_brute_force(search, skip_top, window, margin, duplicates, chunk_size):
+@pytest.mark.parametrize("gap", [None, 0.0, 0.2])
+def test_corpus_candidates_equal_brute_force(search, skip_top, window, margin, duplicates, chunk_size, gap):
     # 30 passages: faiss's IVF has one cell below 78, so it is exhaustive and must agree too.
     labels, is_passage, texts, embeddings = pairs_data(30, 1, duplicates=duplicates)
     embeddings[5] = embeddings[9]  # equal similarities: ties in row order
     options = {"skip_top": skip_top, "max_relative_similarity": margin, "duplicate_ids": texts}
     ours = corpus_candidates(
-        embeddings, labels, is_passage, window, chunk_size=chunk_size, search=search, **options
-    )
-    assert_same(ours, reference(embeddings, labels, is_passage, window, skip_top, margin, texts))
+        embeddings, labels, is_passage, window, chunk_size=chunk_size, search=search, absolute_margin=gap,
+        **options,
+    )  # fmt: skip
+    expected = reference(embeddings, labels, is_passage, window, skip_top, margin, texts, gap=gap)
+    assert_same(ours, expected)
 
 
 @pytest.mark.skipif(not HAS_FAISS, reason="faiss is not installed")
@@ -150,6 +157,8 @@ def setups(draw):
             "skip_top": skip_top,
             "window": window,
             "max_relative_similarity": draw(st.sampled_from([None, 0.95, 0.3])),
+            "absolute_margin": draw(st.sampled_from([None, 0.0, 0.1])),
+            "sampling": draw(st.sampled_from(["uniform", "softmax", "simans"])),
             "drop_last": draw(st.booleans()),
         },
     }
@@ -224,6 +233,7 @@ def test_batches_on_any_world_keep_pk_and_every_guard(setup, epoch):
             setup["options"]["max_relative_similarity"],
             texts,
             valid,
+            gap=setup["options"]["absolute_margin"],
         )
     check_guards(batches, labels, is_passage, texts, p, n, expected)
     # A pure function of (seed, epoch, snapshot).

@@ -7,7 +7,6 @@ import numpy as np
 import pytest
 import torch
 
-from composer_dynsample.samplers.mined_negatives import MinedNegativesPKBatchSampler
 from tests.samplers.helpers import check_guards, make_run, pairs_data, reference, sampler_for
 
 
@@ -139,11 +138,13 @@ def test_a_refresh_builds_only_the_segments_the_iteration_reaches(drop_last, mon
     refresh, it stalled the iteration quadratically). On 3 ranks, padded or not, the batches are
     ``rank_batches``'."""
     labels, is_passage, texts, first = pairs_data(62, 3)
+    from composer_dynsample.samplers import mined_negatives
+
     built = []
-    build = MinedNegativesPKBatchSampler._build
+    build = mined_negatives.plan_negatives
     monkeypatch.setattr(
-        MinedNegativesPKBatchSampler,
-        "_build",
+        mined_negatives,
+        "plan_negatives",
         lambda self, pairs, *rest: built.append(len(pairs)) or build(self, pairs, *rest),
     )
     for rank in range(3):

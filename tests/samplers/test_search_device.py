@@ -8,7 +8,9 @@ from types import SimpleNamespace
 import numpy as np
 import torch
 
-from composer_dynsample.algorithms.embedding_table.embedding_table import _search_on_the_model_device
+from composer_dynsample.algorithms.embedding_table._training_set import (
+    search_on_the_model_device as _search_on_the_model_device,
+)
 from composer_dynsample.samplers.mined_negatives import MinedNegativesPKBatchSampler
 from tests.samplers.helpers import pairs_data, sampler_for
 

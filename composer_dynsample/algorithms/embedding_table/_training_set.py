@@ -26,6 +26,7 @@ __all__ = [
     "embed_rows",
     "encode_training_set",
     "rng_untouched",
+    "search_on_the_model_device",
     "train_collate",
     "train_labels",
     "train_loader",
@@ -156,3 +157,13 @@ def rng_untouched() -> Iterator[None]:
     finally:
         random.setstate(python_state)
         np.random.set_state(numpy_state)
+
+
+def search_on_the_model_device(sampler: Any, model: torch.nn.Module) -> None:
+    """Run a sampler's corpus search (``search_device``) on the model's device when that is a CUDA device
+    and the sampler was given none: the GPU that trains also searches."""
+    if sampler is None or not hasattr(sampler, "search_device") or sampler.search_device is not None:
+        return
+    parameter = next(model.parameters(), None)
+    if parameter is not None and parameter.device.type == "cuda":
+        sampler.search_device = parameter.device

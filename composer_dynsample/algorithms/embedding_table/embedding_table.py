@@ -23,21 +23,20 @@ from composer.loggers import Logger
 
 from composer_dynsample.algorithms.embedding_table._training_set import (
     dataset_length,
-    embed_rows,
     encode_training_set,
     rng_untouched,
+    search_on_the_model_device,
     train_collate,
     train_labels,
     train_loader,
 )
-from composer_dynsample.algorithms.embedding_table.rows import StagedWrites, write_rows
+from composer_dynsample.algorithms.embedding_table.fresh_rows import FreshRows
+from composer_dynsample.algorithms.embedding_table.rows import StagedWrites, class_centroids, write_rows
 from composer_dynsample.batches import find_in_batch
 from composer_dynsample.checkpoints import CheckpointError
 from composer_dynsample.distributed import (
     all_gather_embeddings,
     broadcast_buffers,
-    get_rank,
-    get_world_size,
 )
 from composer_dynsample.mining.mined_batch import MinedBatch
 from composer_dynsample.validation import check_bool, check_choice, check_int, parse_time
@@ -45,36 +44,6 @@ from composer_dynsample.validation import check_bool, check_choice, check_int, p
 __all__ = ["EmbeddingTable", "class_centroids"]
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-
-
-def class_centroids(
-    rows: torch.Tensor, written_at: torch.Tensor, labels: torch.Tensor, num_classes: int
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The mean of each class's written rows, in float32, and how many rows each mean is over.
-
-    Args:
-        rows (torch.Tensor): The ``(N, D)`` table.
-        written_at (torch.Tensor): ``(N,)`` steps of the last writes, ``-1`` for rows never written.
-        labels (torch.Tensor): ``(N,)`` class of each row, in ``[0, num_classes)``.
-        num_classes (int): The number of classes ``C``.
-
-    Returns:
-        tuple[torch.Tensor, torch.Tensor]: ``(C, D)`` centroids (zeros for a class with no written row) and
-        the ``(C,)`` int64 counts.
-
-    Example:
-        >>> rows = torch.tensor([[0.0, 2.0], [2.0, 0.0], [4.0, 4.0]])
-        >>> centroids, counts = class_centroids(rows, torch.tensor([1, 1, -1]), torch.tensor([0, 0, 1]), 2)
-        >>> centroids.tolist(), counts.tolist()
-        ([[1.0, 1.0], [0.0, 0.0]], [2, 0])
-    """
-    written = written_at >= 0
-    labels = labels.to(rows.device)[written]
-    values = rows[written].float()
-    sums = torch.zeros(num_classes, rows.shape[1], dtype=torch.float32, device=rows.device)
-    sums.index_add_(0, labels, values)
-    counts = torch.bincount(labels, minlength=num_classes)
-    return sums / counts.clamp(min=1).unsqueeze(1), counts
 
 
 class EmbeddingTable(Algorithm):
@@ -102,13 +71,15 @@ class EmbeddingTable(Algorithm):
     :attr:`warm_start_cost` (and the checkpoint) and logged as ``embedding_table/warm_start_rows`` and
     ``embedding_table/warm_start_seconds``.
 
-    At every epoch end the table's staleness is logged and kept in :attr:`history` (one dict per epoch,
+    At every epoch end (and at the end of a run that stops inside an epoch, a record marked ``partial``)
+    the table's staleness is logged and kept in :attr:`history` (one dict per epoch,
     in the checkpoint, and in the CLI's ``metrics.json``): ``staleness_mean`` and ``staleness_max``, the
     batches since each written row was written, over ``rows_written`` rows of ``num_items``;
     ``rows_encoded`` and ``encode_seconds``, what the table encoded beyond the training forward passes in
     the epoch (the warm start's rows and the refreshes', ``0`` when the forward pass alone feeds it); with a
     sampler that reports what its epoch's plan did (``guard_counts``, as
-    :class:`~composer_dynsample.samplers.MinedNegativesPKBatchSampler`), that too, under ``sampler``.
+    :class:`~composer_dynsample.samplers.MinedNegativesPKBatchSampler`), that too, under ``sampler``, with
+    the summaries of the snapshots it took since the last record (its ``snapshot_log``) as ``snapshots``.
 
     Args:
         num_items (int, optional): Rows, the size of the training set. Default: read off the train
@@ -138,6 +109,13 @@ class EmbeddingTable(Algorithm):
             :class:`~composer_dynsample.algorithms.embedding_table.rows.StagedWrites`) and write them at
             ``BATCH_END``, before the next batch is drawn. Default: ``None``, when the embeddings are on a CUDA
             device and the table is not; the rows written are the same either way.
+        fresh_rows_per_step (int): Re-encode this many rows at every ``BATCH_END`` with the model as it is
+            then, in eval mode, the stalest first (:class:`~composer_dynsample.algorithms.embedding_table.fresh_rows.FreshRows`):
+            an extra no-grad forward pass of that many samples a step. Default: ``0`` (none).
+        fresh_upcoming (bool): Before the sampler searches a snapshot (at an epoch start or a refresh within
+            one), re-encode the anchors and positives of the batches it applies to (the sampler's
+            ``upcoming_rows``, as :class:`~composer_dynsample.samplers.MinedNegativesPKBatchSampler` has), so
+            every anchor is ranked by the current model. Default: ``False``.
 
     Raises:
         ValueError: If an option is out of its range or of the wrong type.
@@ -163,6 +141,8 @@ class EmbeddingTable(Algorithm):
         feed_sampler: bool = True,
         warm_start: bool = False,
         stage_writes: bool | None = None,
+        fresh_rows_per_step: int = 0,
+        fresh_upcoming: bool = False,
     ) -> None:
         self.num_items = check_int("num_items", num_items, minimum=1, allow_none=True)
         self._size_given = self.num_items is not None  # else read off the dataset at FIT_START
@@ -187,6 +167,8 @@ class EmbeddingTable(Algorithm):
         if stage_writes is not None:
             check_bool("stage_writes", stage_writes)
         self._staged = StagedWrites(stage_writes)
+        self._fresh = FreshRows(fresh_rows_per_step, fresh_upcoming)
+        self._state: State | None = None  # the fit's state: the model and loader a fresh encoding reads
         #: The warm start's ``rows_encoded`` and ``seconds``; ``None`` until it ran (in the checkpoint).
         self.warm_start_cost: dict[str, float] | None = None
         self._encoded = {"rows": 0, "seconds": 0.0}  # encoded beyond the forward passes this epoch
@@ -262,18 +244,22 @@ class EmbeddingTable(Algorithm):
     def match(self, event: Event, state: State) -> bool:
         if event in (Event.AFTER_FORWARD, Event.FIT_START, Event.EPOCH_END):
             return True
+        if event == Event.FIT_END:  # a run that ends inside an epoch: its part-epoch record
+            return int(state.timestamp.batch_in_epoch) > 0
         if event == Event.BATCH_END:
-            return len(self._staged) > 0
+            return len(self._staged) > 0 or self._fresh.per_step > 0
         return event == Event.EPOCH_START and (self._refresh_due(state) or self._sampler is not None)
 
     def apply(self, event: Event, state: State, logger: Logger) -> None:
         self.apply_staged()  # before any read of the table, and at BATCH_END
         if event == Event.BATCH_END:
+            if self._fresh.per_step and self.written_at is not None:
+                self._encode_fresh(self._fresh.stalest(self.written_at), "fresh_rows_per_step")
             return
         if event == Event.FIT_START:
             self._fit_start(state, logger)
-        elif event == Event.EPOCH_END:
-            self._epoch_end(state, logger)
+        elif event in (Event.EPOCH_END, Event.FIT_END):
+            self._epoch_end(state, logger, partial=event == Event.FIT_END)
         elif event == Event.EPOCH_START:
             if self._refresh_due(state):
                 self._refresh(state, logger)
@@ -301,6 +287,7 @@ class EmbeddingTable(Algorithm):
 
     def _fit_start(self, state: State, logger: Logger) -> None:
         """Size the table, warm it, find the sampler to feed, and give it back its snapshot when resuming."""
+        self._state = state
         store = getattr(getattr(train_loader(state), "collate_fn", None), "store", None)
         self._num_sampled = getattr(store, "num_sampled", None)
         if not self._size_given:
@@ -324,7 +311,7 @@ class EmbeddingTable(Algorithm):
             self._sampler.snapshot_source = (
                 self._snapshot_rows
             )  # refreshes within an epoch read the live table
-        _search_on_the_model_device(self._sampler, state.model)
+        search_on_the_model_device(self._sampler, state.model)
         if self._sampler is not None and self._saved_sampler_state is not None:
             self._sampler.load_state_dict(self._saved_sampler_state)  # the interrupted epoch's centroids
             self._saved_sampler_state = None
@@ -360,26 +347,62 @@ class EmbeddingTable(Algorithm):
             self._staged.apply(self.write)
 
     def _snapshot_rows(self) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """The rows as a sampler searches them, and which hold an embedding (``None`` before any)."""
+        """The rows as a sampler searches them, and which hold an embedding (``None`` before any); with
+        ``fresh_upcoming``, the rows the snapshot applies to encoded first."""
         if self.rows is None or self.written_at is None:
             return None
+        self._encode_upcoming()
         return self.rows.float(), self.written_at >= 0
 
-    def _epoch_end(self, state: State, logger: Logger) -> None:
-        """Log the table's staleness and the sampler's plan counts, and keep them in :attr:`history`."""
+    def _encode_upcoming(self) -> None:
+        """With ``fresh_upcoming``, encode the rows the sampler's next snapshot applies to, if it takes one."""
+        sampler, state = self._sampler, self._state
+        if not self._fresh.upcoming or sampler is None or state is None:
+            return
+        if not callable(getattr(sampler, "upcoming_rows", None)) or not sampler.wants_snapshot():
+            return
+        rows = torch.from_numpy(sampler.upcoming_rows(int(state.timestamp.epoch)))
+        self._encode_fresh(rows, "fresh_upcoming")
+
+    def _encode_fresh(self, rows: torch.Tensor, option: str) -> None:
+        """Encode ``rows`` with the model as it is now (eval mode, every rank a share), measure how far each
+        moved from the row it replaces, and write them stamped with the current step."""
+        state = self._state
+        if state is None or self.rows is None or self.written_at is None or rows.numel() == 0:
+            return
+        started = time.perf_counter()
+        broadcast_buffers(state.model)  # rank 0's statistics, as the refresh
+        indices, embeddings = self._fresh.encode(
+            state.model, train_collate(state, option), rows, self.refresh_batch_size, self.rows.shape[1]
+        )
+        self._fresh.measure(self.rows, self.written_at, indices, embeddings)
+        self.write(indices, embeddings, int(state.timestamp.batch))
+        self._count_encoded(int(indices.numel()), time.perf_counter() - started)
+
+    def _epoch_end(self, state: State, logger: Logger, partial: bool = False) -> None:
+        """Log the table's staleness and the sampler's plan counts, and keep them in :attr:`history`; at the
+        end of a run that stops inside an epoch (``partial``), the record of that part, without the plan's
+        counts (they are the whole epoch's)."""
         step = int(state.timestamp.batch)
         record: dict[str, Any] = {"epoch": int(state.timestamp.epoch), "step": step}
+        if partial:
+            record["partial"] = True
         record.update(self.staleness(step))
         record.update(rows_encoded=self._encoded["rows"], encode_seconds=self._encoded["seconds"])
+        if self._fresh.per_step or self._fresh.upcoming:
+            record.update(self._fresh.take_drift())
         self._encoded = {"rows": 0, "seconds": 0.0}
         logger.log_metrics(
             {f"embedding_table/{key}": value for key, value in record.items() if key != "epoch"}
         )
         counts = getattr(self._sampler, "guard_counts", None)
         if callable(counts):
-            record["sampler"] = {name: int(value) for name, value in counts().items()}
+            record["sampler"] = {} if partial else {name: int(value) for name, value in counts().items()}
             record["sampler"]["refreshes"] = int(getattr(self._sampler, "refreshes", 0))
             logger.log_metrics({f"sampler/{name}": float(value) for name, value in record["sampler"].items()})
+            log = getattr(self._sampler, "snapshot_log", [])
+            seen = sum(len(earlier.get("sampler", {}).get("snapshots", [])) for earlier in self.history)
+            record["sampler"]["snapshots"] = [dict(entry) for entry in log[seen:]]
         self.history.append(record)
 
     def _feed_sampler(self, state: State, logger: Logger) -> None:
@@ -388,6 +411,7 @@ class EmbeddingTable(Algorithm):
         if self._sampler is None or self.rows is None or self.written_at is None:
             return
         if callable(getattr(self._sampler, "update_neighbours", None)):
+            self._encode_upcoming()
             self._sampler.update_neighbours(self.rows.float(), self.written_at >= 0)
             skipped = getattr(self._sampler, "last_skipped", {})
             logger.log_metrics({f"embedding_table/skipped_{name}": float(n) for name, n in skipped.items()})
@@ -416,16 +440,12 @@ class EmbeddingTable(Algorithm):
         broadcast_buffers(state.model)
         step = int(state.timestamp.batch)
         stale = ((self.written_at < 0) | (step - self.written_at > self.refresh_max_age)).nonzero().view(-1)
-        mine = stale[get_rank() :: get_world_size()]
-        embeddings = embed_rows(
+        gathered_indices, gathered = self._fresh.encode(
             state.model,
             train_collate(state, "refresh_interval"),
-            mine,
+            stale,
             self.refresh_batch_size,
             self.rows.shape[1],
-        )
-        gathered, gathered_indices, _ = all_gather_embeddings(
-            embeddings, mine.to(embeddings.device), with_grad=False
         )
         if gathered_indices.numel():
             write_rows(self.rows, self.written_at, gathered_indices, gathered, step)
@@ -449,6 +469,7 @@ class EmbeddingTable(Algorithm):
         state["history"] = list(self.history)
         state["warm_start"] = self.warm_start_cost
         state["encoded"] = dict(self._encoded)
+        state["fresh"] = self._fresh.state_dict()
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -463,6 +484,7 @@ class EmbeddingTable(Algorithm):
         self.history = list(state.get("history", []))
         self.warm_start_cost = state.get("warm_start")
         self._encoded = dict(state.get("encoded") or {"rows": 0, "seconds": 0.0})
+        self._fresh.load_state_dict(state.get("fresh") or {})
 
 
 def _batch_indices(state: State, key: str) -> torch.Tensor:
@@ -479,13 +501,3 @@ def _size_mismatch(rows: int, items: int | None) -> CheckpointError:
         f"the checkpoint's embedding table has {rows} rows, this run's training set {items}; resume with "
         "the same data."
     )
-
-
-def _search_on_the_model_device(sampler: Any, model: torch.nn.Module) -> None:
-    """Run a sampler's corpus search (``search_device``) on the model's device when that is a CUDA device
-    and the sampler was given none: the GPU that trains also searches."""
-    if sampler is None or not hasattr(sampler, "search_device") or sampler.search_device is not None:
-        return
-    parameter = next(model.parameters(), None)
-    if parameter is not None and parameter.device.type == "cuda":
-        sampler.search_device = parameter.device

@@ -1,5 +1,6 @@
 """How the forward pass's embeddings become table rows: :func:`write_rows`, and :class:`StagedWrites` for a
-model on a GPU and a table in host memory.
+model on a GPU and a table in host memory; and what class-level samplers read off the rows
+(:func:`class_centroids`).
 
 Copying a step's embeddings from the GPU into a table in host memory as they are produced (at
 ``AFTER_FORWARD``) makes the host wait there for the forward pass to finish, before it can queue the
@@ -16,7 +17,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["StagedWrites", "write_rows"]
+__all__ = ["StagedWrites", "class_centroids", "write_rows"]
 
 
 def write_rows(
@@ -114,3 +115,33 @@ class StagedWrites:
             if item.done is not None:
                 item.done.synchronize()  # by BATCH_END long finished: Composer has read the loss since
             write(item.indices, item.embeddings, item.step)
+
+
+def class_centroids(
+    rows: torch.Tensor, written_at: torch.Tensor, labels: torch.Tensor, num_classes: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The mean of each class's written rows, in float32, and how many rows each mean is over.
+
+    Args:
+        rows (torch.Tensor): The ``(N, D)`` table.
+        written_at (torch.Tensor): ``(N,)`` steps of the last writes, ``-1`` for rows never written.
+        labels (torch.Tensor): ``(N,)`` class of each row, in ``[0, num_classes)``.
+        num_classes (int): The number of classes ``C``.
+
+    Returns:
+        tuple[torch.Tensor, torch.Tensor]: ``(C, D)`` centroids (zeros for a class with no written row) and
+        the ``(C,)`` int64 counts.
+
+    Example:
+        >>> rows = torch.tensor([[0.0, 2.0], [2.0, 0.0], [4.0, 4.0]])
+        >>> centroids, counts = class_centroids(rows, torch.tensor([1, 1, -1]), torch.tensor([0, 0, 1]), 2)
+        >>> centroids.tolist(), counts.tolist()
+        ([[1.0, 1.0], [0.0, 0.0]], [2, 0])
+    """
+    written = written_at >= 0
+    labels = labels.to(rows.device)[written]
+    values = rows[written].float()
+    sums = torch.zeros(num_classes, rows.shape[1], dtype=torch.float32, device=rows.device)
+    sums.index_add_(0, labels, values)
+    counts = torch.bincount(labels, minlength=num_classes)
+    return sums / counts.clamp(min=1).unsqueeze(1), counts
