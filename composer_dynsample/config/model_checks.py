@@ -176,34 +176,62 @@ def check_transformer_positions(
 
 
 def model_folder(cfg: DictConfig) -> ModelFolder | None:
-    """What the folder of ``model.encoder`` says, when it is a transformer of a ``path`` (JSON read only).
+    """What the folder of ``model.encoder`` says, when it is a transformer of a ``path`` (JSON read only);
+    for two towers, the folder of their transformer towers of a ``path`` (both must name one folder: it
+    gives the data the one tokenizer both towers read, and the model its normalisation).
 
     Returns:
-        ModelFolder | None: ``None`` for any other encoder (random init, two towers, other encoders).
+        ModelFolder | None: ``None`` for any other encoder (random init, other encoders, towers of none).
 
     Raises:
         ConfigError: If the folder does not exist, holds no ``config.json``, or its sentence-transformers
-            files cannot be read.
+            files cannot be read; or two towers name two folders.
     """
-    encoder = section(section(cfg, "model", "model"), "encoder", "model.encoder")
+    found = _encoder_folders(section(section(cfg, "model", "model"), "encoder", "model.encoder"))
+    if len({folder.model_dir.resolve() for _, folder in found}) > 1:
+        named = ", ".join(f"{where}.path={str(folder.path)!r}" for where, folder in found)
+        raise ConfigError(
+            f"two towers of two model folders ({named}) read texts with two tokenizers, and a batch is tokenized "
+            "once; give both towers the same folder (e.g. a frozen_passages copy of the query model)."
+        )
+    return found[0][1] if found else None
+
+
+def _encoder_folders(
+    encoder: Mapping[str, Any], where: str = "model.encoder"
+) -> list[tuple[str, ModelFolder]]:
+    """``(section, folder)`` of every transformer of a ``path`` in ``encoder`` (each tower's of two)."""
+    try:
+        entry = peek_entry(where, dict(encoder), ENCODERS)
+    except ConfigError:
+        return []  # a section naming no encoder: the encoder's own check says so
+    if all(key in parameters(entry) for key in TOWERS):
+        return [
+            pair
+            for tower in TOWERS
+            if isinstance(encoder.get(tower), Mapping)
+            for pair in _encoder_folders(encoder[tower], f"{where}.{tower}")
+        ]
     path = encoder.get("path")
-    if not isinstance(path, (str, os.PathLike)) or encoder.get("config") is not None:
-        return None
-    if not is_transformer(peek_entry("model.encoder", encoder, ENCODERS)):
-        return None
+    if (
+        not isinstance(path, (str, os.PathLike))
+        or encoder.get("config") is not None
+        or not is_transformer(entry)
+    ):
+        return []
     from composer_dynsample.models.sentence_folder import read_model_folder
 
     try:
         folder = read_model_folder(path)
     except ValueError as error:
-        raise ConfigError(f"model.encoder.path: {error}") from None
+        raise ConfigError(f"{where}.path: {error}") from None
     if not (folder.model_dir / "config.json").is_file():
         reason = "holds no config.json" if folder.model_dir.is_dir() else "does not exist"
         raise ConfigError(
-            f"model.encoder.path {str(path)!r} {reason}; give a local folder holding a Hugging Face or "
+            f"{where}.path {str(path)!r} {reason}; give a local folder holding a Hugging Face or "
             "sentence-transformers model (config.json and weights): nothing is downloaded."
         )
-    return folder
+    return [(where, folder)]
 
 
 def check_model_folder(cfg: DictConfig) -> None:
@@ -221,11 +249,13 @@ def check_model_folder(cfg: DictConfig) -> None:
     from composer_dynsample.models.transformer import folder_pooling  # it imports torch: only for a folder
 
     encoder = section(section(cfg, "model", "model"), "encoder", "model.encoder")
-    if encoder.get("pooling") is None:
-        try:
-            folder_pooling(folder, "model.encoder.pooling", "model.encoder.path")
-        except ValueError as error:
-            raise ConfigError(str(error)) from None
+    for where, tower_folder in _encoder_folders(encoder):
+        values = encoder if where == "model.encoder" else encoder[where.rsplit(".", 1)[1]]
+        if values.get("pooling") is None:
+            try:
+                folder_pooling(tower_folder, f"{where}.pooling", f"{where}.path")
+            except ValueError as error:
+                raise ConfigError(str(error)) from None
     _data_tokenizer(section(cfg, "data", "data"), folder)
 
 
