@@ -39,7 +39,36 @@ def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
     for key in ("s_per_step", "peak_rss_mib", "peak_gpu_mib", "once_s"):
         if all(key in run for run in runs):
             out[key] = statistics.fmean(run[key] for run in runs)
+    mined = [run["mining"] for run in runs if run.get("mining") and run["mining"]["snapshots"]]
+    if mined and len(mined) == len(runs):  # the first and the last snapshot's share, and the drift, over seeds
+        out["above_positive_first"] = statistics.fmean(m["above_positive"][0] or 0.0 for m in mined)
+        out["above_positive_last"] = statistics.fmean(m["above_positive"][-1] or 0.0 for m in mined)
+        drifts = [m["fresh_drift"] for m in mined if m["fresh_drift"] is not None]
+        if drifts:
+            out["fresh_drift"] = statistics.fmean(drifts)
     return out
+
+
+def mining_record(metrics: Mapping[str, Any]) -> dict[str, Any] | None:
+    """What a mined run's embedding table and sampler recorded (``metrics.json``'s ``embedding_table``), for
+    the false-negative and drift columns: ``snapshots`` searched, each one's share of kept candidates at least
+    as similar to their anchor as its positive (``above_positive``, the likeliest unlabelled answers), the
+    duplicates and other answers the guards dropped over all snapshots, the rows the table encoded beyond the
+    forward passes (the warm start's included) and how far the fresh encodings moved from the rows they
+    replaced (``fresh_drift``: one minus the mean cosine). ``None`` for a run without a table."""
+    records = metrics.get("embedding_table") or []
+    if not records:
+        return None
+    snapshots = [entry for record in records for entry in (record.get("sampler") or {}).get("snapshots", [])]
+    measured = sum(record.get("fresh_rows_measured", 0.0) for record in records)
+    drift = sum(record.get("fresh_rows_measured", 0.0) * record.get("fresh_drift", 0.0) for record in records)
+    return {
+        "snapshots": len(snapshots),
+        "above_positive": [round(s["above_positive"] / s["kept"], 4) if s["kept"] else None for s in snapshots],
+        **{name: int(sum(s[name] for s in snapshots)) for name in ("duplicate", "same_query", "margin")},
+        "rows_encoded": int(sum(record.get("rows_encoded", 0) for record in records)),
+        "fresh_drift": round(drift / measured, 5) if measured else None,
+    }
 
 
 def _difference(

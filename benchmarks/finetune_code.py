@@ -289,6 +289,8 @@ def plan_ours(recipe: str, seed: int, model: Path, data: dict, args: Any, work: 
         if "rows_encoded" in warm:
             run["warm_start"] = {"rows_encoded": warm["rows_encoded"], "seconds": round(warm["seconds"], 1)}
             run["once_s"] = run["warm_start"]["seconds"]
+        if (mining := report.mining_record(metrics)) is not None:
+            run["mining"] = mining
         return run
 
     job = Job(run_dir.name, ours_command(recipe, seed, model, data, args, run_dir))
