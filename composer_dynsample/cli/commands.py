@@ -373,6 +373,7 @@ def embed(
     *,
     split: str | None = None,
     input_path: str | os.PathLike[str] | None = None,
+    column: str | None = None,
     trust_checkpoint: bool = False,
 ) -> Path:
     """Write the embeddings of a split, or of a file, with a checkpoint's model to an ``.npz`` file.
@@ -388,7 +389,11 @@ def embed(
         split (str, optional): ``"test"`` or ``"train"``. Default: ``"test"`` unless ``input_path`` is given.
         input_path (str | os.PathLike, optional): ``--input``: embed this instead of a split: a file of
             texts (a ``text`` column, or ``anchor`` and ``positive``) for text data, a folder of images
-            for image data (see :mod:`composer_dynsample.cli.inputs`); ``indices`` are then its rows.
+            for image data (see :mod:`composer_dynsample.cli.inputs`); ``indices`` are then its rows. A
+            file of ``anchor`` and ``positive`` gives its rows interleaved: anchor 0, positive 0, anchor 1, ...
+        column (str, optional): ``--column``: of a text ``input_path``, embed this column only
+            (``text``, ``anchor`` or ``positive``, or the file's own name of a column ``data.columns``
+            maps), one row per file row in file order. Default: ``None``.
         trust_checkpoint (bool): Skip the safety check of the file. Default: ``False``.
 
     Returns:
@@ -396,26 +401,23 @@ def embed(
 
     Raises:
         OutputError: If ``out`` is a directory or under a file (before anything is loaded).
-        ConfigError: If ``split`` and ``input_path`` are both given, or the input is bad (one line naming it).
+        ConfigError: If ``split`` and ``input_path`` are both given, ``column`` comes without
+            ``input_path`` or names a column the file does not have, or the input is bad (one line naming it).
     """
     import numpy as np
 
-    from composer_dynsample.cli.inputs import read_embed_input, split_arrays
+    from composer_dynsample.cli.inputs import check_embed_source, read_embed_input, split_arrays
     from composer_dynsample.models.embed import embed_store
 
-    if split is not None and input_path is not None:
-        raise ConfigError(
-            f"embed takes a split or an --input, not both: got split={split!r} and --input {str(input_path)!r}."
-        )
-    split = check_choice("split", split or "test", ("test", "train"))
+    split = check_embed_source(split, input_path, column)
     path = _out_path(out, "embeddings.npz", ".npz")
     run = _build_model_run(*_prepare_model_run(config, checkpoint, overrides, trust_checkpoint))
     if input_path is not None:
         try:
-            store, arrays = read_embed_input(input_path, run.splits)
+            store, arrays = read_embed_input(input_path, run.splits, column)
         except ValueError as error:
             raise ConfigError(str(error)) from error
-        what = str(input_path)
+        what = str(input_path) if column is None else f"column {column!r} of {input_path}"
     else:
         store = run.splits.test if split == "test" else run.splits.train
         arrays, what = split_arrays(store), f"{split} split of {run.splits.name}"

@@ -6,7 +6,10 @@
   run's tokenizer and truncated to its ``max_length``. Rows of a ``text`` file are passages
   (``is_query`` false), rows of an ``anchor`` file queries (``is_query`` true: a two-tower encoder
   embeds them with its query tower); a pair file gives each pair's anchor (a query) and positive, in
-  that order. Other columns are ignored. The file must be a regular file or a ``datasets`` folder.
+  that order (anchor 0, positive 0, anchor 1, ...). ``--column NAME`` (``text``, ``anchor`` or
+  ``positive``, or the file's own name for a column ``data.columns`` maps) embeds that column alone,
+  one row per file row in file order. Other columns are ignored. The file must be a regular file or a
+  ``datasets`` folder.
 - **Images** (a config whose items are ``(C, H, W)`` images): a folder of image files, read and resized
   to the training images' size and channels.
 
@@ -23,36 +26,68 @@ from typing import Any
 import numpy as np
 import torch
 
+from composer_dynsample.config.components import ConfigError
 from composer_dynsample.data import DatasetSplits, TensorStore, TextSplits, TextStore
 from composer_dynsample.data.images import read_images
 from composer_dynsample.data.text.table import map_columns, read_text_tables, text_column
 from composer_dynsample.data.text.tokenized import TextInterner, tokenize_texts
+from composer_dynsample.validation import check_choice, did_you_mean
 
-__all__ = ["read_embed_input", "split_arrays"]
+__all__ = ["EMBED_COLUMNS", "check_embed_source", "read_embed_input", "split_arrays"]
+
+#: The columns of a text file that ``embed --input`` reads, by the run's names: passages, queries, pairs.
+EMBED_COLUMNS = ("text", "anchor", "positive")
+
+
+def check_embed_source(split: str | None, input_path: object, column: str | None) -> str:
+    """The split ``embed`` reads when it reads no ``--input`` (``"test"`` unless given), once the options
+    are checked to go together: a split or an ``--input``, and ``--column`` only with ``--input``.
+
+    Raises:
+        ConfigError: One line naming the options that do not go together, or a split that is not one.
+    """
+    if split is not None and input_path is not None:
+        raise ConfigError(
+            f"embed takes a split or an --input, not both: got split={split!r} and --input {str(input_path)!r}."
+        )
+    if column is not None and input_path is None:
+        raise ConfigError(
+            f"--column {column!r} picks a column of an --input file; add --input FILE (a split is embedded "
+            "whole: its is_query array tells the queries from the passages)."
+        )
+    return check_choice("split", split or "test", ("test", "train"))
 
 
 def read_embed_input(
-    path: str | os.PathLike[str], splits: DatasetSplits
+    path: str | os.PathLike[str], splits: DatasetSplits, column: str | None = None
 ) -> tuple[TensorStore | TextStore, dict[str, np.ndarray]]:
     """Read ``path`` as items of the kind ``splits`` holds: ``(store to embed, arrays for the .npz)``.
 
     Args:
         path (str | os.PathLike): The file (texts) or folder (images).
         splits (DatasetSplits): The run's data, for its tokenizer and ``max_length``, or its image size.
+        column (str, optional): ``--column``: embed only this column of a text file, in file order.
+            Default: ``None`` (``text``, else ``anchor`` and, when there, ``positive``, row by row).
 
     Returns:
         tuple: The store (every sampled row is embedded, in order) and ``indices`` (and ``is_query``).
 
     Raises:
         FileNotFoundError: If ``path`` does not exist.
-        ValueError: One line naming the file (and line and column) of bad content, or data of a kind
-            that takes no ``--input``.
+        ValueError: One line naming the file (and line and column) of bad content, a ``column`` the
+            file does not have (with those it has), or data of a kind that takes no ``--input`` (or no
+            ``--column``).
     """
     file = Path(path).expanduser()
     if not file.exists():
         raise FileNotFoundError(f"--input {str(path)!r}: no such file or directory.")
     if isinstance(splits, TextSplits):
-        return _read_texts(file, splits)
+        return _read_texts(file, splits, column)
+    if column is not None:
+        raise ValueError(
+            f"--column {column!r} picks a column of a text file, but {splits.name!r} is not text data; "
+            "leave --column out."
+        )
     shape = splits.train.feature_shape
     if len(shape) != 3:
         raise ValueError(
@@ -66,9 +101,13 @@ def read_embed_input(
     return store, {"indices": np.arange(len(images), dtype=np.int64)}
 
 
-def _read_texts(file: Path, splits: TextSplits) -> tuple[TextStore, dict[str, np.ndarray]]:
+def _read_texts(
+    file: Path, splits: TextSplits, column: str | None
+) -> tuple[TextStore, dict[str, np.ndarray]]:
     table = map_columns(read_text_tables(file)[0], splits.info.columns)
-    if "text" in table.columns:
+    if column is not None and any(name in table.columns for name in EMBED_COLUMNS):
+        columns = [_chosen_column(table, column)]
+    elif "text" in table.columns:
         columns = ["text"]
     elif "anchor" in table.columns:
         columns = ["anchor", "positive"] if "positive" in table.columns else ["anchor"]
@@ -113,6 +152,24 @@ def _read_texts(file: Path, splits: TextSplits) -> tuple[TextStore, dict[str, np
         source_rows=rows,
     )
     return store, {"indices": rows, "is_query": is_query}
+
+
+def _chosen_column(table: Any, column: str) -> str:
+    """The run's name of the column ``--column`` names (the run's name, or the file's own name of a mapped
+    column), or a ``ValueError`` naming the columns the file has to embed."""
+    present = [name for name in EMBED_COLUMNS if name in table.columns]
+    own = {table.renamed[name]: name for name in present if name in table.renamed}
+    if column in present or column in own:
+        return own.get(column, column)
+    named = [
+        f"{name!r}" + (f" (the file's {table.renamed[name]!r})" if name in table.renamed else "")
+        for name in present
+    ]
+    listed = named[0] if len(named) == 1 else ", ".join(named[:-1]) + f" or {named[-1]}"
+    raise ValueError(
+        f"--column {column!r}: {table.name} has no such column to embed; choose {listed} "
+        f"(e.g. --column {present[0]}).{did_you_mean(column, [*present, *own])}"
+    )
 
 
 def split_arrays(store: TensorStore | TextStore) -> dict[str, np.ndarray]:

@@ -23,7 +23,7 @@ Model-aware sampling for metric learning on MosaicML Composer.
 
   composer-dynsample train CONFIG.yaml [key.path=value ...] [--run-dir DIR]
   composer-dynsample eval  CONFIG.yaml [--checkpoint PATH] [key.path=value ...]
-  composer-dynsample embed CONFIG.yaml --checkpoint PATH --out FILE.npz [--split test | --input FILE]
+  composer-dynsample embed CONFIG.yaml --checkpoint PATH --out FILE.npz [--split test | --input FILE [--column NAME]]
   composer-dynsample export CONFIG.yaml --checkpoint PATH --out DIR [--format sentence-transformers]
 
 The same commands run on many processes under
@@ -154,6 +154,13 @@ def _add_embed_command(commands: Any) -> None:
         "'positive') for text data, a folder of images for image data",
     )
     embed.add_argument(
+        "--column",
+        default=None,
+        metavar="NAME",
+        help="with --input, embed only this column of the text file, one row per file row in file order "
+        "(default: 'text', else 'anchor' and 'positive' interleaved: anchor 0, positive 0, anchor 1, ...)",
+    )
+    embed.add_argument(
         "--out", type=Path, required=True, help="the .npz file to write (.npz is appended when missing)"
     )
 
@@ -239,6 +246,7 @@ def _run_command(commands: Any, args: argparse.Namespace, overrides: list[str]) 
             overrides,
             split=args.split,
             input_path=args.input,
+            column=args.column,
             **every_command,
         )
     else:

@@ -6,7 +6,9 @@ starting model is scored too, before the first step, without touching the random
 draws from; :func:`start_metrics_keeper` keeps its metrics in the run's checkpoints. A training run's
 report is ``metrics.json`` (the metrics, times and what the run was), ``embeddings.png`` (not for text
 pairs, where a point per pair says little), ``retrievals.png`` for image data, the metrics table (the
-starting model's column beside the final one) and a summary line. A signal during the fit ends it with
+starting model's column beside the final one) and a summary line counting the epochs, or the batches of a
+``trainer.max_duration`` not in epochs; a warning line on stderr when a mined-negatives sampler had no
+snapshot of the model in the whole run (its negatives were random). A signal during the fit ends it with
 :class:`Interrupted`. The commands of :mod:`composer_dynsample.cli.commands` call these;
 :class:`Interrupted` and :func:`evaluate_run` are importable from there too.
 """
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import numbers
+import sys
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
@@ -350,8 +353,46 @@ def _report(
             final, title=table_title, gallery_size=metrics["gallery_size"], start=metrics["at_start"]
         )
         print("\n" + table)
-    resumed = f" (resumed at epoch {metrics['resumed_from_epoch']})" if metrics["resumed_from_batch"] else ""
-    print(
-        f"trained {metrics['epochs_this_run']} epochs{resumed} to epoch {metrics['epochs']} in "
-        f"{metrics['wall_time_s']:.1f} s; wrote {run.run_dir}"
+    print(f"{_trained(metrics, run.trainer.state.max_duration.unit.value)}; wrote {run.run_dir}")
+    warning = _unmined_warning(run)
+    if warning is not None:
+        print(f"warning: {warning}", file=sys.stderr)
+
+
+def _trained(metrics: Mapping[str, Any], unit: str) -> str:
+    """The summary's count of what the run trained, in the unit of ``trainer.max_duration``: epochs for
+    ``ep``, batches for ``ba`` and ``sp`` (a run of samples stops at the batch that reaches them)."""
+    seconds, start = f"in {metrics['wall_time_s']:.1f} s", metrics["resumed_from_batch"]
+    if unit == "ep":
+        resumed = f" (resumed at epoch {metrics['resumed_from_epoch']})" if start else ""
+        return f"trained {metrics['epochs_this_run']} epochs{resumed} to epoch {metrics['epochs']} {seconds}"
+    count = metrics["batches"] - start
+    resumed = f" (resumed at batch {start})" if start else ""
+    noun = "batch" if count == 1 else "batches"
+    return f"trained {count} {noun}{resumed} to batch {metrics['batches']} {seconds}"
+
+
+def _unmined_warning(run: Any) -> str | None:
+    """What to say when the train sampler mines its negatives from the embedding table's snapshots
+    (it keeps a ``snapshot_log``) and none was ever taken, so every anchor's negatives were random; ``None``
+    otherwise, and for a table with ``feed_sampler: false`` (random negatives on purpose).
+
+    The sampler's ``snapshot_log`` comes back from the checkpoint of a resumed run, so it is empty only
+    when no snapshot was in force at any step of the run.
+    """
+    from composer_dynsample.algorithms import EmbeddingTable
+    from composer_dynsample.callbacks.set_sampler_epoch import find_epoch_target
+
+    state = run.trainer.state
+    sampler = find_epoch_target(state.train_dataloader)
+    log = getattr(sampler, "snapshot_log", None)
+    if log is None or len(log) > 0:
+        return None
+    if any(isinstance(item, EmbeddingTable) and not item.feed_sampler for item in state.algorithms):
+        return None
+    name = run.config.get("sampler", {}).get("name") or type(sampler).__name__
+    return (
+        f"the {name} sampler had no snapshot of the model during this run, so every anchor's negatives "
+        "were random; set algorithms.embedding_table.warm_start: true (on the command line: "
+        "algorithms.embedding_table.warm_start=true) to mine them from the first step."
     )

@@ -157,7 +157,10 @@ def check_sampler_table(sampler: Mapping[str, Any], algorithms: Mapping[str, Any
     their batches from the snapshot :class:`~composer_dynsample.EmbeddingTable` hands them at every epoch
     start; without one they train on random negatives or classes and say nothing. A table with
     ``feed_sampler: false`` is taken as meant (a control run of random negatives), and so is any
-    algorithm given by a ``_component_`` of the user's, which may feed the sampler itself.
+    algorithm given by a ``_component_`` of the user's, which may feed the sampler itself. The refusal
+    advises a table with ``warm_start: true``, whose first snapshot is taken before the first step:
+    without it the first epoch's negatives (or classes) are random, and a run shorter than an epoch is
+    random throughout.
 
     Args:
         sampler (Mapping[str, Any]): The ``sampler`` section.
@@ -176,10 +179,13 @@ def check_sampler_table(sampler: Mapping[str, Any], algorithms: Mapping[str, Any
     if any(_may_feed(label, keys) for label, keys in algorithms.items()):
         return
     name = sampler.get(COMPONENT_KEY, sampler.get("name"))
+    chosen = "negatives" if hasattr(target, "update_neighbours") else "classes"
     raise ConfigError(
         f"sampler: {name!r} takes its batches from the embedding table's snapshot of the model, but the "
-        f"algorithms section has no {_TABLE}, so {without}. Add algorithms: {{{_TABLE}: {{}}}} (on the "
-        f"command line: 'algorithms.{_TABLE}={{}}'); for random ones on purpose, add it with feed_sampler: false."
+        f"algorithms section has no {_TABLE}, so {without}. Add algorithms: {{{_TABLE}: {{warm_start: true}}}} "
+        f"(on the command line: 'algorithms.{_TABLE}={{warm_start: true}}'): {chosen} mined from the first "
+        f"step (without warm_start the first epoch's {chosen} are random); for random ones on purpose, add "
+        "it with feed_sampler: false."
     )
 
 

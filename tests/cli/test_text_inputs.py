@@ -1,7 +1,8 @@
 """Bad text inputs through the command line: each is one error line (exit 2) and nothing is written.
 
 Columns under other names (read with ``data.columns``), a lone surrogate, an open CSV quote, a named pipe
-or a device as the data or as ``embed --input``, NaN labels; and ``embed --input`` with only queries.
+or a device as the data or as ``embed --input``, NaN labels, an ``embed --column`` the file lacks; and
+``embed --input`` with only queries, or one column of a pairs file (``--column``).
 """
 
 from __future__ import annotations
@@ -183,3 +184,52 @@ def test_embed_input_names_what_it_cannot_read(trained, tmp_path, capsys, kind):
     else:
         assert "expected a column 'text' (passages), 'anchor' (queries)" in error
         assert "found ['question']" in error and "holds no rows" not in error
+
+
+def _embed_column(config: str, checkpoint: str, source: Path, out: Path, column: str) -> list[str]:
+    return ["embed", config, "--checkpoint", checkpoint, "--input", str(source), "--column", column,
+            "--out", str(out)]  # fmt: skip
+
+
+def test_embed_column_embeds_one_column_of_pairs_in_file_order(trained, tmp_path):
+    _, config, checkpoint = trained
+    pairs = write_jsonl(
+        tmp_path / "pairs.jsonl", _renamed(pair_rows(8, seed=1), {"anchor": "query", "positive": "pos"})
+    )
+    embed_input(config, checkpoint, pairs, tmp_path / "both")
+    both = np.load(tmp_path / "both.npz")  # without --column: anchor 0, positive 0, anchor 1, ...
+    assert both["indices"].tolist() == [0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7]
+    assert both["is_query"].tolist() == [True, False] * 8
+    # the run's name of a column, or the file's own name of a column data.columns maps
+    for column, first, is_query in (("anchor", 0, True), ("pos", 1, False)):
+        main(_embed_column(config, checkpoint, pairs, tmp_path / column, column))
+        one = np.load(tmp_path / f"{column}.npz")
+        assert one["embeddings"].shape == (8, both["embeddings"].shape[1])
+        assert one["indices"].tolist() == list(range(8)) and one["is_query"].tolist() == [is_query] * 8
+        np.testing.assert_allclose(one["embeddings"], both["embeddings"][first::2], atol=1e-6)
+
+
+def test_embed_an_unknown_column_is_one_line_naming_the_columns(trained, tmp_path, capsys):
+    _, config, checkpoint = trained
+    pairs = write_jsonl(
+        tmp_path / "pairs.jsonl", _renamed(pair_rows(8, seed=1), {"anchor": "query", "positive": "pos"})
+    )
+    error = _refused(capsys, _embed_column(config, checkpoint, pairs, tmp_path / "e", "anchr"))
+    assert error == (
+        f"composer-dynsample embed: error: --column 'anchr': {pairs} has no such column to embed; choose "
+        "'anchor' (the file's 'query') or 'positive' (the file's 'pos') (e.g. --column anchor). "
+        "Did you mean 'anchor'?"
+    )
+    without_input = [
+        "embed",
+        config,
+        "--checkpoint",
+        checkpoint,
+        "--column",
+        "anchor",
+        "--out",
+        str(tmp_path / "e"),
+    ]
+    error = _refused(capsys, without_input)
+    assert "--column 'anchor' picks a column of an --input file; add --input FILE" in error
+    assert not (tmp_path / "e.npz").exists()

@@ -89,17 +89,28 @@ def test_a_model_aware_sampler_without_the_embedding_table_is_refused(tmp_path, 
     config = write_bag_pairs_config(tmp_path, sampler, algorithms={"embedding_table": None})
     line = refusal(["train", config, "--run-dir", str(tmp_path / "run")], capsys)
     assert f"sampler: {sampler['name']!r} takes its batches from the embedding table" in line, line
-    assert without in line and "Add algorithms: {embedding_table: {}}" in line, line
-    assert "'algorithms.embedding_table={}'" in line and "feed_sampler: false" in line, line
+    assert without in line and "Add algorithms: {embedding_table: {warm_start: true}}" in line, line
+    assert "'algorithms.embedding_table={warm_start: true}'" in line, line
+    chosen = "classes" if sampler["name"] == "hard_class_pk" else "negatives"
+    assert (
+        f"{chosen} mined from the first step (without warm_start the first epoch's {chosen} are random)"
+        in line
+    )
+    assert "'algorithms.embedding_table={}'" not in line and "feed_sampler: false" in line, line
     assert not (tmp_path / "run").exists()
 
 
-def test_the_override_the_refusal_names_adds_the_table(tmp_path):
+def test_the_override_the_refusal_names_adds_a_warm_table(tmp_path):
     write_pairs(tmp_path)
     config = write_bag_pairs_config(tmp_path, MINED)
-    main(["train", config, "algorithms.embedding_table={}", "--quiet", "--run-dir", str(tmp_path / "run")])
+    override = "algorithms.embedding_table={warm_start: true}"
+    main(["train", config, override, "--quiet", "--run-dir", str(tmp_path / "run")])
     metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
     assert len(metrics["embedding_table"]) == 1  # the table ran, one epoch
+    assert (
+        metrics["embedding_table_warm_start"]["rows_encoded"] == 64
+    )  # 32 pairs encoded before the first step
+    assert len(metrics["embedding_table"][0]["sampler"]["snapshots"]) == 1  # mined from the first epoch
 
 
 def test_a_previous_run_survives_a_refused_sampler_with_overwrite(tmp_path, capsys):
