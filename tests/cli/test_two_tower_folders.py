@@ -50,7 +50,9 @@ def test_two_towers_of_one_folder_take_its_tokenizer_pooling_and_normalisation(t
     batch = TextCollate(store)(list(range(len(store))))
     with torch.no_grad():
         ours = run.model.eval().embed(batch["features"])
-        theirs = single.model.eval().embed(TextCollate(single.splits.test)(list(range(len(store))))["features"])
+        theirs = single.model.eval().embed(
+            TextCollate(single.splits.test)(list(range(len(store))))["features"]
+        )
     torch.testing.assert_close(ours, theirs)
 
 
