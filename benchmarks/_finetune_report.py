@@ -40,7 +40,9 @@ def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
         if all(key in run for run in runs):
             out[key] = statistics.fmean(run[key] for run in runs)
     mined = [run["mining"] for run in runs if run.get("mining") and run["mining"]["snapshots"]]
-    if mined and len(mined) == len(runs):  # the first and the last snapshot's share, and the drift, over seeds
+    if mined and len(mined) == len(
+        runs
+    ):  # the first and the last snapshot's share, and the drift, over seeds
         out["above_positive_first"] = statistics.fmean(m["above_positive"][0] or 0.0 for m in mined)
         out["above_positive_last"] = statistics.fmean(m["above_positive"][-1] or 0.0 for m in mined)
         drifts = [m["fresh_drift"] for m in mined if m["fresh_drift"] is not None]
@@ -64,7 +66,9 @@ def mining_record(metrics: Mapping[str, Any]) -> dict[str, Any] | None:
     drift = sum(record.get("fresh_rows_measured", 0.0) * record.get("fresh_drift", 0.0) for record in records)
     return {
         "snapshots": len(snapshots),
-        "above_positive": [round(s["above_positive"] / s["kept"], 4) if s["kept"] else None for s in snapshots],
+        "above_positive": [
+            round(s["above_positive"] / s["kept"], 4) if s["kept"] else None for s in snapshots
+        ],
         **{name: int(sum(s[name] for s in snapshots)) for name in ("duplicate", "same_query", "margin")},
         "rows_encoded": int(sum(record.get("rows_encoded", 0) for record in records)),
         "fresh_drift": round(drift / measured, 5) if measured else None,

@@ -72,7 +72,10 @@ VARIANTS: dict[str, Variant] = {
         ONLINE, ("sampler.max_relative_similarity=0.90",), "relative margin 0.10", "finetune_code_margin_010"
     ),
     "offline_softmax": Variant(
-        OFFLINE, ("sampler.sampling=softmax",), "softmax sampling at 0.05", "finetune_code_abl_offline_softmax"
+        OFFLINE,
+        ("sampler.sampling=softmax",),
+        "softmax sampling at 0.05",
+        "finetune_code_abl_offline_softmax",
     ),
     "online_softmax": Variant(
         ONLINE, ("sampler.sampling=softmax",), "softmax sampling at 0.05", "finetune_code_abl_online_softmax"
@@ -239,7 +242,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = make_parser(__doc__, quick_help="the variants on finetune_code's --quick size, one seed")
     parser.add_argument("--variants", nargs="+", choices=list(VARIANTS), default=list(VARIANTS))
     parser.add_argument("--seeds", type=int, nargs="+", default=None)
-    parser.add_argument("--model", type=Path, default=None, help="the model folder (default: the bench extra's)")
+    parser.add_argument(
+        "--model", type=Path, default=None, help="the model folder (default: the bench extra's)"
+    )
     parser.add_argument("--redo", action="store_true", help="run the variants whose results are stored, too")
     parser.add_argument("--report", action="store_true", help="gather the stored results; run nothing")
     args = parser.parse_args(argv)

@@ -40,7 +40,7 @@ Two sizes (:data:`SIZES`; a flag given overrides its size's value):
     python benchmarks/finetune_code.py [--quick] [--size cpu|gpu] [--device cpu|cuda] [--precision fp32|bf16]
         [--model DIR] [--seeds 0 1 2] [--threads 2] [--train-pairs N] [--test-queries N] [--steps N] [--batch N]
         [--eval-batch N] [--process-per run|tool] [--recipes NAME ...] [--override KEY=VALUE ...] [--merge]
-        [--name NAME] [--report]
+        [--split-seed N] [--name NAME] [--report]
 
 Writes ``results/NAME.{json,md,png}`` (``finetune_code``, ``finetune_code_gpu`` for ``--size gpu``, unless
 ``--name``) with the ``recipes -> runs`` layout of ``quality_code.json``.
@@ -87,7 +87,7 @@ QUICK: dict[str, dict[str, Any]] = {
 }
 OPTIONS = (
     "size", "device", "precision", "process_per", "train_pairs", "test_queries", "steps", "batch", "lr",
-    "max_length", "window", "refresh_every", "eval_batch", "threads", "override",
+    "max_length", "window", "refresh_every", "eval_batch", "threads", "override", "split_seed",
 )  # fmt: skip
 
 
@@ -138,14 +138,17 @@ def one_epoch(args: argparse.Namespace, train_pairs: int) -> None:
 
 
 # ------------------------------------------------------------------------------------------------ data
-def prepare_data(folder: Path, train_pairs: int | None, test_queries: int, quick: bool) -> dict[str, Any]:
+def prepare_data(
+    folder: Path, train_pairs: int | None, test_queries: int, quick: bool, split_seed: int = 0
+) -> dict[str, Any]:
     """A seeded subset of the corpus's training pairs (all of them for ``None``) and of its test pairs,
-    written as JSON Lines."""
+    written as JSON Lines; ``split_seed`` chooses the corpus's split of packages into train and test (``0``:
+    the stored tables' corpus, another: a second corpus of other test packages)."""
     import numpy as np
 
     from composer_dynsample.data.text.code_search import build_code_search
 
-    corpus = build_code_search(**({"max_pairs_per_group": 20} if quick else {}))
+    corpus = build_code_search(seed=split_seed, **({"max_pairs_per_group": 20} if quick else {}))
     rng = np.random.default_rng(0)
     written = {}
     for split, path, count in (
@@ -397,6 +400,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--lr", type=float, default=2e-5)
     parser.add_argument("--max-length", type=int, default=128)
     parser.add_argument("--window", type=int, default=8)
+    parser.add_argument(
+        "--split-seed", type=int, default=0, help="the corpus's package split (another: a second corpus)"
+    )
     for flag in ("--train-pairs", "--test-queries", "--steps", "--batch", "--refresh-every", "--eval-batch"):
         parser.add_argument(flag, type=int, default=None, help="default: the size's (SIZES)")
     parser.add_argument(
@@ -420,7 +426,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     chosen = args.recipes or list(RECIPES)
     with tempfile.TemporaryDirectory(prefix="dynsample-finetune-") as scratch:
         work = Path(scratch)
-        data = prepare_data(work, args.train_pairs, args.test_queries, args.quick)
+        data = prepare_data(work, args.train_pairs, args.test_queries, args.quick, args.split_seed)
         one_epoch(args, data["train"]["pairs"])
         result = {
             "recipes": {}, "seeds": args.seeds, "data": data, "st_mining": None, "device": args.device,
