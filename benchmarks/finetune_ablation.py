@@ -22,8 +22,11 @@ missing (``--redo`` runs it again); the gathered table, with each run's false-ne
 fresh encodings moved from the rows they replaced), goes to ``results/finetune_code_ablation.{json,md,png}``.
 A difference counts only beyond two standard errors over seeds.
 
-    python benchmarks/finetune_ablation.py [--variants NAME ...] [--seeds 0 1 2] [--redo] [--report]
-        [--model DIR] [--quick]
+    python benchmarks/finetune_ablation.py [--variants NAME ...] [--seeds 0 1 2] [--steps N] [--redo]
+        [--report] [--model DIR] [--quick]
+
+``--steps N`` runs every variant N steps instead of the CPU size's 60 (187: one epoch of the 3,000 pairs);
+its results are stored as ``STEM_sN`` and gathered into ``finetune_code_ablation_sN``.
 """
 
 from __future__ import annotations
@@ -112,18 +115,31 @@ def run_variant(name: str, args: Any) -> None:
     variant = VARIANTS[name]
     model = str(args.model or minilm_folder())
     overrides = [override.replace("{model}", model) for override in variant.overrides]
-    command = [sys.executable, str(HERE / "finetune_code.py"), "--name", variant.stem, "--out", str(args.out)]
+    command = [
+        sys.executable,
+        str(HERE / "finetune_code.py"),
+        "--name",
+        _stem(variant, args),
+        "--out",
+        str(args.out),
+    ]
     command += ["--recipes", variant.recipe, "--seeds", *map(str, args.seeds), "--model", model]
     command += ["--quick"] if args.quick else []
+    command += ["--steps", str(args.steps)] if args.steps else []
     command += ["--override", *overrides] if overrides else []
     print(f"{name}: {' '.join(command)}", flush=True)
     subprocess.run(command, check=True)
 
 
+def _stem(variant: Variant, args: Any) -> str:
+    """Where a variant's results are stored: its stem, with ``_sN`` for ``--steps N``."""
+    return f"{variant.stem}_s{args.steps}" if args.steps else variant.stem
+
+
 def stored(name: str, args: Any) -> dict[str, Any] | None:
     """A variant's stored result: its recipe's summary, the corpus and the options, or ``None``."""
     variant = VARIANTS[name]
-    path = args.out / f"{variant.stem}{'_quick' if args.quick else ''}.json"
+    path = args.out / f"{_stem(variant, args)}{'_quick' if args.quick else ''}.json"
     if not path.exists():
         return None
     result = json.loads(path.read_text())
@@ -141,7 +157,12 @@ def gather(names: list[str], args: Any) -> dict[str, Any]:
         found = stored(name, args)
         if found is not None:
             variant = VARIANTS[name]
-            rows[name] = {"recipe": variant.recipe, "change": variant.change, "stem": variant.stem, **found}
+            rows[name] = {
+                "recipe": variant.recipe,
+                "change": variant.change,
+                "stem": _stem(variant, args),
+                **found,
+            }
     corpora = {json.dumps(row["corpus"], sort_keys=True) for row in rows.values()}
     best = {
         recipe: max(
@@ -242,6 +263,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = make_parser(__doc__, quick_help="the variants on finetune_code's --quick size, one seed")
     parser.add_argument("--variants", nargs="+", choices=list(VARIANTS), default=list(VARIANTS))
     parser.add_argument("--seeds", type=int, nargs="+", default=None)
+    parser.add_argument("--steps", type=int, default=None, help="steps of every run (default: the size's)")
     parser.add_argument(
         "--model", type=Path, default=None, help="the model folder (default: the bench extra's)"
     )
@@ -256,7 +278,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     result = gather(args.variants, args)
     result["seeds"] = args.seeds
     return write_results(
-        args.out, NAME, args.quick, result, table(result), notes=notes(result, args),
+        args.out, f"{NAME}_s{args.steps}" if args.steps else NAME, args.quick, result, table(result),
+        notes=notes(result, args),
         plot=lambda path: plot(result, path),
     )  # fmt: skip
 

@@ -82,6 +82,11 @@ def test_the_gathered_table_reports_the_best_online_against_the_best_offline(tmp
     ablation.main(["--out", str(tmp_path), "--report"])
     (goal,) = json.loads((tmp_path / "finetune_code_ablation.json").read_text())["goals"]
     assert goal["verdict"] == "missed"
+    # Another length: its own stems (STEM_sN) and its own gathered table.
+    _stored(tmp_path, variants["online"].stem + "_s187", ablation.ONLINE, [0.70, 0.71, 0.70])
+    ablation.main(["--out", str(tmp_path), "--report", "--steps", "187"])
+    longer = json.loads((tmp_path / "finetune_code_ablation_s187.json").read_text())
+    assert list(longer["variants"]) == ["online"] and longer["variants"]["online"]["stem"].endswith("_s187")
 
 
 def test_a_run_s_mining_record_is_its_snapshots_false_negative_shares_and_drift() -> None:
