@@ -2,7 +2,8 @@
 
 * :func:`export_huggingface` writes a directory that :func:`load_exported_encoder` reads back: for a
   :class:`~composer_dynsample.models.text.TransformerEncoder`, the ``AutoModel``'s ``save_pretrained``
-  files (so ``transformers.AutoModel.from_pretrained(out_dir)`` loads it) and the tokenizer
+  files (so ``transformers.AutoModel.from_pretrained(out_dir)`` loads it, nothing newly initialised: the
+  pooler the encoder dropped is written back, the model folder's weights) and the tokenizer
   (``AutoTokenizer.from_pretrained(out_dir)``); for the other text encoders, their state dict
   (``encoder_state.pt``) beside the tokenizer; for a
   :class:`~composer_dynsample.models.text.TwoTowerEncoder`, one such directory per tower
@@ -10,9 +11,10 @@
 * :func:`export_sentence_transformers` writes a sentence-transformers model directory (Transformer,
   Pooling in the encoder's mode, Dense for the projection, Normalize when the model normalises) that
   ``SentenceTransformer(out_dir)`` loads and that embeds texts as the encoder does. Its model card,
-  ``README.md`` (:func:`model_card`), says the pooling, normalisation and ``max_seq_length`` (a
-  folder's unless the config chose otherwise) and, given the run's config and metrics
-  (:func:`run_metrics`), the training data, the recipe and the scores.
+  ``README.md`` (:func:`~composer_dynsample.model_card.model_card`), says the pooling, normalisation
+  and ``max_seq_length`` (a folder's unless the config chose otherwise) and, given the run's config and
+  metrics (:func:`~composer_dynsample.model_card.run_metrics`), the training data (file names and
+  SHA-256, no local directories), the recipe and the scores.
 
 Every file written is readable as any new file is (``0o666`` less the umask; ``safetensors`` alone
 would leave its weights ``0o600``). ``transformers``' load reports and progress bars are left out.
@@ -24,18 +26,19 @@ tokenizer; its special tokens (``[PAD]``, ``[CLS]``, ...) are found in its vocab
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import os
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
-from omegaconf import OmegaConf
 from torch import nn
 
+from composer_dynsample.model_card import model_card, run_metrics, unwrap_encoder
 from composer_dynsample.models.text import (
     BagOfTokensEncoder,
     TextCNNEncoder,
@@ -44,7 +47,7 @@ from composer_dynsample.models.text import (
     import_text_extra,
 )
 from composer_dynsample.models.transformer import quiet_transformers
-from composer_dynsample.validation import InputTypeError, check_bool, check_int, is_int
+from composer_dynsample.validation import InputTypeError, check_int, is_int
 
 __all__ = [
     "export_huggingface",
@@ -57,9 +60,6 @@ __all__ = [
 
 CONFIG_FILE = "encoder_config.json"
 STATE_FILE = "encoder_state.pt"
-# The config keys a model card calls the recipe.
-_RECIPE = ("model.encoder", "model.loss", "model.normalize", "sampler", "optimizer", "scheduler")
-_RECIPE_OF_THE_RUN = ("algorithms", "trainer.max_duration", "seed")
 _TOKEN_ENCODERS: dict[str, type[nn.Module]] = {
     "BagOfTokensEncoder": BagOfTokensEncoder,
     "TextCNNEncoder": TextCNNEncoder,
@@ -154,19 +154,6 @@ def _found_special_tokens(backend: Any, pad_id: int | None) -> dict[str, str]:
     return roles
 
 
-def _unwrap(model: nn.Module, normalize: bool | None) -> tuple[nn.Module, bool]:
-    """The encoder and whether embeddings are normalised: an EmbeddingModel's own, else ``normalize``."""
-    if not isinstance(model, nn.Module):
-        raise InputTypeError(
-            f"model must be an EmbeddingModel or a text encoder, got {type(model).__name__}."
-        )
-    wrapped = isinstance(getattr(model, "encoder", None), nn.Module) and hasattr(model, "normalize")
-    encoder = model.encoder if wrapped else model
-    if normalize is None:
-        return encoder, bool(model.normalize) if wrapped else True
-    return encoder, check_bool("normalize", normalize)
-
-
 def _prepare(out_dir: str | os.PathLike[str]) -> Path:
     directory = Path(out_dir).expanduser()
     if directory.exists() and (not directory.is_dir() or any(directory.iterdir())):
@@ -203,7 +190,7 @@ def export_huggingface(
             ``max_length`` exceeds a transformer's positions.
         InputTypeError: If the encoder is not one of the text encoders.
     """
-    encoder, _ = _unwrap(model, None)
+    encoder, _ = unwrap_encoder(model, None)
     if isinstance(encoder, TwoTowerEncoder):
         towers = [("query", encoder.query_encoder), ("passage", encoder.passage_encoder)]
     else:
@@ -261,7 +248,8 @@ def _write_encoder(directory: Path, encoder: nn.Module, hf_tokenizer: Any) -> No
     with quiet_transformers():
         hf_tokenizer.save_pretrained(str(directory))
         if isinstance(encoder, TransformerEncoder):
-            encoder.model.save_pretrained(str(directory))
+            with _pooler_put_back(encoder):
+                encoder.model.save_pretrained(str(directory))
     if isinstance(encoder, TransformerEncoder):
         state = {} if encoder.projection is None else encoder.projection.state_dict()
     else:
@@ -269,6 +257,32 @@ def _write_encoder(directory: Path, encoder: nn.Module, hf_tokenizer: Any) -> No
     if state:
         torch.save({key: value.detach().cpu() for key, value in state.items()}, directory / STATE_FILE)
     _write_config(directory, type(encoder).__name__, encoder.arguments)
+
+
+@contextlib.contextmanager
+def _pooler_put_back(encoder: TransformerEncoder) -> Iterator[None]:
+    """Inside, the encoder's model has the pooler it dropped (BERT's ``pooler``), so that its saved files
+    hold every weight ``AutoModel.from_pretrained`` builds and nothing is newly initialised on load: the
+    model folder's pooler (training leaves it as it was: the pooling does not use it), or for a model
+    built from a config (or a folder without one) the model's own initialisation, seeded with 0."""
+    model = encoder.model
+    if not hasattr(model, "pooler") or model.pooler is not None:
+        yield
+        return
+    auto_model = import_text_extra("transformers", "export").AutoModel
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        if encoder.folder is not None:
+            whole = auto_model.from_pretrained(str(encoder.folder.model_dir), local_files_only=True)
+        else:
+            whole = auto_model.from_config(model.config)
+    weight = next(model.parameters())
+    pooler = getattr(whole, "pooler", None)
+    model.pooler = None if pooler is None else pooler.to(weight.device, weight.dtype)
+    try:
+        yield
+    finally:
+        model.pooler = None
 
 
 def _write_config(directory: Path, name: str, arguments: Mapping[str, Any]) -> None:
@@ -321,9 +335,9 @@ def export_sentence_transformers(
     The modules are the encoder's own steps: ``Transformer`` (the ``AutoModel`` and the tokenizer),
     ``Pooling`` in the encoder's mode (``mean`` or ``cls``), ``Dense`` with the projection's weights and
     an identity activation (when the encoder projects), and ``Normalize`` when the embeddings are
-    L2-normalised: ``SentenceTransformer(out_dir).encode(texts)`` embeds as the encoder does. BERT-like
-    models load there with their pooler, which the encoder dropped: it is written with random weights
-    (the pooling does not use it), and a line says so. ``README.md`` is :func:`model_card`'s.
+    L2-normalised: ``SentenceTransformer(out_dir).encode(texts)`` embeds as the encoder does. The pooler
+    the encoder dropped (BERT's, unused by the pooling) is written back, as :func:`export_huggingface`
+    writes it. ``README.md`` is :func:`model_card`'s.
 
     Args:
         model (torch.nn.Module): A :class:`TransformerEncoder` or an ``EmbeddingModel`` around one.
@@ -343,7 +357,7 @@ def export_sentence_transformers(
         ValueError: If the encoder is not a :class:`TransformerEncoder` (the format holds a transformer),
             or as :func:`export_huggingface`.
     """
-    encoder, normalized = _unwrap(model, normalize)
+    encoder, normalized = unwrap_encoder(model, normalize)
     card = {"max_length": max_length, "normalize": normalized, "config": config, "metrics": metrics}
     if not isinstance(encoder, TransformerEncoder):
         raise ValueError(
@@ -362,7 +376,6 @@ def export_sentence_transformers(
             saved.save(str(directory), create_model_card=False)
     (directory / "README.md").write_text(model_card(model, title=directory.name, **card), encoding="utf-8")
     _new_file_modes(directory)
-    _say_added_pooler(directory, steps[0], encoder)
     return directory
 
 
@@ -387,20 +400,6 @@ def _sentence_transformers_steps(
     return steps
 
 
-def _say_added_pooler(directory: Path, transformer: nn.Module, encoder: TransformerEncoder) -> None:
-    """One line when sentence-transformers' model has a pooler that the encoder dropped (random weights)."""
-    model = getattr(transformer, "auto_model", None)
-    model = getattr(transformer, "model", None) if model is None else model
-    pooler = getattr(model, "pooler", None)
-    if not isinstance(pooler, nn.Module) or getattr(encoder.model, "pooler", None) is not None:
-        return
-    names = sorted({name.rpartition(".")[0] for name, _ in pooler.named_parameters(prefix="pooler")})
-    print(
-        f"export {directory}: sentence-transformers loads {type(encoder.model).__name__} with a pooler "
-        f"({', '.join(names)}) of random weights, which its {encoder.pooling} pooling does not use."
-    )
-
-
 def _sentence_transformers_modules() -> Any:
     """sentence-transformers' module classes: ``sentence_transformer.modules`` from 6.0, else ``models``."""
     try:
@@ -408,82 +407,3 @@ def _sentence_transformers_modules() -> Any:
     except ImportError:
         from sentence_transformers import models as modules
     return modules
-
-
-def run_metrics(run_dir: str | os.PathLike[str]) -> dict[str, Any] | None:
-    """The ``metrics.json`` of a run directory as a dict; ``None`` when it has none that reads as one."""
-    try:
-        values = json.loads((Path(run_dir).expanduser() / "metrics.json").read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError):
-        return None
-    return values if isinstance(values, dict) else None
-
-
-def model_card(
-    model: nn.Module,
-    *,
-    max_length: int | None = None,
-    normalize: bool | None = None,
-    config: Mapping[str, Any] | None = None,
-    metrics: Mapping[str, Any] | None = None,
-    title: str = "model",
-) -> str:
-    """The ``README.md`` of an exported model, in plain Markdown: the model, and the run when given.
-
-    Args:
-        model (torch.nn.Module): A :class:`TransformerEncoder`, or an ``EmbeddingModel`` around one.
-        max_length (int, optional): The longest input in tokens (``max_seq_length``). Default: ``None``.
-        normalize (bool, optional): Whether embeddings are L2-normalised. Default: ``None``, the model's.
-        config (Mapping[str, Any], optional): The run's config: its ``data``, and the recipe (encoder, loss,
-            sampler, optimizer, schedule, duration, seed).
-        metrics (Mapping[str, Any], optional): The run's ``metrics.json``: its scores (fractional numbers),
-            beside the starting model's (``at_start``).
-        title (str): The card's heading. Default: ``"model"``.
-
-    Returns:
-        str: The card.
-    """
-    encoder, normalized = _unwrap(model, normalize)
-    config = OmegaConf.create(dict(config or {}))
-    data = {k: v for k, v in (config.get("data") or {}).items() if k not in ("cache_dir", "progress")}
-    recipe = {key: OmegaConf.select(config, key) for key in _RECIPE + _RECIPE_OF_THE_RUN}
-    sections = {
-        "Model": _model_lines(encoder, normalized, max_length),
-        "Training data": [f"data.{key}: `{_shown(value)}`" for key, value in data.items()],
-        "Recipe": [f"{key}: `{_shown(value)}`" for key, value in recipe.items() if value is not None],
-    }
-    lines = [f"# {title}", "", "A text embedding model trained with composer-dynsample.", "", "## Use", ""]
-    lines += ["```python", "from sentence_transformers import SentenceTransformer", ""]
-    lines += [f"model = SentenceTransformer({title!r})", 'embeddings = model.encode(["a text"])', "```"]
-    for heading, items in sections.items():
-        lines += ["", f"## {heading}", "", *(f"- {item}" for item in items)] if items else []
-    return "\n".join(lines + _metric_lines(metrics or {})) + "\n"
-
-
-def _model_lines(encoder: nn.Module, normalized: bool, max_length: int | None) -> list[str]:
-    """The card's list of the model: the encoder, where it started, pooling, projection, normalisation."""
-    folder, config, projection = getattr(encoder, "folder", None), encoder.model.config, encoder.projection
-    start = f"started from `{folder.path}`" if folder is not None else "randomly initialised"
-    return [
-        f"Encoder: {type(encoder.model).__name__} ({config.model_type}, hidden size {config.hidden_size}), {start}",
-        f"Pooling: {encoder.pooling}",
-        f"Projection: linear to {projection.out_features}" if projection is not None else "Projection: none",
-        f"Normalisation: {'L2 (Normalize)' if normalized else 'none'}",
-        f"max_seq_length: {max_length if max_length is not None else encoder.max_tokens}",
-    ]
-
-
-def _metric_lines(metrics: Mapping[str, Any]) -> list[str]:
-    """The card's table of scores, beside the starting model's when given; seconds (``*_s``) left out."""
-    start = metrics.get("at_start") if isinstance(metrics.get("at_start"), Mapping) else {}
-    cols = [metrics, start] if start else [metrics]
-    keys = [key for key, value in metrics.items() if isinstance(value, float) and not key.endswith("_s")]
-    rows = [[key, *(f"{c[key]:.4f}" if isinstance(c.get(key), float) else "" for c in cols)] for key in keys]
-    head = [["metric", "value", "at start"][: len(cols) + 1], ["---"] * (len(cols) + 1)]
-    return ["", "## Metrics", "", *("| " + " | ".join(row) + " |" for row in head + rows)] if rows else []
-
-
-def _shown(value: Any) -> str:
-    """A config value as the card shows it: mappings and lists as JSON (an OmegaConf node's too)."""
-    value = OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
-    return json.dumps(value, default=str) if isinstance(value, (dict, list)) else str(value)

@@ -149,10 +149,11 @@ def _load(
     config: str | os.PathLike[str] | Mapping[str, Any], overrides: Sequence[str], settings: Mapping[str, Any]
 ) -> Any:
     """The config with its ``overrides`` applied, then ``settings`` set as they are: unlike an override, a
-    value is not parsed as YAML (a path may hold ``#`` or ``: ``)."""
+    value is not parsed as YAML (a path may hold ``#`` or ``: ``). Rank 0 prints the overrides' notes on stderr."""
     from omegaconf import OmegaConf
 
-    cfg = load_config(config, overrides)
+    note = functools.partial(print, file=sys.stderr) if is_rank_zero() else None  # one copy of each note
+    cfg = load_config(config, overrides, note=note)
     for key, value in settings.items():
         head = key.split(".", 1)[0]
         section(cfg, head, head)  # a section that is not a mapping is a ConfigError, not OmegaConf's
@@ -336,7 +337,7 @@ def evaluate(
         trust_checkpoint (bool): Skip the safety check of the file. Default: ``False``.
 
     Returns:
-        dict[str, Any]: The metrics, the checkpoint (``None`` without one) and the dataset's name.
+        dict[str, Any]: The metrics, the checkpoint (``None`` without one) and the test split's name.
 
     Raises:
         OutputError: If ``out`` is a directory or under a file (before the data are loaded).
@@ -357,7 +358,7 @@ def evaluate(
     run = _build_model_run(*prepared, trained=checkpoint is not None)
     final, test_embeddings = evaluate_run(run)
     given = None if checkpoint is None else str(checkpoint)
-    result = {**final, "checkpoint": given, "dataset": run.splits.name}
+    result = {**final, "checkpoint": given, "dataset": run.splits.test_name}
     if is_rank_zero():
         model = Path(checkpoint).name if checkpoint is not None else "the model as built (no checkpoint)"
         plot_run_retrievals(run, test_embeddings, plot, model)

@@ -64,7 +64,8 @@ def metrics_table_title(dataset: str, num_queries: int, protocol: str, gallery_s
     """The heading of a training run's metrics table: the data set, then what its test queries were scored against.
 
     Args:
-        dataset (str): The data set's name (``DatasetSplits.name``).
+        dataset (str): The test split's name (``DatasetSplits.test_name``: a test file's stem, else the
+            data's name).
         num_queries (int): The test queries.
         protocol (str): What :func:`~composer_dynsample.config.evaluation.describe_protocol` says.
         gallery_size (int): The items the queries are ranked among.

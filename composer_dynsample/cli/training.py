@@ -255,7 +255,8 @@ def _run_record(
         "config": str(config_path) if config_path is not None else None,
         "overrides": list(overrides),
         "run_dir": str(run.run_dir),
-        "dataset": run.splits.name,
+        "dataset": run.splits.test_name,  # what the metrics score: a test file's stem (data.test_path)
+        "train_dataset": run.splits.name,
         "class_names": run.splits.class_names,
         "num_queries": len(query_rows(run.splits)),
         "gallery_size": gallery_size,
@@ -293,7 +294,7 @@ def plot_run_retrievals(run: Any, test_embeddings: Any, path: Path, when: str) -
     store = run.splits.test
     if len(getattr(store, "feature_shape", ())) != 3:  # (C, H, W) images only
         return
-    title = f"{run.splits.name}: test queries and their nearest other test items ({when}); green = same class"
+    title = f"{run.splits.test_name}: test queries and their nearest other test items ({when}); green = same class"
     plot_retrievals(
         store.features,
         store.labels,
@@ -313,7 +314,7 @@ def report_evaluation(run: Any, result: dict[str, Any], path: Path, model: str) 
 
     write_json(path, result)
     metrics = {name: value for name, value in result.items() if name not in ("checkpoint", "dataset")}
-    title, gallery_size = f"{run.splits.name}: {model}", describe_protocol(run.splits)[1]
+    title, gallery_size = f"{run.splits.test_name}: {model}", describe_protocol(run.splits)[1]
     print(format_metrics_table(metrics, title=title, gallery_size=gallery_size))
     print(f"wrote {path}")
 
@@ -331,7 +332,7 @@ def _report(
     )
 
     write_json(run.run_dir / "metrics.json", metrics)
-    title = f"{run.splits.name} test embeddings (PCA), epoch {metrics['epochs']}"
+    title = f"{run.splits.test_name} test embeddings (PCA), epoch {metrics['epochs']}"
     if final.get("recall_at_1") is not None:
         train_gallery = metrics["protocol"] == "test queries vs train gallery"
         against = "vs train gallery" if train_gallery else "leave-one-out among the test items"
@@ -347,7 +348,7 @@ def _report(
     plot_run_retrievals(run, test_embeddings, run.run_dir / "retrievals.png", f"epoch {metrics['epochs']}")
     if not quiet:
         table_title = metrics_table_title(
-            run.splits.name, metrics["num_queries"], metrics["protocol"], metrics["gallery_size"]
+            run.splits.test_name, metrics["num_queries"], metrics["protocol"], metrics["gallery_size"]
         )
         table = format_metrics_table(
             final, title=table_title, gallery_size=metrics["gallery_size"], start=metrics["at_start"]

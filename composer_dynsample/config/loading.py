@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, TypeVar
@@ -21,6 +21,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from composer_dynsample.config.components import COMPONENT_KEY, ConfigError, check_keys
+from composer_dynsample.config.overrides import dropped_keys_note
 from composer_dynsample.validation import check_choice, check_int, check_time
 
 __all__ = [
@@ -240,7 +241,10 @@ def structured(path: str, values: Mapping[str, Any], schema: type[Schema]) -> Sc
 
 
 def load_config(
-    config: str | os.PathLike[str] | Mapping[str, Any] | DictConfig, overrides: Sequence[str] = ()
+    config: str | os.PathLike[str] | Mapping[str, Any] | DictConfig,
+    overrides: Sequence[str] = (),
+    *,
+    note: Callable[[str], None] | None = None,
 ) -> DictConfig:
     """Load a YAML config (or take a mapping) and apply dotted ``key.path=value`` overrides.
 
@@ -249,6 +253,10 @@ def load_config(
         overrides (Sequence[str]): Items such as ``trainer.max_duration=2ep`` or ``evaluation.ks=[1,10]``,
             parsed by ``OmegaConf.from_dotlist`` and merged over the file in order; a mapping such as
             ``model.loss={_component_: my.Loss, scale: 2}`` replaces the whole section. Default: none.
+        note (Callable[[str], None], optional): Called with one line for each mapping override that
+            leaves out keys the section had, when the mapping names the same component (or none): the
+            keys, their values and how to keep them
+            (:func:`~composer_dynsample.config.overrides.dropped_keys_note`). Default: ``None``.
 
     Returns:
         DictConfig: The merged config, with interpolations resolved and its top-level sections checked.
@@ -277,7 +285,7 @@ def load_config(
         )
     try:
         for item in overrides:
-            _apply(base, item)
+            _apply(base, item, note)
         container = OmegaConf.to_container(base, resolve=True)
     except OmegaConfBaseException as error:
         raise ConfigError(f"cannot apply the overrides {list(overrides)}: {error}") from error
@@ -292,11 +300,12 @@ def load_config(
     return cfg
 
 
-def _apply(cfg: DictConfig, override: str) -> None:
+def _apply(cfg: DictConfig, override: str, note: Callable[[str], None] | None = None) -> None:
     """Apply one ``key.path=value``: a mapping value replaces the section, any other value is merged in.
 
     ``model.encoder={_component_: my_models.MyEncoder}`` therefore starts the section afresh (the file's
     keys belonged to the encoder it named), while ``model.encoder.embedding_dim=32`` changes one key.
+    ``note`` is called with the line of :func:`~composer_dynsample.config.overrides.dropped_keys_note`.
     """
     key = override.split("=", 1)[0].strip()
     try:
@@ -310,7 +319,10 @@ def _apply(cfg: DictConfig, override: str) -> None:
             "close its brackets and quotes, or quote it whole (e.g. key='a{b')."
         ) from None
     if isinstance(value, DictConfig):
+        line = dropped_keys_note(cfg, key, value) if note is not None else None
         OmegaConf.update(cfg, key, value, merge=False)
+        if line is not None:
+            note(line)
     else:
         cfg.merge_with(OmegaConf.from_dotlist([override]))
 

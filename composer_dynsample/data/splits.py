@@ -43,6 +43,8 @@ class DatasetSplits:
         class_names (tuple[str, ...] | None): The name of each label, ``class_names[label]`` (an image
             folder's class folders), or ``None`` when the data names none. Keyword only.
             Default: ``None``.
+        test_name (str): The name of the test split, which results of an evaluation carry: a separate
+            test file's stem (``test_path``). Keyword only. Default: ``name``.
 
     Raises:
         ValueError: If ``class_names`` does not hold one string per class.
@@ -50,8 +52,8 @@ class DatasetSplits:
     Example:
         >>> train, test = TensorStore(torch.zeros(2, 1), [0, 1]), TensorStore(torch.zeros(1, 1), [1])
         >>> splits = DatasetSplits(train, test, num_classes=2, name="toy", class_names=["cat", "dog"])
-        >>> splits.name, len(splits.train), len(splits.test), splits.class_names
-        ('toy', 2, 1, ('cat', 'dog'))
+        >>> splits.name, len(splits.train), len(splits.test), splits.class_names, splits.test_name
+        ('toy', 2, 1, ('cat', 'dog'), 'toy')
     """
 
     train: TensorStore
@@ -59,8 +61,11 @@ class DatasetSplits:
     num_classes: int
     name: str
     class_names: tuple[str, ...] | None = dataclasses.field(default=None, kw_only=True)
+    test_name: str = dataclasses.field(default="", kw_only=True)
 
     def __post_init__(self) -> None:
+        if not self.test_name:
+            object.__setattr__(self, "test_name", self.name)  # frozen
         if self.class_names is None:
             return
         names = tuple(self.class_names)

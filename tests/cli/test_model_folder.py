@@ -4,7 +4,9 @@ not the folder's is one line, and ``export`` writes back what the folder said.""
 
 from __future__ import annotations
 
+import hashlib
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -204,7 +206,7 @@ def test_a_folder_that_lower_cases_what_its_tokenizer_does_not_is_one_line(tmp_p
         check_config(config)
 
 
-def test_export_writes_a_model_card_of_the_run(folder, tmp_path, capsys):
+def test_export_writes_a_model_card_of_the_run(folder, tmp_path, tmp_path_factory, capsys):
     config = write_config(tmp_path, {"name": "transformer", "path": str(folder)})
     main(["train", config, "evaluation.interval=1ep", "--run-dir", str(tmp_path / "run")])
     out = tmp_path / "exported"
@@ -212,8 +214,13 @@ def test_export_writes_a_model_card_of_the_run(folder, tmp_path, capsys):
     capsys.readouterr()
     card = (out / "README.md").read_text()
     metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
-    assert str(tmp_path / "train.jsonl") in card and str(tmp_path / "test.jsonl") in card
-    assert f"started from `{folder}`" in card and "Pooling: cls" in card and "max_seq_length: 12" in card
+    # No path of this machine: the data files by name and SHA-256, the model folder by name.
+    assert str(tmp_path_factory.getbasetemp()) not in card, card
+    for name in ("train.jsonl", "test.jsonl"):
+        digest = hashlib.sha256((tmp_path / name).read_bytes()).hexdigest()
+        assert f"{name} (SHA-256 {digest})" in card, name
+    assert re.search(r"data\.path: `train\.jsonl \(SHA-256 [0-9a-f]{64}\)`", card), card
+    assert f"started from `{folder.name}`" in card and "Pooling: cls" in card and "max_seq_length: 12" in card
     for recipe in ("info_nce", "pk", "adamw", "trainer.max_duration: `2ba`", "seed: `0`"):
         assert recipe in card, recipe
     assert f"| mrr | {metrics['mrr']:.4f} |" in card

@@ -190,7 +190,7 @@ def test_train_and_export_of_a_model_folder_print_no_load_report(tmp_path, capfd
     ):
         assert noise not in printed, noise
     assert f"model {bert}: its pooler (pooler.dense) is not used by mean/CLS pooling and was dropped." in out
-    assert "with a pooler (pooler.dense) of random weights, which its mean pooling does not use." in out
+    assert "random weights" not in out  # the export writes the folder's pooler back
     umask = os.umask(0o022)
     os.umask(umask)
     modes = {
@@ -199,6 +199,38 @@ def test_train_and_export_of_a_model_folder_print_no_load_report(tmp_path, capfd
         if path.is_file()
     }
     assert "model.safetensors" in modes and set(modes.values()) == {0o666 & ~umask}, modes
+
+
+@pytest.mark.parametrize("export_format", ["sentence-transformers", "huggingface"])
+def test_an_exported_folder_loads_with_the_folder_s_pooler_and_nothing_newly_initialised(
+    tmp_path, capfd, transformers_log, export_format
+):
+    """The encoder drops the pooler it does not use; the export writes the folder's back, so that
+    ``AutoModel.from_pretrained`` (and sentence-transformers through it) initialises nothing on load."""
+    if export_format == "sentence-transformers":
+        pytest.importorskip("sentence_transformers")
+    import torch
+    import transformers
+
+    bert = save_bert(tmp_path / "bert")
+    config = write_config(tmp_path, {"name": "transformer", "path": str(bert)})
+    main(["train", config, "--quiet", "--run-dir", str(tmp_path / "run")])
+    out = tmp_path / "exported"
+    checkpoint = latest_checkpoint(tmp_path / "run")
+    main(["export", config, "--checkpoint", checkpoint, "--out", str(out), "--format", export_format])
+    capfd.readouterr()
+    start = len(transformers_log.getvalue())
+    verbosity = transformers.logging.get_verbosity()
+    transformers.logging.set_verbosity_warning()
+    try:
+        loaded = transformers.AutoModel.from_pretrained(str(out))
+    finally:
+        transformers.logging.set_verbosity(verbosity)
+    printed = transformers_log.getvalue()[start:] + capfd.readouterr().err
+    assert "newly initialized" not in printed and "MISSING" not in printed, printed
+    folder = transformers.AutoModel.from_pretrained(str(bert))
+    assert torch.equal(loaded.pooler.dense.weight, folder.pooler.dense.weight)
+    assert torch.equal(loaded.pooler.dense.bias, folder.pooler.dense.bias)
 
 
 # what the metrics table and the help say
@@ -240,7 +272,7 @@ def test_the_table_names_the_real_candidates_and_the_data_set(tmp_path, capsys):
     config = write_config(tmp_path, {"name": "bag_of_tokens", "token_dim": 8})
     main(["train", config, "--run-dir", str(tmp_path / "run")])
     out = capsys.readouterr().out
-    assert "train: final retrieval metrics of 8 test queries vs 8 test passages" in out
+    assert "test: final retrieval metrics of 8 test queries vs 8 test passages" in out  # test.jsonl's
     assert "MRR (CodeSearchNet, 8 candidates)" in out and "1000" not in out
     main(
         [

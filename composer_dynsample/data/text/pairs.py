@@ -332,7 +332,8 @@ def load_pairs(
         max_length, tokenizer, tokenizer_model, vocab_size, lowercase, save_tokenizer, cache_dir, progress:
             How the texts are tokenized and cached, and their defaults, as
             :class:`~composer_dynsample.data.text._sources.TokenizeOptions` documents them.
-        name (str, optional): The name in the result. Default: the file's stem.
+        name (str, optional): The name in the result, of both splits. Default: the file's stem, and the
+            test file's (``test_path``) for the test split (``TextSplits.test_name``).
         columns (Mapping[str, str], optional): Read these columns under another name: ``anchor``,
             ``positive``, ``negative`` or ``negative_<n>`` to the file's column, e.g. ``{"anchor":
             "query", "positive": "pos"}``; the test file is read with the same mapping. Default: ``None``.
@@ -379,5 +380,10 @@ def load_pairs(
     )
     num_classes = num_train_labels + test.num_rows - len(test) // 2
     return TextSplits(
-        train=train, test=test, num_classes=num_classes, name=name or table.path.stem, info=info
+        train=train,
+        test=test,
+        num_classes=num_classes,
+        name=name or table.path.stem,
+        test_name=name or (test_pairs.table.path.stem if test_path is not None else ""),
+        info=info,
     )

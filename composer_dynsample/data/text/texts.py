@@ -185,7 +185,8 @@ def load_texts(
         max_length, tokenizer, tokenizer_model, vocab_size, lowercase, save_tokenizer, cache_dir, progress:
             How the texts are tokenized and cached, and their defaults, as
             :class:`~composer_dynsample.data.text._sources.TokenizeOptions` documents them.
-        name (str, optional): The name in the result. Default: the file's stem.
+        name (str, optional): The name in the result, of both splits. Default: the file's stem, and the
+            test file's (``test_path``) for the test split (``TextSplits.test_name``).
         columns (Mapping[str, str], optional): Read ``text`` and/or ``label`` from columns of other names,
             e.g. ``{"text": "sentence", "label": "intent"}``; the test file is read with the same mapping.
             Default: ``None``.
@@ -240,5 +241,6 @@ def load_texts(
         test=_store(test.text_ids, test_labels, test_rows, stores[-1], text_tokenizer),
         num_classes=len(label_names),
         name=name or table.path.stem,
+        test_name=name or (test_table.path.stem if test_path is not None and test_table is not None else ""),
         info=info,
     )

@@ -1,0 +1,59 @@
+"""What a mapping override on the command line leaves out of the section it replaces.
+
+``data={name: pairs, path: my_pairs.jsonl}`` replaces the whole ``data`` section (see
+:func:`~composer_dynsample.config.loading.load_config`): a key the file set and the mapping does not
+name, such as ``max_length``, is gone. :func:`dropped_keys_note` says which, in one line.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import yaml
+from omegaconf import DictConfig, OmegaConf
+
+from composer_dynsample.config.components import COMPONENT_KEY
+
+__all__ = ["dropped_keys_note"]
+
+
+def dropped_keys_note(cfg: DictConfig, key: str, mapping: DictConfig | Mapping[str, Any]) -> str | None:
+    """The line that says which keys of section ``key`` a replacing ``mapping`` leaves out, or ``None``.
+
+    ``None`` when the section is not a mapping yet, the mapping keeps every key, or it names another
+    component than the section (its ``name`` or ``_component_`` differs): the section's keys then belong
+    to the component the mapping replaces.
+
+    Example:
+        >>> cfg = OmegaConf.create({"data": {"name": "pairs", "path": "a.jsonl", "max_length": 128}})
+        >>> print(dropped_keys_note(cfg, "data", {"name": "pairs", "path": "b.jsonl"}))
+        note: data={...} replaced the data section; the config's max_length: 128 is not in it (add it to the mapping, or set data.max_length=128 after it)
+        >>> dropped_keys_note(cfg, "data", {"name": "texts", "path": "b.jsonl"}) is None
+        True
+    """
+    previous = OmegaConf.select(cfg, key, default=None, throw_on_missing=False)
+    if not isinstance(previous, DictConfig):
+        return None
+    old = OmegaConf.to_container(previous, resolve=False)
+    new = OmegaConf.to_container(mapping, resolve=False) if OmegaConf.is_config(mapping) else dict(mapping)
+    named = ("name", COMPONENT_KEY)
+    if any(name in new for name in named) and any(new.get(name) != old.get(name) for name in named):
+        return None
+    dropped = {name: value for name, value in old.items() if name not in new}
+    if not dropped:
+        return None
+    shown = [f"{name}: {_flow(value)}" for name, value in dropped.items()]
+    listed = shown[0] if len(shown) == 1 else f"{', '.join(shown[:-1])} and {shown[-1]}"
+    verb, pronoun = ("is", "it") if len(shown) == 1 else ("are", "them")
+    settings = " ".join(f"{key}.{name}={_flow(value)}" for name, value in dropped.items())
+    return (
+        f"note: {key}={{...}} replaced the {key} section; the config's {listed} {verb} not in it "
+        f"(add {pronoun} to the mapping, or set {settings} after it)"
+    )
+
+
+def _flow(value: Any) -> str:
+    """A config value as it is written on the command line: YAML in flow style (``[1, 2]``, ``{a: 1}``)."""
+    text = yaml.safe_dump(value, default_flow_style=True, width=2**31 - 1).strip()
+    return text.removesuffix("...").strip()

@@ -1,0 +1,54 @@
+"""A mapping override on the command line replaces its section: one note on stderr names the keys of the
+file it leaves out, unless the mapping names another component, whose keys those were not."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("tokenizers")
+
+from composer_dynsample.cli.main import main
+from tests.cli.helpers import MINED, write_bag_pairs_config, write_pairs
+
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
+
+PK = {"name": "pk", "classes_per_batch": 8, "samples_per_class": 2}
+
+
+def notes(capsys: pytest.CaptureFixture[str]) -> list[str]:
+    """The ``note:`` lines printed on stderr since the last call."""
+    return [line for line in capsys.readouterr().err.splitlines() if line.startswith("note:")]
+
+
+def train(folder: Path, config: str, *overrides: str) -> None:
+    main(
+        ["train", config, *overrides, "trainer.max_duration=1ba", "--quiet", "--run-dir", str(folder / "run")]
+    )
+
+
+def test_a_data_mapping_without_a_key_of_the_file_is_noted_once(tmp_path, capsys):
+    write_pairs(tmp_path)
+    config = write_bag_pairs_config(tmp_path, PK)  # data.max_length: 24
+    data = (
+        f"data={{name: pairs, path: {tmp_path / 'train.jsonl'}, test_path: {tmp_path / 'test.jsonl'}, "
+        f"vocab_size: 200, cache_dir: {tmp_path / 'cache'}}}"
+    )
+    capsys.readouterr()
+    train(tmp_path, config, data)
+    assert notes(capsys) == [
+        "note: data={...} replaced the data section; the config's max_length: 24 is not in it (add it to the "
+        "mapping, or set data.max_length=24 after it)"
+    ]
+    assert (tmp_path / "run" / "metrics.json").is_file()  # a note, not an error
+
+
+def test_a_mapping_naming_another_component_is_not_noted(tmp_path, capsys):
+    write_pairs(tmp_path)
+    config = write_bag_pairs_config(tmp_path, PK, algorithms={"embedding_table": {}})
+    mined = "sampler={" + ", ".join(f"{key}: {value}" for key, value in MINED.items()) + "}"
+    capsys.readouterr()
+    train(tmp_path, config, mined)  # pk's classes_per_batch and samples_per_class are not mined_negatives'
+    assert notes(capsys) == []
+    assert (tmp_path / "run" / "metrics.json").is_file()
