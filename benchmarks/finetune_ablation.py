@@ -146,7 +146,10 @@ def stored(name: str, args: Any) -> dict[str, Any] | None:
     summary = result["recipes"].get(variant.recipe)
     if summary is None:
         return None
-    return {"summary": summary, "corpus": result["data"]["corpus_sha256"], "options": result["options"]}
+    return {
+        "summary": summary, "corpus": result["data"]["corpus_sha256"], "options": result["options"],
+        "machine": result.get("machine"),
+    }  # fmt: skip
 
 
 def gather(names: list[str], args: Any) -> dict[str, Any]:
@@ -172,16 +175,21 @@ def gather(names: list[str], args: Any) -> dict[str, Any]:
         )
         for recipe in (ONLINE, OFFLINE)
     }
-    goals = []
+    goals, ratio = [], None
     if best[ONLINE] and best[OFFLINE]:
         online, offline = rows[best[ONLINE]]["summary"], rows[best[OFFLINE]]["summary"]
+        ratio = online["csn_mrr"] / offline["csn_mrr"]
         gap, two_se = _difference(online, offline)
         goals.append({
             "goal": f"best online ({best[ONLINE]}) above best offline ({best[OFFLINE]}), CSN MRR",
             "target": "> 2 SE", "value": f"{gap:+.4f} (2 SE {two_se:.4f})",
             "verdict": "met" if gap > two_se else "missed",
         })  # fmt: skip
-    return {"variants": rows, "best": best, "one_corpus": len(corpora) <= 1, "goals": goals}
+    machines = sorted({str(row["machine"]) for row in rows.values() if row.get("machine")})
+    return {
+        "variants": rows, "best": best, "one_corpus": len(corpora) <= 1, "goals": goals, "ratio": ratio,
+        "machine": "; ".join(machines) or None,
+    }  # fmt: skip
 
 
 def _difference(first: dict[str, Any], second: dict[str, Any]) -> tuple[float, float]:
