@@ -5,7 +5,7 @@ composer_dynsample`` (and ``composer-dynsample --help``) does not pay for import
 
 - samplers: :class:`PKBatchSampler`, :class:`HardClassPKBatchSampler`, :class:`TwoStreamBatchSampler`,
   :class:`DistributedBatchSampler`, :func:`build_dataloader`;
-- callbacks: :class:`SetSamplerEpoch`;
+- callbacks: :class:`SetSamplerEpoch`, :class:`ProgressLines` (plain progress lines for a log file);
 - algorithms: :class:`HardNegativeMining` (mining at ``AFTER_FORWARD``), :class:`CrossBatchMemory`,
   :class:`EmbeddingTable` (an embedding per training sample), :class:`BatchAugmentation`,
   :class:`MinedBatch` (what the loss receives), the miners in :mod:`composer_dynsample.mining`;
@@ -44,7 +44,7 @@ _MODULES: dict[str, str] = {
     "MinedNegativesPKBatchSampler PKBatchSampler SupportsSetEpoch TwoStreamBatchSampler",
     "composer_dynsample.data": "GatherCollate IndexDataset TensorStore TextCollate TextStore",
     "composer_dynsample.mining.mined_batch": "MinedBatch",
-    "composer_dynsample.callbacks": "CheckpointOnInterrupt RetrievalGallery SetSamplerEpoch",
+    "composer_dynsample.callbacks": "CheckpointOnInterrupt ProgressLines RetrievalGallery SetSamplerEpoch",
     "composer_dynsample.metrics": "RankingMetrics",
 }
 
@@ -71,6 +71,7 @@ __all__ = [
     "MultiSimilarityLoss",
     "NeighbourBatchSampler",
     "PKBatchSampler",
+    "ProgressLines",
     "RankingMetrics",
     "RetrievalGallery",
     "SetSamplerEpoch",
@@ -95,6 +96,7 @@ if TYPE_CHECKING:
     )
     from composer_dynsample.callbacks import (
         CheckpointOnInterrupt,
+        ProgressLines,
         RetrievalGallery,
         SetSamplerEpoch,
     )

@@ -25,6 +25,7 @@ from typing import Any
 
 # Only modules that load neither torch nor Composer are imported here; the others are imported in the
 # functions that use them, so --help and config errors answer before torch and Composer load.
+from composer_dynsample.cli.progress import set_progress_lines
 from composer_dynsample.cli.resume import interrupt_message
 from composer_dynsample.cli.run_dir import is_rank_zero
 from composer_dynsample.config.components import ConfigError
@@ -187,7 +188,8 @@ def fit_and_report(
     quiet: bool,
 ) -> dict[str, Any]:
     """Write the config, score the starting model when asked, fit (turning a signal into
-    :class:`Interrupted`), evaluate and report.
+    :class:`Interrupted`; with progress lines when stdout is not a terminal, unless ``quiet``), evaluate
+    and report.
 
     With ``evaluation.at_start: true`` every rank scores the starting model before the first step; the
     random state the training draws from is restored afterwards, so the training is the same as without
@@ -206,6 +208,7 @@ def fit_and_report(
     state = run.trainer.state
     start_batch, start_epoch = int(state.timestamp.batch), int(state.timestamp.epoch)
     at_start, at_start_seconds = _score_start(run, start_batch)
+    set_progress_lines(run, quiet)  # without a terminal: a plain line now and then (cli/progress.py)
     fit_start = time.perf_counter()
     try:
         with interrupt.catching_signals():

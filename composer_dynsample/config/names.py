@@ -93,6 +93,7 @@ ALGORITHMS: dict[str, Registered | Lazy] = {
 }
 CALLBACKS: dict[str, Registered | Lazy] = {
     "set_sampler_epoch": Lazy("composer_dynsample.callbacks.set_sampler_epoch", "SetSamplerEpoch"),
+    "progress_lines": Lazy("composer_dynsample.callbacks.progress_lines", "ProgressLines"),
     **_from(
         "composer.callbacks",
         "lr_monitor=LRMonitor speed_monitor=SpeedMonitor optimizer_monitor=OptimizerMonitor",

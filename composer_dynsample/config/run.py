@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import tempfile
+import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,6 +17,7 @@ from composer.utils import reproducibility
 from omegaconf import DictConfig
 from torch.utils.data import DataLoader
 
+from composer_dynsample.callbacks.progress_lines import STATELESS_WARNING
 from composer_dynsample.callbacks.retrieval_gallery import RetrievalGallery
 from composer_dynsample.checkpoints import CheckpointError
 from composer_dynsample.config.builders import (
@@ -414,7 +416,9 @@ def _trainer(
     ``named`` holds the ``trainer`` paths as the user gave them, for naming the checkpoint loaded.
     """
     try:
-        with _composer_load_path(trainer_kwargs) as composer_kwargs:
+        with _composer_load_path(trainer_kwargs) as composer_kwargs, warnings.catch_warnings():
+            # A checkpoint of a run without progress lines resumes exactly with them: they keep no state.
+            warnings.filterwarnings("ignore", message=STATELESS_WARNING, category=UserWarning)
             return Trainer(**arguments, **composer_kwargs)
     except DataChangedError as error:  # raised by DataIdentity while the checkpoint is loaded
         raise CheckpointError(
