@@ -226,7 +226,7 @@ def train(
             else ``runs/<config file stem>``.
         overwrite (bool): Replace a previous run in ``run_dir``. Default: ``False`` (refuse).
         trust_checkpoint (bool): Load ``trainer.load_path`` without checking it first. Default: ``False``.
-        quiet (bool): No progress bar and no metrics table. Default: ``False``.
+        quiet (bool): No progress bar, no progress lines and no metrics table. Default: ``False``.
 
     Returns:
         dict[str, Any]: What ``metrics.json`` holds (the same on every rank).

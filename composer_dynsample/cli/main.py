@@ -25,6 +25,10 @@ Model-aware sampling for metric learning on MosaicML Composer.
   composer-dynsample eval  CONFIG.yaml [--checkpoint PATH] [key.path=value ...]
   composer-dynsample embed CONFIG.yaml --checkpoint PATH --out FILE.npz [--split test | --input FILE [--column NAME]]
   composer-dynsample export CONFIG.yaml --checkpoint PATH --out DIR [--format sentence-transformers]
+  composer-dynsample mine   CONFIG.yaml [--checkpoint PATH] --out TRIPLETS.jsonl [--negatives N]
+
+eval, embed, export and mine also take --run RUN_DIR instead of CONFIG.yaml --checkpoint PATH: the run
+directory's config.yaml and latest checkpoint.
 
 The same commands run on many processes under
   composer -n N -m composer_dynsample train ...   or   torchrun --nproc_per_node N -m composer_dynsample train ...
@@ -44,7 +48,8 @@ evaluation.at_start=true also scores the starting model before the first step (t
 same as without it) and reports it beside the final metrics: a column of the table, "at_start" in
 metrics.json; a resumed run does not score it again (it reports what its checkpoint recorded).
 The progress bar is off when stdout is not a terminal (or with --quiet) unless the config sets
-trainer.progress_bar.
+trainer.progress_bar; without a terminal a plain line shows the step, epoch, loss, steps/s and time
+left every tenth of the run or 30 s (callbacks.progress_lines={every_batches: 50} to choose, =null: none).
 """
 
 
@@ -57,8 +62,11 @@ def _version() -> str:
         return "unknown (not installed)"
 
 
-def _add_common(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("config", type=Path, help="the YAML config (see yamls/)")
+def _add_common(parser: argparse.ArgumentParser, *, run: bool = False) -> None:
+    if run:  # optional: --run RUN_DIR gives the run's config.yaml instead
+        parser.add_argument("config", nargs="?", default=None, help="the YAML config (or --run RUN_DIR)")
+    else:
+        parser.add_argument("config", type=Path, help="the YAML config (see yamls/)")
     parser.add_argument("overrides", nargs="*", help="key.path=value overrides, applied in order")
     parser.add_argument(
         "--trust-checkpoint",
@@ -71,9 +79,16 @@ def _checkpoint_command(
     commands: Any, name: str, summary: str, description: str, *, required: bool = True
 ) -> argparse.ArgumentParser:
     command = commands.add_parser(name, help=summary, description=description)
-    _add_common(command)
+    _add_common(command, run=True)
     what = "the checkpoint file" if required else "the checkpoint file (default: the model as built)"
-    command.add_argument("--checkpoint", type=Path, required=required, default=None, help=what)
+    command.add_argument("--checkpoint", type=Path, default=None, help=what)  # or --run: checked in main
+    command.add_argument(
+        "--run",
+        default=None,
+        metavar="RUN_DIR",
+        help="instead of CONFIG and --checkpoint: the run directory's config.yaml and latest checkpoint",
+    )
+    command.set_defaults(needs_checkpoint=required)
     return command
 
 
@@ -85,11 +100,12 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"composer-dynsample {_version()}")
-    commands = parser.add_subparsers(dest="command", required=True, metavar="{train,eval,embed,export}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="{train,eval,embed,export,mine}")
     _add_train_command(commands)
     _add_eval_command(commands)
     _add_embed_command(commands)
     _add_export_command(commands)
+    _add_mine_command(commands)
     return parser
 
 
@@ -106,7 +122,9 @@ def _add_train_command(commands: Any) -> None:
         "--run-dir", type=Path, default=None, help="output directory (default: runs/<config name>)"
     )
     train.add_argument("--overwrite", action="store_true", help="replace a previous run in the run directory")
-    train.add_argument("--quiet", action="store_true", help="no progress bar and no metrics table")
+    train.add_argument(
+        "--quiet", action="store_true", help="no progress bar, no progress lines and no metrics table"
+    )
 
 
 def _add_eval_command(commands: Any) -> None:
@@ -183,6 +201,28 @@ def _add_export_command(commands: Any) -> None:
     )
 
 
+def _add_mine_command(commands: Any) -> None:
+    """``mine``: the hard negatives of a pairs config's mined_negatives sampler, written as JSON Lines."""
+    mine = _checkpoint_command(
+        commands,
+        "mine",
+        "write the hard negatives a mined_negatives sampler mines, as anchor/positive/negative JSON Lines",
+        "Encode the training pairs with CHECKPOINT's model (without --checkpoint: the model as built) and "
+        "search each anchor's nearest passages of other pairs as the config's mined_negatives sampler does "
+        "(skip_top, window, max_relative_similarity, absolute_margin, no identical texts); write the first "
+        "N kept ones of each anchor, nearest first, one line per anchor and negative.",
+        required=False,
+    )
+    mine.add_argument("--out", type=Path, required=True, help="the JSON Lines file to write")
+    mine.add_argument(
+        "--negatives",
+        type=int,
+        default=None,
+        metavar="N",
+        help="negatives per anchor, at most sampler.window (default: sampler.negatives_per_anchor)",
+    )
+
+
 def _one_line_errors(*known: type[BaseException]) -> tuple[type[BaseException], ...]:
     """The errors printed as one line. Evaluated only when an error reaches ``except``, so a module not
     loaded yet (the distributed helpers, which import torch) adds its error class only once it is loaded:
@@ -227,6 +267,17 @@ def main(argv: Sequence[str] | None = None) -> None:
 def _run_command(commands: Any, args: argparse.Namespace, overrides: list[str]) -> None:
     """Call the function of :mod:`composer_dynsample.cli.commands` that ``args.command`` names."""
     every_command = {"trust_checkpoint": args.trust_checkpoint}  # the keyword each command takes
+    if args.command != "train":  # CONFIG [--checkpoint CKPT], or --run RUN_DIR
+        from composer_dynsample.cli.run_dir import run_sources
+
+        args.config, args.checkpoint, overrides = run_sources(
+            args.command,
+            args.config,
+            args.checkpoint,
+            args.run,
+            overrides,
+            needs_checkpoint=args.needs_checkpoint,
+        )
     if args.command == "train":
         commands.train(
             args.config,
@@ -249,6 +300,10 @@ def _run_command(commands: Any, args: argparse.Namespace, overrides: list[str]) 
             column=args.column,
             **every_command,
         )
+    elif args.command == "mine":
+        from composer_dynsample.cli.mine import mine
+
+        mine(args.config, args.checkpoint, args.out, overrides, negatives=args.negatives, **every_command)
     else:
         commands.export(
             args.config, args.checkpoint, args.out, overrides, export_format=args.format, **every_command

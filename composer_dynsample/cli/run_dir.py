@@ -36,6 +36,7 @@ __all__ = [
     "latest_checkpoint",
     "load_path_override",
     "prepare_run_dir",
+    "run_sources",
 ]
 
 #: The files and folders a training run writes into its run directory.
@@ -106,6 +107,72 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
         return folder / "latest-rank0.pt"
     files = [path for path in folder.glob("*.pt") if path.is_file()] if folder.is_dir() else []
     return max(files, key=lambda path: path.stat().st_mtime) if files else None
+
+
+def run_sources(
+    command: str,
+    config: str | None,
+    checkpoint: str | os.PathLike[str] | None,
+    run: str | None,
+    overrides: list[str],
+    *,
+    needs_checkpoint: bool,
+) -> tuple[str | Path, Path | None, list[str]]:
+    """The config, checkpoint and overrides of ``eval``, ``embed``, ``export`` or ``mine``: those given, or
+    with ``--run RUN_DIR`` the run directory's ``config.yaml`` (the resolved config ``train`` wrote) and its
+    :func:`latest_checkpoint`.
+
+    With ``--run`` a first positional holding ``=`` is an override (argparse reads it as CONFIG).
+
+    Raises:
+        RunDirError: If ``--run`` comes with CONFIG or ``--checkpoint``, neither CONFIG nor ``--run`` is
+            given (or ``--checkpoint`` where ``needs_checkpoint``), or the run directory lacks its
+            ``config.yaml`` or a checkpoint (one line naming what is missing).
+    """
+    overrides = list(overrides)
+    if run is None:
+        if config is None:
+            given = "--checkpoint CKPT" if needs_checkpoint else "[--checkpoint CKPT]"
+            raise RunDirError(
+                f"{command} needs CONFIG.yaml {given}, or --run RUN_DIR (a directory train wrote)."
+            )
+        if needs_checkpoint and checkpoint is None:
+            raise RunDirError(
+                f"{command} needs the model's checkpoint: add --checkpoint CKPT to {config!r}, or give "
+                "--run RUN_DIR instead of the config for a run's latest checkpoint."
+            )
+        return config, None if checkpoint is None else Path(checkpoint), overrides
+    if config is not None and "=" in config:
+        overrides.insert(0, config)
+        config = None
+    if config is not None:
+        raise RunDirError(
+            f"--run {run!r} reads the run's config.yaml: drop the config {config!r}, or drop --run and give "
+            "CONFIG --checkpoint CKPT."
+        )
+    if checkpoint is not None:
+        raise RunDirError(
+            f"--run {run!r} takes the run's latest checkpoint: drop --checkpoint {str(checkpoint)!r}, or drop "
+            "--run and give CONFIG --checkpoint CKPT."
+        )
+    folder = Path(run).expanduser()
+    if not folder.is_dir():
+        raise RunDirError(
+            f"--run {run!r}: no such directory; give the run directory of a train run (its --run-dir)."
+        )
+    saved = folder / "config.yaml"
+    if not saved.is_file():
+        raise RunDirError(
+            f"--run {run!r} holds no config.yaml (train writes it there as it starts); give the run directory "
+            "of a train run, or CONFIG --checkpoint CKPT."
+        )
+    found = latest_checkpoint(folder)
+    if found is None:
+        start = "" if needs_checkpoint else f", or give {str(saved)!r} without --run for the model as built"
+        raise RunDirError(
+            f"--run {run!r} holds no checkpoint (checkpoints/*.pt): train or resume the run to save one{start}."
+        )
+    return saved, found, overrides
 
 
 def check_location(run_dir: Path) -> None:
