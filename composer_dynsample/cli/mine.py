@@ -172,23 +172,9 @@ def training_texts(splits: Any) -> list[str]:
 
 def _search(sampler: Any, embeddings: Any) -> Any:
     """The sampler's corpus search over ``embeddings``, with its options, on the embeddings' CUDA device if any."""
-    from composer_dynsample.samplers.mined_negatives import corpus_candidates
-
-    device = sampler.search_device
-    if device is None and embeddings.device.type == "cuda":
-        device = embeddings.device
-    return corpus_candidates(
-        embeddings,
-        sampler.labels,
-        sampler.is_passage,
-        sampler.window,
-        skip_top=sampler.skip_top,
-        max_relative_similarity=sampler.max_relative_similarity,
-        absolute_margin=sampler.absolute_margin,
-        duplicate_ids=sampler.duplicate_ids,
-        search=sampler.search,
-        device=device,
-    )
+    if sampler.search_device is None and embeddings.device.type == "cuda":
+        sampler.search_device = embeddings.device
+    return sampler.search_corpus(embeddings)
 
 
 def _dropped(found: Any) -> dict[str, int]:

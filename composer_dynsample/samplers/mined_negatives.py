@@ -311,6 +311,11 @@ class MinedNegativesPKBatchSampler(RefreshSchedule, DistributedBatchSampler):
         if isinstance(self._pair_batches, HardClassPKBatchSampler):  # the next epoch's pairs
             self._pair_batches.update_class_embeddings(*self._pair_centroids(embeddings, valid))
 
+    def search_corpus(self, embeddings: torch.Tensor, valid: torch.Tensor | None = None) -> CorpusCandidates:
+        """The candidate lists of ``(N, D)`` embeddings with this sampler's window, guards and search, on its
+        ``search_device``: what a snapshot searches, without taking one (``composer-dynsample mine``)."""
+        return self._search(embeddings, valid)
+
     def _search(self, embeddings: torch.Tensor, valid: torch.Tensor | None) -> CorpusCandidates:
         return corpus_candidates(
             embeddings,

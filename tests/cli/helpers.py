@@ -146,3 +146,15 @@ def write_image_config(folder: Path, data: dict) -> str:
         ks=[1],
         max_duration="2ba",
     )
+
+
+def trained_pairs_run(folder: Path, sampler: dict) -> tuple[Path, str, Path]:
+    """A bag-of-tokens pairs run of 2 batches in ``folder`` with ``sampler`` and an embedding table:
+    ``(folder, config, run directory)``."""
+    from composer_dynsample.cli.main import main
+
+    write_pairs(folder)
+    config = write_bag_pairs_config(folder, sampler, algorithms={"embedding_table": {}})
+    run_dir = folder / "run"
+    main(["train", config, "trainer.max_duration=2ba", "--quiet", "--run-dir", str(run_dir)])
+    return folder, config, run_dir

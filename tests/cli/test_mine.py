@@ -12,7 +12,13 @@ import pytest
 pytest.importorskip("tokenizers")
 
 from composer_dynsample.cli.main import main
-from tests.cli.helpers import MINED, latest_checkpoint, one_line_error, write_bag_pairs_config, write_pairs
+from tests.cli.helpers import (
+    MINED,
+    latest_checkpoint,
+    one_line_error,
+    trained_pairs_run,
+    write_bag_pairs_config,
+)
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
@@ -27,12 +33,7 @@ MINED_OVERRIDES = [
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     """A bag-of-tokens pairs run of 2 batches on 32 pairs: ``(folder, config, run directory)``."""
-    folder = tmp_path_factory.mktemp("mine")
-    write_pairs(folder)
-    config = write_bag_pairs_config(folder, SAMPLER, algorithms={"embedding_table": {}})
-    run_dir = folder / "run"
-    main(["train", config, "trainer.max_duration=2ba", "--quiet", "--run-dir", str(run_dir)])
-    return folder, config, run_dir
+    return trained_pairs_run(tmp_path_factory.mktemp("mine"), SAMPLER)
 
 
 def read_lines(path: Path) -> list[dict]:

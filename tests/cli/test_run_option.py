@@ -13,7 +13,12 @@ import pytest
 pytest.importorskip("tokenizers")
 
 from composer_dynsample.cli.main import main
-from tests.cli.helpers import MINED, latest_checkpoint, one_line_error, write_bag_pairs_config, write_pairs
+from tests.cli.helpers import (
+    MINED,
+    latest_checkpoint,
+    one_line_error,
+    trained_pairs_run,
+)
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
@@ -21,12 +26,7 @@ pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     """A bag-of-tokens pairs run of 2 batches: ``(folder, config, run directory)``."""
-    folder = tmp_path_factory.mktemp("run_option")
-    write_pairs(folder)
-    config = write_bag_pairs_config(folder, MINED, algorithms={"embedding_table": {}})
-    run_dir = folder / "run"
-    main(["train", config, "trainer.max_duration=2ba", "--quiet", "--run-dir", str(run_dir)])
-    return folder, config, run_dir
+    return trained_pairs_run(tmp_path_factory.mktemp("run_option"), MINED)
 
 
 def files_of(folder: Path) -> dict[str, bytes]:
