@@ -369,7 +369,8 @@ def _trained(metrics: Mapping[str, Any], unit: str) -> str:
     seconds, start = f"in {metrics['wall_time_s']:.1f} s", metrics["resumed_from_batch"]
     if unit == "ep":
         resumed = f" (resumed at epoch {metrics['resumed_from_epoch']})" if start else ""
-        return f"trained {metrics['epochs_this_run']} epochs{resumed} to epoch {metrics['epochs']} {seconds}"
+        noun = "epoch" if metrics["epochs_this_run"] == 1 else "epochs"
+        return f"trained {metrics['epochs_this_run']} {noun}{resumed} to epoch {metrics['epochs']} {seconds}"
     count = metrics["batches"] - start
     resumed = f" (resumed at batch {start})" if start else ""
     noun = "batch" if count == 1 else "batches"

@@ -143,7 +143,7 @@ def test_the_summary_counts_the_epochs_this_run_trained(first_run, tmp_path, cap
     load = f"trainer.load_path={run_dir / 'checkpoints' / 'latest-rank0.pt'}"
     main(["train", DIGITS, *QUIET, "trainer.max_duration=5ep", "evaluation.interval=null", load,
           "--run-dir", str(tmp_path / "more")])  # fmt: skip
-    assert "trained 1 epochs (resumed at epoch 4) to epoch 5 in" in capsys.readouterr().out
+    assert "trained 1 epoch (resumed at epoch 4) to epoch 5 in" in capsys.readouterr().out
     assert json.loads((tmp_path / "more" / "metrics.json").read_text())["epochs_this_run"] == 1
 
 

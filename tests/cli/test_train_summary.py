@@ -50,7 +50,7 @@ def test_a_run_in_batches_is_counted_in_batches(tmp_path, capsys):
 def test_a_run_in_epochs_is_still_counted_in_epochs(tmp_path, capsys):
     write_pairs(tmp_path)
     _train(write_bag_pairs_config(tmp_path, PK), tmp_path / "run")  # 1ep
-    assert _summary(capsys.readouterr().out).startswith("trained 1 epochs to epoch 1 in ")
+    assert _summary(capsys.readouterr().out).startswith("trained 1 epoch to epoch 1 in ")
 
 
 def test_a_mined_run_without_a_snapshot_warns_naming_warm_start(tmp_path, capsys):
