@@ -23,7 +23,7 @@ from composer_dynsample.samplers.base import epoch_rng
 from composer_dynsample.samplers.pk import PKBatchSampler
 from composer_dynsample.validation import check_choice, check_float, check_int
 
-__all__ = ["HardClassPKBatchSampler", "nearest_classes"]
+__all__ = ["HardClassPKBatchSampler", "nearest_classes", "pair_centroids"]
 
 
 #: Valid values of ``search`` for :func:`nearest_classes` and :class:`HardClassPKBatchSampler`.
@@ -432,3 +432,26 @@ class _TokenPool:
         """Tokens that waited for this batch to end come first in the next, in the order drawn."""
         self.retry = self.retry + self.waiting[::-1]
         self.waiting = []
+
+
+def pair_centroids(
+    embeddings: torch.Tensor, valid: torch.Tensor | None, pair_of: np.ndarray, num_pairs: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each pair's centroid for hard-class batches of pairs (in sorted label order): the mean of its valid,
+    finite unit rows, and how many rows it is over (0: no centroid).
+
+    Args:
+        embeddings (torch.Tensor): ``(N, D)`` rows.
+        valid (torch.Tensor, optional): ``(N,)`` bool, the rows holding an embedding. Default: every finite row.
+        pair_of (numpy.ndarray): ``(N,)`` the pair of every row, ``0 .. num_pairs - 1``.
+        num_pairs (int): The number of pairs.
+    """
+    unit = torch.nn.functional.normalize(embeddings.detach().cpu().float(), dim=1)
+    usable = torch.isfinite(unit).all(dim=1)
+    if valid is not None:
+        usable &= torch.as_tensor(valid).cpu().bool()
+    pairs = torch.from_numpy(pair_of)[usable]
+    sums = torch.zeros(num_pairs, unit.shape[1])
+    sums.index_add_(0, pairs, unit[usable])
+    counts = torch.bincount(pairs, minlength=num_pairs)
+    return sums / counts.clamp(min=1).unsqueeze(1), counts

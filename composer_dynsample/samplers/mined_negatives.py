@@ -35,7 +35,7 @@ from composer_dynsample.samplers._negative_plan import (
 )
 from composer_dynsample.samplers._refresh_schedule import RefreshSchedule
 from composer_dynsample.samplers.base import DistributedBatchSampler, epoch_rng
-from composer_dynsample.samplers.hard_class import HardClassPKBatchSampler
+from composer_dynsample.samplers.hard_class import HardClassPKBatchSampler, pair_centroids
 from composer_dynsample.samplers.neighbours import check_max_relative_similarity
 from composer_dynsample.samplers.pk import PKBatchSampler
 from composer_dynsample.validation import check_choice, check_float, check_int
@@ -309,7 +309,9 @@ class MinedNegativesPKBatchSampler(RefreshSchedule, DistributedBatchSampler):
             totals = self._pending.dropped.sum(axis=0).tolist()
             self.last_skipped = {name: int(count) for name, count in zip(GUARDS, totals)}
         if isinstance(self._pair_batches, HardClassPKBatchSampler):  # the next epoch's pairs
-            self._pair_batches.update_class_embeddings(*self._pair_centroids(embeddings, valid))
+            self._pair_batches.update_class_embeddings(
+                *pair_centroids(embeddings, valid, self._pair_of, self._anchors.size)
+            )
 
     def search_corpus(self, embeddings: torch.Tensor, valid: torch.Tensor | None = None) -> CorpusCandidates:
         """The candidate lists of ``(N, D)`` embeddings with this sampler's window, guards and search, on its
@@ -331,21 +333,6 @@ class MinedNegativesPKBatchSampler(RefreshSchedule, DistributedBatchSampler):
             device=self.search_device,
         )
 
-    def _pair_centroids(
-        self, embeddings: torch.Tensor, valid: torch.Tensor | None
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Each pair's centroid (in sorted label order): the mean of its valid, finite unit rows, and how
-        many rows it is over (0: no centroid)."""
-        unit = torch.nn.functional.normalize(embeddings.detach().cpu().float(), dim=1)
-        usable = torch.isfinite(unit).all(dim=1)
-        if valid is not None:
-            usable &= torch.as_tensor(valid).cpu().bool()
-        pair_of = torch.from_numpy(self._pair_of)[usable]
-        sums = torch.zeros(self._anchors.size, unit.shape[1])
-        sums.index_add_(0, pair_of, unit[usable])
-        counts = torch.bincount(pair_of, minlength=self._anchors.size)
-        return sums / counts.clamp(min=1).unsqueeze(1), counts
-
     def upcoming_rows(self, epoch: int) -> np.ndarray:
         """The anchor and positive rows (sorted, each once) of the batches the next snapshot applies to: the
         epoch's global batches of the segment :meth:`upcoming_segment` names (the whole epoch without
@@ -356,7 +343,7 @@ class MinedNegativesPKBatchSampler(RefreshSchedule, DistributedBatchSampler):
             return np.unique(np.concatenate([self._anchors, self._positives]))
         epoch, segment = self.upcoming_segment(epoch)
         pairs = self._pair_batches.global_batches(epoch)
-        step = pairs.shape[0] if self.refresh_every is None else self.refresh_every * self.num_replicas
+        step = self._segment_batches(pairs.shape[0])
         return np.unique(pairs[segment * step : (segment + 1) * step])
 
     def set_epoch(self, epoch: int) -> None:
@@ -391,8 +378,8 @@ class MinedNegativesPKBatchSampler(RefreshSchedule, DistributedBatchSampler):
         """This rank's batches ``segment x refresh_every`` onwards, ``refresh_every`` of them (fewer at the end):
         the rows :meth:`rank_batches` holds there, with only the negatives of the segments they come from
         built (a refresh rebuilds none of the epoch's later segments, which a later refresh replaces)."""
-        step = (self.refresh_every or 0) * self.num_replicas
         pairs = self._pair_batches.global_batches(self.epoch)
+        step = self._segment_batches(pairs.shape[0])
         at = np.arange(
             segment * (self.refresh_every or 0), min((segment + 1) * (self.refresh_every or 0), per_rank)
         )
@@ -404,6 +391,11 @@ class MinedNegativesPKBatchSampler(RefreshSchedule, DistributedBatchSampler):
                 rows[chosen] - source * step
             ]
         return np.concatenate([pairs[rows], negatives], axis=1)
+
+    def _segment_batches(self, global_batches: int) -> int:
+        """The global batches of a refresh segment: ``refresh_every`` on every rank, or the whole epoch's
+        ``global_batches`` without refreshes."""
+        return global_batches if self.refresh_every is None else self.refresh_every * self.num_replicas
 
     def resume_epoch(self, epoch: int, global_batches_done: int, batches_to_skip: int) -> None:
         """As for :class:`~composer_dynsample.samplers.DistributedBatchSampler`; refused with
@@ -475,7 +467,7 @@ class MinedNegativesPKBatchSampler(RefreshSchedule, DistributedBatchSampler):
     def _plan(self, epoch: int) -> tuple[np.ndarray, dict[str, int]]:
         pairs = self._pair_batches.global_batches(epoch)  # (n, 2P): the pair sampler's, untouched
         n = pairs.shape[0]
-        step = n if self.refresh_every is None else self.refresh_every * self.num_replicas
+        step = self._segment_batches(n)
         parts, counts = [], dict.fromkeys(PLAN_COUNTS, 0)
         for segment in range(-(-n // step)):
             negatives, part_counts = self._segment_negatives(epoch, segment, pairs, step)

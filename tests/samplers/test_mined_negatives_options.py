@@ -10,6 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from composer_dynsample.samplers import HardClassPKBatchSampler
+from composer_dynsample.samplers.hard_class import pair_centroids as centroids_of_pairs
 from composer_dynsample.samplers.mined_negatives import MinedNegativesPKBatchSampler
 from tests.samplers.helpers import (
     SETTINGS,
@@ -108,7 +109,7 @@ def test_a_pair_without_rows_has_no_centroid():
     valid = torch.ones(48, dtype=torch.bool)
     valid[:10] = False
     sampler = sampler_for(labels, is_passage, texts, 2, 1, hard_fraction=0.5)
-    centroids, counts = sampler._pair_centroids(embeddings, valid)
+    centroids, counts = centroids_of_pairs(embeddings, valid, sampler._pair_of, sampler._anchors.size)
     classes = np.unique(labels)
     for k, c in enumerate(classes):
         rows = np.flatnonzero((labels == c) & valid.numpy())

@@ -364,20 +364,26 @@ class EmbeddingTable(Algorithm):
         rows = torch.from_numpy(sampler.upcoming_rows(int(state.timestamp.epoch)))
         self._encode_fresh(rows, "fresh_upcoming")
 
-    def _encode_fresh(self, rows: torch.Tensor, option: str) -> None:
+    def _encode_fresh(self, rows: torch.Tensor, option: str, *, measure: bool = True) -> float:
         """Encode ``rows`` with the model as it is now (eval mode, every rank a share), measure how far each
-        moved from the row it replaces, and write them stamped with the current step."""
+        moved from the row it replaces (``measure``), write them stamped with the current step and return the
+        seconds it took (``0.0`` for no rows). ``option`` names the table's option in a loader error."""
         state = self._state
         if state is None or self.rows is None or self.written_at is None or rows.numel() == 0:
-            return
+            return 0.0
         started = time.perf_counter()
-        broadcast_buffers(state.model)  # rank 0's statistics, as the refresh
+        # Every rank embeds its share with rank 0's BatchNorm statistics, the ones rank 0 checkpoints: its
+        # own would make the table depend on statistics a resume never sees.
+        broadcast_buffers(state.model)
         indices, embeddings = self._fresh.encode(
             state.model, train_collate(state, option), rows, self.refresh_batch_size, self.rows.shape[1]
         )
-        self._fresh.measure(self.rows, self.written_at, indices, embeddings)
+        if measure:
+            self._fresh.measure(self.rows, self.written_at, indices, embeddings)
         self.write(indices, embeddings, int(state.timestamp.batch))
-        self._count_encoded(int(indices.numel()), time.perf_counter() - started)
+        seconds = time.perf_counter() - started
+        self._count_encoded(int(indices.numel()), seconds)
+        return seconds
 
     def _epoch_end(self, state: State, logger: Logger, partial: bool = False) -> None:
         """Log the table's staleness and the sampler's plan counts, and keep them in :attr:`history`; at the
@@ -432,25 +438,12 @@ class EmbeddingTable(Algorithm):
         return self.refresh_every is not None and epoch > 0 and epoch % self.refresh_every == 0
 
     def _refresh(self, state: State, logger: Logger) -> None:
-        started = time.perf_counter()
+        """Re-encode the rows older than ``refresh_max_age`` batches (and those never written), and log it."""
         if self.rows is None or self.written_at is None:
             return
-        # Every rank embeds its share with rank 0's BatchNorm statistics, the ones rank 0 checkpoints: its
-        # own would make the table depend on statistics a resume never sees.
-        broadcast_buffers(state.model)
         step = int(state.timestamp.batch)
         stale = ((self.written_at < 0) | (step - self.written_at > self.refresh_max_age)).nonzero().view(-1)
-        gathered_indices, gathered = self._fresh.encode(
-            state.model,
-            train_collate(state, "refresh_interval"),
-            stale,
-            self.refresh_batch_size,
-            self.rows.shape[1],
-        )
-        if gathered_indices.numel():
-            write_rows(self.rows, self.written_at, gathered_indices, gathered, step)
-        seconds = time.perf_counter() - started
-        self._count_encoded(int(stale.numel()), seconds)
+        seconds = self._encode_fresh(stale, "refresh_interval", measure=False)
         logger.log_metrics(
             {
                 "embedding_table/refresh_seconds": seconds,
