@@ -9,7 +9,7 @@
   :class:`~composer_dynsample.models.text.TwoTowerEncoder`, one such directory per tower
   (``query/``, ``passage/``). ``encoder_config.json`` names the class and its arguments.
 * :func:`export_sentence_transformers` writes a sentence-transformers model directory (Transformer,
-  Pooling in the encoder's mode, Dense for the projection, Normalize when the model normalises) that
+  Pooling in the encoder's mode and ``include_prompt``, Dense for the projection, Normalize when the model normalises) that
   ``SentenceTransformer(out_dir)`` loads and that embeds texts as the encoder does. Its model card,
   ``README.md`` (:func:`~composer_dynsample.model_card.model_card`), says the pooling, normalisation
   and ``max_seq_length`` (a folder's unless the config chose otherwise) and, given the run's config and
@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import inspect
 import json
 import os
 import tempfile
@@ -39,6 +40,7 @@ import torch
 from torch import nn
 
 from composer_dynsample.model_card import model_card, run_metrics, unwrap_encoder
+from composer_dynsample.models.sentence_folder import POOLING_FLAGS
 from composer_dynsample.models.text import (
     BagOfTokensEncoder,
     TextCNNEncoder,
@@ -329,11 +331,16 @@ def export_sentence_transformers(
     max_length: int | None = None,
     config: Mapping[str, Any] | None = None,
     metrics: Mapping[str, Any] | None = None,
+    prompts: Mapping[str, str] | None = None,
+    default_prompt_name: str | None = None,
 ) -> Path:
     """Write a :class:`TransformerEncoder` as a sentence-transformers model directory, with a model card.
 
     The modules are the encoder's own steps: ``Transformer`` (the ``AutoModel`` and the tokenizer),
-    ``Pooling`` in the encoder's mode (``mean`` or ``cls``), ``Dense`` with the projection's weights and
+    ``Pooling`` in the encoder's mode (any of sentence-transformers', several concatenated in the
+    encoder's order) and ``include_prompt``, written as the installed sentence-transformers names them
+    (``pooling_mode`` and ``include_prompt`` in ``1_Pooling/config.json``; the ``pooling_mode_*`` flags
+    before 6.0), ``Dense`` with the projection's weights and
     an identity activation (when the encoder projects), and ``Normalize`` when the embeddings are
     L2-normalised: ``SentenceTransformer(out_dir).encode(texts)`` embeds as the encoder does. The pooler
     the encoder dropped (BERT's, unused by the pooling) is written back, as :func:`export_huggingface`
@@ -349,12 +356,18 @@ def export_sentence_transformers(
         max_length (int, optional): See :func:`export_huggingface` (sentence-transformers' ``max_seq_length``).
         config (Mapping[str, Any], optional): The run's config, for the model card.
         metrics (Mapping[str, Any], optional): The run's ``metrics.json``, for the model card.
+        prompts (Mapping[str, str], optional): The prompts by name, written to
+            ``config_sentence_transformers.json`` (``encode(texts, prompt_name=...)`` reads them). Default:
+            ``None`` (none).
+        default_prompt_name (str, optional): The prompt ``encode`` puts before texts given none; one of
+            ``prompts``. Default: ``None``.
 
     Returns:
         Path: ``out_dir``.
 
     Raises:
         ValueError: If the encoder is not a :class:`TransformerEncoder` (the format holds a transformer),
+            it concatenates several modes in an order a sentence-transformers before 6.0 cannot write,
             or as :func:`export_huggingface`.
     """
     encoder, normalized = unwrap_encoder(model, normalize)
@@ -372,7 +385,12 @@ def export_sentence_transformers(
         export_huggingface(encoder, tokenizer, staged, special_tokens=special_tokens, max_length=max_length)
         steps = _sentence_transformers_steps(_sentence_transformers_modules(), encoder, staged, normalized)
         with quiet_transformers():
-            saved = library.SentenceTransformer(modules=steps, device="cpu")
+            saved = library.SentenceTransformer(
+                modules=steps,
+                device="cpu",
+                prompts=dict(prompts or {}),
+                default_prompt_name=default_prompt_name,
+            )
             saved.save(str(directory), create_model_card=False)
     (directory / "README.md").write_text(model_card(model, title=directory.name, **card), encoding="utf-8")
     _new_file_modes(directory)
@@ -385,7 +403,7 @@ def _sentence_transformers_steps(
     """The modules of the encoder's steps: Transformer (of ``staged``), Pooling, Dense and Normalize."""
     with quiet_transformers():
         transformer = modules.Transformer(str(staged))
-    steps: list[nn.Module] = [transformer, modules.Pooling(encoder.model.config.hidden_size, encoder.pooling)]
+    steps: list[nn.Module] = [transformer, _pooling_module(modules, encoder)]
     if encoder.projection is not None:
         dense = modules.Dense(
             encoder.projection.in_features,
@@ -398,6 +416,27 @@ def _sentence_transformers_steps(
     if normalized:
         steps.append(modules.Normalize())
     return steps
+
+
+def _pooling_module(modules: Any, encoder: TransformerEncoder) -> nn.Module:
+    """sentence-transformers' ``Pooling`` in the encoder's modes and ``include_prompt``: ``pooling_mode``
+    (one mode, or the modes in their order) from 6.0, the ``pooling_mode_*`` flags before.
+
+    Raises:
+        ValueError: If the encoder concatenates several modes in an order other than the flags' before 6.0.
+    """
+    modes = tuple(encoder.pooling.split("+"))
+    dimension, include_prompt = encoder.model.config.hidden_size, encoder.include_prompt
+    if "pooling_mode_cls_token" not in inspect.signature(modules.Pooling).parameters:
+        mode = modes[0] if len(modes) == 1 else modes
+        return modules.Pooling(dimension, pooling_mode=mode, include_prompt=include_prompt)
+    flags = {flag: name in modes for flag, name in POOLING_FLAGS.items()}
+    if len(modes) > 1 and list(modes) != [name for name in POOLING_FLAGS.values() if name in modes]:
+        raise ValueError(
+            f"pooling {encoder.pooling!r}: sentence-transformers before 6.0 concatenates the modes in the "
+            f"order {list(POOLING_FLAGS.values())}; install sentence-transformers 6 to export this order."
+        )
+    return modules.Pooling(dimension, **flags, include_prompt=include_prompt)
 
 
 def _sentence_transformers_modules() -> Any:

@@ -3,7 +3,8 @@
 A sentence-transformers folder (one with ``modules.json``) lists its modules in order: a
 ``Transformer`` (the Hugging Face model and its tokenizer, in the folder itself or in a subfolder such
 as ``0_Transformer``), a ``Pooling`` (``1_Pooling/config.json``: ``pooling_mode`` or the
-``pooling_mode_*`` flags of older versions) and, when the embeddings are L2-normalised, a
+``pooling_mode_*`` flags of older versions, and ``include_prompt``) and, when the embeddings are
+L2-normalised, a
 ``Normalize``. The longest text is ``max_seq_length`` of the Transformer's ``sentence_bert_config.json``,
 else the ``model_max_length`` of its ``tokenizer_config.json`` capped by the model's
 ``max_position_embeddings``, as sentence-transformers reads them. A plain Hugging Face folder
@@ -27,6 +28,7 @@ from typing import Any
 __all__ = [
     "MODULES_FILE",
     "POOLING_FILE",
+    "SETTINGS_FILE",
     "ModelFolder",
     "read_model_folder",
     "tokenizer_lowercases",
@@ -34,6 +36,7 @@ __all__ = [
 ]
 
 MODULES_FILE = "modules.json"
+SETTINGS_FILE = "config_sentence_transformers.json"  # its prompts and default_prompt_name
 POOLING_FILE = "config.json"  # in the Pooling module's folder, 1_Pooling/ as a rule
 # The names sentence-transformers has given the Transformer module's settings file, newest first.
 _SETTINGS_FILES = (
@@ -45,8 +48,9 @@ _SETTINGS_FILES = (
     "sentence_xlm-roberta_config.json",
     "sentence_xlnet_config.json",
 )
-# The pooling_mode_* flags of sentence-transformers before 6.0, and the mode each one names.
-_POOLING_FLAGS = {
+# The pooling_mode_* flags of sentence-transformers before 6.0, and the mode each one names (in the order
+# those versions concatenate them).
+POOLING_FLAGS = {
     "pooling_mode_cls_token": "cls",
     "pooling_mode_max_tokens": "max",
     "pooling_mode_mean_tokens": "mean",
@@ -78,6 +82,8 @@ class ModelFolder:
         pooling (str | None): The Pooling module's mode as sentence-transformers names it (``"mean"``,
             ``"cls"``, ``"max"``, ..., several joined by ``+``); ``None`` without a Pooling module.
         pooling_file (Path | None): The file ``pooling`` was read from.
+        include_prompt (bool): The Pooling module's ``include_prompt``: whether a prompt's tokens are
+            pooled with the text's (``False``: they are left out). ``True`` when it does not say.
         normalize (bool | None): Whether ``modules.json`` lists a ``Normalize``; ``None`` for a plain
             Hugging Face folder.
         max_seq_length (int | None): The longest text in tokens; ``None`` when the folder does not say.
@@ -86,6 +92,9 @@ class ModelFolder:
             texts its tokenizer leaves as they are.
         other_modules (tuple[str, ...]): Modules besides Transformer, Pooling and Normalize, as
             ``"Dense (2_Dense)"``.
+        prompts (dict[str, str]): The prompts of ``config_sentence_transformers.json``, by name.
+        default_prompt_name (str | None): The prompt sentence-transformers' ``encode`` puts before every
+            text when it is given none.
     """
 
     path: Path
@@ -93,11 +102,14 @@ class ModelFolder:
     sentence_transformers: bool = False
     pooling: str | None = None
     pooling_file: Path | None = None
+    include_prompt: bool = True
     normalize: bool | None = None
     max_seq_length: int | None = None
     max_seq_length_source: str | None = None
     do_lower_case: bool = False
     other_modules: tuple[str, ...] = ()
+    prompts: dict[str, str] = dataclasses.field(default_factory=dict)
+    default_prompt_name: str | None = None
 
     @property
     def has_tokenizer(self) -> bool:
@@ -143,16 +155,17 @@ def _modules(folder: Path) -> list[tuple[str, Path, str]] | None:
     return modules
 
 
-def _pooling(file: Path, folder: Path) -> str:
-    """The mode of a Pooling module's ``config.json``: ``pooling_mode``, else the ``pooling_mode_*`` flags."""
+def _pooling(file: Path, folder: Path) -> tuple[str, bool]:
+    """The mode of a Pooling module's ``config.json`` (``pooling_mode``, else the ``pooling_mode_*``
+    flags) and its ``include_prompt``."""
     values = _json_object(file, folder)
     mode = values.get("pooling_mode")
     if mode is None:
-        flagged = [name for flag, name in _POOLING_FLAGS.items() if values.get(flag)]
+        flagged = [name for flag, name in POOLING_FLAGS.items() if values.get(flag)]
         mode = flagged or "mean"  # sentence-transformers' default
     if isinstance(mode, list):
         mode = "+".join(str(part) for part in mode)
-    return str(mode)
+    return str(mode), values.get("include_prompt", True) is not False
 
 
 def _max_seq_length(model_dir: Path, folder: Path) -> tuple[int | None, str | None, bool]:
@@ -172,6 +185,24 @@ def _max_seq_length(model_dir: Path, folder: Path) -> tuple[int | None, str | No
     if _length(positions) is not None:
         stated = min(stated, positions)  # as sentence-transformers caps it
     return int(stated), "tokenizer_config.json", lower
+
+
+def _prompts(folder: Path) -> tuple[dict[str, str], str | None]:
+    """``(prompts, default_prompt_name)`` of ``config_sentence_transformers.json``, checked."""
+    settings = _json_object(folder / SETTINGS_FILE, folder)
+    prompts, default = settings.get("prompts") or {}, settings.get("default_prompt_name")
+    if not isinstance(prompts, dict) or not all(
+        isinstance(name, str) and isinstance(prompt, str) for name, prompt in prompts.items()
+    ):
+        raise ValueError(
+            f"model folder {str(folder)!r}: {SETTINGS_FILE} 'prompts' must map names to strings, got {prompts!r}."
+        )
+    if default is not None and default not in prompts:
+        raise ValueError(
+            f"model folder {str(folder)!r}: {SETTINGS_FILE} names default_prompt_name {default!r}, which is not "
+            f"one of its prompts ({sorted(prompts)})."
+        )
+    return dict(prompts), default
 
 
 def _json_object(file: Path, folder: Path) -> dict[str, Any]:
@@ -205,28 +236,33 @@ def read_model_folder(path: str | os.PathLike[str]) -> ModelFolder:
     if modules is None:
         return ModelFolder(path=folder, model_dir=folder)
     model_dir, pooling, pooling_file, normalize, others = folder, None, None, False, []
+    include_prompt = True
     for kind, where, written in modules:
         if kind == "Transformer":
             model_dir = where
         elif kind == "Pooling" and pooling is None:
             pooling_file = where / POOLING_FILE
-            pooling = _pooling(pooling_file, folder)
+            pooling, include_prompt = _pooling(pooling_file, folder)
         elif kind == "Normalize":
             normalize = True
         else:
             others.append(f"{kind} ({written or '.'})")
     length, source, lower = _max_seq_length(model_dir, folder)
+    prompts, default_prompt_name = _prompts(folder)
     return ModelFolder(
         path=folder,
         model_dir=model_dir,
         sentence_transformers=True,
         pooling=pooling,
         pooling_file=pooling_file,
+        include_prompt=include_prompt,
         normalize=normalize,
         max_seq_length=length,
         max_seq_length_source=source,
         do_lower_case=lower,
         other_modules=tuple(others),
+        prompts=prompts,
+        default_prompt_name=default_prompt_name,
     )
 
 

@@ -1,8 +1,9 @@
 """The Hugging Face ``transformers`` encoder: token ids and an attention mask to ``(B, embedding_dim)``.
 
 :class:`TransformerEncoder` wraps any ``AutoModel``, from a local directory or from a config (random
-init), with mean or CLS pooling and an optional projection. A sentence-transformers folder gives its
-pooling (its ``Pooling`` module's mode) unless one is given; its model may sit in a subfolder
+init), with any pooling of sentence-transformers (:mod:`~composer_dynsample.models.pooling`) and an
+optional projection. A sentence-transformers folder gives its pooling (its ``Pooling`` module's mode and
+``include_prompt``) unless one is given; its model may sit in a subfolder
 (``0_Transformer``), as :mod:`~composer_dynsample.models.sentence_folder` reads it. It reads the same
 features as the other text encoders (see :mod:`composer_dynsample.models.text`); ``transformers`` is
 imported only when one is built. It is importable from :mod:`composer_dynsample.models.text` too.
@@ -10,7 +11,7 @@ imported only when one is built. It is importable from :mod:`composer_dynsample.
 :func:`position_limit` (of :mod:`~composer_dynsample.models.positions`, importable from here too) reads
 how long a text such a model takes off its config, without building it (the config checks compare it
 with the data's ``max_length``); :func:`folder_pooling` is the pooling a folder gives, or a one-line
-error for one the encoder lacks; :func:`quiet_transformers` keeps ``transformers``' load reports and
+error for a mode nobody knows; :func:`quiet_transformers` keeps ``transformers``' load reports and
 progress bars out of the output.
 """
 
@@ -27,6 +28,7 @@ import torch
 from torch import nn
 
 from composer_dynsample.distributed import get_rank
+from composer_dynsample.models.pooling import POOLING_MODES, pool_tokens, pooling_modes, prompt_lengths
 from composer_dynsample.models.positions import (
     PADDING_OFFSET_MODEL_TYPES,
     PositionLimit,
@@ -39,11 +41,10 @@ from composer_dynsample.models.tokens import (
     _projection,
     import_text_extra,
     length_groups,
-    masked_mean_pool,
     range_checked_after,
     token_inputs,
 )
-from composer_dynsample.validation import InputTypeError, check_bool, check_choice, check_int
+from composer_dynsample.validation import InputTypeError, check_bool, check_int
 
 __all__ = [
     "PADDING_OFFSET_MODEL_TYPES",
@@ -55,19 +56,28 @@ __all__ = [
     "quiet_transformers",
 ]
 
-TRANSFORMER_POOLINGS = ("mean", "cls")
+TRANSFORMER_POOLINGS = POOLING_MODES  # each mode; several join with "+"
 
 
 class TransformerEncoder(nn.Module):
-    """A Hugging Face ``transformers`` encoder (``AutoModel``) with mean or CLS pooling.
+    """A Hugging Face ``transformers`` encoder (``AutoModel``) with sentence-transformers' pooling.
 
     Built from a local model directory (``path``: ``from_pretrained`` with ``local_files_only``; never a
     download; of a sentence-transformers folder, its ``Transformer`` module's, at its root or in a
     subfolder such as ``0_Transformer``) or from a config (``config``: ``{"model_type": "bert",
-    "hidden_size": ..., ...}``, random init through ``AutoConfig.for_model``). The model's own pooler (BERT's ``pooler``, unused by mean
-    or CLS pooling of the hidden states) is removed, so that every parameter takes part in the loss, as
-    DDP requires. ``"mean"`` pooling averages the last hidden states over ``attention_mask``; ``"cls"``
-    takes the first position's. An optional linear projection maps them to ``embedding_dim``.
+    "hidden_size": ..., ...}``, random init through ``AutoConfig.for_model``). The model's own pooler
+    (BERT's ``pooler``, unused by the pooling of the hidden states) is removed, so that every parameter
+    takes part in the loss, as DDP requires. The last hidden states are pooled over ``attention_mask`` as
+    sentence-transformers' ``Pooling`` pools them (:func:`~composer_dynsample.models.pooling.pool_tokens`):
+    ``"mean"``, ``"cls"``, ``"max"``, ``"mean_sqrt_len_tokens"``, ``"weightedmean"``, ``"lasttoken"`` (the
+    last attended token, right- or left-padded), or several joined by ``+``, concatenated. An optional
+    linear projection maps them to ``embedding_dim``.
+
+    The features may hold ``prompt_length``, a ``(B,)`` integer tensor: each row's prompt positions
+    counted from its first attended one, the leading special token (``[CLS]``) included, as
+    sentence-transformers counts them (the prompt tokenized alone, less its trailing ``[SEP]``). With
+    ``include_prompt=False`` those positions are left out of the pooling; without it, or absent, every
+    token is pooled.
     :func:`~composer_dynsample.export.export_sentence_transformers` writes the same model as a
     sentence-transformers directory.
 
@@ -81,8 +91,12 @@ class TransformerEncoder(nn.Module):
         path (str | os.PathLike, optional): A local directory holding a Hugging Face model. Default: ``None``.
         config (Mapping[str, Any], optional): ``model_type`` and the config's other arguments.
             Default: ``None``. Exactly one of ``path`` and ``config`` is given.
-        pooling (str, optional): ``"mean"`` or ``"cls"``. Default: ``None``: the mode of the ``Pooling``
-            module of a sentence-transformers ``path`` (its ``1_Pooling/config.json``), else ``"mean"``.
+        pooling (str, optional): A mode of :data:`TRANSFORMER_POOLINGS` or several joined by ``+``
+            (``"mean+max"``). Default: ``None``: the mode of the ``Pooling`` module of a
+            sentence-transformers ``path`` (its ``1_Pooling/config.json``), else ``"mean"``.
+        include_prompt (bool, optional): Pool a prompt's tokens with the text's; ``False`` leaves out
+            each row's first ``prompt_length`` tokens. Default: ``None``: the folder's ``include_prompt``,
+            else ``True``.
         embedding_dim (int, optional): Project to this dimension. Default: ``None``, the hidden size.
         trim_padding (bool): Run a batch's shorter and longer rows as two groups, each cut to its own
             longest row, when that saves a quarter of the positions or more
@@ -118,8 +132,8 @@ class TransformerEncoder(nn.Module):
     build (a ``Dense`` after the pooling).
 
     Raises:
-        ValueError: If ``path`` is not a local model directory, its folder pools otherwise than by mean
-            or CLS and ``pooling`` is not given, ``config`` names an unknown model type or argument,
+        ValueError: If ``path`` is not a local model directory, ``pooling`` (or the folder's, when it is
+            not given) names an unknown mode, ``config`` names an unknown model type or argument,
             ``vocab_size`` disagrees with the model, or an argument is out of range.
 
     Example:
@@ -138,6 +152,7 @@ class TransformerEncoder(nn.Module):
         path: str | os.PathLike[str] | None = None,
         config: Mapping[str, Any] | None = None,
         pooling: str | None = None,
+        include_prompt: bool | None = None,
         embedding_dim: int | None = None,
         trim_padding: bool = True,
         pad_to_multiple_of: int | None = None,
@@ -158,7 +173,11 @@ class TransformerEncoder(nn.Module):
         self.folder = _read_folder(path) if path is not None and config is None else None
         if pooling is None:
             pooling = "mean" if self.folder is None else folder_pooling(self.folder)
-        self.pooling = check_choice("pooling", pooling, TRANSFORMER_POOLINGS)
+        self._modes = pooling_modes(pooling)
+        self.pooling = "+".join(self._modes)
+        if include_prompt is None:
+            include_prompt = True if self.folder is None else self.folder.include_prompt
+        self.include_prompt = check_bool("include_prompt", include_prompt)
         if vocab_size is not None:
             vocab_size = _positive("vocab_size", vocab_size)
         if (path is None) == (config is None):
@@ -186,22 +205,29 @@ class TransformerEncoder(nn.Module):
         self.model = model
         if compile_options is not None:
             model.compile(**compile_options)  # in place: the state dict keeps its keys
-        self.projection, self.embedding_dim = _projection(model.config.hidden_size, embedding_dim)
+        pooled_size = model.config.hidden_size * len(self._modes)  # the modes concatenated
+        self.projection, self.embedding_dim = _projection(pooled_size, embedding_dim)
         self.arguments = {
             "vocab_size": self.vocab_size,
             "pooling": self.pooling,
+            "include_prompt": self.include_prompt,
             "embedding_dim": embedding_dim,
         }
 
     def forward(self, features: Any) -> torch.Tensor:
         """Embed the text features (see the module docstring) to ``(B, embedding_dim)``.
 
+        ``features["prompt_length"]`` (a ``(B,)`` integer tensor, optional) is each row's prompt positions,
+        left out of the pooling when :attr:`include_prompt` is false (see the class docstring).
+
         Raises:
-            ValueError: If the features are malformed, an id is outside the vocabulary, or the texts are
-                longer than the model has positions for (:attr:`max_tokens`).
+            ValueError: If the features are malformed (``prompt_length`` included), an id is outside the
+                vocabulary, or the texts are longer than the model has positions for (:attr:`max_tokens`).
         """
         checked = getattr(self, "_range_checked", False)
         ids, mask = token_inputs(features, type(self).__name__, self.vocab_size, check_range=not checked)
+        prompt = prompt_lengths(features, ids.shape[0], type(self).__name__)
+        prompt = None if self.include_prompt else prompt
         self._range_checked = range_checked_after(ids)
         if self.max_tokens is not None and ids.shape[-1] > self.max_tokens:
             raise ValueError(
@@ -214,13 +240,14 @@ class TransformerEncoder(nn.Module):
             extra["token_type_ids"] = features["token_type_ids"]
         groups = length_groups(mask) if self.trim_padding else None
         if groups is None:
-            pooled = self._pooled(ids, mask, extra)
+            pooled = self._pooled(ids, mask, extra, prompt)
         else:  # short and long rows apart, each group cut to its own longest row
             parts = []
             for rows, longest in groups:
                 width = self._group_width(longest, ids.shape[-1])
                 cut = {key: value[rows, :width] for key, value in extra.items()}
-                parts.append(self._pooled(ids[rows, :width], mask[rows, :width], cut))
+                rows_prompt = None if prompt is None else prompt[rows.to(prompt.device)]
+                parts.append(self._pooled(ids[rows, :width], mask[rows, :width], cut, rows_prompt))
             order = torch.cat([rows for rows, _ in groups])
             inverse = torch.empty_like(order)
             inverse[order] = torch.arange(len(order), device=order.device)
@@ -232,11 +259,18 @@ class TransformerEncoder(nn.Module):
         multiple = self.pad_to_multiple_of
         return longest if multiple is None else min(width, -(-longest // multiple) * multiple)
 
-    def _pooled(self, ids: torch.Tensor, mask: torch.Tensor, extra: dict[str, torch.Tensor]) -> torch.Tensor:
-        """The model's pooled last hidden states of ``ids`` (``(B, hidden)``)."""
+    def _pooled(
+        self,
+        ids: torch.Tensor,
+        mask: torch.Tensor,
+        extra: dict[str, torch.Tensor],
+        prompt: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """The model's pooled last hidden states of ``ids`` (``(B, hidden * modes)``), ``prompt`` (each
+        row's prompt positions) left out."""
         outputs = self.model(input_ids=ids, attention_mask=mask, **extra)
         hidden = outputs.last_hidden_state if hasattr(outputs, "last_hidden_state") else outputs[0]
-        return hidden[:, 0] if self.pooling == "cls" else masked_mean_pool(hidden, mask)
+        return pool_tokens(hidden, mask, self._modes, prompt_length=prompt)
 
 
 def _read_folder(path: Any) -> ModelFolder:
@@ -261,18 +295,19 @@ def folder_pooling(folder: ModelFolder, key: str = "pooling", path_key: str = "p
         path_key (str): The key the error names for the folder. Default: ``"path"``.
 
     Returns:
-        str: ``"mean"`` or ``"cls"``.
+        str: A mode of :data:`TRANSFORMER_POOLINGS`, or several joined by ``+`` (``"mean+max"``).
 
     Raises:
-        ValueError: If the folder pools otherwise (``max``, ``lasttoken``, several modes together).
+        ValueError: If the folder names a mode sentence-transformers does not have.
     """
-    if folder.pooling is None or folder.pooling in TRANSFORMER_POOLINGS:
-        return folder.pooling or "mean"
+    if folder.pooling is None:
+        return "mean"
+    with contextlib.suppress(ValueError):
+        return "+".join(pooling_modes(folder.pooling))
     where = folder.pooling_file.relative_to(folder.path) if folder.pooling_file is not None else "?"
     raise ValueError(
-        f"{path_key} {str(folder.path)!r} pools by {folder.pooling!r} ({where}), which TransformerEncoder "
-        f"does not do; set {key}='mean' or 'cls' to train with one of those (its embeddings then differ "
-        "from the folder's)."
+        f"{path_key} {str(folder.path)!r} pools by {folder.pooling!r} ({where}), a mode TransformerEncoder "
+        f"does not know; set {key} to one of {POOLING_MODES} (or several joined by '+')."
     )
 
 

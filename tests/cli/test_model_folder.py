@@ -150,12 +150,13 @@ def test_a_folder_without_a_tokenizer_is_one_line(tmp_path, capsys):
     assert not (tmp_path / "cache").exists()
 
 
-def test_a_folder_s_pooling_the_encoder_lacks_is_one_line(tmp_path, capsys):
-    folder = save_sentence_folder(tmp_path / "max", pooling="max")
+def test_a_folder_s_unknown_pooling_is_one_line(tmp_path, capsys):
+    folder = save_sentence_folder(tmp_path / "avg", pooling="max")
+    (folder / "1_Pooling" / "config.json").write_text(json.dumps({"pooling_mode": "avg"}))
     config = write_config(tmp_path, {"name": "transformer", "path": str(folder)}, max_length=12)
     error = train_error(capsys, config, tmp_path / "run")
-    assert error.startswith(f"model.encoder.path {str(folder)!r} pools by 'max' ("), error
-    assert "1_Pooling/config.json" in error and "model.encoder.pooling" in error
+    assert error.startswith(f"model.encoder.path {str(folder)!r} pools by 'avg' ("), error
+    assert "1_Pooling/config.json" in error and "set model.encoder.pooling to one of" in error
     run = build_run(load_config(config, ["model.encoder.pooling=mean"]), tmp_path / "told")
     assert run.model.encoder.pooling == "mean"
 

@@ -44,15 +44,23 @@ def save_bert_folder(folder: Path, *, seed: int = 0, texts: list[str] = TEXTS) -
 
 
 def save_sentence_folder(
-    folder: Path, *, pooling: str = "cls", normalize: bool = True, max_seq_length: int | None = 20
+    folder: Path,
+    *,
+    pooling: str = "cls",
+    normalize: bool = True,
+    max_seq_length: int | None = 20,
+    include_prompt: bool = True,
 ) -> Path:
     """A sentence-transformers folder of :func:`save_bert_folder`'s model: Transformer, Pooling in
-    ``pooling`` mode and, when ``normalize``, Normalize; ``max_seq_length`` in ``sentence_bert_config.json``."""
+    ``pooling`` mode (several joined by ``+``: ``"mean+max"``) with ``include_prompt`` and, when
+    ``normalize``, Normalize; ``max_seq_length`` in ``sentence_bert_config.json``."""
     sentence_transformers = pytest.importorskip("sentence_transformers")
     from sentence_transformers import models
 
     hf = save_bert_folder(folder.with_name(f"{folder.name}-hf"))
-    steps = [models.Transformer(str(hf)), models.Pooling(16, pooling)]
+    modes = tuple(pooling.split("+"))
+    mode = modes[0] if len(modes) == 1 else modes
+    steps = [models.Transformer(str(hf)), models.Pooling(16, mode, include_prompt=include_prompt)]
     steps += [models.Normalize()] if normalize else []
     sentence_transformers.SentenceTransformer(modules=steps, device="cpu").save(str(folder))
     if max_seq_length is not None:

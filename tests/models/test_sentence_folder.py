@@ -85,17 +85,29 @@ def test_the_encoder_pools_as_its_folder_unless_told(sentence_folder):
     assert TransformerEncoder(vocab_size=50, config={**config, "intermediate_size": 32}).pooling == "mean"
 
 
-def test_a_pooling_the_encoder_lacks_is_one_line(tmp_path):
+def test_every_pooling_of_sentence_transformers_is_the_encoder_s_and_an_unknown_one_is_one_line(tmp_path):
     folder = _legacy_folder(tmp_path / "max")
     pooling = folder / "1_Pooling" / "config.json"
     pooling.write_text(json.dumps({"pooling_mode_max_tokens": True, "pooling_mode_mean_tokens": False}))
-    assert read_model_folder(folder).pooling == "max"
-    with pytest.raises(ValueError, match=r"pools by 'max' \(.*1_Pooling/config\.json\)") as error:
-        TransformerEncoder(path=folder)
-    assert "\n" not in str(error.value) and "pooling='mean' or 'cls'" in str(error.value)
+    assert (read_model_folder(folder).pooling, read_model_folder(folder).include_prompt) == ("max", True)
+    assert TransformerEncoder(path=folder).pooling == "max"
     assert TransformerEncoder(path=folder, pooling="cls").pooling == "cls"  # the config's choice wins
+    flags = {"pooling_mode_lasttoken": True, "pooling_mode_cls_token": True, "include_prompt": False}
+    pooling.write_text(json.dumps(flags))  # the flags name their modes in sentence-transformers' order
+    assert (read_model_folder(folder).pooling, read_model_folder(folder).include_prompt) == (
+        "cls+lasttoken",
+        False,
+    )
+    encoder = TransformerEncoder(path=folder)
+    assert (encoder.pooling, encoder.include_prompt, encoder.embedding_dim) == ("cls+lasttoken", False, 32)
+    assert TransformerEncoder(path=folder, include_prompt=True).include_prompt is True
     pooling.write_text(json.dumps({"pooling_mode": ["mean", "max"]}))
     assert read_model_folder(folder).pooling == "mean+max"
+    pooling.write_text(json.dumps({"pooling_mode": "avg"}))
+    with pytest.raises(ValueError, match=r"pools by 'avg' \(.*1_Pooling/config\.json\)") as error:
+        TransformerEncoder(path=folder)
+    assert "\n" not in str(error.value) and "set pooling to one of ('cls', 'max'," in str(error.value)
+    assert TransformerEncoder(path=folder, pooling="mean").pooling == "mean"
     (folder / "modules.json").write_text("{not json")
     with pytest.raises(ValueError, match=r"modules\.json is not valid JSON"):
         read_model_folder(folder)

@@ -164,7 +164,7 @@ def test_transformer_arguments_are_checked():
     with pytest.raises(ValueError, match="needs vocab_size"):
         TransformerEncoder(config=bert_config())
     with pytest.raises(ValueError, match="pooling must be one of"):
-        TransformerEncoder(vocab_size=10, config=bert_config(), pooling="max")
+        TransformerEncoder(vocab_size=10, config=bert_config(), pooling="avg")
     assert TransformerEncoder(config=bert_config(vocab_size=30)).vocab_size == 30
 
 
