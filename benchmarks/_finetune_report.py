@@ -27,15 +27,49 @@ OURS_ONLINE = "this project, mined online (warm table, refreshed)"
 TRAINED = (ST_IN_BATCH, ST_MINED, OURS_IN_BATCH, OURS_OFFLINE, OURS_ONLINE)
 #: The GPU size's goals for this project's in-batch step: a ratio to sentence-transformers', and seconds.
 GPU_STEP_RATIO, GPU_STEP_MOONSHOT_S = 0.5, 0.025
+#: The metrics recorded at each Matryoshka dimension (``metrics.json``'s ``matryoshka``), when evaluated.
+DIM_METRICS = ("csn_mrr", "mrr@10")
+
+
+def scores(metrics: Mapping[str, Any]) -> dict[str, Any]:
+    """A run's :data:`METRICS` from its ``metrics.json`` (or ``eval`` json), and under ``dims`` the
+    :data:`DIM_METRICS` at each Matryoshka dimension when it was evaluated at some
+    (``model.loss.matryoshka_dims`` or ``evaluation.matryoshka_dims``)."""
+    found: dict[str, Any] = {name: metrics[name.replace("@", "_at_")] for name in METRICS}
+    per_dim = metrics.get("matryoshka") or {}
+    if per_dim:
+        found["dims"] = {
+            dim: {name: values[name.replace("@", "_at_")] for name in DIM_METRICS}
+            for dim, values in per_dim.items()
+        }
+    return found
+
+
+def dims_line(run: Mapping[str, Any]) -> str:
+    """A run's CSN MRR at each Matryoshka dimension for its progress line (``", at 64: 0.8318"``), or ``""``."""
+    return "".join(f", at {dim}: {values['csn_mrr']:.4f}" for dim, values in run.get("dims", {}).items())
+
+
+def _mean_se(values: list[float]) -> tuple[float, float]:
+    """The mean of ``values`` and its standard error (0 for one value)."""
+    se = statistics.stdev(values) / math.sqrt(len(values)) if len(values) > 1 else 0.0
+    return statistics.fmean(values), se
 
 
 def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    """The mean and standard error of each metric over the runs (seeds), and the mean of their costs."""
+    """The mean and standard error of each metric over the runs (seeds), at each Matryoshka dimension every
+    run has too (``dims``), and the mean of their costs."""
     out: dict[str, Any] = {"runs": runs}
     for metric in METRICS:
-        values = [run[metric] for run in runs]
-        out[metric] = statistics.fmean(values)
-        out[f"{metric}_se"] = statistics.stdev(values) / math.sqrt(len(values)) if len(values) > 1 else 0.0
+        out[metric], out[f"{metric}_se"] = _mean_se([run[metric] for run in runs])
+    dims = [dim for dim in runs[0].get("dims") or {} if all(dim in (run.get("dims") or {}) for run in runs)]
+    if dims:
+        out["dims"] = {}
+        for dim in dims:
+            out["dims"][dim] = {}
+            for metric in DIM_METRICS:
+                mean, se = _mean_se([run["dims"][dim][metric] for run in runs])
+                out["dims"][dim].update({metric: mean, f"{metric}_se": se})
     for key in ("s_per_step", "peak_rss_mib", "peak_gpu_mib", "once_s"):
         if all(key in run for run in runs):
             out[key] = statistics.fmean(run[key] for run in runs)
@@ -194,7 +228,34 @@ def table(recipes: dict[str, dict[str, Any]], seeds: list[int], options: Mapping
         f"queries, max_length {options['max_length']}, {options['threads']} threads{_setting(options)}, "
         f"{len(seeds)} seed(s), mean +- standard error{_overridden(options)}.\n\n{text}\n\n"
         + "\n".join(f"- {line}" for line in goals(recipes, options))
+        + dims_table(recipes)
     )
+
+
+def _cell(result: Mapping[str, Any], metric: str, runs: int) -> str:
+    return f"{result[metric]:.4f} +- {result[metric + '_se']:.4f}" if runs > 1 else f"{result[metric]:.4f}"
+
+
+def dims_table(recipes: dict[str, dict[str, Any]]) -> str:
+    """The recipes evaluated at Matryoshka dimensions: CSN MRR and MRR@10 at the full width and at each
+    dimension (the first d dimensions, L2-normalised again); ``""`` when none was."""
+    dims = sorted(
+        {dim for result in recipes.values() for dim in result.get("dims", {})}, key=int, reverse=True
+    )
+    if not dims:
+        return ""
+    rows = []
+    for name, result in recipes.items():
+        if result.get("dims"):
+            at = [result, *(result["dims"].get(dim) for dim in dims)]
+            runs = len(result["runs"])
+            rows.append([name, *(_cell(r, m, runs) if r else "-" for m in DIM_METRICS for r in at)])
+    header = [
+        "recipe",
+        *(f"{label} at {dim}" for label in ("CSN MRR", "MRR@10") for dim in ("full", *dims)),
+    ]
+    text = markdown_table(header, "l" + "r" * (len(header) - 1), rows)
+    return f"\n\nAt each Matryoshka dimension (the first d dimensions of the embedding, L2-normalised again):\n\n{text}"
 
 
 def _overridden(options: Mapping[str, Any]) -> str:

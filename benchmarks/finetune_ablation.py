@@ -15,6 +15,11 @@ table every ``--refresh-every`` steps), with config overrides for one switch:
   ``frozen_passages: true``), so the table's passage rows are exact, with the anchors re-encoded (online) or
   mined once (offline).
 
+Two variants of the **in-batch** recipe (InfoNCE over the batch, no mining) compare Matryoshka training: plain
+(``in_batch``, scored at 256, 128 and 64 dimensions too by ``evaluation.matryoshka_dims``) and
+``in_batch_matryoshka`` (``model.loss.matryoshka_dims=[384,256,128,64]``); the table gives both the CSN MRR and
+MRR@10 at 64 dimensions and, below it, at every dimension.
+
 Every variant runs ``finetune_code.py --recipes RECIPE --override ...`` (3 seeds at the CPU size, the same
 corpus, steps, batch, learning rate and evaluation) into ``results/STEM.json``, only where that file is
 missing (``--redo`` runs it again); the gathered table, with each run's false-negative and drift figures
@@ -64,8 +69,22 @@ _FROZEN = (
     "model.encoder={name: two_tower, frozen_passages: true, query_encoder: {name: transformer, path: '{model}'}, "
     "passage_encoder: {name: transformer, path: '{model}'}}",
 )
-ONLINE, OFFLINE = report.OURS_ONLINE, report.OURS_OFFLINE
+ONLINE, OFFLINE, IN_BATCH = report.OURS_ONLINE, report.OURS_OFFLINE, report.OURS_IN_BATCH
+#: The dimensions the in-batch variants are scored at beside the full width (all-MiniLM-L6-v2's 384).
+_DIMS = "[384,256,128,64]"
 VARIANTS: dict[str, Variant] = {
+    "in_batch": Variant(
+        IN_BATCH,
+        (f"evaluation.matryoshka_dims={_DIMS}",),
+        "plain InfoNCE, scored at 256/128/64 too",
+        "finetune_code_abl_in_batch",
+    ),
+    "in_batch_matryoshka": Variant(
+        IN_BATCH,
+        (f"model.loss.matryoshka_dims={_DIMS}",),
+        "Matryoshka InfoNCE at 384/256/128/64",
+        "finetune_code_abl_in_batch_matryoshka",
+    ),
     "offline": Variant(OFFLINE, (), "uniform in the top 8, no margin", "finetune_code_abl_offline"),
     "online": Variant(ONLINE, (), "uniform in the top 8, no margin", "finetune_code_margin_none"),
     "online_margin_005": Variant(
@@ -196,13 +215,24 @@ def _difference(first: dict[str, Any], second: dict[str, Any]) -> tuple[float, f
     return first["csn_mrr"] - second["csn_mrr"], 2 * math.hypot(first["csn_mrr_se"], second["csn_mrr_se"])
 
 
+#: Each recipe's baseline variant, and its short name in the table.
+_BASELINE = {ONLINE: "online", OFFLINE: "offline", IN_BATCH: "in_batch"}
+
+
+def _at(summary: dict[str, Any], dim: str, metric: str = "csn_mrr") -> str:
+    """A variant's ``metric`` at a Matryoshka dimension, ``mean +- SE``, or ``-`` when it was not scored there."""
+    values = summary.get("dims", {}).get(dim)
+    return f"{values[metric]:.4f} +- {values[metric + '_se']:.4f}" if values else "-"
+
+
 def table(result: dict[str, Any]) -> str:
     """One row per variant: its recipe and change, CSN MRR +- SE, the difference to its recipe's baseline,
-    and the mining figures (share above the positive at the first and last snapshot, drift, step time)."""
+    the mining figures (share above the positive at the first and last snapshot, drift, step time) and, for
+    the variants scored at Matryoshka dimensions, CSN MRR and MRR@10 at 64 dimensions."""
     rows, variants = [], result["variants"]
     for name, row in variants.items():
         summary = row["summary"]
-        base = variants.get("online" if row["recipe"] == ONLINE else "offline")
+        base = variants.get(_BASELINE[row["recipe"]])
         delta = "-"
         if base is not None and base is not row:
             gap, two_se = _difference(summary, base["summary"])
@@ -214,15 +244,18 @@ def table(result: dict[str, Any]) -> str:
         )
         drift = f"{summary['fresh_drift']:.4f}" if "fresh_drift" in summary else "-"
         rows.append([
-            name, "online" if row["recipe"] == ONLINE else "offline", row["change"],
+            name, _BASELINE[row["recipe"]].replace("_", "-"), row["change"],
             f"{summary['csn_mrr']:.4f} +- {summary['csn_mrr_se']:.4f}", delta, share, drift,
-            f"{summary.get('s_per_step', float('nan')):.2f}",
+            f"{summary.get('s_per_step', float('nan')):.2f}", _at(summary, "64"), _at(summary, "64", "mrr@10"),
         ])  # fmt: skip
     header = (
         "variant", "recipe", "switch", "CSN MRR", "vs its recipe's baseline", "above positive (first / last)",
-        "fresh drift", "s a step",
+        "fresh drift", "s a step", "CSN MRR at 64 dims", "MRR@10 at 64 dims",
     )  # fmt: skip
-    return markdown_table(header, "lllrrrrr", rows)
+    scored = {name: row["summary"] for name, row in variants.items() if row["summary"].get("dims")}
+    if not scored:  # no variant scored at Matryoshka dimensions: no columns for them
+        header, rows = header[:-2], [row[:-2] for row in rows]
+    return markdown_table(header, "lllrrrrrrr"[: len(header)], rows) + report.dims_table(scored)
 
 
 def notes(result: dict[str, Any], args: Any) -> list[str]:
@@ -251,10 +284,11 @@ def plot(result: dict[str, Any], path: Path) -> None:
     figure, ax = plt.subplots(figsize=(7.5, 0.45 * len(names) + 1.2))
     for y, name in enumerate(names):
         row = result["variants"][name]
-        summary, online = row["summary"], row["recipe"] == ONLINE
+        summary, recipe = row["summary"], _BASELINE[row["recipe"]]
+        colour = {"online": "tab:orange", "offline": "tab:blue"}.get(recipe, "tab:green")
         ax.errorbar(
-            summary["csn_mrr"], y, xerr=2 * summary["csn_mrr_se"], fmt="o", capsize=3,
-            color="tab:orange" if online else "tab:blue", label="online" if online else "offline",
+            summary["csn_mrr"], y, xerr=2 * summary["csn_mrr_se"], fmt="o", capsize=3, color=colour,
+            label=recipe.replace("_", "-"),
         )  # fmt: skip
     ax.set_yticks(range(len(names)), names)
     ax.invert_yaxis()

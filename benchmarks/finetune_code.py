@@ -25,8 +25,10 @@ decay to zero), threads, device and precision:
 
 Every trained model is scored by the same code (``composer-dynsample eval`` of its folder, or the final
 evaluation of ``train``): CodeSearchNet's MRR (each query against its own code and 999 others) and, against
-the whole test corpus, MRR@10, Recall@1/10 and nDCG@10. Seconds per step are those of the fit (no checkpoint
-is saved) beside the scores. A difference counts only beyond two standard errors over seeds.
+the whole test corpus, MRR@10, Recall@1/10 and nDCG@10; a run evaluated at Matryoshka dimensions (``--override
+evaluation.matryoshka_dims=[256,128,64]`` or ``model.loss.matryoshka_dims=...``) also records CSN MRR and MRR@10 at
+each (a second table). Seconds per step are those of the fit (no checkpoint is saved) beside the scores. A
+difference counts only beyond two standard errors over seeds.
 
 Two sizes (:data:`SIZES`; a flag given overrides its size's value):
 
@@ -270,10 +272,6 @@ class Planned:
     collect: Callable[[dict[str, dict[str, float]]], dict[str, Any]]
 
 
-def _scores(metrics: dict[str, Any]) -> dict[str, float]:
-    return {name: metrics[name.replace("@", "_at_")] for name in report.METRICS}
-
-
 def _cost(record: dict[str, float], process_per: str) -> dict[str, Any]:
     """A run's seconds and peak memory: its process's with ``--process-per run``, else its own."""
     seconds = {"process_s" if process_per == "run" else "run_s": record["seconds"]}
@@ -285,7 +283,7 @@ def plan_ours(recipe: str, seed: int, model: Path, data: dict, args: Any, work: 
 
     def collect(records: dict[str, dict[str, float]]) -> dict[str, Any]:
         metrics = json.loads((run_dir / "metrics.json").read_text())
-        run = {"seed": seed, **_scores(metrics), **_cost(records[run_dir.name], args.process_per)}
+        run = {"seed": seed, **report.scores(metrics), **_cost(records[run_dir.name], args.process_per)}
         warm = metrics.get("embedding_table_warm_start") or {"seconds": 0.0}
         # The warm start's one encode of the training set is paid once, before the first step: counted apart.
         run["s_per_step"] = round((metrics["wall_time_s"] - warm["seconds"]) / args.steps, 3)
@@ -316,7 +314,7 @@ def plan_st(
     def collect(records: dict[str, dict[str, float]]) -> dict[str, Any]:
         run = {
             "seed": seed,
-            **_scores(json.loads(scored.read_text())),
+            **report.scores(json.loads(scored.read_text())),
             **_cost(records[out.name], args.process_per),
         }
         run["s_per_step"] = json.loads((out / "timing.json").read_text())["s_per_step"]
@@ -339,7 +337,7 @@ def plan(chosen: list[str], model: Path, data: dict, args: Any, work: Path) -> l
     if report.ZERO_SHOT in chosen:
         zero = work / "zero.json"
         job = Job("zero-shot", eval_command(model, data, args, zero))
-        planned.append(Planned(report.ZERO_SHOT, 0, [job], lambda _: {"seed": 0, **_scores(json.loads(zero.read_text()))}))  # fmt: skip
+        planned.append(Planned(report.ZERO_SHOT, 0, [job], lambda _: {"seed": 0, **report.scores(json.loads(zero.read_text()))}))  # fmt: skip
     if report.BM25 in chosen:
         planned.append(Planned(report.BM25, 0, [], lambda _: _bm25(Path(data["test"]["path"]))))
     mined = work / "st-mined.jsonl" if report.ST_MINED in chosen else None
@@ -457,9 +455,8 @@ def run_planned(
         recipes[item.recipe] = report.summarise(runs[item.recipe])
         if item.recipe in report.TRAINED:
             run = runs[item.recipe][-1]
-            print(
-                f"{item.recipe} seed {item.seed}: CSN MRR {run['csn_mrr']:.4f}, {run['s_per_step']:.3f} s a step"
-            )
+            line = f"CSN MRR {run['csn_mrr']:.4f}{report.dims_line(run)}, {run['s_per_step']:.3f} s a step"
+            print(f"{item.recipe} seed {item.seed}: {line}")
         result["total_s"] = round(time.time() - started, 1)
         _write(args, result, args.seeds)
     return _write(args, result, args.seeds)

@@ -12,7 +12,8 @@ composer_dynsample`` (and ``composer-dynsample --help``) does not pay for import
 - models and losses: :class:`EmbeddingModel`, :class:`Conv1dEncoder`, :class:`Conv2dEncoder`, :class:`MLPEncoder`,
   the text encoders :class:`TransformerEncoder`, :class:`BagOfTokensEncoder`, :class:`TextCNNEncoder`,
   :class:`TwoTowerEncoder`,
-  :class:`TripletMarginLoss`, :class:`ContrastiveLoss`, :class:`MultiSimilarityLoss`, :class:`InfoNCELoss`;
+  :class:`TripletMarginLoss`, :class:`ContrastiveLoss`, :class:`MultiSimilarityLoss`, :class:`InfoNCELoss`,
+  :class:`MatryoshkaLoss`;
 - data: :class:`IndexDataset`, :class:`GatherCollate`, :class:`TensorStore` (index-only datasets and the
   batched collate), loaders in :mod:`composer_dynsample.data`;
 - evaluation: :class:`RetrievalGallery` (the train-set gallery for retrieval metrics, in
@@ -36,7 +37,7 @@ __version__ = "0.1.0"
 # Each defining module and the public names it provides.
 _MODULES: dict[str, str] = {
     "composer_dynsample.samplers.dataloader": "BatchSamplerDataLoader build_dataloader",
-    "composer_dynsample.losses": "ContrastiveLoss InfoNCELoss MultiSimilarityLoss TripletMarginLoss",
+    "composer_dynsample.losses": "ContrastiveLoss InfoNCELoss MatryoshkaLoss MultiSimilarityLoss TripletMarginLoss",
     "composer_dynsample.models": "BagOfTokensEncoder Conv1dEncoder Conv2dEncoder EmbeddingModel MLPEncoder "
     "TextCNNEncoder TransformerEncoder TwoTowerEncoder",
     "composer_dynsample.algorithms": "BatchAugmentation CrossBatchMemory EmbeddingTable HardNegativeMining",
@@ -66,6 +67,7 @@ __all__ = [
     "IndexDataset",
     "InfoNCELoss",
     "MLPEncoder",
+    "MatryoshkaLoss",
     "MinedBatch",
     "MinedNegativesPKBatchSampler",
     "MultiSimilarityLoss",
@@ -101,7 +103,13 @@ if TYPE_CHECKING:
         SetSamplerEpoch,
     )
     from composer_dynsample.data import GatherCollate, IndexDataset, TensorStore, TextCollate, TextStore
-    from composer_dynsample.losses import ContrastiveLoss, InfoNCELoss, MultiSimilarityLoss, TripletMarginLoss
+    from composer_dynsample.losses import (
+        ContrastiveLoss,
+        InfoNCELoss,
+        MatryoshkaLoss,
+        MultiSimilarityLoss,
+        TripletMarginLoss,
+    )
     from composer_dynsample.metrics import RankingMetrics
     from composer_dynsample.mining.mined_batch import MinedBatch
     from composer_dynsample.models import (

@@ -2,7 +2,8 @@
 
 :func:`model_card` writes the model (encoder, pooling, projection, normalisation, ``max_seq_length``)
 and, given the run's config and ``metrics.json`` (:func:`run_metrics`), the training data, the recipe and
-the scores. A card leaves its folder's machine: a local path in the config is written as its name, a
+the scores; a run of ``model.loss.matryoshka_dims`` adds its dimensions, a ``truncate_dim`` example and the
+scores at each dimension. A card leaves its folder's machine: a local path in the config is written as its name, a
 file's with the SHA-256 of its bytes (``train.jsonl (SHA-256 ...)``), so that the card names the data
 it was trained on without the directories of the machine it was trained on.
 """
@@ -80,17 +81,23 @@ def model_card(
     config = OmegaConf.create(dict(config or {}))
     data = {k: v for k, v in (config.get("data") or {}).items() if k not in ("cache_dir", "progress")}
     recipe = {key: OmegaConf.select(config, key) for key in _RECIPE + _RECIPE_OF_THE_RUN}
+    dims = OmegaConf.select(config, "model.loss.matryoshka_dims")
     sections = {
-        "Model": _model_lines(encoder, normalized, max_length),
+        "Model": _model_lines(encoder, normalized, max_length) + _matryoshka_lines(dims),
         "Training data": [f"data.{key}: `{_shown(value)}`" for key, value in data.items()],
         "Recipe": [f"{key}: `{_shown(value)}`" for key, value in recipe.items() if value is not None],
     }
     lines = [f"# {title}", "", "A text embedding model trained with composer-dynsample.", "", "## Use", ""]
     lines += ["```python", "from sentence_transformers import SentenceTransformer", ""]
-    lines += [f"model = SentenceTransformer({title!r})", 'embeddings = model.encode(["a text"])', "```"]
+    lines += [f"model = SentenceTransformer({title!r})", 'embeddings = model.encode(["a text"])']
+    if dims:  # sentence-transformers keeps the first truncate_dim dimensions of every embedding
+        lines += [
+            f"small = SentenceTransformer({title!r}, truncate_dim={dims[-1]})  # Matryoshka: the first {dims[-1]}"
+        ]
+    lines += ["```"]
     for heading, items in sections.items():
         lines += ["", f"## {heading}", "", *(f"- {item}" for item in items)] if items else []
-    return "\n".join(lines + _metric_lines(metrics or {})) + "\n"
+    return "\n".join(lines + _metric_lines(metrics or {}) + _matryoshka_metric_lines(metrics or {})) + "\n"
 
 
 def local_path_shown(value: str) -> str:
@@ -162,6 +169,30 @@ def _metric_lines(metrics: Mapping[str, Any]) -> list[str]:
     rows = [[key, *(f"{c[key]:.4f}" if isinstance(c.get(key), float) else "" for c in cols)] for key in keys]
     head = [["metric", "value", "at start"][: len(cols) + 1], ["---"] * (len(cols) + 1)]
     return ["", "## Metrics", "", *("| " + " | ".join(row) + " |" for row in head + rows)] if rows else []
+
+
+def _matryoshka_lines(dims: Any) -> list[str]:
+    """The card's line of the Matryoshka dimensions the loss trained (``model.loss.matryoshka_dims``), if any."""
+    if not dims:
+        return []
+    shown = ", ".join(str(dim) for dim in dims)
+    return [
+        f"Matryoshka dimensions: {shown} (MatryoshkaLoss): the first {dims[-1]} or more dimensions of an "
+        "embedding, L2-normalised again, embed on their own (sentence-transformers' `truncate_dim`)"
+    ]
+
+
+def _matryoshka_metric_lines(metrics: Mapping[str, Any]) -> list[str]:
+    """The card's table of the scores at each Matryoshka dimension (``metrics.json``'s ``matryoshka``)."""
+    per_dim = metrics.get("matryoshka")
+    if not isinstance(per_dim, Mapping) or not per_dim:
+        return []
+    cols = [metrics, *per_dim.values()]
+    keys = [key for key, value in metrics.items() if isinstance(value, float) and not key.endswith("_s")]
+    rows = [[key, *(f"{c[key]:.4f}" if isinstance(c.get(key), float) else "" for c in cols)] for key in keys]
+    head = [["metric", "full", *map(str, per_dim)], ["---"] * (len(cols) + 1)]
+    title = "## Metrics at each Matryoshka dimension (the first d dimensions, L2-normalised again)"
+    return ["", title, "", *("| " + " | ".join(row) + " |" for row in head + rows)] if rows else []
 
 
 def _shown(value: Any) -> str:

@@ -84,16 +84,19 @@ def evaluate_run(run: Any) -> tuple[dict[str, float], Any]:
         tuple[dict[str, float], torch.Tensor]: The metrics (``recall_at_{k}`` per ``k``, ``map_at_r`` and
         ``r_precision``; for pairs ``mrr``, ``mrr_at_10``, ``recall_at_{k}``, ``ndcg_at_10`` and
         ``csn_mrr``), ``queries_without_positive`` of ``num_queries`` (the queries every metric leaves
-        out), and the queries' embeddings.
+        out), with ``evaluation.matryoshka_dims`` (else ``model.loss.matryoshka_dims``) the same metrics
+        at each narrower dimension under ``matryoshka``, and the queries' embeddings.
     """
     from composer_dynsample.config.evaluation import final_metrics
+    from composer_dynsample.config.matryoshka import evaluation_dims
     from composer_dynsample.distributed import broadcast_buffers
 
     model = run.trainer.state.model
     broadcast_buffers(model)  # every rank evaluates rank 0's model (BatchNorm statistics differ per rank)
     queries, gallery = run.batch_sizes
+    dims = evaluation_dims(run.config)  # Matryoshka dimensions: their metrics under "matryoshka"
     return final_metrics(
-        model, run.splits, run.ks, run.distance, batch_size=queries, gallery_batch_size=gallery
+        model, run.splits, run.ks, run.distance, batch_size=queries, gallery_batch_size=gallery, dims=dims
     )
 
 
@@ -152,11 +155,26 @@ def _random_state_kept() -> Iterator[None]:
 
 
 def _plain_numbers(metrics: Mapping[str, Any]) -> dict[str, Any]:
-    """The metrics as Python numbers: what a checkpoint may hold and ``metrics.json`` writes."""
+    """The metrics as Python numbers (``matryoshka``'s per dimension too): what a checkpoint may hold and
+    ``metrics.json`` writes."""
     return {
-        name: int(value) if isinstance(value, numbers.Integral) else float(value)
+        name: _plain_numbers(value)
+        if isinstance(value, Mapping)
+        else int(value)
+        if isinstance(value, numbers.Integral)
+        else float(value)
         for name, value in metrics.items()
     }
+
+
+def _logged(prefix: str, metrics: Mapping[str, Any]) -> dict[str, Any]:
+    """The metrics as the loggers take them, one number a name: ``matryoshka``'s as ``prefix/matryoshka/64/mrr``."""
+    flat: dict[str, Any] = {}
+    for name, value in metrics.items():
+        flat.update(
+            _logged(f"{prefix}/{name}", value) if isinstance(value, Mapping) else {f"{prefix}/{name}": value}
+        )
+    return flat
 
 
 def _score_start(run: Any, start_batch: int) -> tuple[dict[str, Any] | None, float | None]:
@@ -173,7 +191,7 @@ def _score_start(run: Any, start_batch: int) -> tuple[dict[str, Any] | None, flo
         metrics = _plain_numbers(evaluate_run(run)[0])
     if keeper is not None:
         keeper.metrics = dict(metrics)
-    run.trainer.logger.log_metrics({f"at_start/{name}": value for name, value in metrics.items()})
+    run.trainer.logger.log_metrics(_logged("at_start", metrics))
     return metrics, round(time.perf_counter() - started, 3)
 
 
@@ -219,7 +237,7 @@ def fit_and_report(
         raise Interrupted(interrupt_message(stop, command), stop.exit_code, stop.checkpoint) from None
     fit_seconds = time.perf_counter() - fit_start
     final, test_embeddings = evaluate_run(run)
-    run.trainer.logger.log_metrics({f"final/{name}": value for name, value in final.items()})
+    run.trainer.logger.log_metrics(_logged("final", final))
     metrics = {
         **final,
         "at_start": at_start,
@@ -312,6 +330,7 @@ def plot_run_retrievals(run: Any, test_embeddings: Any, path: Path, when: str) -
 def report_evaluation(run: Any, result: dict[str, Any], path: Path, model: str) -> None:
     """Rank 0's json and table of ``eval``: ``result`` (the metrics, ``checkpoint`` and ``dataset``) written
     to ``path``, and the metrics table titled by the data and ``model`` (what was scored)."""
+    from composer_dynsample.cli.matryoshka_table import format_matryoshka_table
     from composer_dynsample.cli.reporting import format_metrics_table, write_json
     from composer_dynsample.config.evaluation import describe_protocol
 
@@ -319,6 +338,8 @@ def report_evaluation(run: Any, result: dict[str, Any], path: Path, model: str) 
     metrics = {name: value for name, value in result.items() if name not in ("checkpoint", "dataset")}
     title, gallery_size = f"{run.splits.test_name}: {model}", describe_protocol(run.splits)[1]
     print(format_metrics_table(metrics, title=title, gallery_size=gallery_size))
+    if metrics.get("matryoshka"):
+        print("\n" + format_matryoshka_table(metrics, gallery_size=gallery_size))
     print(f"wrote {path}")
 
 
@@ -327,6 +348,7 @@ def _report(
 ) -> None:
     """Rank 0's outputs of a training run: metrics.json, embeddings.png (not for pairs), the table and one
     summary line."""
+    from composer_dynsample.cli.matryoshka_table import format_matryoshka_table
     from composer_dynsample.cli.reporting import (
         format_metrics_table,
         metrics_table_title,
@@ -357,6 +379,8 @@ def _report(
             final, title=table_title, gallery_size=metrics["gallery_size"], start=metrics["at_start"]
         )
         print("\n" + table)
+        if final.get("matryoshka"):
+            print("\n" + format_matryoshka_table(final, gallery_size=metrics["gallery_size"]))
     print(f"{_trained(metrics, run.trainer.state.max_duration.unit.value)}; wrote {run.run_dir}")
     warning = _unmined_warning(run)
     if warning is not None:

@@ -14,7 +14,7 @@ of its target, names and types, so a typo fails early with the key, the valid on
     model:                                 # EmbeddingModel(encoder, loss, **kwargs)
       normalize: true
       encoder: {name: conv1d, channels: 64, embedding_dim: 64}   # ENCODERS
-      loss: {name: triplet_margin, margin: 0.2}                  # LOSSES
+      loss: {name: triplet_margin, margin: 0.2}                  # LOSSES (+ matryoshka_dims: .matryoshka)
     sampler: {name: pk, classes_per_batch: 16, samples_per_class: 8}   # SAMPLERS
     dataloader: {num_workers: 0}           # DataloaderConfig: DataLoader arguments of the train loader
     algorithms: {hard_negative_mining: {strategy: semi_hard}}   # ALGORITHMS

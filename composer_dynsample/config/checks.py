@@ -26,6 +26,7 @@ from composer_dynsample.config.components import (
     resolve_set,
 )
 from composer_dynsample.config.loading import dataloader_config, evaluation_config, run_options, section
+from composer_dynsample.config.matryoshka import split_loss_section
 from composer_dynsample.config.model_checks import (
     check_encoder,
     check_model_folder,
@@ -82,7 +83,7 @@ def check_config(cfg: DictConfig) -> None:
     model = section(cfg, "model", "model")
     sections = [
         ("data", section(cfg, "data", "data"), DATASETS, {}, {}),
-        ("model.loss", section(model, "loss", "model.loss"), LOSSES, {}, {}),
+        ("model.loss", split_loss_section(section(model, "loss", "model.loss"))[0], LOSSES, {}, {}),
         ("sampler", section(cfg, "sampler", "sampler"), SAMPLERS, {}, {"reserved": SAMPLER_RESERVED}),
         ("optimizer", section(cfg, "optimizer", "optimizer"), OPTIMIZERS, {}, {"reserved": ("params",)}),
     ]

@@ -32,6 +32,7 @@ from torch.utils.data import DataLoader
 from composer_dynsample.callbacks.retrieval_gallery import RetrievalGallery, Store
 from composer_dynsample.config.components import ConfigError
 from composer_dynsample.config.loading import EvaluationConfig
+from composer_dynsample.config.matryoshka import RESULTS_KEY, truncated_scores
 from composer_dynsample.data import DatasetSplits, GatherCollate, IndexDataset, TextCollate, TextStore
 from composer_dynsample.data.text.store import count_tokens
 from composer_dynsample.metrics import (
@@ -243,36 +244,53 @@ def final_metrics(
     *,
     batch_size: int = 1000,
     gallery_batch_size: int = 2048,
-) -> tuple[dict[str, float], torch.Tensor]:
+    dims: Sequence[int] = (),
+) -> tuple[dict[str, Any], torch.Tensor]:
     """Score the test split with ``model`` by the data's protocol, in one pass: ``(metrics, query embeddings)``.
 
     Every rank computes the same result (each embeds the whole split). The metrics are those of
     :func:`eval_metrics` by the same names, ``queries_without_positive`` (the queries every metric
     leaves out) and ``num_queries``. The queries are embedded ``batch_size`` at a time and the gallery
     ``gallery_batch_size`` at a time (``evaluation.batch_size`` and ``evaluation.gallery_batch_size``):
-    what a forward pass holds at once, the evaluation's peak memory.
+    what a forward pass holds at once, the evaluation's peak memory. With ``dims`` (Matryoshka
+    dimensions) the same metrics of the embeddings truncated to each narrower dimension and L2-normalised
+    again follow under ``"matryoshka"``, keyed by the dimension (``{"64": {"mrr": ...}}``; see
+    :mod:`composer_dynsample.config.matryoshka`); without, the result is as before.
     """
     protocol, test = protocol_of(splits), splits.test
     rows = query_rows(splits)
     queries = embed_store(model, test, rows=rows, batch_size=batch_size)
     labels = store_labels(test, rows).to(queries.device)
-    result: dict[str, float]
+    gallery, gallery_labels = None, None
     if protocol == QUERIES_VS_PASSAGES:
         passages = gallery_rows(splits)
         gallery = embed_store(model, test, rows=passages, batch_size=gallery_batch_size)
-        values = ranking_metrics(
-            queries, labels, gallery, store_labels(test, passages).to(gallery.device),
-            distance=distance, recall_ks=list(ks), mrr_ks=RANKING_KS, ndcg_ks=RANKING_KS,
-        )  # fmt: skip
-        result = {_metric_key(name): values[name] for name in _ranking_names(ks)}
-        result["queries_without_positive"] = values["queries_without_positive"]
-    else:
-        gallery, gallery_labels = None, None
-        if protocol == TRAIN_GALLERY:
-            gallery = embed_store(model, splits.train, batch_size=gallery_batch_size)
-            gallery_labels = store_labels(splits.train).to(gallery.device)
-        values = retrieval_metrics(queries, labels, gallery, gallery_labels, ks=tuple(ks), distance=distance)
-        result = {name: float(value) for name, value in values.items()}
-        result["queries_without_positive"] = count_queries_without_positive(labels, gallery_labels)
+        gallery_labels = store_labels(test, passages).to(gallery.device)
+    elif protocol == TRAIN_GALLERY:
+        gallery = embed_store(model, splits.train, batch_size=gallery_batch_size)
+        gallery_labels = store_labels(splits.train).to(gallery.device)
+
+    def score(query_embeddings: torch.Tensor, gallery_embeddings: torch.Tensor | None) -> dict[str, float]:
+        """The metrics (and ``queries_without_positive``) of these embeddings of the queries and gallery."""
+        if protocol == QUERIES_VS_PASSAGES:
+            values = ranking_metrics(
+                query_embeddings, labels, gallery_embeddings, gallery_labels,
+                distance=distance, recall_ks=list(ks), mrr_ks=RANKING_KS, ndcg_ks=RANKING_KS,
+            )  # fmt: skip
+            found = {_metric_key(name): values[name] for name in _ranking_names(ks)}
+            return {**found, "queries_without_positive": values["queries_without_positive"]}
+        values = retrieval_metrics(
+            query_embeddings, labels, gallery_embeddings, gallery_labels, ks=tuple(ks), distance=distance
+        )
+        found = {name: float(value) for name, value in values.items()}
+        return {**found, "queries_without_positive": count_queries_without_positive(labels, gallery_labels)}
+
+    result: dict[str, Any] = score(queries, gallery)
     result["num_queries"] = len(labels)
+    if dims:
+        truncated = truncated_scores(score, queries, gallery, dims)
+        result[RESULTS_KEY] = {
+            dim: {name: value for name, value in values.items() if name != "queries_without_positive"}
+            for dim, values in truncated.items()
+        }
     return result, queries.cpu()

@@ -96,6 +96,10 @@ class EvaluationConfig:
         at_start (bool): ``train`` also scores the starting model (before the first step, by the same
             protocol as at the end) and reports it beside the final metrics, under ``at_start`` in
             ``metrics.json``; a resumed run does not score it again. Default: ``False``.
+        matryoshka_dims (list[int], optional): Also report every metric on the embeddings truncated to
+            each of these dimensions (strictly descending) and L2-normalised again, under ``matryoshka`` in
+            the results; a dimension equal to the embeddings' width is the full result. Default: null,
+            ``model.loss.matryoshka_dims`` when the loss trains them, else none.
     """
 
     interval: Any = "1ep"
@@ -104,8 +108,16 @@ class EvaluationConfig:
     batch_size: int = 1000
     gallery_batch_size: int = 2048
     at_start: bool = False
+    matryoshka_dims: Optional[list[int]] = None  # noqa: UP045
 
     def __post_init__(self) -> None:
+        if self.matryoshka_dims is not None:  # the check is the loss's (it imports torch: only when set)
+            from composer_dynsample.losses.matryoshka import check_matryoshka_dims
+
+            key = "evaluation.matryoshka_dims"
+            self.matryoshka_dims = list(
+                _checked(key, lambda: check_matryoshka_dims(self.matryoshka_dims, key))
+            )
         ks = list(self.ks)
         if not ks or any(k < 1 for k in ks) or len(set(ks)) != len(ks):
             raise ConfigError(f"evaluation.ks must be a list of distinct integers >= 1, got {ks!r}.")

@@ -4,7 +4,8 @@
 ``input_length`` and ``input_size`` filled from the data's item shape, and a text encoder's
 ``vocab_size`` from the tokenizer, when the target takes them and the config leaves them out;
 ``two_tower`` builds its ``query_encoder`` and ``passage_encoder`` sections as ``model.encoder``
-sections. ``model.loss`` is ``target(**keys)``. :func:`build_model` puts them into the
+sections. ``model.loss`` is ``target(**keys)`` (wrapped in a ``MatryoshkaLoss`` by its ``matryoshka_dims``,
+see :mod:`.matryoshka`). :func:`build_model` puts them into the
 :class:`~composer_dynsample.EmbeddingModel` with the eval metrics of the data's protocol; for a
 transformer of a model folder it normalises as the folder does (a ``Normalize`` module) unless
 ``model.normalize`` is set, and the encoder pools as the folder does unless ``model.encoder.pooling`` is
@@ -30,6 +31,7 @@ from composer_dynsample.config.components import (
 )
 from composer_dynsample.config.evaluation import eval_metrics
 from composer_dynsample.config.loading import evaluation_config, section
+from composer_dynsample.config.matryoshka import split_loss_section, wrap_loss
 from composer_dynsample.config.model_checks import (
     TOWERS,
     check_model_keys,
@@ -117,12 +119,14 @@ def _build_encoder(path: str, values: dict[str, Any], splits: DatasetSplits) -> 
 
 
 def build_loss(cfg: DictConfig) -> torch.nn.Module:
-    """Build ``model.loss`` (default: ``TripletMarginLoss(margin=0.2)``)."""
+    """Build ``model.loss`` (default: ``TripletMarginLoss(margin=0.2)``), in a
+    :class:`~composer_dynsample.losses.MatryoshkaLoss` when it has ``matryoshka_dims``."""
     model = section(cfg, "model", "model")
-    if model.get("loss") is None:
-        return TripletMarginLoss(margin=0.2)
-    entry, _, kwargs, _ = resolve_entry("model.loss", section(model, "loss", "model.loss"), LOSSES)
-    return call("model.loss", entry, kwargs)
+    values, dims, _ = split_loss_section(section(model, "loss", "model.loss"))
+    if model.get("loss") is None or (dims is not None and not values):  # the default loss, maybe wrapped
+        return wrap_loss(TripletMarginLoss(margin=0.2), cfg)
+    entry, _, kwargs, _ = resolve_entry("model.loss", values, LOSSES)
+    return wrap_loss(call("model.loss", entry, kwargs), cfg)
 
 
 def build_model(cfg: DictConfig, splits: DatasetSplits) -> EmbeddingModel:

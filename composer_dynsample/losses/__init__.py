@@ -1,6 +1,7 @@
 """Losses that consume mined tuples, with pytorch-metric-learning's call signature."""
 
 from composer_dynsample.losses.infonce import InfoNCELoss
+from composer_dynsample.losses.matryoshka import MatryoshkaLoss
 from composer_dynsample.losses.tuple_losses import (
     ContrastiveLoss,
     MultiSimilarityLoss,
@@ -12,6 +13,7 @@ from composer_dynsample.losses.tuple_losses import (
 __all__ = [
     "ContrastiveLoss",
     "InfoNCELoss",
+    "MatryoshkaLoss",
     "MultiSimilarityLoss",
     "TripletMarginLoss",
     "all_pairs",

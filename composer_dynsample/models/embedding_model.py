@@ -166,7 +166,8 @@ class EmbeddingModel(ComposerModel):
 
     def loss(self, outputs: Any, batch: Any, *args: Any, **kwargs: Any) -> torch.Tensor:
         if isinstance(outputs, MinedBatch):
-            extra = {"global_mean": outputs.global_mean} if isinstance(self.loss_fn, TupleLoss) else {}
+            takes_mean = isinstance(self.loss_fn, TupleLoss) or _takes(self.loss_fn, "global_mean")
+            extra = {"global_mean": outputs.global_mean} if takes_mean else {}
             if outputs.duplicate_ids is not None and _takes(self.loss_fn, "duplicate_ids"):
                 extra.update(duplicate_ids=outputs.duplicate_ids, ref_duplicate_ids=outputs.ref_duplicate_ids)
             extra.update(self._query_flags(batch))

@@ -40,6 +40,9 @@ def test_every_variant_is_a_valid_config_of_the_switch_it_names(tmp_path: Path, 
         )  # fmt: skip
         check_config(cfg)
         built[name] = cfg
+        if variant.recipe == ablation.IN_BATCH:  # no mining: the batch's passages are the negatives
+            assert cfg.sampler.name == "pk" and "embedding_table" not in cfg.algorithms, name
+            continue
         offline = variant.recipe == ablation.OFFLINE
         assert (cfg.sampler.get("max_snapshots") == 1) is offline, name
         assert cfg.algorithms.embedding_table.warm_start is True, name
@@ -53,6 +56,9 @@ def test_every_variant_is_a_valid_config_of_the_switch_it_names(tmp_path: Path, 
         assert encoder.name == "two_tower" and encoder.frozen_passages is True
         assert encoder.query_encoder.path == encoder.passage_encoder.path == str(model_folder)
     assert built["online_frozen"].algorithms.embedding_table.fresh_upcoming is True
+    assert list(built["in_batch_matryoshka"].model.loss.matryoshka_dims) == [384, 256, 128, 64]
+    assert "matryoshka_dims" not in built["in_batch"].model.loss
+    assert list(built["in_batch"].evaluation.matryoshka_dims) == [384, 256, 128, 64]
 
 
 def _stored(folder: Path, stem: str, recipe: str, values: list[float]) -> None:
@@ -103,3 +109,40 @@ def test_a_run_s_mining_record_is_its_snapshots_false_negative_shares_and_drift(
     assert record["above_positive"] == [0.2, 0.1] and record["snapshots"] == 2 and record["margin"] == 6
     assert record["rows_encoded"] == 15 and record["fresh_drift"] == pytest.approx((0.4 + 0.24) / 16)
     assert report.mining_record({"embedding_table": None}) is None
+
+
+def test_the_in_batch_variants_report_their_metrics_at_each_matryoshka_dimension(tmp_path: Path) -> None:
+    ablation, report = load_benchmark("finetune_ablation"), load_benchmark("_finetune_report")
+    for name, full, small in (("in_batch", 0.70, 0.60), ("in_batch_matryoshka", 0.69, 0.66)):
+        metrics = [
+            {
+                **{key.replace("@", "_at_"): full for key in report.METRICS},
+                "matryoshka": {
+                    dim: {"csn_mrr": small + 0.01 * seed, "mrr_at_10": small - 0.1} for dim in ("256", "64")
+                },
+            }
+            for seed in range(3)
+        ]
+        runs = [{"seed": seed, **report.scores(values)} for seed, values in enumerate(metrics)]
+        assert runs[0]["dims"]["64"] == {"csn_mrr": small, "mrr@10": pytest.approx(small - 0.1)}
+        summary = report.summarise(runs)
+        assert summary["dims"]["64"]["csn_mrr"] == pytest.approx(small + 0.01)
+        assert summary["dims"]["64"]["csn_mrr_se"] == pytest.approx(0.01 / 3**0.5)
+        result = {
+            "recipes": {ablation.IN_BATCH: summary},
+            "data": {"corpus_sha256": {"t": "x"}},
+            "options": {},
+        }
+        (tmp_path / f"{ablation.VARIANTS[name].stem}.json").write_text(json.dumps(result))
+    ablation.main(["--out", str(tmp_path), "--report", "--variants", "in_batch", "in_batch_matryoshka"])
+    table = (tmp_path / "finetune_code_ablation.md").read_text()
+    assert "| in_batch_matryoshka | in-batch | Matryoshka InfoNCE at 384/256/128/64 |" in table
+    row = next(line for line in table.splitlines() if line.startswith("| in_batch_matryoshka |"))
+    assert "0.6700 +- 0.0058" in row and "0.5600 +- 0.0000" in row  # CSN MRR and MRR@10 at 64 dims
+    assert "-0.0100 (beyond 2 SE 0.0000)" in row  # against plain in-batch, its recipe's baseline
+    assert "CSN MRR at full | CSN MRR at 256 | CSN MRR at 64 | MRR@10 at full" in table
+    # A run without dimensions has no per-dimension entry, and its summary none.
+    plain = report.summarise(
+        [{"seed": 0, **report.scores({k.replace("@", "_at_"): 0.5 for k in report.METRICS})}]
+    )
+    assert "dims" not in plain and report.dims_table({"x": plain}) == ""
