@@ -56,7 +56,6 @@ __all__ = [
     "Interrupted",
     "OutputError",
     "RunDirError",
-    "embed",
     "evaluate",
     "evaluate_run",
     "export",
@@ -366,70 +365,6 @@ def evaluate(
     return result
 
 
-def embed(
-    config: str | os.PathLike[str] | Mapping[str, Any],
-    checkpoint: str | os.PathLike[str],
-    out: str | os.PathLike[str],
-    overrides: Sequence[str] = (),
-    *,
-    split: str | None = None,
-    input_path: str | os.PathLike[str] | None = None,
-    column: str | None = None,
-    trust_checkpoint: bool = False,
-) -> Path:
-    """Write the embeddings of a split, or of a file, with a checkpoint's model to an ``.npz`` file.
-
-    Args:
-        config (str | os.PathLike | Mapping): The config the checkpoint was trained with.
-        checkpoint (str | os.PathLike): The checkpoint file.
-        out (str | os.PathLike): The ``.npz`` file (``.npz`` is appended when missing, as numpy does):
-            arrays ``embeddings`` (N, D) float32, ``labels`` (N,) and ``indices`` (N,), the rows of the
-            split; for text data also ``is_query`` (N,) and ``source_rows`` (N,), each row's row in the
-            data file.
-        overrides (Sequence[str]): Dotted overrides. Default: none.
-        split (str, optional): ``"test"`` or ``"train"``. Default: ``"test"`` unless ``input_path`` is given.
-        input_path (str | os.PathLike, optional): ``--input``: embed this instead of a split: a file of
-            texts (a ``text`` column, or ``anchor`` and ``positive``) for text data, a folder of images
-            for image data (see :mod:`composer_dynsample.cli.inputs`); ``indices`` are then its rows. A
-            file of ``anchor`` and ``positive`` gives its rows interleaved: anchor 0, positive 0, anchor 1, ...
-        column (str, optional): ``--column``: of a text ``input_path``, embed this column only
-            (``text``, ``anchor`` or ``positive``, or the file's own name of a column ``data.columns``
-            maps), one row per file row in file order. Default: ``None``.
-        trust_checkpoint (bool): Skip the safety check of the file. Default: ``False``.
-
-    Returns:
-        Path: The file written.
-
-    Raises:
-        OutputError: If ``out`` is a directory or under a file (before anything is loaded).
-        ConfigError: If ``split`` and ``input_path`` are both given, ``column`` comes without
-            ``input_path`` or names a column the file does not have, or the input is bad (one line naming it).
-    """
-    import numpy as np
-
-    from composer_dynsample.cli.inputs import check_embed_source, read_embed_input, split_arrays
-    from composer_dynsample.models.embed import embed_store
-
-    split = check_embed_source(split, input_path, column)
-    path = _out_path(out, "embeddings.npz", ".npz")
-    run = _build_model_run(*_prepare_model_run(config, checkpoint, overrides, trust_checkpoint))
-    if input_path is not None:
-        try:
-            store, arrays = read_embed_input(input_path, run.splits, column)
-        except ValueError as error:
-            raise ConfigError(str(error)) from error
-        what = str(input_path) if column is None else f"column {column!r} of {input_path}"
-    else:
-        store = run.splits.test if split == "test" else run.splits.train
-        arrays, what = split_arrays(store), f"{split} split of {run.splits.name}"
-    embeddings = embed_store(run.trainer.state.model, store, batch_size=run.batch_sizes[1]).cpu()
-    if is_rank_zero():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        np.savez(path, embeddings=embeddings.numpy().astype(np.float32), **arrays)
-        print(f"wrote {tuple(embeddings.shape)} embeddings of the {what} to {path}")
-    return path
-
-
 #: The formats of ``export``: a sentence-transformers model directory, or Hugging Face files.
 EXPORT_FORMATS = ("sentence-transformers", "huggingface")
 
@@ -468,6 +403,7 @@ def export(
             that cannot be written in (before anything is loaded).
         ConfigError: If the data are not texts, or the encoder does not fit the format.
     """
+    from composer_dynsample.config.prompts import exported_prompts
     from composer_dynsample.data import TextSplits
     from composer_dynsample.distributed import unwrap_model
     from composer_dynsample.export import export_huggingface, export_sentence_transformers, run_metrics
@@ -485,6 +421,7 @@ def export(
         card = {}  # a sentence-transformers folder's model card: the run's data, recipe and metrics
         if write is export_sentence_transformers:
             card = {"config": run.config, "metrics": run_metrics(_run_dir_of(Path(checkpoint)))}
+            card.update(exported_prompts(run.config, run.splits.info.prompts))
         try:
             write(unwrap_model(run.trainer.state.model), tokenizer, target, max_length=max_length, **card)
         except (TypeError, ValueError) as error:

@@ -9,7 +9,9 @@
   that order (anchor 0, positive 0, anchor 1, ...). ``--column NAME`` (``text``, ``anchor`` or
   ``positive``, or the file's own name for a column ``data.columns`` maps) embeds that column alone,
   one row per file row in file order. Other columns are ignored. The file must be a regular file or a
-  ``datasets`` folder.
+  ``datasets`` folder. Each column's texts get the run's prompt of that column (``data.prompts``; a
+  ``text`` column the passages' prompt), or the one ``--prompt`` / ``--prompt-name`` gives
+  (:func:`embed_prompt`).
 - **Images** (a config whose items are ``(C, H, W)`` images): a folder of image files, read and resized
   to the training images' size and channels.
 
@@ -29,19 +31,23 @@ import torch
 from composer_dynsample.config.components import ConfigError
 from composer_dynsample.data import DatasetSplits, TensorStore, TextSplits, TextStore
 from composer_dynsample.data.images import read_images
+from composer_dynsample.data.text.prompts import column_prompt, prompt_layout, prompt_token_count
 from composer_dynsample.data.text.table import map_columns, read_text_tables, text_column
 from composer_dynsample.data.text.tokenized import TextInterner, tokenize_texts
 from composer_dynsample.validation import check_choice, did_you_mean
 
-__all__ = ["EMBED_COLUMNS", "check_embed_source", "read_embed_input", "split_arrays"]
+__all__ = ["EMBED_COLUMNS", "check_embed_source", "embed_prompt", "read_embed_input", "split_arrays"]
 
 #: The columns of a text file that ``embed --input`` reads, by the run's names: passages, queries, pairs.
 EMBED_COLUMNS = ("text", "anchor", "positive")
 
 
-def check_embed_source(split: str | None, input_path: object, column: str | None) -> str:
+def check_embed_source(
+    split: str | None, input_path: object, column: str | None, prompt: str | None = None
+) -> str:
     """The split ``embed`` reads when it reads no ``--input`` (``"test"`` unless given), once the options
-    are checked to go together: a split or an ``--input``, and ``--column`` only with ``--input``.
+    are checked to go together: a split or an ``--input``, and ``--column`` and ``--prompt`` (or
+    ``--prompt-name``, given as ``prompt``) only with ``--input``.
 
     Raises:
         ConfigError: One line naming the options that do not go together, or a split that is not one.
@@ -55,11 +61,33 @@ def check_embed_source(split: str | None, input_path: object, column: str | None
             f"--column {column!r} picks a column of an --input file; add --input FILE (a split is embedded "
             "whole: its is_query array tells the queries from the passages)."
         )
+    if prompt is not None and input_path is None:
+        raise ConfigError(
+            f"--prompt/--prompt-name {prompt!r} prompts the texts of an --input file; a split is embedded with "
+            "the prompts it was tokenized with (data.prompts): add --input FILE."
+        )
     return check_choice("split", split or "test", ("test", "train"))
 
 
+def embed_prompt(cfg: Any, prompt: str | None, prompt_name: str | None) -> str | None:
+    """The prompt ``--prompt`` gives, or the model folder's prompt ``--prompt-name`` names; ``None``: the
+    run's own prompts.
+
+    Raises:
+        ConfigError: If both are given, or the name is not one of the folder's prompts (one line naming
+            those it has), or the model has no folder.
+    """
+    if prompt_name is None:
+        return prompt
+    if prompt is not None:
+        raise ConfigError(f"give --prompt or --prompt-name, not both: got {prompt!r} and {prompt_name!r}.")
+    from composer_dynsample.config.prompts import data_prompts
+
+    return data_prompts(cfg, None, prompt_name)
+
+
 def read_embed_input(
-    path: str | os.PathLike[str], splits: DatasetSplits, column: str | None = None
+    path: str | os.PathLike[str], splits: DatasetSplits, column: str | None = None, prompt: str | None = None
 ) -> tuple[TensorStore | TextStore, dict[str, np.ndarray]]:
     """Read ``path`` as items of the kind ``splits`` holds: ``(store to embed, arrays for the .npz)``.
 
@@ -68,6 +96,8 @@ def read_embed_input(
         splits (DatasetSplits): The run's data, for its tokenizer and ``max_length``, or its image size.
         column (str, optional): ``--column``: embed only this column of a text file, in file order.
             Default: ``None`` (``text``, else ``anchor`` and, when there, ``positive``, row by row).
+        prompt (str, optional): Put this before every text (``""``: none). Default: ``None``: each
+            column's prompt of the run (``text`` takes the passages', ``positive``'s).
 
     Returns:
         tuple: The store (every sampled row is embedded, in order) and ``indices`` (and ``is_query``).
@@ -82,12 +112,10 @@ def read_embed_input(
     if not file.exists():
         raise FileNotFoundError(f"--input {str(path)!r}: no such file or directory.")
     if isinstance(splits, TextSplits):
-        return _read_texts(file, splits, column)
-    if column is not None:
-        raise ValueError(
-            f"--column {column!r} picks a column of a text file, but {splits.name!r} is not text data; "
-            "leave --column out."
-        )
+        return _read_texts(file, splits, column, prompt)
+    if column is not None or prompt is not None:
+        option = "--column" if column is not None else "--prompt"
+        raise ValueError(f"{option} applies to a text file, but {splits.name!r} is not text data; leave it out.")
     shape = splits.train.feature_shape
     if len(shape) != 3:
         raise ValueError(
@@ -102,7 +130,7 @@ def read_embed_input(
 
 
 def _read_texts(
-    file: Path, splits: TextSplits, column: str | None
+    file: Path, splits: TextSplits, column: str | None, prompt: str | None
 ) -> tuple[TextStore, dict[str, np.ndarray]]:
     table = map_columns(read_text_tables(file)[0], splits.info.columns)
     if column is not None and any(name in table.columns for name in EMBED_COLUMNS):
@@ -117,8 +145,18 @@ def _read_texts(
             f"'positive' (pairs), found {list(table.found)}; rename one, or map it with the config's "
             "data.columns (e.g. data.columns={anchor: query})."
         )
-    layout = "embed:" + ",".join(columns)
-    texts = [text_column(table, column) for column in columns]
+    run_prompts = splits.info.prompts
+    prompts = {
+        column: (
+            prompt
+            if prompt is not None
+            else run_prompts.get("text") or column_prompt(run_prompts, "positive" if column == "text" else column)
+        )
+        for column in columns
+    }
+    prompts = {column: value for column, value in prompts.items() if value}
+    layout = "embed:" + ",".join(columns) + prompt_layout(prompts)
+    texts = [[prompts.get(column, "") + text for text in text_column(table, column)] for column in columns]
     ordered: list[Any] = [text for row in zip(*texts) for text in row]  # row by row: anchor, positive
     interner = TextInterner()
     text_ids = interner.add_all(ordered)
@@ -150,6 +188,11 @@ def _read_texts(
         vocab_size=tokenizer.vocab_size,
         is_query=is_query,
         source_rows=rows,
+        prompt_lengths=np.tile(
+            [prompt_token_count(prompts.get(column, ""), tokenizer) for column in columns], table.num_rows
+        )
+        if prompts
+        else None,
     )
     return store, {"indices": rows, "is_query": is_query}
 

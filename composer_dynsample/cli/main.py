@@ -23,7 +23,8 @@ Model-aware sampling for metric learning on MosaicML Composer.
 
   composer-dynsample train CONFIG.yaml [key.path=value ...] [--run-dir DIR]
   composer-dynsample eval  CONFIG.yaml [--checkpoint PATH] [key.path=value ...]
-  composer-dynsample embed CONFIG.yaml --checkpoint PATH --out FILE.npz [--split test | --input FILE [--column NAME]]
+  composer-dynsample embed CONFIG.yaml --checkpoint PATH --out FILE.npz [--split test | --input FILE [--column NAME]
+      [--prompt TEXT | --prompt-name NAME]]
   composer-dynsample export CONFIG.yaml --checkpoint PATH --out DIR [--format sentence-transformers]
   composer-dynsample mine   CONFIG.yaml [--checkpoint PATH] --out TRIPLETS.jsonl [--negatives N]
 
@@ -178,6 +179,15 @@ def _add_embed_command(commands: Any) -> None:
         help="with --input, embed only this column of the text file, one row per file row in file order "
         "(default: 'text', else 'anchor' and 'positive' interleaved: anchor 0, positive 0, anchor 1, ...)",
     )
+    prompt = embed.add_mutually_exclusive_group()
+    prompt.add_argument(
+        "--prompt", default=None, metavar="TEXT", help="with --input, put TEXT before every text (default: "
+        "each column's prompt of the run, data.prompts; --prompt '' for none)",
+    )  # fmt: skip
+    prompt.add_argument(
+        "--prompt-name", default=None, metavar="NAME", help="with --input, put the model folder's prompt NAME "
+        "(config_sentence_transformers.json) before every text, as SentenceTransformer.encode(prompt_name=NAME)",
+    )  # fmt: skip
     embed.add_argument(
         "--out", type=Path, required=True, help="the .npz file to write (.npz is appended when missing)"
     )
@@ -290,7 +300,9 @@ def _run_command(commands: Any, args: argparse.Namespace, overrides: list[str]) 
     elif args.command == "eval":
         commands.evaluate(args.config, args.checkpoint, overrides, out=args.out, **every_command)
     elif args.command == "embed":
-        commands.embed(
+        from composer_dynsample.cli.embed import embed
+
+        embed(
             args.config,
             args.checkpoint,
             args.out,
@@ -298,6 +310,8 @@ def _run_command(commands: Any, args: argparse.Namespace, overrides: list[str]) 
             split=args.split,
             input_path=args.input,
             column=args.column,
+            prompt=args.prompt,
+            prompt_name=args.prompt_name,
             **every_command,
         )
     elif args.command == "mine":

@@ -63,6 +63,7 @@ from composer_dynsample.config.names import (
     SAMPLERS,
     SCHEDULERS,
 )
+from composer_dynsample.config.prompts import data_prompts
 from composer_dynsample.config.run_tokenizer import run_tokenizer
 from composer_dynsample.data import (
     DatasetSplits,
@@ -103,7 +104,9 @@ def build_data(cfg: DictConfig) -> DatasetSplits:
         ConfigError: If a key or value is wrong, a data file is missing or malformed, or the model folder
             refuses the data's tokenizer (see :func:`~composer_dynsample.config.checks.check_config`).
     """
-    entry, name, kwargs, _ = resolve_entry("data", section(cfg, "data", "data"), DATASETS)
+    entry, name, kwargs, extras = resolve_entry("data", section(cfg, "data", "data"), DATASETS)
+    if "prompts" in parameters(entry.target):
+        kwargs["prompts"] = data_prompts(cfg, kwargs.get("prompts"), extras.get("prompt_names"))
     found = None
     if "tokenizer" in parameters(entry.target) and kwargs.get("tokenizer") is None:
         found = run_tokenizer(cfg)

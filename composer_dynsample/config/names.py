@@ -44,9 +44,12 @@ def _from(module: str, pairs: str) -> dict[str, Lazy]:
 DATASETS: dict[str, Registered | Lazy] = {
     **_from("composer_dynsample.data", "mnist1d=load_mnist1d digits=load_digits file=load_file"),
     "glyphs": Lazy("composer_dynsample.data.glyphs", "load_glyphs"),
-    "pairs": Lazy("composer_dynsample.data.text.pairs", "load_pairs"),
-    "texts": Lazy("composer_dynsample.data.text.texts", "load_texts"),
-    "code_search": Lazy("composer_dynsample.data.text.code_search_pairs", "load_code_search"),
+    # data.prompt_names: prompts named by the model folder (composer_dynsample.config.prompts).
+    "pairs": Lazy("composer_dynsample.data.text.pairs", "load_pairs", extra={"prompt_names": None}),
+    "texts": Lazy("composer_dynsample.data.text.texts", "load_texts", extra={"prompt_names": None}),
+    "code_search": Lazy(
+        "composer_dynsample.data.text.code_search_pairs", "load_code_search", extra={"prompt_names": None}
+    ),
 }
 _ENCODERS, _TEXT = "composer_dynsample.models.encoders", "composer_dynsample.models.text"
 _TRANSFORMER = "composer_dynsample.models.transformer"
@@ -60,10 +63,17 @@ ENCODERS: dict[str, Registered | Lazy] = {
     # Its towers are model.encoder sections of their own, which the builder builds first.
     "two_tower": Lazy(_TEXT, "TwoTowerEncoder"),
 }
-LOSSES: dict[str, Registered | Lazy] = _from(
-    "composer_dynsample.losses",
-    "triplet_margin=TripletMarginLoss contrastive=ContrastiveLoss multi_similarity=MultiSimilarityLoss info_nce=InfoNCELoss",
-)
+# Keys of model.loss that wrap the loss in a MatryoshkaLoss (config/matryoshka.py takes them off first):
+# listed so that a misspelt one is matched.
+_MATRYOSHKA = {"matryoshka_dims": None, "matryoshka_weights": None}
+LOSSES: dict[str, Registered | Lazy] = {
+    name: Lazy(entry.module, entry.attribute, extra=_MATRYOSHKA)
+    for name, entry in _from(
+        "composer_dynsample.losses",
+        "triplet_margin=TripletMarginLoss contrastive=ContrastiveLoss multi_similarity=MultiSimilarityLoss "
+        "info_nce=InfoNCELoss",
+    ).items()
+}
 SAMPLERS: dict[str, Registered | Lazy] = {
     "pk": Lazy("composer_dynsample.samplers", "PKBatchSampler", **_SAMPLER),
     "two_stream": Lazy(

@@ -10,7 +10,7 @@ own pairs with ``data: {name: pairs, path: my_pairs.jsonl}``.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from composer_dynsample.data.text.code_search import build_code_search
@@ -37,6 +37,7 @@ def load_code_search(
     save_tokenizer: str | os.PathLike[str] | None = None,
     cache_dir: str | os.PathLike[str] | None = None,
     progress: bool | None = None,
+    prompts: Mapping[str, str] | None = None,
 ) -> TextSplits:
     """Build (or read back) the code-search corpus and load it as pairs: queries (anchors) and code.
 
@@ -58,6 +59,8 @@ def load_code_search(
             token stores to ``text/``. Default: :func:`~composer_dynsample.data.default_cache_dir`.
         progress (bool, optional): Progress while reading sources and tokenizing; ``None`` shows it on a
             terminal only.
+        prompts (Mapping[str, str], optional): A prompt before the queries (``anchor``) and the code
+            (``positive``), as :func:`~composer_dynsample.data.text.pairs.load_pairs` takes them.
 
     Returns:
         TextSplits: The pairs of the training packages and of the test packages, named ``code_search``.
@@ -92,4 +95,5 @@ def load_code_search(
         cache_dir=root / "text" if root is not None else None,
         progress=progress,
         name="code_search",
+        prompts=prompts,
     )

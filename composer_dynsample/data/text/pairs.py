@@ -37,6 +37,12 @@ import numpy as np
 
 from composer_dynsample.data.text._sources import TokenizeOptions, check_loader_options
 from composer_dynsample.data.text.columns import check_column_map, require_columns
+from composer_dynsample.data.text.prompts import (
+    check_prompts,
+    column_prompt,
+    prompt_layout,
+    prompt_token_count,
+)
 from composer_dynsample.data.text.store import TextInfo, TextSplits, TextStore
 from composer_dynsample.data.text.table import (
     TextTable,
@@ -70,6 +76,8 @@ class PairTable:
         negative_columns (tuple[str, ...]): The negative columns, in order.
         groups (list | None): Each pair's group, when a group column was read.
         num_missing_negatives (int): Empty or ``null`` negative cells.
+        prompts (dict[str, str]): The prompt put before each column's texts
+            (:mod:`~composer_dynsample.data.text.prompts`): ``texts`` hold ``prompt + text``.
     """
 
     table: TextTable
@@ -81,6 +89,7 @@ class PairTable:
     negative_columns: tuple[str, ...]
     groups: list[Any] | None
     num_missing_negatives: int
+    prompts: dict[str, str] = dataclasses.field(default_factory=dict)
 
     @property
     def num_pairs(self) -> int:
@@ -90,7 +99,8 @@ class PairTable:
     @property
     def layout(self) -> str:
         """The columns its texts come from, in order: part of their token cache's key."""
-        return "pairs:" + ",".join(["anchor", "positive", *self.negative_columns])
+        columns = ",".join(["anchor", "positive", *self.negative_columns])
+        return f"pairs:{columns}{prompt_layout(self.prompts)}"
 
     def locate(self, text_id: int) -> str:
         """Where text ``text_id`` first appears, for an error message."""
@@ -98,10 +108,17 @@ class PairTable:
         columns = ["anchor", "positive", *self.negative_columns]
         for row in range(self.num_pairs):
             for column in columns:
-                value = self.table.columns[column][row]
-                if value == text or (isinstance(value, list) and text in value):
+                value, prompt = self.table.columns[column][row], _prompt(self.prompts, column)
+                if prompt + str(value) == text or (
+                    isinstance(value, list) and text in [prompt + str(item) for item in value]
+                ):
                     return self.table.where(row, column)
         return f"{self.table.path}: text {text_id}"
+
+
+def _prompt(prompts: dict[str, str], column: str) -> str:
+    """The prompt of a column of the table (``negative_<n>`` takes the negatives' prompt)."""
+    return column_prompt(prompts, "negative" if _NEGATIVE.match(column) else column)
 
 
 def _negative_columns(table: TextTable) -> tuple[str, ...]:
@@ -127,12 +144,16 @@ def _negative_cell(table: TextTable, row: int, column: str, value: Any) -> tuple
     return texts, missing
 
 
-def read_pairs(table: TextTable, group: str | None = None) -> PairTable:
-    """Check a table's pair columns and number its texts.
+def read_pairs(
+    table: TextTable, group: str | None = None, prompts: dict[str, str] | None = None
+) -> PairTable:
+    """Check a table's pair columns and number its texts, each column's prompt put before them.
 
     Args:
         table (TextTable): The table.
         group (str, optional): A column to read as each pair's group. Default: ``None``.
+        prompts (dict[str, str], optional): Checked prompts by column
+            (:func:`~composer_dynsample.data.text.prompts.check_prompts`). Default: ``None`` (none).
 
     Returns:
         PairTable: The pairs.
@@ -147,14 +168,16 @@ def read_pairs(table: TextTable, group: str | None = None) -> PairTable:
     columns = _negative_columns(table)
     cells = [table.columns[column] for column in columns]
     interner, offsets, negatives, missing = TextInterner(), [0], [], 0
+    prompts = dict(prompts or {})
+    ask, say, tell = (column_prompt(prompts, column) for column in ("anchor", "positive", "negative"))
     anchor_ids = np.empty(table.num_rows, np.int64)
     positive_ids = np.empty(table.num_rows, np.int64)
     for row in range(table.num_rows):
-        anchor_ids[row] = interner.add(anchors[row])  # type: ignore[arg-type]
-        positive_ids[row] = interner.add(positives[row])  # type: ignore[arg-type]
+        anchor_ids[row] = interner.add(ask + anchors[row])  # type: ignore[operator]
+        positive_ids[row] = interner.add(say + positives[row])  # type: ignore[operator]
         for column, values in zip(columns, cells):
             texts, lost = _negative_cell(table, row, column, values[row])
-            negatives.extend(map(interner.add, texts))
+            negatives.extend(interner.add(tell + text) for text in texts)
             missing += lost
         offsets.append(len(negatives))
     return PairTable(
@@ -167,6 +190,7 @@ def read_pairs(table: TextTable, group: str | None = None) -> PairTable:
         negative_columns=columns,
         groups=hashable_column(table, group) if group is not None else None,
         num_missing_negatives=missing,
+        prompts=prompts,
     )
 
 
@@ -251,7 +275,17 @@ def pair_store(
         is_query=is_query,
         negatives=(np.concatenate([[0], np.cumsum(row_counts)]), 2 * num + np.arange(len(negative_texts))),
         source_rows=np.concatenate([np.repeat(chosen, 2), np.repeat(chosen, counts)]),
+        prompt_lengths=_prompt_lengths(pairs.prompts, tokenizer, num, len(negative_texts)),
     )
+
+
+def _prompt_lengths(prompts: dict[str, str], tokenizer: TextTokenizer, num: int, negatives: int) -> Any:
+    """Each row's prompt tokens (anchor, positive, ..., then the negatives); ``None`` without prompts."""
+    if not prompts:
+        return None
+    count = {column: prompt_token_count(column_prompt(prompts, column), tokenizer) for column in ("anchor", "positive", "negative")}  # fmt: skip
+    pairs = np.tile([count["anchor"], count["positive"]], num)
+    return np.concatenate([pairs, np.full(negatives, count["negative"])]).astype(np.int64)
 
 
 def _training_texts(pairs: PairTable, chosen: np.ndarray) -> list[str]:
@@ -289,7 +323,7 @@ def _split(
         if test_path is not None
         else bundled
     )
-    test_pairs = read_pairs(test_table)  # type: ignore[arg-type]
+    test_pairs = read_pairs(test_table, prompts=pairs.prompts)  # type: ignore[arg-type]
     split = "test_path" if test_path is not None else "bundled"
     return test_pairs, np.arange(pairs.num_pairs), np.arange(test_pairs.num_pairs), split
 
@@ -318,6 +352,7 @@ def load_pairs(
     progress: bool | None = None,
     name: str | None = None,
     columns: Mapping[str, str] | None = None,
+    prompts: Mapping[str, str] | None = None,
 ) -> TextSplits:
     """Load anchor/positive(/negative) pairs, tokenized once and cached (see the module docstring).
 
@@ -337,6 +372,10 @@ def load_pairs(
         columns (Mapping[str, str], optional): Read these columns under another name: ``anchor``,
             ``positive``, ``negative`` or ``negative_<n>`` to the file's column, e.g. ``{"anchor":
             "query", "positive": "pos"}``; the test file is read with the same mapping. Default: ``None``.
+        prompts (Mapping[str, str], optional): A prompt to put before the texts of each column,
+            ``anchor``, ``positive`` and ``negative`` (default: the positive's), of both files, e.g.
+            ``{"anchor": "query: ", "positive": "passage: "}``
+            (:mod:`~composer_dynsample.data.text.prompts`). Default: ``None`` (none).
 
     Returns:
         TextSplits: :class:`~composer_dynsample.data.text.store.TextStore` splits and their ``info``.
@@ -359,8 +398,9 @@ def load_pairs(
         max_length, tokenizer, tokenizer_model, vocab_size, lowercase, save_tokenizer, cache_dir, progress
     )
     names = check_column_map(columns, ("anchor", "positive", "negative"))
+    prompts = check_prompts(prompts, columns=("anchor", "positive", "negative"))
     table, bundled = read_text_tables(path, _pair_columns(group), names)
-    pairs = read_pairs(table, group)
+    pairs = read_pairs(table, group, prompts)
     test_pairs, train_idx, test_idx, split = _split(pairs, bundled, test_path, group, test_fraction, seed)
     parts = [pairs] if test_pairs is pairs else [pairs, test_pairs]
     text_tokenizer, stores = options.tokenize(parts, _training_texts(pairs, train_idx))
@@ -377,6 +417,7 @@ def load_pairs(
         num_missing_negatives=sum(part.num_missing_negatives for part in parts),
         columns=names,
         files={part.table.name: part.table.sha256 for part in parts},
+        prompts=prompts,
     )
     num_classes = num_train_labels + test.num_rows - len(test) // 2
     return TextSplits(

@@ -15,7 +15,8 @@ anchors that list them. The index-only pipeline is unchanged: ``IndexDataset(sto
         pin_memory=True,
     )
     batch = next(iter(loader))
-    # {"features": {"input_ids": int64 (B, L), "attention_mask": int64 (B, L), "is_query": bool (B,)},
+    # {"features": {"input_ids": int64 (B, L), "attention_mask": int64 (B, L), "is_query": bool (B,),
+    #               "prompt_length": int64 (B,) of a prompted store},
     #  "labels": int64 (B,), "index": int64 (B,), "text_hash": int64 (B,)}
 
 ``L`` is the longest text of the batch (rounded up to ``pad_to_multiple_of`` when given), not
@@ -83,6 +84,9 @@ class TextStore:
             ``num_sampled``. Default: none.
         source_rows (np.ndarray, optional): ``(R,)`` the row of the input table each row came from.
             Default: ``0 .. R-1``.
+        prompt_lengths (np.ndarray, optional): ``(R,)`` the tokens of each row's prompt at the start of
+            its text (:func:`~composer_dynsample.data.text.prompts.prompt_token_count`), which
+            :class:`TextCollate` puts in ``features["prompt_length"]``. Default: ``None`` (no prompts).
 
     Example:
         >>> import tempfile
@@ -108,6 +112,7 @@ class TextStore:
         is_query: Sequence[bool] | np.ndarray | None = None,
         negatives: tuple[Sequence[int] | np.ndarray, Sequence[int] | np.ndarray] | None = None,
         source_rows: Sequence[int] | np.ndarray | None = None,
+        prompt_lengths: Sequence[int] | np.ndarray | None = None,
     ) -> None:
         if not isinstance(tokens, TokenStore):
             raise TypeError(f"tokens must be a TokenStore, got {type(tokens).__name__}.")
@@ -138,6 +143,9 @@ class TextStore:
         self.vocab_size = check_int("vocab_size", vocab_size, minimum=1)
         self.source_rows = _int_array(
             "source_rows", np.arange(num_rows) if source_rows is None else source_rows, num_rows
+        )
+        self.prompt_lengths = (
+            None if prompt_lengths is None else _int_array("prompt_lengths", prompt_lengths, num_rows)
         )
         self.labels = torch.from_numpy(self.row_labels[: self.num_sampled].copy())
         self.text_hash = np.asarray(tokens.text_hash)[self.text_ids]
@@ -264,12 +272,15 @@ class TextCollate:
         input_ids, attention_mask = store.tokens.pad(
             store.text_ids[rows], store.pad_id, self.pad_to_multiple_of
         )
+        features = {
+            "input_ids": torch.from_numpy(input_ids),
+            "attention_mask": torch.from_numpy(attention_mask),
+            "is_query": torch.from_numpy(store.is_query[rows]),
+        }
+        if store.prompt_lengths is not None:
+            features["prompt_length"] = torch.from_numpy(store.prompt_lengths[rows])
         return {
-            "features": {
-                "input_ids": torch.from_numpy(input_ids),
-                "attention_mask": torch.from_numpy(attention_mask),
-                "is_query": torch.from_numpy(store.is_query[rows]),
-            },
+            "features": features,
             "labels": torch.from_numpy(store.row_labels[rows]),
             "index": torch.from_numpy(rows),
             "text_hash": torch.from_numpy(store.text_hash[rows]),
@@ -390,6 +401,8 @@ class TextInfo:
             ``embed --input`` reads a file with too.
         files (dict[str, str]): The SHA-256 of each file read (of a ``datasets`` folder's files and
             split), by its path: what a checkpoint records of the data.
+        prompts (dict[str, str]): The prompt put before each column's texts (the loader's ``prompts``),
+            which ``embed --input`` puts before a file's texts too.
     """
 
     tokenizer: str
@@ -408,6 +421,7 @@ class TextInfo:
     num_missing_negatives: int = 0
     columns: dict[str, str] = dataclasses.field(default_factory=dict)
     files: dict[str, str] = dataclasses.field(default_factory=dict)
+    prompts: dict[str, str] = dataclasses.field(default_factory=dict)
 
     def load_tokenizer(self) -> TextTokenizer:
         """The tokenizer the texts were tokenized with, read back from ``tokenizer_path`` (or its folder)."""

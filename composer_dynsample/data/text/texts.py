@@ -28,6 +28,7 @@ import numpy as np
 
 from composer_dynsample.data.text._sources import TokenizeOptions, check_loader_options
 from composer_dynsample.data.text.columns import check_column_map, require_columns
+from composer_dynsample.data.text.prompts import check_prompts, prompt_layout, prompt_token_count
 from composer_dynsample.data.text.store import TextInfo, TextSplits, TextStore
 from composer_dynsample.data.text.table import (
     TextTable,
@@ -79,6 +80,7 @@ class _Labelled:
     labels: list[Any]
     interner: TextInterner
     text_ids: np.ndarray
+    prompt: str = ""
 
     @property
     def texts(self) -> list[str]:
@@ -88,19 +90,19 @@ class _Labelled:
     @property
     def layout(self) -> str:
         """The column the texts come from: part of their token cache's key."""
-        return "texts:text"
+        return "texts:text" + prompt_layout({"text": self.prompt} if self.prompt else {})
 
     def locate(self, text_id: int) -> str:
         """Where distinct text ``text_id`` first appears, for an error message."""
         return self.table.where(self.row_texts.index(self.interner.texts[text_id]), "text")
 
 
-def _read(table: TextTable) -> _Labelled:
+def _read(table: TextTable, prompt: str) -> _Labelled:
     require_columns(table, _COLUMNS, "columns 'text' and 'label'")
-    texts: list[str] = text_column(table, "text")  # type: ignore[assignment]
+    texts: list[str] = [prompt + text for text in text_column(table, "text")]  # type: ignore[operator]
     labels = hashable_column(table, "label")
     interner = TextInterner()
-    return _Labelled(table, texts, labels, interner, interner.add_all(texts))
+    return _Labelled(table, texts, labels, interner, interner.add_all(texts), prompt)
 
 
 def _test_table(
@@ -145,8 +147,14 @@ def _number(
 
 
 def _store(
-    text_ids: np.ndarray, labels: np.ndarray, rows: np.ndarray, tokens: TokenStore, tokenizer: TextTokenizer
+    text_ids: np.ndarray,
+    labels: np.ndarray,
+    rows: np.ndarray,
+    tokens: TokenStore,
+    tokenizer: TextTokenizer,
+    prompt: str = "",
 ) -> TextStore:
+    lengths = np.full(len(rows), prompt_token_count(prompt, tokenizer), np.int64) if prompt else None
     return TextStore(
         tokens,
         text_ids[rows],
@@ -154,6 +162,7 @@ def _store(
         pad_id=tokenizer.pad_id,
         vocab_size=tokenizer.vocab_size,
         source_rows=rows,
+        prompt_lengths=lengths,
     )
 
 
@@ -173,6 +182,7 @@ def load_texts(
     progress: bool | None = None,
     name: str | None = None,
     columns: Mapping[str, str] | None = None,
+    prompts: Mapping[str, str] | None = None,
 ) -> TextSplits:
     """Load labelled texts, tokenized once and cached, split by label (see the module docstring).
 
@@ -190,6 +200,8 @@ def load_texts(
         columns (Mapping[str, str], optional): Read ``text`` and/or ``label`` from columns of other names,
             e.g. ``{"text": "sentence", "label": "intent"}``; the test file is read with the same mapping.
             Default: ``None``.
+        prompts (Mapping[str, str], optional): ``{"text": PROMPT}``: put ``PROMPT`` before every text
+            (:mod:`~composer_dynsample.data.text.prompts`). Default: ``None`` (none).
 
     Returns:
         TextSplits: ``info.label_names`` maps each integer label back to the original.
@@ -211,10 +223,11 @@ def load_texts(
     options = TokenizeOptions(
         max_length, tokenizer, tokenizer_model, vocab_size, lowercase, save_tokenizer, cache_dir, progress
     )
+    prompts = check_prompts(prompts, columns=("text",))
     table, bundled = read_text_tables(path, _keep, check_column_map(columns, _COLUMNS))
-    train = _read(table)
+    train = _read(table, prompts.get("text", ""))
     test_table = _test_table(table, bundled, test_path, test_fraction)
-    test = _read(test_table) if test_table is not None else train
+    test = _read(test_table, prompts.get("text", "")) if test_table is not None else train
     label_names, num_train, train_labels, test_labels = _number(train, test, test_fraction, seed)
     if test is train:
         train_rows, test_rows = (
@@ -235,10 +248,11 @@ def load_texts(
         num_train_classes=num_train,
         columns=table.renamed,
         files={part.table.name: part.table.sha256 for part in parts},
+        prompts=prompts,
     )
     return TextSplits(
-        train=_store(train.text_ids, train_labels, train_rows, stores[0], text_tokenizer),
-        test=_store(test.text_ids, test_labels, test_rows, stores[-1], text_tokenizer),
+        train=_store(train.text_ids, train_labels, train_rows, stores[0], text_tokenizer, train.prompt),
+        test=_store(test.text_ids, test_labels, test_rows, stores[-1], text_tokenizer, test.prompt),
         num_classes=len(label_names),
         name=name or table.path.stem,
         test_name=name or (test_table.path.stem if test_path is not None and test_table is not None else ""),
