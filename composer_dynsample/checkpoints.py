@@ -31,7 +31,7 @@ from typing import Any, NamedTuple
 
 from composer_dynsample.file_kinds import file_kind
 
-__all__ = ["SAFE_GLOBALS", "CheckpointError", "check_checkpoint"]
+__all__ = ["SAFE_GLOBALS", "CheckpointError", "check_checkpoint", "model_weights"]
 
 
 class CheckpointError(ValueError):
@@ -121,6 +121,16 @@ def check_checkpoint(path: str | os.PathLike[str], *, trusted: bool = False) -> 
             "torch.save(model.state_dict()) is not one)."
         )
     _check_finite(file, state["model"])
+
+
+def model_weights(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The model weights (``state.model``) of a Composer checkpoint that :func:`check_checkpoint` passed,
+    loaded on the CPU with only the globals it allows; a DDP ``module.`` prefix is taken off."""
+    import torch
+
+    with torch.serialization.safe_globals(_safe_globals()):
+        loaded = torch.load(Path(path).expanduser(), map_location="cpu", weights_only=True)
+    return {key.removeprefix("module."): value for key, value in loaded["state"]["model"].items()}
 
 
 _FIFO_WORDING = {"fifo": "a FIFO (named pipe)"}  # how a checkpoint message words the FILE_KINDS "fifo"

@@ -382,8 +382,10 @@ def export(
 
     ``"sentence-transformers"`` (a transformer encoder): ``SentenceTransformer(out)`` embeds texts as the
     model does (pooling, projection and normalisation included, texts truncated to the data's
-    ``max_length``). ``"huggingface"`` (any text encoder): ``AutoModel``/``AutoTokenizer`` files, or for
-    the bag-of-tokens and CNN encoders their state dict, read back by
+    ``max_length``); two towers of transformers are one ``Router``, whose ``encode_query`` embeds as the
+    query tower and ``encode_document`` as the passage tower. ``"huggingface"`` (any text encoder):
+    ``AutoModel``/``AutoTokenizer`` files, or for the bag-of-tokens and CNN encoders their state dict (of
+    two towers, one folder each: ``query/`` and ``passage/``), read back by
     :func:`~composer_dynsample.export.load_exported_encoder`. See :mod:`composer_dynsample.export`.
 
     Args:
@@ -403,6 +405,7 @@ def export(
             that cannot be written in (before anything is loaded).
         ConfigError: If the data are not texts, or the encoder does not fit the format.
     """
+    from composer_dynsample.config.model_only import build_model_only
     from composer_dynsample.config.prompts import exported_prompts
     from composer_dynsample.data import TextSplits
     from composer_dynsample.distributed import unwrap_model
@@ -410,7 +413,8 @@ def export(
 
     export_format = check_choice("format", export_format, EXPORT_FORMATS)
     target = _out_path(out, directory=True)
-    run = _build_model_run(*_prepare_model_run(config, checkpoint, overrides, trust_checkpoint))
+    cfg, directory = _prepare_model_run(config, checkpoint, overrides, trust_checkpoint)
+    run = build_model_only(cfg, checkpoint) or _build_model_run(cfg, directory)  # see model_only
     if not isinstance(run.splits, TextSplits):
         raise ConfigError(
             f"export writes text encoders, but {run.splits.name!r} holds feature tensors, not texts."
@@ -423,7 +427,7 @@ def export(
             card = {"config": run.config, "metrics": run_metrics(_run_dir_of(Path(checkpoint)))}
             card.update(exported_prompts(run.config, run.splits.info.prompts))
         try:
-            write(unwrap_model(run.trainer.state.model), tokenizer, target, max_length=max_length, **card)
+            write(unwrap_model(run.model), tokenizer, target, max_length=max_length, **card)
         except (TypeError, ValueError) as error:
             raise ConfigError(f"export --format {export_format}: {error}") from error
         print(f"wrote the {export_format} model of {Path(checkpoint).name} to {target}")

@@ -14,6 +14,7 @@ from typing import Any
 from composer_dynsample.cli.commands import _build_model_run, _out_path, _prepare_model_run
 from composer_dynsample.cli.run_dir import is_rank_zero
 from composer_dynsample.config.components import ConfigError
+from composer_dynsample.config.model_only import build_model_only
 
 __all__ = ["embed"]
 
@@ -67,11 +68,14 @@ def embed(
     from composer_dynsample.cli import inputs
     from composer_dynsample.models.embed import embed_store
 
-    split = inputs.check_embed_source(split, input_path, column, prompt if prompt_name is None else prompt_name)
+    split = inputs.check_embed_source(
+        split, input_path, column, prompt if prompt_name is None else prompt_name
+    )
     path = _out_path(out, "embeddings.npz", ".npz")
     cfg, directory = _prepare_model_run(config, checkpoint, overrides, trust_checkpoint)
     given = inputs.embed_prompt(cfg, prompt, prompt_name)
-    run = _build_model_run(cfg, directory)
+    run = build_model_only(cfg, checkpoint) if input_path is not None else None
+    run = run or _build_model_run(cfg, directory)  # a split, or a tokenizer only the training data gives
     if input_path is not None:
         try:
             store, arrays = inputs.read_embed_input(input_path, run.splits, column, given)
@@ -81,7 +85,7 @@ def embed(
     else:
         store = run.splits.test if split == "test" else run.splits.train
         arrays, what = inputs.split_arrays(store), f"{split} split of {run.splits.name}"
-    embeddings = embed_store(run.trainer.state.model, store, batch_size=run.batch_sizes[1]).cpu()
+    embeddings = embed_store(run.model, store, batch_size=run.batch_sizes[1]).cpu()
     if is_rank_zero():
         path.parent.mkdir(parents=True, exist_ok=True)
         np.savez(path, embeddings=embeddings.numpy().astype(np.float32), **arrays)

@@ -36,8 +36,8 @@ from composer_dynsample.config.model_checks import (
     TOWERS,
     check_model_keys,
     check_transformer_positions,
+    folder_normalize,
     is_transformer,
-    model_folder,
     tower_section,
 )
 from composer_dynsample.config.names import ENCODERS, LOSSES
@@ -129,12 +129,15 @@ def build_loss(cfg: DictConfig) -> torch.nn.Module:
     return wrap_loss(call("model.loss", entry, kwargs), cfg)
 
 
-def build_model(cfg: DictConfig, splits: DatasetSplits) -> EmbeddingModel:
+def build_model(cfg: DictConfig, splits: DatasetSplits, *, metrics: bool = True) -> EmbeddingModel:
     """Build the :class:`~composer_dynsample.EmbeddingModel` with the eval metrics of the data's protocol.
 
     See :mod:`composer_dynsample.config.evaluation`: Recall@K, MAP@R and R-precision, or for text pairs
     MRR, MRR@10, Recall@K, nDCG@10 and CodeSearchNet's MRR. ``model.normalize`` left unset is the
-    sentence-transformers folder's choice (a ``Normalize`` module) for a transformer of a ``path``.
+    sentence-transformers folder's choice (a ``Normalize`` module) for a transformer of a ``path`` (two
+    towers' folders must agree on it, see :func:`~composer_dynsample.config.model_checks.folder_normalize`).
+
+    ``metrics=False`` builds it without eval metrics (a model that only embeds: ``export``, ``embed``).
 
     Raises:
         ConfigError: If a key or value is wrong.
@@ -147,10 +150,10 @@ def build_model(cfg: DictConfig, splits: DatasetSplits) -> EmbeddingModel:
         )
     encoder = build_encoder(cfg, splits)
     loss = build_loss(cfg)
-    metrics = eval_metrics(evaluation_config(cfg), splits)
+    scores = eval_metrics(evaluation_config(cfg), splits) if metrics else {}
     kwargs = {key: value for key, value in model.items() if key not in ("encoder", "loss")}
     if kwargs.get("normalize") is None:
-        folder = model_folder(cfg)
-        if folder is not None and folder.normalize is not None:
-            kwargs["normalize"] = folder.normalize  # whether the folder lists a Normalize module
-    return call("model", Registered(EmbeddingModel), {**kwargs, "eval_metrics": metrics}, encoder, loss)
+        stated = folder_normalize(cfg)
+        if stated is not None:
+            kwargs["normalize"] = stated  # whether the folder (each tower's) lists a Normalize module
+    return call("model", Registered(EmbeddingModel), {**kwargs, "eval_metrics": scores}, encoder, loss)
