@@ -115,7 +115,9 @@ def read_embed_input(
         return _read_texts(file, splits, column, prompt)
     if column is not None or prompt is not None:
         option = "--column" if column is not None else "--prompt"
-        raise ValueError(f"{option} applies to a text file, but {splits.name!r} is not text data; leave it out.")
+        raise ValueError(
+            f"{option} applies to a text file, but {splits.name!r} is not text data; leave it out."
+        )
     shape = splits.train.feature_shape
     if len(shape) != 3:
         raise ValueError(
@@ -150,7 +152,8 @@ def _read_texts(
         column: (
             prompt
             if prompt is not None
-            else run_prompts.get("text") or column_prompt(run_prompts, "positive" if column == "text" else column)
+            else run_prompts.get("text")
+            or column_prompt(run_prompts, "positive" if column == "text" else column)
         )
         for column in columns
     }
