@@ -14,7 +14,9 @@
   ``README.md`` (:func:`~composer_dynsample.model_card.model_card`), says the pooling, normalisation
   and ``max_seq_length`` (a folder's unless the config chose otherwise) and, given the run's config and
   metrics (:func:`~composer_dynsample.model_card.run_metrics`), the training data (file names and
-  SHA-256, no local directories), the recipe and the scores.
+  SHA-256, no local directories), the recipe and the scores. A ``TwoTowerEncoder`` of two transformers is
+  written as one ``Router`` (:mod:`~composer_dynsample.sentence_modules`): ``encode_query`` embeds as its
+  query tower, ``encode_document`` (and ``encode``) as its passage tower.
 
 Every file written is readable as any new file is (``0o666`` less the umask; ``safetensors`` alone
 would leave its weights ``0o600``). ``transformers``' load reports and progress bars are left out.
@@ -28,7 +30,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import inspect
 import json
 import os
 import tempfile
@@ -40,7 +41,6 @@ import torch
 from torch import nn
 
 from composer_dynsample.model_card import model_card, run_metrics, unwrap_encoder
-from composer_dynsample.models.sentence_folder import POOLING_FLAGS
 from composer_dynsample.models.text import (
     BagOfTokensEncoder,
     TextCNNEncoder,
@@ -49,6 +49,12 @@ from composer_dynsample.models.text import (
     import_text_extra,
 )
 from composer_dynsample.models.transformer import quiet_transformers
+from composer_dynsample.sentence_modules import (
+    router_class,
+    router_module,
+    sentence_transformers_modules,
+    sentence_transformers_steps,
+)
 from composer_dynsample.validation import InputTypeError, check_int, is_int
 
 __all__ = [
@@ -334,7 +340,7 @@ def export_sentence_transformers(
     prompts: Mapping[str, str] | None = None,
     default_prompt_name: str | None = None,
 ) -> Path:
-    """Write a :class:`TransformerEncoder` as a sentence-transformers model directory, with a model card.
+    """Write a transformer encoder (or two towers) as a sentence-transformers model directory, with a card.
 
     The modules are the encoder's own steps: ``Transformer`` (the ``AutoModel`` and the tokenizer),
     ``Pooling`` in the encoder's mode (any of sentence-transformers', several concatenated in the
@@ -346,8 +352,15 @@ def export_sentence_transformers(
     the encoder dropped (BERT's, unused by the pooling) is written back, as :func:`export_huggingface`
     writes it. ``README.md`` is :func:`model_card`'s.
 
+    A :class:`TwoTowerEncoder` of two transformers is written as sentence-transformers' ``Router``: a
+    ``query`` route of the query tower's steps and a ``document`` route of the passage tower's (a frozen
+    passage tower with its weights, as it was trained: unchanged), each tower's ``Transformer`` in a
+    subfolder of its own holding the run's tokenizer. ``SentenceTransformer(out_dir).encode_query(texts)``
+    embeds as the query tower does, ``encode_document(texts)`` (and ``encode``) as the passage tower.
+
     Args:
-        model (torch.nn.Module): A :class:`TransformerEncoder` or an ``EmbeddingModel`` around one.
+        model (torch.nn.Module): A :class:`TransformerEncoder`, a :class:`TwoTowerEncoder` of two, or an
+            ``EmbeddingModel`` around either.
         tokenizer: The tokenizer the encoder was trained with (see :func:`pretrained_tokenizer`).
         out_dir (str | os.PathLike): A new or empty directory.
         normalize (bool, optional): Add ``Normalize``. Default: ``None``, the ``EmbeddingModel``'s
@@ -366,24 +379,31 @@ def export_sentence_transformers(
         Path: ``out_dir``.
 
     Raises:
-        ValueError: If the encoder is not a :class:`TransformerEncoder` (the format holds a transformer),
-            it concatenates several modes in an order a sentence-transformers before 6.0 cannot write,
-            or as :func:`export_huggingface`.
+        ValueError: If the encoder is not a :class:`TransformerEncoder` (the format holds a transformer)
+            or two towers of them (with a sentence-transformers that has ``Router``), it concatenates
+            several modes in an order a sentence-transformers before 6.0 cannot write, or as
+            :func:`export_huggingface`.
     """
     encoder, normalized = unwrap_encoder(model, normalize)
     card = {"max_length": max_length, "normalize": normalized, "config": config, "metrics": metrics}
-    if not isinstance(encoder, TransformerEncoder):
-        raise ValueError(
-            f"export_sentence_transformers needs a TransformerEncoder (the format holds a Hugging Face "
-            f"transformer), got {type(encoder).__name__}; export_huggingface writes its state dict and config."
-        )
+    towers = _transformer_towers(encoder)
     library = import_text_extra("sentence_transformers", "export_sentence_transformers")
-    _tokenizer_for(encoder, tokenizer, special_tokens, max_length)  # checked before out_dir is created
+    modules = sentence_transformers_modules()
+    for _, tower in towers:  # checked before out_dir is created
+        _tokenizer_for(tower, tokenizer, special_tokens, max_length)
+    if len(towers) > 1:
+        router_class(modules)  # a sentence-transformers without Router: refused before out_dir is made
     directory = _prepare(out_dir)
     with tempfile.TemporaryDirectory() as staging:
-        staged = Path(staging) / "model"
-        export_huggingface(encoder, tokenizer, staged, special_tokens=special_tokens, max_length=max_length)
-        steps = _sentence_transformers_steps(_sentence_transformers_modules(), encoder, staged, normalized)
+        routes = {}
+        for route, tower in towers:
+            staged = Path(staging) / route
+            export_huggingface(tower, tokenizer, staged, special_tokens=special_tokens, max_length=max_length)
+            routes[route] = sentence_transformers_steps(modules, tower, staged, normalized)
+        if "model" in routes:
+            steps = routes["model"]
+        else:
+            steps = [router_module(modules, routes["query"], routes["document"])]
         with quiet_transformers():
             saved = library.SentenceTransformer(
                 modules=steps,
@@ -397,52 +417,24 @@ def export_sentence_transformers(
     return directory
 
 
-def _sentence_transformers_steps(
-    modules: Any, encoder: TransformerEncoder, staged: Path, normalized: bool
-) -> list[nn.Module]:
-    """The modules of the encoder's steps: Transformer (of ``staged``), Pooling, Dense and Normalize."""
-    with quiet_transformers():
-        transformer = modules.Transformer(str(staged))
-    steps: list[nn.Module] = [transformer, _pooling_module(modules, encoder)]
-    if encoder.projection is not None:
-        dense = modules.Dense(
-            encoder.projection.in_features,
-            encoder.projection.out_features,
-            bias=True,
-            activation_function=nn.Identity(),
-        )
-        dense.linear.load_state_dict(encoder.projection.state_dict())
-        steps.append(dense)
-    if normalized:
-        steps.append(modules.Normalize())
-    return steps
-
-
-def _pooling_module(modules: Any, encoder: TransformerEncoder) -> nn.Module:
-    """sentence-transformers' ``Pooling`` in the encoder's modes and ``include_prompt``: ``pooling_mode``
-    (one mode, or the modes in their order) from 6.0, the ``pooling_mode_*`` flags before.
+def _transformer_towers(encoder: nn.Module) -> list[tuple[str, TransformerEncoder]]:
+    """``[("model", encoder)]`` of a transformer, ``[("query", ...), ("document", ...)]`` of two towers of
+    transformers: the sentence-transformers routes, each a transformer.
 
     Raises:
-        ValueError: If the encoder concatenates several modes in an order other than the flags' before 6.0.
+        ValueError: If the encoder is neither.
     """
-    modes = tuple(encoder.pooling.split("+"))
-    dimension, include_prompt = encoder.model.config.hidden_size, encoder.include_prompt
-    if "pooling_mode_cls_token" not in inspect.signature(modules.Pooling).parameters:
-        mode = modes[0] if len(modes) == 1 else modes
-        return modules.Pooling(dimension, pooling_mode=mode, include_prompt=include_prompt)
-    flags = {flag: name in modes for flag, name in POOLING_FLAGS.items()}
-    if len(modes) > 1 and list(modes) != [name for name in POOLING_FLAGS.values() if name in modes]:
-        raise ValueError(
-            f"pooling {encoder.pooling!r}: sentence-transformers before 6.0 concatenates the modes in the "
-            f"order {list(POOLING_FLAGS.values())}; install sentence-transformers 6 to export this order."
-        )
-    return modules.Pooling(dimension, **flags, include_prompt=include_prompt)
-
-
-def _sentence_transformers_modules() -> Any:
-    """sentence-transformers' module classes: ``sentence_transformer.modules`` from 6.0, else ``models``."""
-    try:
-        from sentence_transformers.sentence_transformer import modules
-    except ImportError:
-        from sentence_transformers import models as modules
-    return modules
+    if isinstance(encoder, TransformerEncoder):
+        return [("model", encoder)]
+    if isinstance(encoder, TwoTowerEncoder):
+        towers = [("query", encoder.query_encoder), ("document", encoder.passage_encoder)]
+        if all(isinstance(tower, TransformerEncoder) for _, tower in towers):
+            return towers
+        got = f"a TwoTowerEncoder of {type(towers[0][1]).__name__} and {type(towers[1][1]).__name__}"
+    else:
+        got = type(encoder).__name__
+    raise ValueError(
+        f"export_sentence_transformers needs a TransformerEncoder (the format holds a Hugging Face "
+        f"transformer) or a TwoTowerEncoder of two, got {got}; export_huggingface writes its state dict and "
+        "config."
+    )

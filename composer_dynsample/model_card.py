@@ -1,9 +1,10 @@
 """The model card of an exported model: ``README.md`` of a sentence-transformers folder.
 
-:func:`model_card` writes the model (encoder, pooling, projection, normalisation, ``max_seq_length``)
-and, given the run's config and ``metrics.json`` (:func:`run_metrics`), the training data, the recipe and
-the scores; a run of ``model.loss.matryoshka_dims`` adds its dimensions, a ``truncate_dim`` example and the
-scores at each dimension. A card leaves its folder's machine: a local path in the config is written as its name, a
+:func:`model_card` writes the model (encoder, pooling, projection, normalisation, ``max_seq_length``;
+of two towers, which ``Router`` route is which tower, and each tower's encoder) and, given the run's
+config and ``metrics.json`` (:func:`run_metrics`), the training data, the recipe and the scores; a run of
+``model.loss.matryoshka_dims`` adds its dimensions, a ``truncate_dim`` example and the scores at each
+dimension. A card leaves its folder's machine: a local path in the config is written as its name, a
 file's with the SHA-256 of its bytes (``train.jsonl (SHA-256 ...)``), so that the card names the data
 it was trained on without the directories of the machine it was trained on.
 """
@@ -63,8 +64,9 @@ def model_card(
     """The ``README.md`` of an exported model, in plain Markdown: the model, and the run when given.
 
     Args:
-        model (torch.nn.Module): A :class:`~composer_dynsample.models.text.TransformerEncoder`, or an
-            ``EmbeddingModel`` around one.
+        model (torch.nn.Module): A :class:`~composer_dynsample.models.text.TransformerEncoder`, a
+            :class:`~composer_dynsample.models.text.TwoTowerEncoder` of two (exported as a ``Router``: the
+            card says which route is which tower), or an ``EmbeddingModel`` around either.
         max_length (int, optional): The longest input in tokens (``max_seq_length``). Default: ``None``.
         normalize (bool, optional): Whether embeddings are L2-normalised. Default: ``None``, the model's.
         config (Mapping[str, Any], optional): The run's config: its ``data``, and the recipe (encoder, loss,
@@ -89,7 +91,14 @@ def model_card(
     }
     lines = [f"# {title}", "", "A text embedding model trained with composer-dynsample.", "", "## Use", ""]
     lines += ["```python", "from sentence_transformers import SentenceTransformer", ""]
-    lines += [f"model = SentenceTransformer({title!r})", 'embeddings = model.encode(["a text"])']
+    lines += [f"model = SentenceTransformer({title!r})"]
+    if _towers(encoder):  # a Router: the query route and the document route
+        lines += [
+            'queries = model.encode_query(["a question"])',
+            'passages = model.encode_document(["a passage"])',
+        ]
+    else:
+        lines += ['embeddings = model.encode(["a text"])']
     if dims:  # sentence-transformers keeps the first truncate_dim dimensions of every embedding
         lines += [
             f"small = SentenceTransformer({title!r}, truncate_dim={dims[-1]})  # Matryoshka: the first {dims[-1]}"
@@ -144,21 +153,55 @@ def _without_local_paths(value: Any) -> Any:
     return local_path_shown(value) if isinstance(value, str) else value
 
 
+def _towers(encoder: nn.Module) -> list[tuple[str, nn.Module]]:
+    """A two-tower encoder's towers by the name the card gives them; ``[]`` for one encoder."""
+    query, passage = getattr(encoder, "query_encoder", None), getattr(encoder, "passage_encoder", None)
+    if isinstance(query, nn.Module) and isinstance(passage, nn.Module):
+        return [("Query tower", query), ("Passage tower", passage)]
+    return []
+
+
 def _model_lines(encoder: nn.Module, normalized: bool, max_length: int | None) -> list[str]:
-    """The card's list of the model: the encoder, where it started, pooling, projection, normalisation."""
+    """The card's list of the model: the encoder, where it started, pooling, projection, normalisation;
+    of two towers, which route is which and each tower's encoder, pooling and projection."""
+    towers = _towers(encoder)
+    if not towers:
+        lines = _tower_lines(encoder, "")
+        longest = encoder.max_tokens
+    else:
+        frozen = (
+            ", frozen in training (its starting weights)"
+            if getattr(encoder, "frozen_passages", False)
+            else ""
+        )
+        lines = [
+            "Two towers, written as a sentence-transformers `Router`: the `query` route (`encode_query`) is the "
+            "query tower, the `document` route (`encode_document`, and `encode`) the passage tower" + frozen,
+            *(line for name, tower in towers for line in _tower_lines(tower, f"{name} ")),
+        ]
+        limits = [tower.max_tokens for _, tower in towers if tower.max_tokens is not None]
+        longest = min(limits) if limits else None
+    return [
+        *lines,
+        f"Normalisation: {'L2 (Normalize)' if normalized else 'none'}",
+        f"max_seq_length: {max_length if max_length is not None else longest}",
+    ]
+
+
+def _tower_lines(encoder: nn.Module, prefix: str) -> list[str]:
+    """A transformer encoder's lines (``prefix`` names the tower): its model, start, pooling, projection."""
     folder, config, projection = getattr(encoder, "folder", None), encoder.model.config, encoder.projection
     start = (
         f"started from `{local_path_shown(str(folder.path))}`"
         if folder is not None
         else "randomly initialised"
     )
-    return [
-        f"Encoder: {type(encoder.model).__name__} ({config.model_type}, hidden size {config.hidden_size}), {start}",
-        f"Pooling: {encoder.pooling}",
-        f"Projection: linear to {projection.out_features}" if projection is not None else "Projection: none",
-        f"Normalisation: {'L2 (Normalize)' if normalized else 'none'}",
-        f"max_seq_length: {max_length if max_length is not None else encoder.max_tokens}",
+    model = f"{type(encoder.model).__name__} ({config.model_type}, hidden size {config.hidden_size})"
+    lines = [f"Encoder: {model}, {start}", f"Pooling: {encoder.pooling}"]
+    lines += [
+        f"Projection: linear to {projection.out_features}" if projection is not None else "Projection: none"
     ]
+    return [f"{prefix}{line[0].lower() + line[1:]}" if prefix else line for line in lines]
 
 
 def _metric_lines(metrics: Mapping[str, Any]) -> list[str]:

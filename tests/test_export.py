@@ -54,6 +54,28 @@ def test_sentence_transformers_embeds_as_our_model(tmp_path, pooling, embedding_
     torch.testing.assert_close(embeddings, ours, atol=1e-5, rtol=1e-5)
 
 
+def test_two_towers_export_as_a_router_whose_routes_embed_as_each_tower(tmp_path):
+    sentence_transformers = pytest.importorskip("sentence_transformers")
+    query = transformer(pooling="cls", embedding_dim=6)
+    torch.manual_seed(1)
+    passage = TransformerEncoder(vocab_size=VOCAB, config=bert_config(), pooling="mean", embedding_dim=6)
+    model = EmbeddingModel(TwoTowerEncoder(query, passage), normalize=True).eval()
+    out = export_sentence_transformers(model, TOKENIZER, tmp_path / "st")
+    routes = json.loads((out / "router_config.json").read_text())["structure"]
+    steps = ["Transformer", "Pooling", "Dense", "Normalize"]
+    assert {route: [name.rsplit("_", 1)[-1] for name in names] for route, names in routes.items()} == {
+        "query": steps,
+        "document": steps,
+    }
+    loaded = sentence_transformers.SentenceTransformer(str(out), device="cpu")
+    labels = torch.zeros(len(TEXTS), dtype=torch.long)
+    for encode, is_query in ((loaded.encode_query, True), (loaded.encode_document, False)):
+        batch = features(TEXTS, is_query=[is_query] * len(TEXTS))
+        with torch.no_grad():
+            ours = model({"features": batch, "labels": labels})
+        torch.testing.assert_close(encode(TEXTS, convert_to_tensor=True), ours, atol=1e-5, rtol=1e-5)
+
+
 def test_huggingface_directory_loads_with_auto_classes(tmp_path):
     encoder = transformer(embedding_dim=6).eval()
     out = export_huggingface(encoder, TOKENIZER, tmp_path / "hf")
@@ -116,6 +138,11 @@ def test_sentence_transformers_needs_a_transformer(tmp_path):
     with pytest.raises(ValueError, match=r"needs a TransformerEncoder .* got BagOfTokensEncoder") as error:
         export_sentence_transformers(bag(), TOKENIZER, tmp_path / "st")
     assert "\n" not in str(error.value)
+    towers = TwoTowerEncoder(transformer(), bag(embedding_dim=16))
+    with pytest.raises(
+        ValueError, match=r"got a TwoTowerEncoder of TransformerEncoder and BagOfTokensEncoder;"
+    ):
+        export_sentence_transformers(towers, TOKENIZER, tmp_path / "st")
     assert not (tmp_path / "st").exists()
 
 

@@ -13,6 +13,12 @@ else the loader's default capped by the model's positions) when the ``data`` sec
 a tokenizer when the data names none, a ``data.tokenizer`` of another vocabulary than the folder's, and
 a pooling the encoder lacks.
 
+Two towers (``two_tower``) of two folders read one tokenization of each batch, so their folders must
+share a tokenizer (one vocabulary, one lower-casing: a query and a passage model fine-tuned from one
+base); the data's tokenizer is the query tower's folder's, its ``max_length`` the smaller of the two
+folders', and two folders that disagree on ``Normalize`` need ``model.normalize``. Each tower pools as
+its own folder says.
+
 Reading a folder or a transformer's positions imports :mod:`composer_dynsample.models` (torch), so those
 checks import it when they run: importing this module imports neither torch nor Composer.
 """
@@ -47,6 +53,7 @@ __all__ = [
     "check_positions",
     "check_transformer_positions",
     "folder_data_defaults",
+    "folder_normalize",
     "is_transformer",
     "model_folder",
     "tower_section",
@@ -88,8 +95,8 @@ def check_model_keys(model: Mapping[str, Any], takes: Iterable[str]) -> None:
 def check_positions(cfg: DictConfig) -> None:
     """``data.max_length`` against the positions of each transformer of ``model.encoder``, data unloaded.
 
-    The length is the data section's ``max_length``, else a model folder's (see
-    :func:`folder_data_defaults`), else its loader's default; a transformer's
+    The length is the data section's ``max_length``, else a model folder's (the smaller of two towers'
+    folders', see :func:`folder_data_defaults`), else its loader's default; a transformer's
     positions are read off its ``config`` (or the model type's default) or its folder's ``config.json``,
     as :func:`~composer_dynsample.models.transformer.position_limit` says. Sections that name no
     transformer, or data without a ``max_length``, are left alone.
@@ -101,15 +108,14 @@ def check_positions(cfg: DictConfig) -> None:
     if not data:
         return
     max_length, origin = data.get("max_length"), None
-    folder = model_folder(cfg) if max_length is None else None
-    length = _folder_max_length(data, folder) if folder is not None else None
-    if length is not None:
-        max_length = length
-        if length == folder.max_seq_length:
+    chosen = _data_length(data, _folders(cfg)) if max_length is None else None
+    if chosen is not None:
+        max_length, where, folder = chosen
+        if max_length == folder.max_seq_length:
             source = (folder.model_dir / str(folder.max_seq_length_source)).relative_to(folder.path)
             origin = (
-                f"data.max_length is unset and the max_seq_length of model.encoder.path "
-                f"{str(folder.path)!r} (its {source}) is {length}"
+                f"data.max_length is unset and the max_seq_length of {where}.path "
+                f"{str(folder.path)!r} (its {source}) is {max_length}"
             )
     elif "max_length" not in data:
         default = parameters(peek_entry("data", data, DATASETS)).get("max_length")
@@ -177,24 +183,96 @@ def check_transformer_positions(
 
 def model_folder(cfg: DictConfig) -> ModelFolder | None:
     """What the folder of ``model.encoder`` says, when it is a transformer of a ``path`` (JSON read only);
-    for two towers, the folder of their transformer towers of a ``path`` (both must name one folder: it
-    gives the data the one tokenizer both towers read, and the model its normalisation).
+    for two towers, the query tower's folder (else the passage tower's, when only it names one).
+
+    That folder gives the data its tokenizer and prompts, and the model its normalisation unless it does
+    not say (:func:`folder_normalize`). Two towers of two folders are checked here
+    (:func:`_check_tower_folders`): a batch is tokenized once, so their tokenizers must be one.
 
     Returns:
         ModelFolder | None: ``None`` for any other encoder (random init, other encoders, towers of none).
 
     Raises:
         ConfigError: If the folder does not exist, holds no ``config.json``, or its sentence-transformers
-            files cannot be read; or two towers name two folders.
+            files cannot be read; or two towers' folders do not share a tokenizer, or disagree on
+            ``Normalize`` while ``model.normalize`` is unset.
     """
-    found = _encoder_folders(section(section(cfg, "model", "model"), "encoder", "model.encoder"))
-    if len({folder.model_dir.resolve() for _, folder in found}) > 1:
-        named = ", ".join(f"{where}.path={str(folder.path)!r}" for where, folder in found)
-        raise ConfigError(
-            f"two towers of two model folders ({named}) read texts with two tokenizers, and a batch is tokenized "
-            "once; give both towers the same folder (e.g. a frozen_passages copy of the query model)."
-        )
+    found = _folders(cfg)
     return found[0][1] if found else None
+
+
+def folder_normalize(cfg: DictConfig) -> bool | None:
+    """Whether the model folders of ``model.encoder`` L2-normalise embeddings (list a ``Normalize``): the
+    first folder that says (a plain Hugging Face folder does not); ``None`` when none says. Two towers'
+    folders that disagree are refused unless ``model.normalize`` is set (:func:`model_folder`)."""
+    return next((folder.normalize for _, folder in _folders(cfg) if folder.normalize is not None), None)
+
+
+def _folders(cfg: DictConfig) -> list[tuple[str, ModelFolder]]:
+    """``(section, folder)`` of each transformer of a ``path`` in ``model.encoder``, the towers' checked."""
+    model = section(cfg, "model", "model")
+    found = _encoder_folders(section(model, "encoder", "model.encoder"))
+    _check_tower_folders(found, model.get("normalize"))
+    return found
+
+
+def _check_tower_folders(found: list[tuple[str, ModelFolder]], normalize: Any) -> None:
+    """Two towers of two folders: one tokenizer (vocabulary and lower-casing), and one ``Normalize``
+    unless ``model.normalize`` says.
+
+    Raises:
+        ConfigError: One line naming both folders when they differ.
+    """
+    if len(found) < 2:
+        return
+    (query_where, query), others = found[0], found[1:]
+    for passage_where, passage in others:
+        named = f"{query_where}.path {str(query.path)!r} and {passage_where}.path {str(passage.path)!r}"
+        if query.model_dir.resolve() != passage.model_dir.resolve():
+            _check_one_tokenizer(query, passage, named)
+        stated = (query.normalize, passage.normalize)
+        if normalize is None and None not in stated and stated[0] != stated[1]:
+            normalising = query_where if query.normalize else passage_where
+            raise ConfigError(
+                f"{named} disagree on normalisation (only {normalising}.path lists a Normalize module) and "
+                "model.normalize is unset; set model.normalize to true or false for both towers."
+            )
+
+
+def _check_one_tokenizer(query: ModelFolder, passage: ModelFolder, named: str) -> None:
+    """A one-line ConfigError when two towers' folders tokenize otherwise: their vocabularies, or one
+    lower-cases texts and the other does not. A folder without a tokenizer is not compared."""
+    from composer_dynsample.models.sentence_folder import tokenizer_vocabulary
+
+    theirs = tokenizer_vocabulary(query.model_dir) if query.has_tokenizer else None
+    ours = tokenizer_vocabulary(passage.model_dir) if passage.has_tokenizer else None
+    unsupported = (
+        "a batch is tokenized once (with the query folder's tokenizer), so towers with two tokenizers are not "
+        "supported; give both towers folders of one tokenizer (e.g. two models fine-tuned from one base)."
+    )
+    if theirs is not None and ours is not None and ours != theirs:
+        difference = _vocabulary_difference(ours, theirs, "the passage folder", "the query folder")
+        raise ConfigError(
+            f"{named} have two tokenizers: their vocabularies differ ({len(theirs)} and {len(ours)} tokens; "
+            f"{difference}), and {unsupported}"
+        )
+    lower = [_lowercases(folder) for folder in (query, passage)]
+    if None not in lower and lower[0] != lower[1]:
+        which = "the query folder" if lower[0] else "the passage folder"
+        raise ConfigError(
+            f"{named} disagree on lower-casing (only {which} lower-cases texts: do_lower_case or its "
+            f"tokenizer's normalizer), and {unsupported}"
+        )
+
+
+def _lowercases(folder: ModelFolder) -> bool | None:
+    """Whether sentence-transformers lower-cases the folder's texts (``do_lower_case``, or its
+    ``tokenizer.json``'s normalizer); ``None`` when it cannot tell (no ``tokenizer.json``)."""
+    from composer_dynsample.models.sentence_folder import tokenizer_lowercases
+
+    if folder.do_lower_case:
+        return True
+    return None if folder.tokenizer_file is None else tokenizer_lowercases(folder.tokenizer_file)
 
 
 def _encoder_folders(
@@ -235,28 +313,28 @@ def _encoder_folders(
 
 
 def check_model_folder(cfg: DictConfig) -> None:
-    """The model folder of ``model.encoder`` against the config, before any data is loaded.
+    """The model folder of ``model.encoder`` (each tower's) against the config, before any data is loaded.
 
     Raises:
-        ConfigError: If the folder is not there (see :func:`model_folder`), pools otherwise than by mean
-            or CLS and ``model.encoder.pooling`` is unset, holds no tokenizer and ``data.tokenizer`` is
-            unset, lower-cases texts its tokenizer does not, or ``data.tokenizer`` has another vocabulary
-            than the folder's tokenizer.
+        ConfigError: If the folder is not there or two towers' folders do not share a tokenizer (see
+            :func:`model_folder`), pools otherwise than by mean or CLS and ``model.encoder.pooling`` is
+            unset, holds no tokenizer and ``data.tokenizer`` is unset, lower-cases texts its tokenizer
+            does not, or ``data.tokenizer`` has another vocabulary than the folder's tokenizer.
     """
-    folder = model_folder(cfg)
-    if folder is None:
+    found = _folders(cfg)
+    if not found:
         return
     from composer_dynsample.models.transformer import folder_pooling  # it imports torch: only for a folder
 
     encoder = section(section(cfg, "model", "model"), "encoder", "model.encoder")
-    for where, tower_folder in _encoder_folders(encoder):
+    for where, tower_folder in found:
         values = encoder if where == "model.encoder" else encoder[where.rsplit(".", 1)[1]]
         if values.get("pooling") is None:
             try:
                 folder_pooling(tower_folder, f"{where}.pooling", f"{where}.path")
             except ValueError as error:
                 raise ConfigError(str(error)) from None
-    _data_tokenizer(section(cfg, "data", "data"), folder)
+    _data_tokenizer(section(cfg, "data", "data"), found)
 
 
 def folder_data_defaults(cfg: DictConfig, *, tokenizer: bool = True) -> dict[str, Any]:
@@ -266,6 +344,10 @@ def folder_data_defaults(cfg: DictConfig, *, tokenizer: bool = True) -> dict[str
     ``transformers.AutoTokenizer``); ``max_length`` is the folder's ``max_seq_length``, else, when the
     loader's default is more tokens than the model has positions for, those positions. A ``data``
     section that names its tokenizer has it checked against the folder's.
+
+    Two towers of two folders (of one tokenizer, see :func:`model_folder`) give the query tower's
+    tokenizer, and the smaller of the two folders' lengths: no tower reads a text longer than its folder
+    does.
 
     Args:
         cfg (DictConfig): The config.
@@ -278,18 +360,28 @@ def folder_data_defaults(cfg: DictConfig, *, tokenizer: bool = True) -> dict[str
     Raises:
         ConfigError: As :func:`check_model_folder`, for the folder and the tokenizer.
     """
-    folder = model_folder(cfg)
+    found = _folders(cfg)
     data = section(cfg, "data", "data")
-    if folder is None or not data:
+    if not found or not data:
         return {}
     defaults: dict[str, Any] = {}
-    found = _data_tokenizer(data, folder) if tokenizer else None
-    if found is not None:
-        defaults["tokenizer"] = found
-    length = _folder_max_length(data, folder) if data.get("max_length") is None else None
-    if length is not None:
-        defaults["max_length"] = length
+    given = _data_tokenizer(data, found) if tokenizer else None
+    if given is not None:
+        defaults["tokenizer"] = given
+    chosen = _data_length(data, found) if data.get("max_length") is None else None
+    if chosen is not None:
+        defaults["max_length"] = chosen[0]
     return defaults
+
+
+def _data_length(
+    data: Mapping[str, Any], found: list[tuple[str, ModelFolder]]
+) -> tuple[int, str, ModelFolder] | None:
+    """The smallest ``max_length`` the folders give (the first folder's of equals), with the section
+    and folder it came from; ``None`` when none gives one."""
+    lengths = [(_folder_max_length(data, folder), where, folder) for where, folder in found]
+    given = [(length, where, folder) for length, where, folder in lengths if length is not None]
+    return min(given, key=lambda item: item[0]) if given else None
 
 
 def _folder_max_length(data: Mapping[str, Any], folder: ModelFolder) -> int | None:
@@ -307,26 +399,31 @@ def _folder_max_length(data: Mapping[str, Any], folder: ModelFolder) -> int | No
     return None
 
 
-def _data_tokenizer(data: Mapping[str, Any], folder: ModelFolder) -> str | None:
-    """The folder's tokenizer for a loader that takes one and is given none; ``None`` otherwise, after
-    checking a given one against it."""
+def _data_tokenizer(data: Mapping[str, Any], found: list[tuple[str, ModelFolder]]) -> str | None:
+    """The first folder's tokenizer for a loader that takes one and is given none; ``None`` otherwise,
+    after checking a given one against each folder's."""
     if not data or "tokenizer" not in parameters(peek_entry("data", dict(data), DATASETS)):
         return None
     given = data.get("tokenizer")
     if given is not None:
-        _check_same_vocabulary(str(given), folder)
+        checked = {}  # one check of each tokenizer: two towers of one folder share it
+        for where, folder in found:
+            checked.setdefault(folder.model_dir.resolve(), (where, folder))
+        for where, folder in checked.values():
+            _check_same_vocabulary(str(given), folder, where)
         return None
+    where, folder = found[0]
     if not folder.has_tokenizer:
         raise ConfigError(
-            f"model.encoder.path {str(folder.path)!r} holds no tokenizer (tokenizer.json, vocab.txt, ...), so "
+            f"{where}.path {str(folder.path)!r} holds no tokenizer (tokenizer.json, vocab.txt, ...), so "
             "the ids its model was trained on are unknown; set data.tokenizer to that model's tokenizer "
             "(a tokenizer.json or a folder)."
         )
-    _check_lowercase(folder)
+    _check_lowercase(folder, where)
     return str(folder.model_dir)
 
 
-def _check_same_vocabulary(given: str, folder: ModelFolder) -> None:
+def _check_same_vocabulary(given: str, folder: ModelFolder, where: str) -> None:
     """A one-line ConfigError when ``data.tokenizer`` has another vocabulary than the folder's tokenizer."""
     from composer_dynsample.models.sentence_folder import tokenizer_vocabulary
 
@@ -334,9 +431,23 @@ def _check_same_vocabulary(given: str, folder: ModelFolder) -> None:
     ours = tokenizer_vocabulary(given)
     if theirs is None or ours is None or ours == theirs:
         return  # nothing to compare with, or a tokenizer the loader names as broken
+    difference = _vocabulary_difference(ours, theirs, "data.tokenizer", "the folder")
+    raise ConfigError(
+        f"data.tokenizer {given!r} is not the tokenizer of {where}.path {str(folder.path)!r}: their "
+        f"vocabularies differ ({len(ours)} and {len(theirs)} tokens; {difference}), so the model would read "
+        "ids it was not trained on; leave data.tokenizer out to use the folder's tokenizer, or give one with "
+        "its vocabulary."
+    )
+
+
+def _vocabulary_difference(
+    ours: dict[str, int], theirs: dict[str, int], our_name: str, their_name: str
+) -> str:
+    """The first token (by ``theirs``' ids) two different vocabularies disagree on, in words; else a token
+    only ``ours`` has."""
     difference = next(
         (
-            f"the folder's {token!r} is id {index}, data.tokenizer's "
+            f"{their_name}'s {token!r} is id {index}, {our_name}'s "
             + (f"is {ours[token]}" if token in ours else "lacks it")
             for token, index in sorted(theirs.items(), key=lambda item: item[1])
             if ours.get(token) != index
@@ -345,23 +456,18 @@ def _check_same_vocabulary(given: str, folder: ModelFolder) -> None:
     )
     if difference is None:
         extra = min(set(ours) - set(theirs), key=ours.__getitem__)
-        difference = f"data.tokenizer has {extra!r} (id {ours[extra]}), the folder's has not"
-    raise ConfigError(
-        f"data.tokenizer {given!r} is not the tokenizer of model.encoder.path {str(folder.path)!r}: their "
-        f"vocabularies differ ({len(ours)} and {len(theirs)} tokens; {difference}), so the model would read "
-        "ids it was not trained on; leave data.tokenizer out to use the folder's tokenizer, or give one with "
-        "its vocabulary."
-    )
+        difference = f"{our_name} has {extra!r} (id {ours[extra]}), {their_name}'s has not"
+    return difference
 
 
-def _check_lowercase(folder: ModelFolder) -> None:
+def _check_lowercase(folder: ModelFolder, where: str) -> None:
     """A one-line ConfigError when the folder lower-cases texts (``do_lower_case``) its tokenizer does not."""
     from composer_dynsample.models.sentence_folder import tokenizer_lowercases
 
     file = folder.tokenizer_file
     if folder.do_lower_case and file is not None and tokenizer_lowercases(file) is False:
         raise ConfigError(
-            f"model.encoder.path {str(folder.path)!r} lower-cases texts (do_lower_case in its settings) but its "
+            f"{where}.path {str(folder.path)!r} lower-cases texts (do_lower_case in its settings) but its "
             f"tokenizer {str(file)!r} does not; save that tokenizer with a Lowercase normalizer and give it "
             "as data.tokenizer."
         )

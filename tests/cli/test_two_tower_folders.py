@@ -1,5 +1,6 @@
 """Two towers of a model folder (the ADORE mode: a frozen passage copy of the query model) read the folder's
-tokenizer, pooling and normalisation, as one transformer of that folder does; two folders are one line."""
+tokenizer, pooling and normalisation, as one transformer of that folder does; two folders of one tokenizer
+each load their own model."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import torch
 from composer_dynsample.config import load_config
 from composer_dynsample.config.run import build_run
 from composer_dynsample.data import TextCollate
-from tests.cli.helpers import one_line_error, write_tiny_pairs_config
+from tests.cli.helpers import write_tiny_pairs_config
 from tests.models.folders import save_bert_folder, save_sentence_folder
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
@@ -56,9 +57,22 @@ def test_two_towers_of_one_folder_take_its_tokenizer_pooling_and_normalisation(t
     torch.testing.assert_close(ours, theirs)
 
 
-def test_two_towers_of_two_folders_are_one_line(tmp_path, capsys):
+def test_two_towers_of_two_folders_of_one_tokenizer_each_load_their_own(tmp_path):
+    """Two folders of one tokenizer (two models of one base) build: each tower holds its own folder's
+    weights; two vocabularies stay one line (tests/cli/test_two_tower_router.py)."""
+    import transformers
+
     first = save_bert_folder(tmp_path / "first")
     second = save_bert_folder(tmp_path / "second", seed=1)
-    config = write_config(tmp_path, towers(first, second))
-    error = one_line_error(capsys, ["train", config, "--run-dir", str(tmp_path / "run")])
-    assert "two towers of two model folders" in error and "model.encoder.passage_encoder.path=" in error
+    run = build_run(load_config(write_config(tmp_path, towers(first, second))), tmp_path / "run")
+    assert run.splits.info.tokenizer == str(first)
+    for tower, folder in (
+        (run.model.encoder.query_encoder, first),
+        (run.model.encoder.passage_encoder, second),
+    ):
+        saved = transformers.AutoModel.from_pretrained(str(folder)).embeddings.word_embeddings.weight
+        assert torch.equal(tower.model.embeddings.word_embeddings.weight, saved)
+    assert not torch.equal(
+        run.model.encoder.query_encoder.model.embeddings.word_embeddings.weight,
+        run.model.encoder.passage_encoder.model.embeddings.word_embeddings.weight,
+    )

@@ -1,0 +1,228 @@
+"""Two towers of two model folders of one tokenizer embed as each folder's sentence-transformers model, and
+``export`` writes two towers as sentence-transformers' ``Router``: ``encode_query`` is the query tower,
+``encode_document`` the passage tower (frozen or trained). Two tokenizers, and two folders that disagree
+on ``Normalize`` while ``model.normalize`` is unset, are one line."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("tokenizers")
+pytest.importorskip("transformers")
+pytest.importorskip("sentence_transformers")
+
+from composer_dynsample.cli.main import main
+from composer_dynsample.config import ConfigError, load_config
+from composer_dynsample.config.checks import check_config
+from composer_dynsample.config.run import build_run
+from composer_dynsample.data import TextCollate
+from composer_dynsample.models.sentence_folder import (
+    read_model_folder,
+    tokenizer_lowercases,
+    tokenizer_vocabulary,
+)
+from tests.cli.helpers import embed_input, latest_checkpoint, one_line_error, write_tiny_pairs_config
+from tests.data.text.helpers import pair_rows
+from tests.models.folders import save_bert_folder, save_sentence_folder
+
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
+
+TEST_ROWS = pair_rows(8, seed=1)  # the test split write_tiny_pairs_config writes
+
+
+def write_config(folder: Path, encoder: dict, **model: object) -> str:
+    """A pairs config of ``folder``'s tiny train and test files with ``encoder``, 2 batches, no evaluation;
+    the data's tokenizer and max_length are the model folders'."""
+    data = {
+        "name": "pairs",
+        "path": str(folder / "train.jsonl"),
+        "test_path": str(folder / "test.jsonl"),
+        "cache_dir": str(folder / "cache"),
+    }
+    sections = {"encoder": encoder, "loss": {"name": "info_nce", "temperature": 0.1}, **model}
+    return write_tiny_pairs_config(folder, data, sections, lr=0.001)
+
+
+def towers(query: Path, passage: Path, *, frozen: bool = False) -> dict:
+    return {
+        "name": "two_tower",
+        "frozen_passages": frozen,
+        "query_encoder": {"name": "transformer", "path": str(query)},
+        "passage_encoder": {"name": "transformer", "path": str(passage)},
+    }
+
+
+def split_texts(store) -> tuple[list[str], list[bool]]:
+    """The texts of a test split's rows, in its order, and which of them are queries."""
+    rows = [TEST_ROWS[row] for row in store.source_rows]
+    queries = [bool(query) for query in store.is_query]
+    return [row["anchor" if query else "positive"] for row, query in zip(rows, queries)], queries
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory) -> tuple[Path, Path]:
+    """A query folder (CLS pooling, seed 0, max_seq_length 20) and a passage folder (mean pooling, seed 1,
+    max_seq_length 10) of one tokenizer, both normalising."""
+    root = tmp_path_factory.mktemp("folders")
+    query = save_sentence_folder(root / "query", pooling="cls", max_seq_length=20)
+    passage = save_sentence_folder(root / "passage", pooling="mean", max_seq_length=10, seed=1)
+    assert tokenizer_vocabulary(query) == tokenizer_vocabulary(passage)
+    return query, passage
+
+
+def test_two_folders_of_one_tokenizer_embed_as_their_sentence_transformers_models(folders, tmp_path, capsys):
+    from sentence_transformers import SentenceTransformer
+
+    query, passage = folders
+    config = write_config(tmp_path, towers(query, passage))
+    main(["train", config, "--run-dir", str(tmp_path / "run")])  # two batches of both towers
+    capsys.readouterr()
+    run = build_run(load_config(config), tmp_path / "built")  # the model as built: the folders' weights
+    info, encoder = run.splits.info, run.model.encoder
+    assert info.tokenizer == str(query) and info.max_length == 10  # the query's tokenizer, the smaller length
+    assert (encoder.query_encoder.pooling, encoder.passage_encoder.pooling) == ("cls", "mean")
+    assert run.model.normalize is True
+    store = run.splits.test
+    texts, queries = split_texts(store)
+    with torch.no_grad():
+        ours = run.model.eval().embed(TextCollate(store)(list(range(len(store))))["features"])
+    assert info.num_truncated > 0  # the passages are cut to 10 tokens, as both references cut them below
+    for folder, rows in ((query, queries), (passage, [not q for q in queries])):
+        reference = SentenceTransformer(str(folder), device="cpu")
+        reference.max_seq_length = info.max_length
+        picked = [text for text, keep in zip(texts, rows) if keep]
+        theirs = reference.encode(picked, convert_to_tensor=True)
+        torch.testing.assert_close(ours[torch.tensor(rows)], theirs, atol=1e-5, rtol=1e-5)
+
+
+def encode_routes(out: Path) -> tuple[torch.Tensor, torch.Tensor]:
+    """``encode_query`` of the test anchors and ``encode_document`` of the test positives, of ``out``."""
+    from sentence_transformers import SentenceTransformer
+
+    exported = SentenceTransformer(str(out), device="cpu")
+    queries = exported.encode_query([row["anchor"] for row in TEST_ROWS], convert_to_tensor=True)
+    passages = exported.encode_document([row["positive"] for row in TEST_ROWS], convert_to_tensor=True)
+    return queries, passages
+
+
+def embedded(config: str, checkpoint: str, source: Path, out: Path) -> tuple[np.ndarray, np.ndarray]:
+    """Our embeddings of the pairs file ``source`` (``embed --input``): its anchors, its positives."""
+    embed_input(config, checkpoint, source, out)
+    arrays = np.load(out.with_suffix(".npz"))
+    is_query = arrays["is_query"].astype(bool)
+    return arrays["embeddings"][is_query], arrays["embeddings"][~is_query]
+
+
+def modules_of(out: Path) -> list[str]:
+    return [entry["type"].rsplit(".", 1)[-1] for entry in json.loads((out / "modules.json").read_text())]
+
+
+def test_export_after_training_writes_a_router_of_the_two_towers(folders, tmp_path, capsys):
+    from sentence_transformers import SentenceTransformer
+
+    query, passage = folders
+    config = write_config(tmp_path, towers(query, passage))
+    main(["train", config, "--run-dir", str(tmp_path / "run")])
+    checkpoint, out = latest_checkpoint(tmp_path / "run"), tmp_path / "exported"
+    main(["export", config, "--checkpoint", checkpoint, "--out", str(out)])
+    capsys.readouterr()
+    assert modules_of(out) == ["Router"]
+    routes = json.loads((out / "router_config.json").read_text())["structure"]
+    kinds = {route: [name.rsplit("_", 1)[-1] for name in names] for route, names in routes.items()}
+    steps = ["Transformer", "Pooling", "Normalize"]
+    assert kinds == {"query": steps, "document": steps}
+    for route, pooling in (("query", "cls"), ("document", "mean")):
+        folder = out / f"{route}_1_Pooling"
+        assert json.loads((folder / "config.json").read_text())["pooling_mode"] == pooling
+    queries, passages = encode_routes(out)
+    ours_queries, ours_passages = embedded(config, checkpoint, tmp_path / "test.jsonl", tmp_path / "ours")
+    np.testing.assert_allclose(queries.numpy(), ours_queries, atol=1e-5, rtol=1e-5)
+    np.testing.assert_allclose(passages.numpy(), ours_passages, atol=1e-5, rtol=1e-5)
+    start = SentenceTransformer(str(query), device="cpu").encode([row["anchor"] for row in TEST_ROWS])
+    assert not np.allclose(start, ours_queries, atol=1e-4)  # trained: not the starting query model
+    card = (out / "README.md").read_text()
+    assert "Two towers, written as a sentence-transformers `Router`" in card
+    assert "`query` route (`encode_query`) is the query tower" in card and "model.encode_query(" in card
+    assert "Query tower pooling: cls" in card and "Passage tower pooling: mean" in card
+    assert f"Query tower encoder: BertModel (bert, hidden size 16), started from `{query.name}`" in card
+    assert "max_seq_length: 10" in card
+
+
+def test_a_frozen_passage_run_of_one_folder_exports_its_starting_passages(tmp_path, capsys):
+    from sentence_transformers import SentenceTransformer
+
+    folder = save_sentence_folder(tmp_path / "model" / "st", pooling="cls", max_seq_length=12)
+    config = write_config(tmp_path, towers(folder, folder, frozen=True))
+    main(["train", config, "--run-dir", str(tmp_path / "run")])
+    checkpoint, out = latest_checkpoint(tmp_path / "run"), tmp_path / "exported"
+    main(["export", config, "--checkpoint", checkpoint, "--out", str(out)])
+    capsys.readouterr()
+    assert modules_of(out) == ["Router"]
+    queries, passages = encode_routes(out)
+    ours_queries, ours_passages = embedded(config, checkpoint, tmp_path / "test.jsonl", tmp_path / "ours")
+    np.testing.assert_allclose(queries.numpy(), ours_queries, atol=1e-5, rtol=1e-5)
+    np.testing.assert_allclose(passages.numpy(), ours_passages, atol=1e-5, rtol=1e-5)
+    # The frozen passage tower is the folder's model as it was: its sentence-transformers embeddings.
+    start = SentenceTransformer(str(folder), device="cpu")
+    np.testing.assert_allclose(
+        passages.numpy(), start.encode([row["positive"] for row in TEST_ROWS]), atol=1e-5, rtol=1e-5
+    )
+    assert "the passage tower, frozen in training" in (out / "README.md").read_text()
+    # The Hugging Face format writes one folder a tower, as it did before.
+    hf = tmp_path / "hf"
+    main(["export", config, "--checkpoint", checkpoint, "--out", str(hf), "--format", "huggingface"])
+    capsys.readouterr()
+    assert json.loads((hf / "encoder_config.json").read_text())["class"] == "TwoTowerEncoder"
+    assert (hf / "query" / "config.json").is_file() and (hf / "passage" / "config.json").is_file()
+
+
+def test_two_folders_of_two_vocabularies_are_one_line_naming_the_first_token_that_differs(tmp_path, capsys):
+    query = save_sentence_folder(tmp_path / "query")
+    other = save_bert_folder(tmp_path / "other", texts=["completely different words here"] * 4)
+    config = write_config(tmp_path, towers(query, other))
+    error = one_line_error(capsys, ["train", config, "--run-dir", str(tmp_path / "run")])
+    ours, theirs = tokenizer_vocabulary(other), tokenizer_vocabulary(query)
+    token, index = next(
+        (t, i) for t, i in sorted(theirs.items(), key=lambda item: item[1]) if ours.get(t) != i
+    )
+    assert error.startswith(
+        f"composer-dynsample train: error: model.encoder.query_encoder.path {str(query)!r} and "
+        f"model.encoder.passage_encoder.path {str(other)!r} have two tokenizers: their vocabularies differ "
+        f"({len(theirs)} and {len(ours)} tokens; the query folder's {token!r} is id {index}, the passage "
+        "folder's "
+    ), error
+    assert "towers with two tokenizers are not supported" in error
+    assert not (tmp_path / "run").exists() and not (tmp_path / "cache").exists()
+
+
+def test_two_folders_that_disagree_on_normalize_are_one_line_unless_model_normalize_says(tmp_path, capsys):
+    query = save_sentence_folder(tmp_path / "query", normalize=True)
+    passage = save_sentence_folder(tmp_path / "passage", normalize=False, seed=1)
+    config = write_config(tmp_path, towers(query, passage))
+    error = one_line_error(capsys, ["train", config, "--run-dir", str(tmp_path / "run")])
+    assert error == (
+        f"composer-dynsample train: error: model.encoder.query_encoder.path {str(query)!r} and "
+        f"model.encoder.passage_encoder.path {str(passage)!r} disagree on normalisation (only "
+        "model.encoder.query_encoder.path lists a Normalize module) and model.normalize is unset; set "
+        "model.normalize to true or false for both towers."
+    )
+    told = build_run(load_config(config, ["model.normalize=false"]), tmp_path / "told")
+    assert told.model.normalize is False
+
+
+def test_two_folders_that_lower_case_differently_are_one_line(tmp_path):
+    query = save_sentence_folder(tmp_path / "query")
+    passage = save_sentence_folder(tmp_path / "passage", seed=1)
+    tokenizer = json.loads((passage / "tokenizer.json").read_text())
+    (passage / "tokenizer.json").write_text(json.dumps({**tokenizer, "normalizer": {"type": "NFKC"}}))
+    assert tokenizer_lowercases(query / "tokenizer.json") is True  # the helper's tokenizer lower-cases
+    assert read_model_folder(passage).do_lower_case is False
+    with pytest.raises(
+        ConfigError, match=r"disagree on lower-casing \(only the query folder lower-cases texts"
+    ):
+        check_config(load_config(write_config(tmp_path, towers(query, passage))))
