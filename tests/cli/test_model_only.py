@@ -50,7 +50,9 @@ def test_embed_input_and_export_run_with_the_data_files_removed(trained, tmp_pat
 def test_a_split_still_needs_the_data_and_says_so_in_one_line(trained, tmp_path, capsys):
     config, checkpoint = trained
     (tmp_path / "test.jsonl").unlink()
-    error = one_line_error(capsys, ["embed", config, "--checkpoint", checkpoint, "--out", str(tmp_path / "e")])
+    error = one_line_error(
+        capsys, ["embed", config, "--checkpoint", checkpoint, "--out", str(tmp_path / "e")]
+    )
     assert "test.jsonl" in error, error
 
 

@@ -67,7 +67,9 @@ def embedded_test_split(config: str, run_dir: Path, *overrides: str) -> tuple[to
     return ours, texts, store.is_query[: len(store)].tolist()
 
 
-def theirs(folder: Path, texts: list[str], is_query: list[bool], names: tuple[str | None, str | None]) -> torch.Tensor:
+def theirs(
+    folder: Path, texts: list[str], is_query: list[bool], names: tuple[str | None, str | None]
+) -> torch.Tensor:
     """sentence-transformers' embeddings of ``texts``: queries with prompt ``names[0]``, passages ``names[1]``."""
     from sentence_transformers import SentenceTransformer
 
@@ -89,7 +91,9 @@ def data(tmp_path):
 def test_prompt_names_embed_as_sentence_transformers_encode_with_prompt_name(folder, data):
     config = write_config(data, folder, prompt_names={"anchor": "query", "positive": "passage"})
     ours, texts, is_query = embedded_test_split(config, data / "run")
-    torch.testing.assert_close(ours, theirs(folder, texts, is_query, ("query", "passage")), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(
+        ours, theirs(folder, texts, is_query, ("query", "passage")), atol=1e-5, rtol=1e-5
+    )
     plain, _, _ = embedded_test_split(config, data / "plain", "data.prompt_names=null", "data.prompts={}")
     assert (ours - plain).abs().max() > 1e-3  # the prompts change the embeddings: the test can fail
 
@@ -179,14 +183,18 @@ def test_prompt_names_without_a_model_folder_and_a_prompt_without_input_are_one_
     assert "--prompt/--prompt-name 'q: ' prompts the texts of an --input file" in error
 
 
-def test_a_folder_pooling_without_its_prompt_leaves_the_prompt_tokens_out_as_sentence_transformers(tmp_path, data):
+def test_a_folder_pooling_without_its_prompt_leaves_the_prompt_tokens_out_as_sentence_transformers(
+    tmp_path, data
+):
     """``include_prompt: false``: each row's prompt tokens (counted as sentence-transformers counts its
     ``prompt_length``) are left out of the mean, queries and passages each with their own prompt."""
     made = save_sentence_folder(tmp_path / "st", pooling="mean", include_prompt=False)
     folder = with_prompts(made, {"query": "query: find me ", "passage": "passage: "})
     config = write_config(data, folder, prompt_names={"anchor": "query", "positive": "passage"})
     ours, texts, is_query = embedded_test_split(config, data / "run")
-    torch.testing.assert_close(ours, theirs(folder, texts, is_query, ("query", "passage")), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(
+        ours, theirs(folder, texts, is_query, ("query", "passage")), atol=1e-5, rtol=1e-5
+    )
     included = with_prompts(save_sentence_folder(tmp_path / "in", pooling="mean"), {"query": "query: find me ", "passage": "passage: "})  # fmt: skip
     config = write_config(data, included, prompt_names={"anchor": "query", "positive": "passage"})
     with_prompt, _, _ = embedded_test_split(config, data / "in-run")
