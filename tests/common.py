@@ -90,6 +90,18 @@ def assert_each_epoch_has_its_own_order(recorder: BatchRecorder, sampler, epochs
     assert recorder.epoch(0) != recorder.epoch(1), "epochs 0 and 1 trained on the same order"
 
 
+def sgd_trainer(model: torch.nn.Module, train_dataloader, *, lr: float, **trainer_options) -> Trainer:
+    """A Trainer of ``model`` on ``train_dataloader`` with plain SGD at ``lr`` and no progress bar;
+    ``trainer_options`` (algorithms, callbacks, max_duration, seed, ...) as the Trainer's."""
+    return Trainer(
+        model=model,
+        train_dataloader=train_dataloader,
+        optimizers=torch.optim.SGD(model.parameters(), lr=lr),
+        progress_bar=False,
+        **trainer_options,
+    )
+
+
 def pk_run(
     labels: torch.Tensor, seed: int, *, sampler=None, callbacks=(), max_duration="3ep", **trainer_kwargs
 ):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from composer import Trainer
 from composer.core import Callback, DataSpec, State
@@ -33,6 +34,20 @@ class CountingEncoder(torch.nn.Module):
     def forward(self, x):
         self.calls += 1
         return self.layer(x)
+
+
+def assert_first_batch_refused(model, train_dataloader, algorithm, match: str) -> None:
+    """A one-batch fit of ``model`` on ``train_dataloader`` with ``algorithm`` raises a ``ValueError``
+    matching ``match``."""
+    trainer = Trainer(
+        model=model,
+        train_dataloader=train_dataloader,
+        algorithms=[algorithm],
+        max_duration="1ba",
+        progress_bar=False,
+    )
+    with pytest.raises(ValueError, match=match):
+        trainer.fit()
 
 
 def make_trainer(

@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from composer import Trainer
 from composer.core import Callback, Event, State
 from composer.loggers import Logger
 from composer.models import ComposerModel
@@ -19,6 +18,7 @@ from composer_dynsample.algorithms.augmentation import (
     random_affine,
 )
 from composer_dynsample.data import GatherCollate, IndexDataset, TensorStore
+from tests.common import sgd_trainer
 
 RANGES = {"rotation": 20.0, "scale": 0.2, "translate": 0.1, "shear": 10.0, "noise": 0.05}
 
@@ -174,14 +174,13 @@ def _loader() -> DataLoader:
 def _fit(tmp_path: Path, algorithm: BatchAugmentation, **kwargs) -> tuple[_TinyModel, _TrainBatches]:
     torch.manual_seed(0)
     model, recorder = _TinyModel(), _TrainBatches()
-    trainer = Trainer(
-        model=model,
-        train_dataloader=_loader(),
-        optimizers=torch.optim.SGD(model.parameters(), lr=0.0),
+    trainer = sgd_trainer(
+        model,
+        _loader(),
+        lr=0.0,
         algorithms=[algorithm],
         callbacks=[recorder],
         max_duration="2ep",
-        progress_bar=False,
         seed=7,
         **kwargs,
     )

@@ -9,7 +9,7 @@ import json
 
 import pytest
 import torch
-from composer import Callback, Trainer
+from composer import Callback
 from composer.loggers import InMemoryLogger
 
 from composer_dynsample import (
@@ -23,7 +23,7 @@ from composer_dynsample.algorithms.embedding_table import EmbeddingTable
 from composer_dynsample.algorithms.embedding_table import embedding_table as table_module
 from composer_dynsample.data import GatherCollate, IndexDataset, TensorStore
 from composer_dynsample.samplers.mined_negatives import MinedNegativesPKBatchSampler
-from tests.common import IndexRecorder
+from tests.common import IndexRecorder, sgd_trainer
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
@@ -77,14 +77,14 @@ def run(store, sampler, table, *, collate=None, callbacks=(), loggers=(), **opti
     model = model_with_dropout()
     recorder = IndexRecorder()
     loader = build_dataloader(IndexDataset(store.labels), sampler, collate_fn=collate or GatherCollate(store))
-    trainer = Trainer(
-        model=model,
-        train_dataloader=loader,
-        optimizers=torch.optim.SGD(model.parameters(), lr=0.05),
+    trainer = sgd_trainer(
+        model,
+        loader,
+        lr=0.05,
         algorithms=[HardNegativeMining("semi_hard"), table],
         callbacks=[recorder, SetSamplerEpoch(), *callbacks],
         loggers=list(loggers),
-        **{"max_duration": "2ep", "progress_bar": False, "seed": 0, **options},
+        **{"max_duration": "2ep", "seed": 0, **options},
     )
     return trainer, recorder, model
 
@@ -105,15 +105,14 @@ def test_the_warm_rows_equal_a_direct_encoding_of_the_texts_by_the_starting_mode
     probe = AtFitStart(table)
     sampler = PKBatchSampler(store.labels, 4, 2, seed=1)
     loader = build_dataloader(IndexDataset(store.labels), sampler, collate_fn=TextCollate(store))
-    Trainer(
-        model=model,
-        train_dataloader=text_data_spec(loader),
-        optimizers=torch.optim.SGD(model.parameters(), lr=0.5),
+    sgd_trainer(
+        model,
+        text_data_spec(loader),
+        lr=0.5,
         algorithms=[table],
         callbacks=[probe],
         loggers=[logger],
         max_duration="1ep",
-        progress_bar=False,
         seed=0,
     ).fit()
     with torch.no_grad():  # every sampled text in one batch, given negatives left out

@@ -23,7 +23,14 @@ from composer_dynsample import (
     build_dataloader,
 )
 from composer_dynsample.mining import BatchHardMiner, build_miner
-from tests.algorithms.helpers import DIM, NUM, CountingEncoder, make_data, make_trainer
+from tests.algorithms.helpers import (
+    DIM,
+    NUM,
+    CountingEncoder,
+    assert_first_batch_refused,
+    make_data,
+    make_trainer,
+)
 
 
 class Recorder(Callback):
@@ -233,17 +240,12 @@ def test_missing_labels_name_what_was_looked_for():
             return {"features": self.tensors[0][i], "target": self.tensors[1][i]}
 
     model = EmbeddingModel(CountingEncoder(), labels_key="target")
-    trainer = Trainer(
-        model=model,
-        train_dataloader=build_dataloader(DictBatches(features, labels), PKBatchSampler(labels, 4, 4)),
-        algorithms=[HardNegativeMining()],
-        max_duration="1ba",
-        progress_bar=False,
+    assert_first_batch_refused(
+        model,
+        build_dataloader(DictBatches(features, labels), PKBatchSampler(labels, 4, 4)),
+        HardNegativeMining(),
+        match=r"state.batch\['labels'\].*keys \['features', 'target'\].*Set labels_key",
     )
-    with pytest.raises(
-        ValueError, match=r"state.batch\['labels'\].*keys \['features', 'target'\].*Set labels_key"
-    ):
-        trainer.fit()
 
 
 def test_the_device_batch_is_measured_at_after_dataloader_without_requiring_labels_yet():

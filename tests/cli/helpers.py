@@ -18,18 +18,22 @@ MINED = {"name": "mined_negatives", "pairs_per_batch": 8, "negatives_per_anchor"
 COLOURS = {"blue": (0, 0, 255), "green": (0, 200, 0), "red": (230, 0, 0), "yellow": (240, 220, 0)}
 
 
-def pairs_data(folder: Path, **data: object) -> dict:
-    """The ``data`` section for ``folder``'s ``train.jsonl`` and ``test.jsonl`` pairs (tiny tokenizer, cached
-    in ``folder``), with ``data`` replacing or adding entries."""
+def pairs_data_without_tokenizer(folder: Path, **data: object) -> dict:
+    """The ``data`` section for ``folder``'s ``train.jsonl`` and ``test.jsonl`` pairs, cached in ``folder``,
+    with no tokenizer and no max_length unless ``data`` (replacing or adding entries) gives them."""
     return {
         "name": "pairs",
         "path": str(folder / "train.jsonl"),
         "test_path": str(folder / "test.jsonl"),
-        "max_length": 24,
-        "vocab_size": 200,
         "cache_dir": str(folder / "cache"),
         **data,
     }
+
+
+def pairs_data(folder: Path, **data: object) -> dict:
+    """The ``data`` section for ``folder``'s ``train.jsonl`` and ``test.jsonl`` pairs (tiny tokenizer, cached
+    in ``folder``), with ``data`` replacing or adding entries."""
+    return pairs_data_without_tokenizer(folder, **{"max_length": 24, "vocab_size": 200, **data})
 
 
 def latest_checkpoint(run_dir: Path) -> str:
@@ -46,6 +50,11 @@ def train_unevaluated(config: str, max_duration: str, run_dir: Path) -> None:
 def embed_input(config: str, checkpoint: str, source: Path, out: Path) -> None:
     """``composer-dynsample embed CONFIG --checkpoint CHECKPOINT --input SOURCE --out OUT``."""
     main(["embed", config, "--checkpoint", checkpoint, "--input", str(source), "--out", str(out)])
+
+
+def export_huggingface(config: str, checkpoint: str, out: Path) -> None:
+    """``composer-dynsample export CONFIG --checkpoint CHECKPOINT --out OUT --format huggingface``."""
+    main(["export", config, "--checkpoint", checkpoint, "--out", str(out), "--format", "huggingface"])
 
 
 def one_line_error(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
@@ -102,6 +111,14 @@ def write_tiny_pairs_config(folder: Path, data: dict, model: dict, lr: float) ->
         max_duration="2ba",
         optimizer=optimizer,
     )
+
+
+def write_model_folder_config(folder: Path, encoder: dict, model: dict | None = None, **data: object) -> str:
+    """A pairs config of ``folder``'s tiny train and test files (:func:`write_tiny_pairs_config`) with
+    ``encoder``, InfoNCE at temperature 0.1 and the other ``model`` entries, AdamW at lr 0.001;
+    ``data`` sets no tokenizer and no max_length unless given (a model folder's apply)."""
+    sections = {"encoder": encoder, "loss": {"name": "info_nce", "temperature": 0.1}, **(model or {})}
+    return write_tiny_pairs_config(folder, pairs_data_without_tokenizer(folder, **data), sections, lr=0.001)
 
 
 def write_bag_pairs_config(

@@ -23,27 +23,13 @@ from composer_dynsample.config.run import build_run
 from composer_dynsample.data import TextCollate
 from composer_dynsample.data.text.tokenizer import train_tokenizer
 from composer_dynsample.models.sentence_folder import read_model_folder
-from tests.cli.helpers import latest_checkpoint, one_line_error, write_tiny_pairs_config
+from tests.cli.helpers import latest_checkpoint, one_line_error, write_model_folder_config
 from tests.data.text.helpers import pair_rows, write_jsonl
 from tests.models.folders import POSITIONS, save_bert_folder, save_sentence_folder
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
 PREFIX = "composer-dynsample train: error: "
-
-
-def write_config(folder: Path, encoder: dict, model: dict | None = None, **data: object) -> str:
-    """A pairs config of ``folder``'s tiny train and test files with ``encoder``, 2 batches, no evaluation;
-    ``data`` sets no tokenizer and no max_length unless given."""
-    section = {
-        "name": "pairs",
-        "path": str(folder / "train.jsonl"),
-        "test_path": str(folder / "test.jsonl"),
-        "cache_dir": str(folder / "cache"),
-        **data,
-    }
-    sections = {"encoder": encoder, "loss": {"name": "info_nce", "temperature": 0.1}, **(model or {})}
-    return write_tiny_pairs_config(folder, section, sections, lr=0.001)
 
 
 def train_error(capsys, config: str, run_dir: Path, *overrides: str) -> str:
@@ -61,7 +47,7 @@ def folder(tmp_path_factory) -> Path:
 
 
 def test_train_takes_the_folder_s_tokenizer_pooling_normalisation_and_length(folder, tmp_path, capsys):
-    config = write_config(tmp_path, {"name": "transformer", "path": str(folder)})
+    config = write_model_folder_config(tmp_path, {"name": "transformer", "path": str(folder)})
     main(["train", config, "--run-dir", str(tmp_path / "run")])
     capsys.readouterr()
     run = build_run(load_config(config), tmp_path / "built")
@@ -81,7 +67,7 @@ def test_train_takes_the_folder_s_tokenizer_pooling_normalisation_and_length(fol
 def test_the_model_built_from_the_folder_embeds_as_sentence_transformers(folder, tmp_path):
     from sentence_transformers import SentenceTransformer
 
-    config = write_config(tmp_path, {"name": "transformer", "path": str(folder)})
+    config = write_model_folder_config(tmp_path, {"name": "transformer", "path": str(folder)})
     run = build_run(load_config(config), tmp_path / "run")
     store = run.splits.test
     rows = [pair_rows(8, seed=1)[row] for row in store.source_rows]
@@ -101,7 +87,7 @@ def test_the_model_built_from_the_folder_embeds_as_sentence_transformers(folder,
 
 def test_a_folder_without_normalize_trains_unnormalised_unless_told(tmp_path):
     plain = save_sentence_folder(tmp_path / "raw", pooling="mean", normalize=False, max_seq_length=None)
-    config = write_config(tmp_path, {"name": "transformer", "path": str(plain)})
+    config = write_model_folder_config(tmp_path, {"name": "transformer", "path": str(plain)})
     run = build_run(load_config(config), tmp_path / "run")
     assert run.model.normalize is False and run.model.encoder.pooling == "mean"
     assert run.splits.info.max_length == read_model_folder(plain).max_seq_length
@@ -111,7 +97,7 @@ def test_a_folder_without_normalize_trains_unnormalised_unless_told(tmp_path):
 
 def test_a_plain_folder_s_default_length_is_capped_by_its_positions(tmp_path):
     bert = save_bert_folder(tmp_path / "bert")
-    config = write_config(tmp_path, {"name": "transformer", "path": str(bert)})
+    config = write_model_folder_config(tmp_path, {"name": "transformer", "path": str(bert)})
     run = build_run(load_config(config), tmp_path / "run")
     assert run.splits.info.max_length == POSITIONS  # the loader's 128, capped at the model's 64 positions
     assert run.splits.info.tokenizer == str(bert) and run.model.encoder.pooling == "mean"
@@ -122,14 +108,14 @@ def test_a_data_tokenizer_other_than_the_folder_s_is_one_line(folder, tmp_path, 
     other = tmp_path / "other.json"
     train_tokenizer(["completely different words here"] * 4, vocab_size=64).save(str(other))
     encoder = {"name": "transformer", "path": str(folder)}
-    config = write_config(tmp_path, encoder, tokenizer=str(other), max_length=12)
+    config = write_model_folder_config(tmp_path, encoder, tokenizer=str(other), max_length=12)
     error = train_error(capsys, config, tmp_path / "run")
     assert error.startswith(f"data.tokenizer {str(other)!r} is not the tokenizer of model.encoder.path "), (
         error
     )
     assert str(folder) in error and "leave data.tokenizer out" in error
     assert not (tmp_path / "cache").exists()  # refused when the config is checked: nothing tokenized
-    same = write_config(tmp_path, encoder, tokenizer=str(folder))
+    same = write_model_folder_config(tmp_path, encoder, tokenizer=str(folder))
     run = build_run(load_config(same), tmp_path / "same")
     assert run.splits.info.max_length == 12 and run.splits.info.tokenizer == str(folder)
 
@@ -143,7 +129,7 @@ def test_a_folder_without_a_tokenizer_is_one_line(tmp_path, capsys):
     )
     transformers.BertModel(config).save_pretrained(bert)
     capsys.readouterr()
-    path = write_config(tmp_path, {"name": "transformer", "path": str(bert)}, max_length=24)
+    path = write_model_folder_config(tmp_path, {"name": "transformer", "path": str(bert)}, max_length=24)
     error = train_error(capsys, path, tmp_path / "run")
     assert error.startswith(f"model.encoder.path {str(bert)!r} holds no tokenizer"), error
     assert "set data.tokenizer" in error
@@ -153,7 +139,7 @@ def test_a_folder_without_a_tokenizer_is_one_line(tmp_path, capsys):
 def test_a_folder_s_unknown_pooling_is_one_line(tmp_path, capsys):
     folder = save_sentence_folder(tmp_path / "avg", pooling="max")
     (folder / "1_Pooling" / "config.json").write_text(json.dumps({"pooling_mode": "avg"}))
-    config = write_config(tmp_path, {"name": "transformer", "path": str(folder)}, max_length=12)
+    config = write_model_folder_config(tmp_path, {"name": "transformer", "path": str(folder)}, max_length=12)
     error = train_error(capsys, config, tmp_path / "run")
     assert error.startswith(f"model.encoder.path {str(folder)!r} pools by 'avg' ("), error
     assert "1_Pooling/config.json" in error and "set model.encoder.pooling to one of" in error
@@ -163,7 +149,7 @@ def test_a_folder_s_unknown_pooling_is_one_line(tmp_path, capsys):
 
 def test_a_folder_s_max_seq_length_beyond_its_positions_is_one_line(tmp_path, capsys):
     folder = save_sentence_folder(tmp_path / "long", max_seq_length=POSITIONS + 36)
-    config = write_config(tmp_path, {"name": "transformer", "path": str(folder)})
+    config = write_model_folder_config(tmp_path, {"name": "transformer", "path": str(folder)})
     error = train_error(capsys, config, tmp_path / "run")
     assert error.startswith(
         f"data.max_length is unset and the max_seq_length of model.encoder.path {str(folder)!r} "
@@ -175,7 +161,7 @@ def test_a_folder_s_max_seq_length_beyond_its_positions_is_one_line(tmp_path, ca
 def test_a_random_init_transformer_keeps_the_trained_tokenizer(tmp_path):
     bert = {"model_type": "bert", "hidden_size": 16, "num_hidden_layers": 1, "num_attention_heads": 2}
     encoder = {"name": "transformer", "config": {**bert, "intermediate_size": 32}}
-    config = write_config(tmp_path, encoder, max_length=24, vocab_size=200)
+    config = write_model_folder_config(tmp_path, encoder, max_length=24, vocab_size=200)
     run = build_run(load_config(config), tmp_path / "run")
     assert run.splits.info.tokenizer.startswith("trained: wordpiece")
     assert run.model.encoder.pooling == "mean" and run.model.normalize is True
@@ -184,7 +170,7 @@ def test_a_random_init_transformer_keeps_the_trained_tokenizer(tmp_path):
 
 def test_a_missing_model_folder_is_one_line(tmp_path, capsys):
     absent = tmp_path / "absent"
-    config = write_config(tmp_path, {"name": "transformer", "path": str(absent)})
+    config = write_model_folder_config(tmp_path, {"name": "transformer", "path": str(absent)})
     error = train_error(capsys, config, tmp_path / "run")
     assert error.startswith(f"model.encoder.path {str(absent)!r} does not exist; "), error
     assert not (tmp_path / "cache").exists()  # no tokenizer trained for a model that is not there
@@ -197,10 +183,12 @@ def test_a_folder_that_lower_cases_what_its_tokenizer_does_not_is_one_line(tmp_p
     folder = save_sentence_folder(tmp_path / "cased")
     settings = json.loads((folder / "sentence_bert_config.json").read_text())
     (folder / "sentence_bert_config.json").write_text(json.dumps({**settings, "do_lower_case": True}))
-    check_config(load_config(write_config(tmp_path, {"name": "transformer", "path": str(folder)})))
+    check_config(
+        load_config(write_model_folder_config(tmp_path, {"name": "transformer", "path": str(folder)}))
+    )
     tokenizer = json.loads((folder / "tokenizer.json").read_text())
     (folder / "tokenizer.json").write_text(json.dumps({**tokenizer, "normalizer": {"type": "NFKC"}}))
-    config = load_config(write_config(tmp_path, {"name": "transformer", "path": str(folder)}))
+    config = load_config(write_model_folder_config(tmp_path, {"name": "transformer", "path": str(folder)}))
     with pytest.raises(
         ConfigError, match=r"lower-cases texts \(do_lower_case in its settings\) but its tokenizer"
     ):
@@ -208,7 +196,7 @@ def test_a_folder_that_lower_cases_what_its_tokenizer_does_not_is_one_line(tmp_p
 
 
 def test_export_writes_a_model_card_of_the_run(folder, tmp_path, tmp_path_factory, capsys):
-    config = write_config(tmp_path, {"name": "transformer", "path": str(folder)})
+    config = write_model_folder_config(tmp_path, {"name": "transformer", "path": str(folder)})
     main(["train", config, "evaluation.interval=1ep", "--run-dir", str(tmp_path / "run")])
     out = tmp_path / "exported"
     main(["export", config, "--checkpoint", latest_checkpoint(tmp_path / "run"), "--out", str(out)])
@@ -234,7 +222,7 @@ def test_eval_without_a_checkpoint_scores_what_sentence_transformers_encodes(tmp
     from sentence_transformers import SentenceTransformer
 
     folder = save_sentence_folder(tmp_path / "mean", pooling="mean", max_seq_length=24)
-    config = write_config(tmp_path, {"name": "transformer", "path": str(folder)})
+    config = write_model_folder_config(tmp_path, {"name": "transformer", "path": str(folder)})
     rows = pair_rows(40, seed=1)
     write_jsonl(tmp_path / "test.jsonl", rows)
     main(["eval", config, "--out", str(tmp_path / "start.json")])

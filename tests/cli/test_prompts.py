@@ -22,7 +22,12 @@ from composer_dynsample.config import load_config
 from composer_dynsample.config.run import build_run
 from composer_dynsample.data import TextCollate
 from composer_dynsample.models.sentence_folder import read_model_folder
-from tests.cli.helpers import latest_checkpoint, one_line_error, write_tiny_pairs_config
+from tests.cli.helpers import (
+    latest_checkpoint,
+    one_line_error,
+    pairs_data_without_tokenizer,
+    write_tiny_pairs_config,
+)
 from tests.data.text.helpers import pair_rows, write_jsonl
 from tests.models.folders import save_sentence_folder
 
@@ -45,15 +50,8 @@ def folder(tmp_path_factory) -> Path:
 
 
 def write_config(tmp_path: Path, model_folder: Path, **data: object) -> str:
-    section = {
-        "name": "pairs",
-        "path": str(tmp_path / "train.jsonl"),
-        "test_path": str(tmp_path / "test.jsonl"),
-        "cache_dir": str(tmp_path / "cache"),
-        **data,
-    }
     model = {"encoder": {"name": "transformer", "path": str(model_folder)}, "loss": {"name": "info_nce"}}
-    return write_tiny_pairs_config(tmp_path, section, model, lr=0.001)
+    return write_tiny_pairs_config(tmp_path, pairs_data_without_tokenizer(tmp_path, **data), model, lr=0.001)
 
 
 def embedded_test_split(config: str, run_dir: Path, *overrides: str) -> tuple[torch.Tensor, list[str], list]:
@@ -172,8 +170,7 @@ def test_a_wrong_prompt_is_one_line(folder, data, capsys, data_keys, expected):
 def test_prompt_names_without_a_model_folder_and_a_prompt_without_input_are_one_line(data, capsys):
     config = write_tiny_pairs_config(
         data,
-        {"name": "pairs", "path": str(data / "train.jsonl"), "test_path": str(data / "test.jsonl"),
-         "cache_dir": str(data / "cache"), "prompt_names": {"anchor": "query"}},
+        pairs_data_without_tokenizer(data, prompt_names={"anchor": "query"}),
         {"encoder": {"name": "bag_of_tokens", "embedding_dim": 8}, "loss": {"name": "info_nce"}},
         lr=0.001,
     )  # fmt: skip

@@ -15,6 +15,7 @@ pytest.importorskip("tokenizers")
 from composer_dynsample.cli.main import main
 from tests.cli.helpers import (
     MINED,
+    export_huggingface,
     latest_checkpoint,
     one_line_error,
     trained_pairs_run,
@@ -42,18 +43,7 @@ def test_export_with_run_writes_the_folder_config_and_checkpoint_write(trained, 
     checkpoint = latest_checkpoint(run_dir)
     main(["export", "--run", str(run_dir), "--out", str(tmp_path / "a"), "--format", "huggingface"])
     by_run = capsys.readouterr().out
-    main(
-        [
-            "export",
-            config,
-            "--checkpoint",
-            checkpoint,
-            "--out",
-            str(tmp_path / "b"),
-            "--format",
-            "huggingface",
-        ]
-    )
+    export_huggingface(config, checkpoint, tmp_path / "b")
     by_config = capsys.readouterr().out
     assert by_run.replace(str(tmp_path / "a"), "OUT") == by_config.replace(str(tmp_path / "b"), "OUT")
     assert "wrote the huggingface model of latest-rank0.pt to" in by_run, by_run

@@ -11,7 +11,14 @@ import yaml
 pytest.importorskip("tokenizers")
 
 from composer_dynsample.cli.main import main
-from tests.cli.helpers import embed_input, latest_checkpoint, one_line_error, pairs_data, train_unevaluated
+from tests.cli.helpers import (
+    embed_input,
+    export_huggingface,
+    latest_checkpoint,
+    one_line_error,
+    pairs_data,
+    train_unevaluated,
+)
 from tests.data.text.helpers import pair_rows, write_jsonl
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
@@ -141,18 +148,7 @@ def test_export_of_a_bag_of_tokens_model(run, tmp_path, capsys):
         in error
     )
     assert not (tmp_path / "st").exists()
-    main(
-        [
-            "export",
-            config,
-            "--checkpoint",
-            checkpoint,
-            "--out",
-            str(tmp_path / "hf"),
-            "--format",
-            "huggingface",
-        ]
-    )
+    export_huggingface(config, checkpoint, tmp_path / "hf")
     assert isinstance(load_exported_encoder(tmp_path / "hf"), BagOfTokensEncoder)
 
 

@@ -4,7 +4,6 @@ without a vocabulary, through the command line (exit 2, one line, no run folder)
 from __future__ import annotations
 
 import errno
-import io
 import json
 import os
 import subprocess
@@ -24,7 +23,7 @@ from composer_dynsample.data.text.tokenized import TokenStore, tokenize_texts
 from composer_dynsample.data.text.tokenizer import load_tokenizer, train_tokenizer
 from composer_dynsample.data.text.truncation import char_budget
 from tests.cli.helpers import pairs_data, train_unevaluated
-from tests.data.text.helpers import pair_rows, write_jsonl
+from tests.data.text.helpers import full_disk_open, pair_rows, read_only_folder, write_jsonl
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
@@ -64,19 +63,6 @@ def _train_error(capsys, folder, *overrides: str) -> str:
     return error[len(PREFIX) :]
 
 
-class FullDisk(io.FileIO):
-    """A file that takes its first 128 bytes (a .npy header), then reports a full disk."""
-
-    def write(self, data):
-        if self.tell() >= 128:
-            raise OSError(errno.ENOSPC, "No space left on device")
-        return super().write(data)
-
-
-def _full_disk_open(file, mode="r", *args, **kwargs):
-    return FullDisk(file, mode.replace("b", "")) if "w" in mode else open(file, mode, *args, **kwargs)
-
-
 # The cache folder.
 
 
@@ -91,15 +77,8 @@ def test_a_cache_dir_that_is_a_file_is_one_line(folder, capsys):
 
 
 def test_a_read_only_cache_dir_is_one_line(folder, capsys):
-    cache = folder / "cache"
-    cache.mkdir()
-    cache.chmod(0o555)
-    try:
-        if os.access(cache, os.W_OK):
-            pytest.skip("file modes do not stop this user (root) from writing")
+    with read_only_folder(folder / "cache") as cache:
         error = _train_error(capsys, folder)
-    finally:
-        cache.chmod(0o755)
     assert error == (
         f"cannot write the text cache in {cache}: Permission denied; make it writable, or set cache_dir "
         "to a folder you can write."
@@ -122,7 +101,7 @@ def test_a_cache_dir_that_cannot_be_written_is_one_line_for_any_user(folder, cap
 
 
 def test_a_full_disk_while_tokenizing_is_one_line(folder, capsys, monkeypatch):
-    monkeypatch.setattr(tokenized, "open", _full_disk_open, raising=False)
+    monkeypatch.setattr(tokenized, "open", full_disk_open, raising=False)
     error = _train_error(capsys, folder)
     cache = folder / "cache"
     assert error == (

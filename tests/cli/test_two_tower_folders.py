@@ -12,21 +12,10 @@ import torch
 from composer_dynsample.config import load_config
 from composer_dynsample.config.run import build_run
 from composer_dynsample.data import TextCollate
-from tests.cli.helpers import write_tiny_pairs_config
+from tests.cli.helpers import write_model_folder_config
 from tests.models.folders import save_bert_folder, save_sentence_folder
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
-
-
-def write_config(folder: Path, encoder: dict, **model: object) -> str:
-    data = {
-        "name": "pairs",
-        "path": str(folder / "train.jsonl"),
-        "test_path": str(folder / "test.jsonl"),
-        "cache_dir": str(folder / "cache"),
-    }
-    sections = {"encoder": encoder, "loss": {"name": "info_nce", "temperature": 0.1}, **model}
-    return write_tiny_pairs_config(folder, data, sections, lr=0.001)
 
 
 def towers(query: Path, passage: Path) -> dict:
@@ -40,9 +29,12 @@ def towers(query: Path, passage: Path) -> dict:
 
 def test_two_towers_of_one_folder_take_its_tokenizer_pooling_and_normalisation(tmp_path):
     folder = save_sentence_folder(tmp_path / "model" / "st", pooling="cls", max_seq_length=12)
-    run = build_run(load_config(write_config(tmp_path, towers(folder, folder))), tmp_path / "run")
+    run = build_run(
+        load_config(write_model_folder_config(tmp_path, towers(folder, folder))), tmp_path / "run"
+    )
     single = build_run(
-        load_config(write_config(tmp_path, {"name": "transformer", "path": str(folder)})), tmp_path / "one"
+        load_config(write_model_folder_config(tmp_path, {"name": "transformer", "path": str(folder)})),
+        tmp_path / "one",
     )
     assert run.splits.info.tokenizer == str(folder) and run.splits.info.max_length == 12
     assert run.model.normalize is True and run.model.encoder.passage_encoder.pooling == "cls"
@@ -64,7 +56,7 @@ def test_two_towers_of_two_folders_of_one_tokenizer_each_load_their_own(tmp_path
 
     first = save_bert_folder(tmp_path / "first")
     second = save_bert_folder(tmp_path / "second", seed=1)
-    run = build_run(load_config(write_config(tmp_path, towers(first, second))), tmp_path / "run")
+    run = build_run(load_config(write_model_folder_config(tmp_path, towers(first, second))), tmp_path / "run")
     assert run.splits.info.tokenizer == str(first)
     for tower, folder in (
         (run.model.encoder.query_encoder, first),

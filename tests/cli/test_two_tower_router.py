@@ -26,26 +26,19 @@ from composer_dynsample.models.sentence_folder import (
     tokenizer_lowercases,
     tokenizer_vocabulary,
 )
-from tests.cli.helpers import embed_input, latest_checkpoint, one_line_error, write_tiny_pairs_config
+from tests.cli.helpers import (
+    embed_input,
+    export_huggingface,
+    latest_checkpoint,
+    one_line_error,
+    write_model_folder_config,
+)
 from tests.data.text.helpers import pair_rows
 from tests.models.folders import save_bert_folder, save_sentence_folder
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
 TEST_ROWS = pair_rows(8, seed=1)  # the test split write_tiny_pairs_config writes
-
-
-def write_config(folder: Path, encoder: dict, **model: object) -> str:
-    """A pairs config of ``folder``'s tiny train and test files with ``encoder``, 2 batches, no evaluation;
-    the data's tokenizer and max_length are the model folders'."""
-    data = {
-        "name": "pairs",
-        "path": str(folder / "train.jsonl"),
-        "test_path": str(folder / "test.jsonl"),
-        "cache_dir": str(folder / "cache"),
-    }
-    sections = {"encoder": encoder, "loss": {"name": "info_nce", "temperature": 0.1}, **model}
-    return write_tiny_pairs_config(folder, data, sections, lr=0.001)
 
 
 def towers(query: Path, passage: Path, *, frozen: bool = False) -> dict:
@@ -79,7 +72,7 @@ def test_two_folders_of_one_tokenizer_embed_as_their_sentence_transformers_model
     from sentence_transformers import SentenceTransformer
 
     query, passage = folders
-    config = write_config(tmp_path, towers(query, passage))
+    config = write_model_folder_config(tmp_path, towers(query, passage))
     main(["train", config, "--run-dir", str(tmp_path / "run")])  # two batches of both towers
     capsys.readouterr()
     run = build_run(load_config(config), tmp_path / "built")  # the model as built: the folders' weights
@@ -126,7 +119,7 @@ def test_export_after_training_writes_a_router_of_the_two_towers(folders, tmp_pa
     from sentence_transformers import SentenceTransformer
 
     query, passage = folders
-    config = write_config(tmp_path, towers(query, passage))
+    config = write_model_folder_config(tmp_path, towers(query, passage))
     main(["train", config, "--run-dir", str(tmp_path / "run")])
     checkpoint, out = latest_checkpoint(tmp_path / "run"), tmp_path / "exported"
     main(["export", config, "--checkpoint", checkpoint, "--out", str(out)])
@@ -157,7 +150,7 @@ def test_a_frozen_passage_run_of_one_folder_exports_its_starting_passages(tmp_pa
     from sentence_transformers import SentenceTransformer
 
     folder = save_sentence_folder(tmp_path / "model" / "st", pooling="cls", max_seq_length=12)
-    config = write_config(tmp_path, towers(folder, folder, frozen=True))
+    config = write_model_folder_config(tmp_path, towers(folder, folder, frozen=True))
     main(["train", config, "--run-dir", str(tmp_path / "run")])
     checkpoint, out = latest_checkpoint(tmp_path / "run"), tmp_path / "exported"
     main(["export", config, "--checkpoint", checkpoint, "--out", str(out)])
@@ -175,7 +168,7 @@ def test_a_frozen_passage_run_of_one_folder_exports_its_starting_passages(tmp_pa
     assert "the passage tower, frozen in training" in (out / "README.md").read_text()
     # The Hugging Face format writes one folder a tower, as it did before.
     hf = tmp_path / "hf"
-    main(["export", config, "--checkpoint", checkpoint, "--out", str(hf), "--format", "huggingface"])
+    export_huggingface(config, checkpoint, hf)
     capsys.readouterr()
     assert json.loads((hf / "encoder_config.json").read_text())["class"] == "TwoTowerEncoder"
     assert (hf / "query" / "config.json").is_file() and (hf / "passage" / "config.json").is_file()
@@ -184,7 +177,7 @@ def test_a_frozen_passage_run_of_one_folder_exports_its_starting_passages(tmp_pa
 def test_two_folders_of_two_vocabularies_are_one_line_naming_the_first_token_that_differs(tmp_path, capsys):
     query = save_sentence_folder(tmp_path / "query")
     other = save_bert_folder(tmp_path / "other", texts=["completely different words here"] * 4)
-    config = write_config(tmp_path, towers(query, other))
+    config = write_model_folder_config(tmp_path, towers(query, other))
     error = one_line_error(capsys, ["train", config, "--run-dir", str(tmp_path / "run")])
     ours, theirs = tokenizer_vocabulary(other), tokenizer_vocabulary(query)
     token, index = next(
@@ -203,7 +196,7 @@ def test_two_folders_of_two_vocabularies_are_one_line_naming_the_first_token_tha
 def test_two_folders_that_disagree_on_normalize_are_one_line_unless_model_normalize_says(tmp_path, capsys):
     query = save_sentence_folder(tmp_path / "query", normalize=True)
     passage = save_sentence_folder(tmp_path / "passage", normalize=False, seed=1)
-    config = write_config(tmp_path, towers(query, passage))
+    config = write_model_folder_config(tmp_path, towers(query, passage))
     error = one_line_error(capsys, ["train", config, "--run-dir", str(tmp_path / "run")])
     assert error == (
         f"composer-dynsample train: error: model.encoder.query_encoder.path {str(query)!r} and "
@@ -225,4 +218,4 @@ def test_two_folders_that_lower_case_differently_are_one_line(tmp_path):
     with pytest.raises(
         ConfigError, match=r"disagree on lower-casing \(only the query folder lower-cases texts"
     ):
-        check_config(load_config(write_config(tmp_path, towers(query, passage))))
+        check_config(load_config(write_model_folder_config(tmp_path, towers(query, passage))))

@@ -14,6 +14,7 @@ from composer_dynsample import EmbeddingModel, HardNegativeMining, PKBatchSample
 from composer_dynsample.distributed import all_gather_embeddings
 from composer_dynsample.losses import ContrastiveLoss, InfoNCELoss, MultiSimilarityLoss, TripletMarginLoss
 from composer_dynsample.mining import build_miner
+from tests.common import sgd_trainer
 from tests.distributed._helpers import gradient_setup, random_batch
 
 pytestmark = pytest.mark.world_size(2)
@@ -87,15 +88,8 @@ def two_epoch_trainer(
     """Two epochs of 4 x 4 P x K batches with one algorithm and one callback."""
     model = EmbeddingModel(encoder, loss)
     loader = build_dataloader(TensorDataset(features, labels), PKBatchSampler(labels, 4, 4, seed=1))
-    trainer = Trainer(
-        model=model,
-        train_dataloader=loader,
-        optimizers=torch.optim.SGD(model.parameters(), lr=0.1),
-        algorithms=[algorithm],
-        callbacks=[callback],
-        max_duration="2ep",
-        progress_bar=False,
-        **kwargs,
+    trainer = sgd_trainer(
+        model, loader, lr=0.1, algorithms=[algorithm], callbacks=[callback], max_duration="2ep", **kwargs
     )
     return trainer, model
 

@@ -7,12 +7,13 @@ import copy
 
 import pytest
 import torch
-from composer import Callback, Trainer
+from composer import Callback
 from composer.utils import dist
 
 from composer_dynsample import EmbeddingModel, HardNegativeMining, PKBatchSampler, build_dataloader
 from composer_dynsample.algorithms.embedding_table import EmbeddingTable, _training_set
 from composer_dynsample.data import GatherCollate, IndexDataset, TensorStore
+from tests.common import sgd_trainer
 from tests.distributed._helpers import PAIRS, P, sampler, shared_tmp_dir, trainer_for
 
 pytestmark = [pytest.mark.world_size(2), pytest.mark.filterwarnings("ignore::UserWarning")]
@@ -51,15 +52,8 @@ def test_each_rank_encodes_its_share_and_both_hold_the_direct_encoding(monkeypat
         PKBatchSampler(store.labels, 4, 4, seed=3),
         collate_fn=GatherCollate(store),
     )
-    Trainer(
-        model=model,
-        train_dataloader=loader,
-        optimizers=torch.optim.SGD(model.parameters(), lr=0.1),
-        algorithms=[table],
-        callbacks=[probe],
-        max_duration="1ep",
-        progress_bar=False,
-        seed=0,
+    sgd_trainer(
+        model, loader, lr=0.1, algorithms=[table], callbacks=[probe], max_duration="1ep", seed=0
     ).fit()
     assert encoded == [50 - dist.get_global_rank()]  # rows rank, rank + 2, ...: once each over the ranks
     fingerprints = dist.all_gather_object(probe.fingerprint)

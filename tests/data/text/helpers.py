@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import io
 import json
+import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 WORDS = [
     "sort",
@@ -81,3 +87,31 @@ def write_texts(path: Path, labels: int = 10, per_label: int = 4, seed: int = 0)
         lines += [f"{shared} example {label} {k},intent_{label}" for k in range(per_label)]
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
     return path
+
+
+class FullDisk(io.FileIO):
+    """A file that takes its first 128 bytes (a .npy header), then reports a full disk."""
+
+    def write(self, data):
+        if self.tell() >= 128:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return super().write(data)
+
+
+def full_disk_open(file, mode="r", *args, **kwargs):
+    """``open`` as the token store calls it, but a file opened for writing is a :class:`FullDisk`."""
+    return FullDisk(file, mode.replace("b", "")) if "w" in mode else open(file, mode, *args, **kwargs)
+
+
+@contextlib.contextmanager
+def read_only_folder(folder: Path) -> Iterator[Path]:
+    """Make ``folder`` read-only for the ``with`` block (skipping the test where file modes do not stop
+    this user, root, from writing), then writable again; yields ``folder``."""
+    folder.mkdir()
+    folder.chmod(0o555)
+    try:
+        if os.access(folder, os.W_OK):
+            pytest.skip("file modes do not stop this user (root) from writing")
+        yield folder
+    finally:
+        folder.chmod(0o755)

@@ -4,7 +4,6 @@ tokenizer is trained again."""
 from __future__ import annotations
 
 import errno
-import io
 import os
 
 import pytest
@@ -16,6 +15,7 @@ from composer_dynsample.data.text import tokenizer as text_tokenizer
 from composer_dynsample.data.text.cache import TokenCacheError, check_cache_dir
 from composer_dynsample.data.text.tokenized import tokenize_texts
 from composer_dynsample.data.text.tokenizer import resolve_tokenizer
+from tests.data.text.helpers import full_disk_open, read_only_folder
 
 TEXTS = ["the cat sat on the mat", "a dog", "the cat and the dog sat together on a long mat by the door"]
 TOKENIZER = text_tokenizer.train_tokenizer(TEXTS * 5, vocab_size=64)
@@ -40,19 +40,6 @@ def no_training(monkeypatch):
     monkeypatch.setattr(text_tokenizer, "train_tokenizer", refuse)
 
 
-class FullDisk(io.FileIO):
-    """A file that takes its first 128 bytes (a .npy header), then reports a full disk."""
-
-    def write(self, data):
-        if self.tell() >= 128:
-            raise OSError(errno.ENOSPC, "No space left on device")
-        return super().write(data)
-
-
-def full_disk_open(file, mode="r", *args, **kwargs):
-    return FullDisk(file, mode.replace("b", "")) if "w" in mode else open(file, mode, *args, **kwargs)
-
-
 def test_a_cache_dir_that_is_a_file_is_refused_before_training(tmp_path, no_training):
     file = tmp_path / "cache"
     file.write_text("not a folder")
@@ -67,19 +54,12 @@ def test_a_cache_dir_that_is_a_file_is_refused_before_training(tmp_path, no_trai
 
 
 def test_a_read_only_cache_dir_is_refused_before_training(tmp_path, no_training):
-    folder = tmp_path / "cache"
-    folder.mkdir()
-    folder.chmod(0o555)
-    try:
-        if os.access(folder, os.W_OK):
-            pytest.skip("file modes do not stop this user (root) from writing")
+    with read_only_folder(tmp_path / "cache") as folder:
         with pytest.raises(TokenCacheError, match=rf"in {folder}: Permission denied; make it writable"):
             _resolve(folder)
         with pytest.raises(TokenCacheError, match=rf"in {folder}: Permission denied; make it writable"):
             _tokenize(folder)
         assert list(folder.iterdir()) == []
-    finally:
-        folder.chmod(0o755)
 
 
 def test_a_folder_that_cannot_be_written_is_refused_for_any_user(tmp_path, monkeypatch, no_training):
