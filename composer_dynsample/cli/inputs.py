@@ -83,7 +83,7 @@ def embed_prompt(cfg: Any, prompt: str | None, prompt_name: str | None) -> str |
         raise ConfigError(f"give --prompt or --prompt-name, not both: got {prompt!r} and {prompt_name!r}.")
     from composer_dynsample.config.prompts import data_prompts
 
-    return data_prompts(cfg, None, prompt_name)
+    return data_prompts(cfg, None, prompt_name, key="--prompt-name")
 
 
 def read_embed_input(

@@ -26,13 +26,14 @@ __all__ = ["data_prompts", "exported_prompts"]
 _EXPORT_NAMES = {"anchor": "query", "positive": "document", "negative": "document", "text": "text"}
 
 
-def data_prompts(cfg: DictConfig, given: Any, names: Any) -> Any:
+def data_prompts(cfg: DictConfig, given: Any, names: Any, key: str = "data.prompt_names") -> Any:
     """The ``prompts`` a text loader gets from ``data.prompts`` (``given``) and ``data.prompt_names``.
 
     Args:
         cfg (DictConfig): The config (its model folder's prompts).
         given (Mapping[str, str] | str | None): ``data.prompts``.
         names (Mapping[str, str] | str | None): ``data.prompt_names``.
+        key (str): What the errors call ``names`` (``"--prompt-name"`` for ``embed``).
 
     Returns:
         The loader's ``prompts``: ``given``, the prompts ``names`` names, the folder's default prompt, or
@@ -51,8 +52,8 @@ def data_prompts(cfg: DictConfig, given: Any, names: Any) -> Any:
     if names is not None:
         if folder is None:
             raise ConfigError(
-                "data.prompt_names names prompts of the model folder (model.encoder.path), but the model has "
-                "none; give the prompts themselves as data.prompts."
+                f"{key} names prompts of the model folder (model.encoder.path), but the model has none; give "
+                "the prompts themselves (data.prompts, or embed's --prompt)."
             )
         from composer_dynsample.data.text.prompts import resolve_prompt_names
 
@@ -60,7 +61,7 @@ def data_prompts(cfg: DictConfig, given: Any, names: Any) -> Any:
             return resolve_prompt_names(
                 _plain(names),
                 folder.prompts,
-                key="data.prompt_names",
+                key=key,
                 folder=f"model folder {str(folder.path)!r}",
             )
         except ValueError as error:

@@ -147,7 +147,11 @@ def test_export_writes_the_prompts_and_embed_input_takes_a_prompt_name(folder, d
         prompt_name = expected if flag == "--prompt-name" else name
         want = reference.encode(queries, prompt_name=prompt_name)
         np.testing.assert_allclose(np.load(npz)["embeddings"], want, atol=1e-5)
-    capsys.readouterr()
+    error = one_line_error(capsys, ["embed", config, "--checkpoint", checkpoint, "--input", str(data / "queries.jsonl"), "--prompt-name", "nope", "--out", str(data / "e")])  # fmt: skip
+    assert (
+        "--prompt-name: model folder" in error
+        and "no prompt named 'nope'; it has 'passage' or 'query'" in error
+    ), error
 
 
 @pytest.mark.parametrize(
