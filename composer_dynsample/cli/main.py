@@ -11,7 +11,9 @@ from __future__ import annotations
 # The commands and the config and checkpoint modules (numpy, OmegaConf) are imported in main() once the
 # arguments are parsed: --help and --version answer before they load.
 import argparse
+import os
 import sys
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -244,6 +246,21 @@ def _one_line_errors(*known: type[BaseException]) -> tuple[type[BaseException], 
     return tuple(classes)
 
 
+def one_line_warning(
+    message: Any, category: type[Warning], filename: str, lineno: int, line: Any = None
+) -> str:
+    """``warnings.formatwarning`` while a command runs: a warning of this package's code is one line,
+    ``composer-dynsample: warning: ...`` (not its file, line and source line); others as Python prints them.
+    Only the printing changes: a warning recorded (``warnings.catch_warnings(record=True)``) is not formatted.
+    """
+    if f"{os.sep}composer_dynsample{os.sep}" in os.path.abspath(filename):
+        return f"composer-dynsample: warning: {message}\n"
+    return _PYTHON_FORMAT(message, category, filename, lineno, line)
+
+
+_PYTHON_FORMAT = warnings.formatwarning
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     """Entry point of ``composer-dynsample`` and ``python -m composer_dynsample``."""
     parser = build_parser()
@@ -256,6 +273,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     from composer_dynsample.cli import commands
     from composer_dynsample.config.components import ConfigError
 
+    previous, warnings.formatwarning = warnings.formatwarning, one_line_warning
     try:
         _run_command(commands, args, overrides)
     except _one_line_errors(
@@ -272,6 +290,8 @@ def main(argv: Sequence[str] | None = None) -> None:
             file=sys.stderr,
         )
         raise SystemExit(130) from None
+    finally:
+        warnings.formatwarning = previous
 
 
 def _run_command(commands: Any, args: argparse.Namespace, overrides: list[str]) -> None:
