@@ -38,7 +38,6 @@ from composer_dynsample.config.run_tokenizer import run_tokenizer
 __all__ = ["ModelOnly", "build_model_only"]
 
 _PAIR_COLUMNS = ("anchor", "positive", "negative")
-_CODE_SEARCH_TEXT = "text"  # load_code_search keeps its token stores under cache_dir/text
 
 
 @dataclasses.dataclass
@@ -117,9 +116,12 @@ def _empty_splits(
         columns = check_column_map(plain.get("columns"), roles) if "columns" in takes else {}
     except (OSError, ValueError) as error:
         raise ConfigError(f"data: {error}") from None
-    cache = text_cache_dir(data.get("cache_dir"))
-    if loader.__name__ == "load_code_search" and data.get("cache_dir") is not None:
-        cache = Path(str(data.get("cache_dir"))).expanduser() / _CODE_SEARCH_TEXT
+    cache_dir = data.get("cache_dir")
+    if loader.__name__ == "load_code_search":
+        from composer_dynsample.data.text.code_search_pairs import token_cache_dir
+
+        cache_dir = token_cache_dir(cache_dir)
+    cache = text_cache_dir(cache_dir)
     folder = cache / f"tokens-empty-{int(length)}"
     if not (folder / "meta.json").is_file():
         with TokenStoreWriter(folder, {"max_length": int(length), "source": "no data"}):

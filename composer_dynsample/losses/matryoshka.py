@@ -20,7 +20,6 @@ wraps (``global_mean``, duplicate ids and query flags reach the inner loss when 
 
 from __future__ import annotations
 
-import inspect
 import itertools
 import math
 from collections.abc import Sequence
@@ -30,6 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from composer_dynsample.losses.tuple_losses import forward_takes
 from composer_dynsample.validation import InputTypeError, check_bool, is_int
 
 __all__ = ["MatryoshkaLoss", "check_matryoshka_dims", "check_matryoshka_weights", "truncated"]
@@ -147,7 +147,7 @@ class MatryoshkaLoss(nn.Module):
         self.matryoshka_dims = check_matryoshka_dims(matryoshka_dims)
         self.matryoshka_weights = check_matryoshka_weights(matryoshka_weights, self.matryoshka_dims)
         self.normalize = check_bool("normalize", normalize)
-        self._passed_on = tuple(key for key in _PASSED_ON if _takes(loss, key))
+        self._passed_on = tuple(key for key in _PASSED_ON if forward_takes(loss, key))
 
     @property
     def negatives(self) -> str | None:
@@ -197,11 +197,3 @@ class MatryoshkaLoss(nn.Module):
 
     def extra_repr(self) -> str:
         return f"matryoshka_dims={list(self.matryoshka_dims)}, matryoshka_weights={list(self.matryoshka_weights)}"
-
-
-def _takes(loss: nn.Module, keyword: str) -> bool:
-    """Whether ``loss.forward`` takes ``keyword`` by name."""
-    try:
-        return keyword in inspect.signature(loss.forward).parameters
-    except (TypeError, ValueError):
-        return False

@@ -18,6 +18,8 @@ cast to float64, and its gradient reaches the embeddings finite, in their own dt
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 from torch import nn
 
@@ -25,7 +27,14 @@ from composer_dynsample.distances import check_distance, distance_matrix
 from composer_dynsample.distributed import all_reduce_sum, get_world_size
 from composer_dynsample.validation import check_float
 
-__all__ = ["ContrastiveLoss", "MultiSimilarityLoss", "TripletMarginLoss", "all_pairs", "all_triplets"]
+__all__ = [
+    "ContrastiveLoss",
+    "MultiSimilarityLoss",
+    "TripletMarginLoss",
+    "all_pairs",
+    "all_triplets",
+    "forward_takes",
+]
 
 
 def all_pairs(labels: torch.Tensor, ref_labels: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
@@ -62,6 +71,15 @@ def all_triplets(labels: torch.Tensor, ref_labels: torch.Tensor | None = None) -
     neg[a2, n] = True
     anchor, positive, negative = (pos[:, :, None] & neg[:, None, :]).nonzero(as_tuple=True)
     return anchor, positive, negative
+
+
+def forward_takes(loss: nn.Module, keyword: str) -> bool:
+    """Whether ``loss.forward`` takes ``keyword`` by name (``global_mean``, ``duplicate_ids`` and ``is_query``
+    as :class:`~composer_dynsample.InfoNCELoss` does): what a caller may pass a loss of any library."""
+    try:
+        return keyword in inspect.signature(loss.forward).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 class TupleLoss(nn.Module):

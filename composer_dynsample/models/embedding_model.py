@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager, nullcontext
 from typing import Any
@@ -15,7 +14,7 @@ from torchmetrics import Metric
 
 from composer_dynsample.batches import find_in_batch
 from composer_dynsample.deferred_checks import defer_value_checks
-from composer_dynsample.losses.tuple_losses import TripletMarginLoss, TupleLoss
+from composer_dynsample.losses.tuple_losses import TripletMarginLoss, TupleLoss, forward_takes
 from composer_dynsample.mining.mined_batch import MinedBatch
 from composer_dynsample.validation import InputTypeError, check_bool, check_int
 
@@ -166,9 +165,9 @@ class EmbeddingModel(ComposerModel):
 
     def loss(self, outputs: Any, batch: Any, *args: Any, **kwargs: Any) -> torch.Tensor:
         if isinstance(outputs, MinedBatch):
-            takes_mean = isinstance(self.loss_fn, TupleLoss) or _takes(self.loss_fn, "global_mean")
+            takes_mean = isinstance(self.loss_fn, TupleLoss) or forward_takes(self.loss_fn, "global_mean")
             extra = {"global_mean": outputs.global_mean} if takes_mean else {}
-            if outputs.duplicate_ids is not None and _takes(self.loss_fn, "duplicate_ids"):
+            if outputs.duplicate_ids is not None and forward_takes(self.loss_fn, "duplicate_ids"):
                 extra.update(duplicate_ids=outputs.duplicate_ids, ref_duplicate_ids=outputs.ref_duplicate_ids)
             extra.update(self._query_flags(batch))
             # A step whose value checks run on the device (HardNegativeMining) reads none in the loss either.
@@ -190,7 +189,9 @@ class EmbeddingModel(ComposerModel):
         features = batch.get("features") if isinstance(batch, Mapping) else None
         if not isinstance(features, Mapping) or "is_query" not in features:
             return {}
-        if getattr(self.loss_fn, "negatives", None) != "passages" or not _takes(self.loss_fn, "is_query"):
+        if getattr(self.loss_fn, "negatives", None) != "passages" or not forward_takes(
+            self.loss_fn, "is_query"
+        ):
             return {}
         return {"is_query": features["is_query"]}
 
@@ -263,15 +264,6 @@ def _split_features(features: Any, count: int) -> list[Any]:
         return list(features.tensor_split(count))
     parts = {key: value.tensor_split(count) for key, value in features.items()}
     return [dict(zip(parts, chunk)) for chunk in zip(*parts.values())]
-
-
-def _takes(loss: nn.Module, keyword: str) -> bool:
-    """Whether the loss's ``forward`` takes ``keyword`` (``duplicate_ids`` and ``is_query`` as
-    :class:`~composer_dynsample.InfoNCELoss` does)."""
-    try:
-        return keyword in inspect.signature(loss.forward).parameters
-    except (TypeError, ValueError):
-        return False
 
 
 def _has_batch_norm(module: nn.Module) -> bool:

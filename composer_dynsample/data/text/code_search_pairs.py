@@ -17,7 +17,13 @@ from composer_dynsample.data.text.code_search import build_code_search
 from composer_dynsample.data.text.pairs import load_pairs
 from composer_dynsample.data.text.store import TextSplits
 
-__all__ = ["load_code_search"]
+__all__ = ["load_code_search", "token_cache_dir"]
+
+
+def token_cache_dir(cache_dir: str | os.PathLike[str] | None) -> Path | None:
+    """Where :func:`load_code_search` keeps its token stores: ``cache_dir/text`` (``None``: the text loaders'
+    default)."""
+    return Path(cache_dir).expanduser() / "text" if cache_dir is not None else None
 
 
 def load_code_search(
@@ -92,7 +98,7 @@ def load_code_search(
         vocab_size=vocab_size,
         lowercase=lowercase,
         save_tokenizer=save_tokenizer,
-        cache_dir=root / "text" if root is not None else None,
+        cache_dir=token_cache_dir(cache_dir),
         progress=progress,
         name="code_search",
         prompts=prompts,
