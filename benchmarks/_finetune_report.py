@@ -170,6 +170,9 @@ def goals(recipes: dict[str, dict[str, Any]], options: Mapping[str, Any] | None 
     for first, second, goal in pairs:
         if first in recipes and second in recipes:
             gap, two_se = _difference(recipes[first], recipes[second])
+            if min(len(recipes[first]["runs"]), len(recipes[second]["runs"])) < 2:
+                lines.append(f"{first} - {second}: {gap:+.4f}; goal {goal}: not judged (one seed, no standard error).")
+                continue
             met = abs(gap) <= two_se if goal == "within 2 SE" else gap > two_se
             lines.append(f"{first} - {second}: {gap:+.4f} (2 SE {two_se:.4f}); goal {goal}: {_verdict(met)}.")
     ours, theirs = recipes.get(OURS_IN_BATCH), recipes.get(ST_IN_BATCH)
@@ -221,7 +224,7 @@ def table(recipes: dict[str, dict[str, Any]], seeds: list[int], options: Mapping
         "peak GPU MiB" if memory == "peak_gpu_mib" else "peak RSS MiB",
     ]
     text = markdown_table(header, "lrrrrrrrr", rows)
-    epoch = " (one epoch)" if options.get("size") == "gpu" else ""
+    epoch = f" ({_epochs(options)})" if options.get("size") == "gpu" else ""
     return (
         f"Fine-tuning all-MiniLM-L6-v2 on code search (unseen packages): {options['train_pairs']} training "
         f"pairs, {options['steps']} steps of {options['batch']} pairs{epoch}, {options['test_queries']} test "
@@ -230,6 +233,19 @@ def table(recipes: dict[str, dict[str, Any]], seeds: list[int], options: Mapping
         + "\n".join(f"- {line}" for line in goals(recipes, options))
         + dims_table(recipes)
     )
+
+
+def _epochs(options: Mapping[str, Any]) -> str:
+    """How many passes over the training pairs the run's steps make: ``one epoch`` or ``1.9 epochs``.
+
+    Example:
+        >>> _epochs({"steps": 321, "batch": 128, "train_pairs": 41117}), _epochs({"steps": 609, "batch": 128, "train_pairs": 41117})
+        ('one epoch', '1.9 epochs')
+    """
+    per_epoch = options["train_pairs"] // options["batch"]  # one_epoch's steps
+    if options["steps"] == per_epoch:
+        return "one epoch"
+    return f"{options['steps'] * options['batch'] / options['train_pairs']:.1f} epochs"
 
 
 def _cell(result: Mapping[str, Any], metric: str, runs: int) -> str:

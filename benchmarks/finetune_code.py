@@ -34,14 +34,14 @@ Two sizes (:data:`SIZES`; a flag given overrides its size's value):
 
 - ``--size cpu`` (the stored table): 3,000 training pairs, 60 steps of 16, float32, each run its own process
   (its peak RSS recorded, loading included);
-- ``--size gpu`` (with ``--device cuda``): every training pair of the corpus for one epoch of 128 pairs a step,
+- ``--size gpu`` (with ``--device cuda``): every training pair of the corpus for one epoch (``--epochs N``: N) of 128 pairs a step,
   bf16 autocast (``trainer.precision=amp_bf16``; sentence-transformers' ``bf16=True``), evaluation batches of
   256, 3 seeds, one process per tool (``_finetune_workers.py``: the imports paid once; each run's peak of
   allocated GPU memory recorded), results in ``finetune_code_gpu``. On the CPU it runs in float32.
 
     python benchmarks/finetune_code.py [--quick] [--size cpu|gpu] [--device cpu|cuda] [--precision fp32|bf16]
         [--model DIR] [--seeds 0 1 2] [--threads 2] [--train-pairs N] [--test-queries N] [--steps N] [--batch N]
-        [--eval-batch N] [--process-per run|tool] [--recipes NAME ...] [--override KEY=VALUE ...] [--merge]
+        [--eval-batch N] [--epochs N] [--process-per run|tool] [--recipes NAME ...] [--override KEY=VALUE ...] [--merge]
         [--split-seed N] [--name NAME] [--report]
 
 Writes ``results/NAME.{json,md,png}`` (``finetune_code``, ``finetune_code_gpu`` for ``--size gpu``, unless
@@ -128,10 +128,10 @@ def resolve_size(args: argparse.Namespace, parser: argparse.ArgumentParser) -> a
 
 
 def one_epoch(args: argparse.Namespace, train_pairs: int) -> None:
-    """Set ``--steps`` to one epoch of the training pairs and ``--refresh-every`` to a third of the steps,
-    where the size leaves them to the data."""
+    """Set ``--steps`` to ``--epochs`` (default one) of the training pairs and ``--refresh-every`` to a third
+    of the steps, where the size leaves them to the data."""
     if args.steps is None:
-        args.steps = train_pairs // args.batch
+        args.steps = (train_pairs // args.batch) * (args.epochs or 1)
         if args.steps < 1:
             raise SystemExit(f"--batch {args.batch} is larger than the {train_pairs} training pairs: lower it.")  # fmt: skip
     if args.refresh_every is None:
@@ -401,6 +401,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--split-seed", type=int, default=0, help="the corpus's package split (another: a second corpus)"
     )
+    parser.add_argument(
+        "--epochs", type=int, default=None, help="where --steps is left to the data (--size gpu): epochs of it"
+    )
     for flag in ("--train-pairs", "--test-queries", "--steps", "--batch", "--refresh-every", "--eval-batch"):
         parser.add_argument(flag, type=int, default=None, help="default: the size's (SIZES)")
     parser.add_argument(
@@ -471,7 +474,7 @@ def _device_names(device: str) -> dict[str, str | None]:
 
 
 def _write(args: Any, result: dict[str, Any], seeds: list[int]) -> dict[str, Any]:
-    recipes, stored = result["recipes"], args.out / f"{args.name}.json"
+    recipes, stored = result["recipes"], args.out / f"{args.name}{'_quick' if args.quick else ''}.json"
     if args.merge:
         recipes = merged_recipes(stored, recipes, seeds, RECIPES, keep_others=True)
         if result.get("st_mining") is None and stored.exists():  # the mining of the recipes kept

@@ -5,6 +5,10 @@
 # On the GPU machine (after ../shared/device/pack here, carrying .device; the MiniLM folder is then $MINILM):
 #   source .device/env.sh && bash benchmarks/on_gpu.sh checks      # gpu.py (<= 300 s) + step_overhead --device cuda
 #   source .device/env.sh && bash benchmarks/on_gpu.sh finetune    # finetune_code.py --device cuda --size gpu (<= 8 min)
+# Where the session's device time holds one call of about 7 minutes and a short second one:
+#   source .device/env.sh && bash benchmarks/on_gpu.sh short       # step_overhead, the GPU size at 2 seeds of the
+#                                                                  # in-batch and mined recipes, gpu.py --quick (~9 min)
+#   source .device/env.sh && bash benchmarks/on_gpu.sh drift       # 3 epochs, mined once against online (seed 0)
 # Here, on the CPU, the same commands at small sizes (a dry run of the script itself):
 #   bash benchmarks/on_gpu.sh checks --dry-run
 #   bash benchmarks/on_gpu.sh finetune --dry-run --model DIR [--recipes ...]   # any sentence-transformers folder
@@ -22,7 +26,7 @@ while [ $# -gt 0 ]; do
   esac
   shift
 done
-case $part in checks|finetune) ;; *) echo "usage: on_gpu.sh checks|finetune [--dry-run] [--model DIR]" >&2; exit 2 ;; esac
+case $part in checks|finetune|short|drift) ;; *) echo "usage: on_gpu.sh checks|finetune|short|drift [--dry-run] [--model DIR]" >&2; exit 2 ;; esac
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}; [ -x .venv/bin/python ] && [ $dry = 1 ] && PY=.venv/bin/python
 OUT=${OUT:-$(mktemp -d)}; work=$(mktemp -d); mkdir -p "$OUT"
@@ -46,6 +50,27 @@ if [ $part = checks ]; then
   else
     step gpu_check 330 "$PY" benchmarks/gpu.py --out "$work/results"
     step step_overhead 200 "$PY" benchmarks/step_overhead.py --device cuda --out "$work/results"
+  fi
+elif [ $part = short ] || [ $part = drift ]; then
+  [ -n "$model" ] || { echo "on_gpu.sh $part: no model folder (--model DIR, or \$MINILM from .device/env.sh)" >&2; exit 2; }
+  q=(); [ $dry = 1 ] && q=(--quick)
+  ST_IN="sentence-transformers, in-batch (MNRL)"; IN="this project, in-batch (InfoNCE)"
+  OFF="this project, mined once from the warm table"; ON="this project, mined online (warm table, refreshed)"
+  if [ $part = short ]; then
+    if [ $dry = 1 ]; then step step_overhead 120 "$PY" benchmarks/step_overhead.py --quick --steps 20 --out "$work/results"
+    else step step_overhead 60 "$PY" benchmarks/step_overhead.py --device cuda --steps 100 --out "$work/results"; fi
+    # This project's recipes first, then sentence-transformers' in-batch merged beside them (its two runs took
+    # 81 s and 54 s on the first H200 lease, where a 220-s part running it first ended before ours began).
+    step finetune_gpu 200 "$PY" benchmarks/finetune_code.py --device $device --size gpu "${q[@]}" --seeds 0 1 \
+      --model "$model" --out "$work/results" --recipes "$IN" "$OFF" "$ON" "${extra[@]}"
+    step finetune_gpu_st 170 "$PY" benchmarks/finetune_code.py --device $device --size gpu "${q[@]}" --seeds 0 1 \
+      --model "$model" --out "$work/results" --merge --recipes "$ST_IN" "${extra[@]}"
+    step gpu_check 95 "$PY" benchmarks/gpu.py --device $device --quick --out "$work/results"
+  else  # the GPU size's corpus (every training pair the machine's packages give) for 3 epochs
+    refresh=100; [ $dry = 1 ] && refresh=8
+    step finetune_drift 300 "$PY" benchmarks/finetune_code.py --device $device --size gpu "${q[@]}" --seeds 0 \
+      --epochs 3 --refresh-every $refresh --name finetune_code_gpu_3epochs --model "$model" \
+      --out "$work/results" --recipes "$OFF" "$ON" "${extra[@]}"
   fi
 else
   if [ -z "$model" ]; then

@@ -47,7 +47,7 @@ from composer.loggers import Logger
 
 from composer_dynsample import BagOfTokensEncoder, InfoNCELoss
 from composer_dynsample.algorithms.hard_negative_mining.checks import largest_label_count
-from composer_dynsample.callbacks.host_reads import HostReadCounter, HostReadsPerStep
+from composer_dynsample.callbacks.host_reads import HostReadCounter, HostReadsPerStep, caller_of
 from composer_dynsample.config.loading import load_config
 from composer_dynsample.config.run import build_run
 from composer_dynsample.deferred_checks import defer_value_checks
@@ -191,28 +191,45 @@ class Phases(Callback):
         return {**phases, "the rest (optimizer, Composer's events, logging)": step - sum(phases.values())}
 
 
-def sync_counter(device: torch.device) -> Any:
-    """On CUDA, a context that counts the syncs ``set_sync_debug_mode("warn")`` reports; else ``None``."""
-    if device.type != "cuda":
-        return None
+class SyncSites(Callback):
+    """Counts each step's CUDA sync warnings (``torch.cuda.set_sync_debug_mode("warn")`` from ``BATCH_START``
+    to ``BATCH_END``) and where they came from: the first frame outside torch and the warnings module
+    (``origin path:line``), read from the stack as the warning is shown. ``debug_mode`` is
+    ``torch.cuda.set_sync_debug_mode`` (another callable in a test on the CPU)."""
 
-    class Syncs(Callback):
-        def __init__(self) -> None:
-            self.steps: list[int] = []
-            self._caught: Any = None
+    def __init__(self, debug_mode: Any = None) -> None:
+        self.steps: list[int] = []
+        self.sites: Counter[str] = Counter()
+        self._debug_mode = debug_mode or torch.cuda.set_sync_debug_mode
+        self._caught: Any = None
+        self._count = 0
 
-        def batch_start(self, state: State, logger: Logger) -> None:
-            self._caught = warnings.catch_warnings(record=True)
-            self._records = self._caught.__enter__()
-            warnings.simplefilter("always")
-            torch.cuda.set_sync_debug_mode("warn")
+    def _shown(self, message: Any, *args: Any, **kwargs: Any) -> None:
+        if "synchroniz" in str(message):
+            frame = sys._getframe(1)
+            while frame is not None and frame.f_code.co_filename == warnings.__file__:
+                frame = frame.f_back
+            origin, site = caller_of(frame)
+            self.sites[f"{origin} {site}"] += 1
+            self._count += 1
 
-        def batch_end(self, state: State, logger: Logger) -> None:
-            torch.cuda.set_sync_debug_mode("default")
-            self._caught.__exit__(None, None, None)
-            self.steps.append(sum("synchroniz" in str(w.message) for w in self._records))
+    def batch_start(self, state: State, logger: Logger) -> None:
+        self._caught = warnings.catch_warnings()
+        self._caught.__enter__()
+        warnings.simplefilter("always")
+        warnings.showwarning = self._shown
+        self._count = 0
+        self._debug_mode("warn")
 
-    return Syncs()
+    def batch_end(self, state: State, logger: Logger) -> None:
+        self._debug_mode("default")
+        self._caught.__exit__(None, None, None)
+        self.steps.append(self._count)
+
+
+def sync_counter(device: torch.device) -> SyncSites | None:
+    """On CUDA, the callback that counts the syncs ``set_sync_debug_mode("warn")`` reports; else ``None``."""
+    return SyncSites() if device.type == "cuda" else None
 
 
 def count_reads(cfg: Any, folder: Path, interval: int, device: torch.device) -> dict[str, Any]:
@@ -230,9 +247,10 @@ def count_reads(cfg: Any, folder: Path, interval: int, device: torch.device) -> 
     ]
     steps = len(per_step.steps)
     composer: Counter[str] = Counter()
+    ours_by_site: Counter[str] = Counter()
     for (who, site, method), n in counter.sites.items():
-        if who == "composer":
-            composer[f"{method} at {site}"] += n
+        if who in ("composer", "composer_dynsample"):
+            (composer if who == "composer" else ours_by_site)[f"{method} at {site}"] += n
     return {
         "non_logging_steps": len(ours),
         "host_reads_per_step": sum(ours) / max(len(ours), 1),
@@ -242,7 +260,13 @@ def count_reads(cfg: Any, folder: Path, interval: int, device: torch.device) -> 
             if logs
         ],
         "composer_reads_per_step": {site: n / steps for site, n in sorted(composer.items())},
+        "our_reads_per_step_by_site": {site: n / steps for site, n in sorted(ours_by_site.items())},
         **({"cuda_syncs_per_step": statistics.mean(syncs.steps)} if syncs and syncs.steps else {}),
+        **(
+            {"cuda_syncs_per_step_by_site": {site: n / steps for site, n in syncs.sites.most_common()}}
+            if syncs and syncs.steps
+            else {}
+        ),
     }
 
 
@@ -319,6 +343,18 @@ def report(result: dict[str, Any], quick: bool, out: Path, name: str) -> None:
         "algorithm's glue).",
         f"Where this package's step goes (medians): {phases}.",
         f"Composer's own host reads per step (not this package's to remove): {composer}.",
+        *(
+            [f"This package's reads per step (every step), by call site: {ours}."]
+            if (ours := "; ".join(f"{m}: {n:g}" for m, n in result.get("our_reads_per_step_by_site", {}).items()))
+            else []
+        ),
+        *(
+            ["CUDA syncs per step " + f"{result['cuda_syncs_per_step']:g}, by call site: " + "; ".join(
+                f"{site}: {n:g}" for site, n in result.get("cuda_syncs_per_step_by_site", {}).items()
+            ) + "."]
+            if "cuda_syncs_per_step" in result
+            else []
+        ),
         f"Machine: {result['machine']}.",
     ]
     write_results(out, name, quick, {**result, "goals": goals}, table, notes=notes)

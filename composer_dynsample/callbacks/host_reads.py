@@ -14,24 +14,26 @@ each call to the first caller outside torch: ``"composer_dynsample"``, ``"compos
 
 from __future__ import annotations
 
+import os
 import sys
 from collections import Counter
 from pathlib import Path
 from types import FrameType
 from typing import Any
 
+import composer
 import torch
 from composer.core import Callback, State
 from composer.loggers import Logger
 
-__all__ = ["HOST_READS", "HostReadCounter", "HostReadsPerStep", "origin_of"]
+__all__ = ["HOST_READS", "HostReadCounter", "HostReadsPerStep", "caller_of", "origin_of"]
 
 #: The ``torch.Tensor`` methods that read a tensor's value on the host.
 HOST_READS = ("item", "tolist", "cpu", "__bool__", "__float__", "__int__")
 
 _TORCH = str(Path(torch.__file__).resolve().parent)
 _PACKAGE = str(Path(__file__).resolve().parents[1])
-_OWNERS = {_PACKAGE: "composer_dynsample"}
+_COMPOSER = str(Path(composer.__file__).resolve().parent) + os.sep  # wherever installed (a --target folder too)
 
 
 def origin_of(frame: FrameType | None) -> str:
@@ -42,11 +44,17 @@ def origin_of(frame: FrameType | None) -> str:
         >>> origin_of(sys._getframe())
         'other'
     """
-    return _caller(frame)[0]
+    return caller_of(frame)[0]
 
 
-def _caller(frame: FrameType | None) -> tuple[str, str]:
-    """``(origin, "path:line")`` of the first frame outside torch; the path from its package's folder on."""
+def caller_of(frame: FrameType | None) -> tuple[str, str]:
+    """``(origin, "path:line")`` of the first frame outside torch; the path from its package's folder on.
+
+    Example:
+        >>> import sys
+        >>> caller_of(sys._getframe())[0]
+        'other'
+    """
     while frame is not None:
         path = frame.f_code.co_filename
         if not path.startswith(_TORCH) and "<" not in path[:1]:
@@ -54,7 +62,7 @@ def _caller(frame: FrameType | None) -> tuple[str, str]:
             if path.startswith(_PACKAGE):
                 origin = "composer_dynsample"
             else:
-                origin = "composer" if "composer" in parts and "site-packages" in parts else "other"
+                origin = "composer" if str(Path(path).resolve()).startswith(_COMPOSER) else "other"
             top = origin if origin != "other" else None
             short = "/".join(parts[parts.index(top) :]) if top in parts else Path(path).name
             return origin, f"{short}:{frame.f_lineno}"
@@ -107,7 +115,7 @@ class HostReadCounter:
 
         def counted(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
             if counter.armed:
-                origin, site = _caller(sys._getframe(1))
+                origin, site = caller_of(sys._getframe(1))
                 counter.counts[(origin, name)] += 1
                 counter.sites[(origin, site, name)] += 1
             return method(tensor, *args, **kwargs)

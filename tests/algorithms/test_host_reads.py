@@ -7,6 +7,7 @@ on a GPU each read waits for the whole queue.
 
 from __future__ import annotations
 
+import os
 import math
 
 import pytest
@@ -155,3 +156,25 @@ def test_the_host_read_counter_counts_by_caller_and_restores_the_tensor_methods(
     assert counter.by_origin() == {"other": 6}
     assert {name: torch.Tensor.__dict__.get(name) for name in before} == before
     assert torch.arange(2).sum().item() == 1 and counter.total() == 6  # no longer counting
+
+
+def test_a_read_from_composers_own_folder_is_composers_wherever_it_is_installed(monkeypatch, tmp_path):
+    # Composer installed with pip --target (no site-packages in its path), as on a machine without an index.
+    from composer_dynsample.callbacks import host_reads
+
+    folder = tmp_path / "site" / "composer"
+    folder.mkdir(parents=True)
+    monkeypatch.setattr(host_reads, "_COMPOSER", str(folder) + os.sep)
+    source = folder / "trainer.py"
+    source.write_text("def read(x):\n    return x.item()\n")
+    scope: dict = {}
+    exec(compile(source.read_text(), str(source), "exec"), scope)
+    neighbour = tmp_path / "site" / "composer_extras.py"  # a package whose name starts alike is not Composer
+    neighbour.write_text("def read(x):\n    return x.item()\n")
+    other: dict = {}
+    exec(compile(neighbour.read_text(), str(neighbour), "exec"), other)
+    with HostReadCounter() as counter:
+        scope["read"](torch.ones(()))
+        other["read"](torch.ones(()))
+    assert counter.by_origin() == {"composer": 1, "other": 1}
+    assert ("composer", "composer/trainer.py:2", "item") in counter.sites

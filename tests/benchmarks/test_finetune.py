@@ -142,3 +142,36 @@ def test_the_gpu_size_s_step_goal_is_half_sentence_transformers_time_and_a_25_ms
         "met); this project's step 27 ms at 128 pairs x 128 tokens (moonshot <= 25 ms: missed)."
     )
     assert lines[0].endswith("goal within 2 SE: met.")
+
+
+def test_one_seed_judges_no_goal_of_standard_errors_and_the_caption_counts_the_epochs(tmp_path: Path) -> None:
+    report = load_benchmark("_finetune_report")
+    one = {
+        report.OURS_OFFLINE: {**_recipe(report, 0.8085, 0.0), "runs": [{"seed": 0}]},
+        report.OURS_ONLINE: {**_recipe(report, 0.8106, 0.0), "runs": [{"seed": 0}]},
+    }
+    assert report.goals(one) == [
+        f"{report.OURS_ONLINE} - {report.OURS_OFFLINE}: +0.0021; goal > 2 SE: not judged (one seed, no standard "
+        "error)."
+    ]
+    options = {**vars(_args(batch=128, train_pairs=41117)), "size": "gpu", "precision": "bf16", "device": "cuda"}
+    assert "321 steps of 128 pairs (one epoch)" in report.table(one, [0], {**options, "steps": 321})
+    assert "963 steps of 128 pairs (3.0 epochs)" in report.table(one, [0], {**options, "steps": 963})
+    args = argparse.Namespace(steps=None, refresh_every=None, batch=128, epochs=3)
+    load_benchmark("finetune_code").one_epoch(args, 41117)
+    assert (args.steps, args.refresh_every, args.train_pairs) == (963, 321, 41117)
+
+
+@pytest.mark.parametrize("quick", [False, True])
+def test_merge_keeps_the_stored_recipes_of_the_same_size_quick_runs_too(tmp_path: Path, quick: bool) -> None:
+    finetune, report = load_benchmark("finetune_code"), load_benchmark("_finetune_report")
+    options = vars(_args())
+    stored = {"recipes": {report.OURS_IN_BATCH: _recipe(report, 0.70, 0.003)}, "seeds": [0, 1, 2], "options": options}
+    name = "finetune_code_quick" if quick else "finetune_code"
+    (tmp_path / f"{name}.json").write_text(json.dumps(stored))
+    args = argparse.Namespace(out=tmp_path, name="finetune_code", quick=quick, merge=True)
+    new = {"recipes": {report.ST_IN_BATCH: _recipe(report, 0.71, 0.003)}, "options": options, "st_mining": None}
+    finetune._write(args, new, [0, 1, 2])
+    assert list(json.loads((tmp_path / f"{name}.json").read_text())["recipes"]) == [
+        report.ST_IN_BATCH, report.OURS_IN_BATCH,
+    ]  # fmt: skip

@@ -29,3 +29,31 @@ def test_a_short_run_of_the_recipe_makes_no_host_read_and_reports_its_ratio(tmp_
     stored = json.loads((tmp_path / "step_overhead_quick.json").read_text())
     assert stored["ratio"] == result["ratio"] > 0 and stored["goals"][1]["met"] is True
     assert "Composer's own host reads per step" in (tmp_path / "step_overhead_quick.md").read_text()
+    assert stored["our_reads_per_step_by_site"] == {}  # none of this package's, on any step of this run
+
+
+def test_the_sync_counter_names_the_line_that_synchronised(tmp_path: Path) -> None:
+    import warnings
+
+    step_overhead = load_benchmark("step_overhead")
+    modes: list[str] = []
+    syncs = step_overhead.SyncSites(debug_mode=modes.append)
+    source = tmp_path / "recipe_step.py"  # stands for the line of a step that called a synchronising op
+    source.write_text(
+        "import warnings\n"
+        "def step():\n"
+        "    warnings.warn('called a synchronizing CUDA operation')\n"
+        "    warnings.warn('an unrelated warning')\n"
+    )
+    scope: dict = {}
+    exec(compile(source.read_text(), str(source), "exec"), scope)
+    for _ in range(2):
+        syncs.batch_start(None, None)
+        scope["step"]()
+        syncs.batch_end(None, None)
+    assert syncs.steps == [1, 1] and modes == ["warn", "default"] * 2
+    assert dict(syncs.sites) == {"other recipe_step.py:3": 2}
+    with warnings.catch_warnings(record=True) as after:  # the step's hook is gone after BATCH_END
+        warnings.simplefilter("always")
+        scope["step"]()
+    assert len(after) == 2
