@@ -82,7 +82,17 @@ def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
         drifts = [m["fresh_drift"] for m in mined if m["fresh_drift"] is not None]
         if drifts:
             out["fresh_drift"] = statistics.fmean(drifts)
+        checks = [m.get("list_drift") or [] for m in mined]
+        if checks[0] and all(len(c) == len(checks[0]) for c in checks):  # the same snapshots in every seed
+            out["list_drift"] = [
+                {key: statistics.fmean(c[i][key] for c in checks) for key in LIST_DRIFT}
+                for i in range(len(checks[0]))
+            ]
     return out
+
+
+#: What a run's ``list_drift`` checks keep, per snapshot (``EmbeddingTable(list_drift=True)``).
+LIST_DRIFT = ("step", "overlap_table", "top1_table", "overlap_first", "top1_first", "seconds")
 
 
 def mining_record(metrics: Mapping[str, Any]) -> dict[str, Any] | None:
@@ -106,6 +116,11 @@ def mining_record(metrics: Mapping[str, Any]) -> dict[str, Any] | None:
         **{name: int(sum(s[name] for s in snapshots)) for name in ("duplicate", "same_query", "margin")},
         "rows_encoded": int(sum(record.get("rows_encoded", 0) for record in records)),
         "fresh_drift": round(drift / measured, 5) if measured else None,
+        "list_drift": [
+            {key: check[key] for key in LIST_DRIFT if key in check}
+            for record in records
+            for check in record.get("list_drift", [])
+        ],
     }
 
 
@@ -171,7 +186,9 @@ def goals(recipes: dict[str, dict[str, Any]], options: Mapping[str, Any] | None 
         if first in recipes and second in recipes:
             gap, two_se = _difference(recipes[first], recipes[second])
             if min(len(recipes[first]["runs"]), len(recipes[second]["runs"])) < 2:
-                lines.append(f"{first} - {second}: {gap:+.4f}; goal {goal}: not judged (one seed, no standard error).")
+                lines.append(
+                    f"{first} - {second}: {gap:+.4f}; goal {goal}: not judged (one seed, no standard error)."
+                )
                 continue
             met = abs(gap) <= two_se if goal == "within 2 SE" else gap > two_se
             lines.append(f"{first} - {second}: {gap:+.4f} (2 SE {two_se:.4f}); goal {goal}: {_verdict(met)}.")

@@ -11,6 +11,9 @@ table every ``--refresh-every`` steps), with config overrides for one switch:
 - fresher rows: the anchors and positives of each snapshot's batches re-encoded by the current model in eval
   mode before the search (``algorithms.embedding_table.fresh_upcoming``), or 64 of the stalest rows a step
   (``fresh_rows_per_step``);
+- the lists checked (``algorithms.embedding_table.list_drift``): plain online, with each snapshot's candidate
+  lists compared with those of every row encoded afresh by the current model, and with the first snapshot's
+  (what mining once keeps), a diagnostic that trains exactly as plain online;
 - the ADORE mode: the passage side frozen (``model.encoder``: two towers from the same folder,
   ``frozen_passages: true``), so the table's passage rows are exact, with the anchors re-encoded (online) or
   mined once (offline).
@@ -38,6 +41,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -119,6 +123,12 @@ VARIANTS: dict[str, Variant] = {
         (*_FROZEN, _FRESH),
         "passage side frozen, anchors re-encoded (ADORE)",
         "finetune_code_abl_online_frozen",
+    ),
+    "online_lists": Variant(
+        ONLINE,
+        ("algorithms.embedding_table={warm_start: true, list_drift: true}",),
+        "plain online, each snapshot's lists checked against the current model's (a diagnostic)",
+        "finetune_code_abl_online_lists",
     ),
     "online_window": Variant(
         ONLINE,
@@ -269,9 +279,36 @@ def notes(result: dict[str, Any], args: Any) -> list[str]:
     if not result["one_corpus"]:
         lines.append("**The variants were run on different corpora** (the corpus depends on the installed "
                      "packages): compare them only with their own baselines.")  # fmt: skip
+    for name, row in result["variants"].items():
+        checks = row["summary"].get("list_drift")
+        if checks:
+            lines.append(list_drift_line(name, checks))
     for goal in result["goals"]:
         lines.append(f"Goal: {goal['goal']} {goal['target']}: {goal['value']}, **{goal['verdict']}**.")
     return lines
+
+
+def list_drift_line(name: str, checks: list[dict[str, float]]) -> str:
+    """The list checks of a variant run with ``list_drift``: at each snapshot, the share of the current
+    model's kept candidates that the table's lists hold, and that the first snapshot's (mining once) hold.
+
+    Example:
+        >>> list_drift_line("v", [{"step": 0, "overlap_table": 1.0, "top1_table": 1.0, "overlap_first": 1.0,
+        ...   "top1_first": 1.0, "seconds": 50.0}, {"step": 20, "overlap_table": 0.8, "top1_table": 0.7,
+        ...   "overlap_first": 0.6, "top1_first": 0.5, "seconds": 52.0}]).split(": ", 1)[1][:80]
+        'step 0: table 1.000 (top-1 1.000), first snapshot 1.000 (top-1 1.000); step 20: '
+    """
+    steps = "; ".join(
+        f"step {check['step']:.0f}: table {check['overlap_table']:.3f} (top-1 {check['top1_table']:.3f}), "
+        f"first snapshot {check['overlap_first']:.3f} (top-1 {check['top1_first']:.3f})"
+        for check in checks
+    )
+    seconds = statistics.fmean(check["seconds"] for check in checks)
+    return (
+        f"{name}'s lists against those of every row encoded afresh by the current model (mean over seeds; the "
+        f"share of its kept candidates each list holds, and how often the nearest is the same): {steps}. Each "
+        f"check encodes the training set once more ({seconds:.0f} s here): the variant's s a step counts them."
+    )
 
 
 def plot(result: dict[str, Any], path: Path) -> None:

@@ -402,7 +402,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--split-seed", type=int, default=0, help="the corpus's package split (another: a second corpus)"
     )
     parser.add_argument(
-        "--epochs", type=int, default=None, help="where --steps is left to the data (--size gpu): epochs of it"
+        "--epochs",
+        type=int,
+        default=None,
+        help="where --steps is left to the data (--size gpu): epochs of it",
     )
     for flag in ("--train-pairs", "--test-queries", "--steps", "--batch", "--refresh-every", "--eval-batch"):
         parser.add_argument(flag, type=int, default=None, help="default: the size's (SIZES)")

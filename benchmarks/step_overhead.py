@@ -345,13 +345,22 @@ def report(result: dict[str, Any], quick: bool, out: Path, name: str) -> None:
         f"Composer's own host reads per step (not this package's to remove): {composer}.",
         *(
             [f"This package's reads per step (every step), by call site: {ours}."]
-            if (ours := "; ".join(f"{m}: {n:g}" for m, n in result.get("our_reads_per_step_by_site", {}).items()))
+            if (
+                ours := "; ".join(
+                    f"{m}: {n:g}" for m, n in result.get("our_reads_per_step_by_site", {}).items()
+                )
+            )
             else []
         ),
         *(
-            ["CUDA syncs per step " + f"{result['cuda_syncs_per_step']:g}, by call site: " + "; ".join(
-                f"{site}: {n:g}" for site, n in result.get("cuda_syncs_per_step_by_site", {}).items()
-            ) + "."]
+            [
+                "CUDA syncs per step "
+                + f"{result['cuda_syncs_per_step']:g}, by call site: "
+                + "; ".join(
+                    f"{site}: {n:g}" for site, n in result.get("cuda_syncs_per_step_by_site", {}).items()
+                )
+                + "."
+            ]
             if "cuda_syncs_per_step" in result
             else []
         ),

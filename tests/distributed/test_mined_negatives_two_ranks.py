@@ -56,7 +56,7 @@ def test_ranks_with_different_snapshots_are_caught():
         (False, 4, 2, {}),
         (True, 3, 3, {}),
         (False, 4, 2, {"sampling": "softmax", "absolute_margin": 0.0}),
-        (True, 3, 3, {"fresh": {"fresh_rows_per_step": 8, "fresh_upcoming": True}}),
+        (True, 3, 3, {"fresh": {"fresh_rows_per_step": 8, "fresh_upcoming": True, "list_drift": True}}),
     ],
     ids=["inline", "background", "softmax_margin", "fresh"],
 )
@@ -74,7 +74,11 @@ def test_refreshes_within_epochs_stay_identical_on_both_ranks_and_resume_exactly
     trainer_options = {"save_folder": str(folder), "save_interval": "18ba"}
     trainer_for(batches, [HardNegativeMining("semi_hard"), table], seen, **trainer_options).fit()
     assert batches.refreshes == refreshes
-    mine = (batches.snapshot_fingerprint(), table.fingerprint(), [r["sampler"] for r in table.history])
+    drift = [
+        [{k: v for k, v in c.items() if k != "seconds"} for c in r.get("list_drift", [])]
+        for r in table.history
+    ]
+    mine = (batches.snapshot_fingerprint(), table.fingerprint(), [r["sampler"] for r in table.history], drift)
     every_rank = dist.all_gather_object(mine)
     assert every_rank[0] == every_rank[1]
     # Batch 18 is epoch 1, batch 6: inline after that epoch's first refresh, before its second; in the
@@ -91,3 +95,4 @@ def test_refreshes_within_epochs_stay_identical_on_both_ranks_and_resume_exactly
     assert resumed_table.fingerprint() == table.fingerprint()
     if fresh:  # the drift of what the fresh encodings replaced: the same on both ranks, and measured
         assert table.history[-1]["fresh_rows_measured"] > 0
+        assert sum(map(len, drift)) == len(batches.snapshot_log)  # a list check at every snapshot

@@ -17,16 +17,20 @@ import numpy as np
 import torch
 from composer.core import State
 
+from composer_dynsample.batches import find_in_batch
+from composer_dynsample.checkpoints import CheckpointError
 from composer_dynsample.distributed import all_gather_embeddings, get_rank, get_world_size, unwrap_model
 from composer_dynsample.models.embed import embed_store
 from composer_dynsample.validation import check_int
 
 __all__ = [
+    "batch_indices",
     "dataset_length",
     "embed_rows",
     "encode_training_set",
     "rng_untouched",
     "search_on_the_model_device",
+    "size_mismatch",
     "train_collate",
     "train_labels",
     "train_loader",
@@ -167,3 +171,21 @@ def search_on_the_model_device(sampler: Any, model: torch.nn.Module) -> None:
     parameter = next(model.parameters(), None)
     if parameter is not None and parameter.device.type == "cuda":
         sampler.search_device = parameter.device
+
+
+def batch_indices(state: State, key: str) -> torch.Tensor:
+    """The step's sample indices (batch key ``key``), flat int64; a missing key is one line of advice."""
+    advice = (
+        f"Since the batch has no {key!r} tensor, set index_key to where the indices are, or use "
+        "composer_dynsample.data.GatherCollate, which adds them as 'index'."
+    )
+    indices = find_in_batch(state, key, owner="EmbeddingTable", what="the sample indices", advice=advice)
+    return indices.view(-1).to(torch.int64)
+
+
+def size_mismatch(rows: int, items: int | None) -> CheckpointError:
+    """The error of a checkpoint's table that does not fit this run's training set."""
+    return CheckpointError(
+        f"the checkpoint's embedding table has {rows} rows, this run's training set {items}; resume with "
+        "the same data."
+    )

@@ -13,8 +13,8 @@ the first epoch on; both log what they cost.
 
 from __future__ import annotations
 
-import hashlib
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -22,18 +22,25 @@ from composer.core import Algorithm, Event, State
 from composer.loggers import Logger
 
 from composer_dynsample.algorithms.embedding_table._training_set import (
+    batch_indices,
     dataset_length,
     encode_training_set,
     rng_untouched,
     search_on_the_model_device,
+    size_mismatch,
     train_collate,
     train_labels,
     train_loader,
 )
 from composer_dynsample.algorithms.embedding_table.fresh_rows import FreshRows
-from composer_dynsample.algorithms.embedding_table.rows import StagedWrites, class_centroids, write_rows
-from composer_dynsample.batches import find_in_batch
-from composer_dynsample.checkpoints import CheckpointError
+from composer_dynsample.algorithms.embedding_table.list_drift import ListDrift
+from composer_dynsample.algorithms.embedding_table.rows import (
+    StagedWrites,
+    class_centroids,
+    staleness,
+    table_fingerprint,
+    write_rows,
+)
 from composer_dynsample.distributed import (
     all_gather_embeddings,
     broadcast_buffers,
@@ -116,6 +123,9 @@ class EmbeddingTable(Algorithm):
             one), re-encode the anchors and positives of the batches it applies to (the sampler's
             ``upcoming_rows``, as :class:`~composer_dynsample.samplers.MinedNegativesPKBatchSampler` has), so
             every anchor is ranked by the current model. Default: ``False``.
+        list_drift (bool): At each snapshot, also encode every row with the current model and record how the
+            candidate lists overlap (:mod:`~composer_dynsample.algorithms.embedding_table.list_drift`) in the
+            epoch's record: a diagnostic, one encoding of the training set a snapshot. Default: ``False``.
 
     Raises:
         ValueError: If an option is out of its range or of the wrong type.
@@ -143,6 +153,7 @@ class EmbeddingTable(Algorithm):
         stage_writes: bool | None = None,
         fresh_rows_per_step: int = 0,
         fresh_upcoming: bool = False,
+        list_drift: bool = False,
     ) -> None:
         self.num_items = check_int("num_items", num_items, minimum=1, allow_none=True)
         self._size_given = self.num_items is not None  # else read off the dataset at FIT_START
@@ -168,6 +179,7 @@ class EmbeddingTable(Algorithm):
             check_bool("stage_writes", stage_writes)
         self._staged = StagedWrites(stage_writes)
         self._fresh = FreshRows(fresh_rows_per_step, fresh_upcoming)
+        self._drift = ListDrift() if check_bool("list_drift", list_drift) else None
         self._state: State | None = None  # the fit's state: the model and loader a fresh encoding reads
         #: The warm start's ``rows_encoded`` and ``seconds``; ``None`` until it ran (in the checkpoint).
         self.warm_start_cost: dict[str, float] | None = None
@@ -222,24 +234,12 @@ class EmbeddingTable(Algorithm):
 
     def fingerprint(self) -> str:
         """A SHA-256 of the rows and their stamps: equal on two ranks exactly when their tables are equal."""
-        digest = hashlib.sha256()
-        if self.rows is not None and self.written_at is not None:
-            digest.update(self.rows.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
-            digest.update(self.written_at.cpu().numpy().tobytes())
-        return digest.hexdigest()
+        return table_fingerprint(self.rows, self.written_at)
 
     # ------------------------------------------------------------------------------------------- Composer
     def staleness(self, step: int) -> dict[str, float]:
         """``rows_written`` and the mean and max batches since each written row was written, at ``step``."""
-        if self.written_at is None or not bool((self.written_at >= 0).any()):
-            return {"rows_written": 0.0, "staleness_mean": float("nan"), "staleness_max": float("nan")}
-        written = self.written_at[self.written_at >= 0]
-        age = (int(step) - written).double()
-        return {
-            "rows_written": float(written.numel()),
-            "staleness_mean": float(age.mean()),
-            "staleness_max": float(age.max()),
-        }
+        return staleness(self.written_at, step)
 
     def match(self, event: Event, state: State) -> bool:
         if event in (Event.AFTER_FORWARD, Event.FIT_START, Event.EPOCH_END):
@@ -272,7 +272,7 @@ class EmbeddingTable(Algorithm):
                     "EmbeddingTable: state.outputs must be the (batch, dim) embeddings or a MinedBatch, got "
                     f"{type(embeddings).__name__}."
                 )
-            indices = _batch_indices(state, self.index_key)
+            indices = batch_indices(state, self.index_key)
             if self._num_sampled is not None:  # a text batch's given negatives have no row: skipped
                 indices = torch.where(indices < self._num_sampled, indices, -1)
             gathered, gathered_indices, _ = all_gather_embeddings(
@@ -294,7 +294,7 @@ class EmbeddingTable(Algorithm):
             # Composer loads a checkpoint before FIT_START: its table must fit the dataset read off now.
             length = dataset_length(state)
             if self.rows is not None and self.rows.shape[0] != length:
-                raise _size_mismatch(self.rows.shape[0], length)
+                raise size_mismatch(self.rows.shape[0], length)
             self.num_items = length
         if self.warm_start and self.warm_start_cost is None and int(state.timestamp.batch) == 0:
             self._warm_start(state, logger)
@@ -307,10 +307,8 @@ class EmbeddingTable(Algorithm):
             callable(getattr(target, name, None)) for name in ("update_class_embeddings", "update_neighbours")
         )
         self._sampler = target if takes else None
-        if self._sampler is not None and hasattr(self._sampler, "snapshot_source"):
-            self._sampler.snapshot_source = (
-                self._snapshot_rows
-            )  # refreshes within an epoch read the live table
+        if hasattr(self._sampler, "snapshot_source"):  # its refreshes within an epoch read the live table
+            self._sampler.snapshot_source = self._snapshot_rows
         search_on_the_model_device(self._sampler, state.model)
         if self._sampler is not None and self._saved_sampler_state is not None:
             self._sampler.load_state_dict(self._saved_sampler_state)  # the interrupted epoch's centroids
@@ -352,6 +350,7 @@ class EmbeddingTable(Algorithm):
         if self.rows is None or self.written_at is None:
             return None
         self._encode_upcoming()
+        self._check_lists()
         return self.rows.float(), self.written_at >= 0
 
     def _encode_upcoming(self) -> None:
@@ -364,6 +363,25 @@ class EmbeddingTable(Algorithm):
         rows = torch.from_numpy(sampler.upcoming_rows(int(state.timestamp.epoch)))
         self._encode_fresh(rows, "fresh_upcoming")
 
+    def _check_lists(self) -> None:
+        """With ``list_drift``, before a snapshot is searched: its lists against the current model's."""
+        state, rows, written_at = self._state, self.rows, self.written_at
+        if self._drift is None or state is None or rows is None or written_at is None:
+            return
+        if self._drift.wanted(self._sampler):
+            self._drift.check(self._sampler, rows.float(), written_at >= 0, self._encoder(state, "list_drift", rows.shape[1]),
+                              epoch=int(state.timestamp.epoch), step=int(state.timestamp.batch))  # fmt: skip
+
+    def _encoder(
+        self, state: State, option: str, dim: int
+    ) -> Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
+        """``rows -> (indices, embeddings)`` by the model as it is now (eval mode, every rank a share, gathered),
+        every rank with rank 0's BatchNorm statistics, the ones rank 0 checkpoints (its own would make the table
+        depend on statistics a resume never sees). ``option`` names the table's option in a loader error."""
+        broadcast_buffers(state.model)
+        collate, model, batch = train_collate(state, option), state.model, self.refresh_batch_size
+        return lambda at: self._fresh.encode(model, collate, at, batch, dim)
+
     def _encode_fresh(self, rows: torch.Tensor, option: str, *, measure: bool = True) -> float:
         """Encode ``rows`` with the model as it is now (eval mode, every rank a share), measure how far each
         moved from the row it replaces (``measure``), write them stamped with the current step and return the
@@ -372,12 +390,7 @@ class EmbeddingTable(Algorithm):
         if state is None or self.rows is None or self.written_at is None or rows.numel() == 0:
             return 0.0
         started = time.perf_counter()
-        # Every rank embeds its share with rank 0's BatchNorm statistics, the ones rank 0 checkpoints: its
-        # own would make the table depend on statistics a resume never sees.
-        broadcast_buffers(state.model)
-        indices, embeddings = self._fresh.encode(
-            state.model, train_collate(state, option), rows, self.refresh_batch_size, self.rows.shape[1]
-        )
+        indices, embeddings = self._encoder(state, option, self.rows.shape[1])(rows)
         if measure:
             self._fresh.measure(self.rows, self.written_at, indices, embeddings)
         self.write(indices, embeddings, int(state.timestamp.batch))
@@ -401,6 +414,8 @@ class EmbeddingTable(Algorithm):
         logger.log_metrics(
             {f"embedding_table/{key}": value for key, value in record.items() if key != "epoch"}
         )
+        if self._drift is not None:
+            record["list_drift"] = self._drift.take()
         counts = getattr(self._sampler, "guard_counts", None)
         if callable(counts):
             record["sampler"] = {} if partial else {name: int(value) for name, value in counts().items()}
@@ -418,6 +433,7 @@ class EmbeddingTable(Algorithm):
             return
         if callable(getattr(self._sampler, "update_neighbours", None)):
             self._encode_upcoming()
+            self._check_lists()
             self._sampler.update_neighbours(self.rows.float(), self.written_at >= 0)
             skipped = getattr(self._sampler, "last_skipped", {})
             logger.log_metrics({f"embedding_table/skipped_{name}": float(n) for name, n in skipped.items()})
@@ -463,12 +479,13 @@ class EmbeddingTable(Algorithm):
         state["warm_start"] = self.warm_start_cost
         state["encoded"] = dict(self._encoded)
         state["fresh"] = self._fresh.state_dict()
+        state["list_drift"] = None if self._drift is None else self._drift.state_dict()
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         rows = state.get("rows")
         if rows is not None and self._size_given and rows.shape[0] != self.num_items:
-            raise _size_mismatch(rows.shape[0], self.num_items)
+            raise size_mismatch(rows.shape[0], self.num_items)
         self.num_items = state.get("num_items", self.num_items)
         self.rows = None if rows is None else rows.to(device=self.device, dtype=self.dtype)
         written = state.get("written_at")
@@ -478,19 +495,5 @@ class EmbeddingTable(Algorithm):
         self.warm_start_cost = state.get("warm_start")
         self._encoded = dict(state.get("encoded") or {"rows": 0, "seconds": 0.0})
         self._fresh.load_state_dict(state.get("fresh") or {})
-
-
-def _batch_indices(state: State, key: str) -> torch.Tensor:
-    advice = (
-        f"Since the batch has no {key!r} tensor, set index_key to where the indices are, or use "
-        "composer_dynsample.data.GatherCollate, which adds them as 'index'."
-    )
-    indices = find_in_batch(state, key, owner="EmbeddingTable", what="the sample indices", advice=advice)
-    return indices.view(-1).to(torch.int64)
-
-
-def _size_mismatch(rows: int, items: int | None) -> CheckpointError:
-    return CheckpointError(
-        f"the checkpoint's embedding table has {rows} rows, this run's training set {items}; resume with "
-        "the same data."
-    )
+        if self._drift is not None:
+            self._drift.load_state_dict(state.get("list_drift") or {})

@@ -12,12 +12,13 @@ state read (a checkpoint, a snapshot, a refresh) applies what is staged first.
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-__all__ = ["StagedWrites", "class_centroids", "write_rows"]
+__all__ = ["StagedWrites", "class_centroids", "staleness", "table_fingerprint", "write_rows"]
 
 
 def write_rows(
@@ -145,3 +146,30 @@ def class_centroids(
     sums.index_add_(0, labels, values)
     counts = torch.bincount(labels, minlength=num_classes)
     return sums / counts.clamp(min=1).unsqueeze(1), counts
+
+
+def staleness(written_at: torch.Tensor | None, step: int) -> dict[str, float]:
+    """``rows_written`` and the mean and max batches since each written row was written, at ``step``.
+
+    Example:
+        >>> staleness(torch.tensor([-1, 2, 6]), 10)
+        {'rows_written': 2.0, 'staleness_mean': 6.0, 'staleness_max': 8.0}
+    """
+    if written_at is None or not bool((written_at >= 0).any()):
+        return {"rows_written": 0.0, "staleness_mean": float("nan"), "staleness_max": float("nan")}
+    written = written_at[written_at >= 0]
+    age = (int(step) - written).double()
+    return {
+        "rows_written": float(written.numel()),
+        "staleness_mean": float(age.mean()),
+        "staleness_max": float(age.max()),
+    }
+
+
+def table_fingerprint(rows: torch.Tensor | None, written_at: torch.Tensor | None) -> str:
+    """A SHA-256 of the rows and their stamps (of nothing before the first write)."""
+    digest = hashlib.sha256()
+    if rows is not None and written_at is not None:
+        digest.update(rows.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+        digest.update(written_at.cpu().numpy().tobytes())
+    return digest.hexdigest()
