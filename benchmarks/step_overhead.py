@@ -18,7 +18,8 @@ includes the sampler, the collate and everything Composer does between steps.
 ``__float__`` and ``__int__`` made by this package during the steps that are not logging steps
 (:class:`~composer_dynsample.callbacks.host_reads.HostReadCounter`); Composer's own reads are listed
 beside it, per step, by call site. On CUDA the syncs are also counted with
-``torch.cuda.set_sync_debug_mode("warn")``. Goals (issue 35): ratio <= 1.10 (moonshot <= 1.03);
+``torch.cuda.set_sync_debug_mode("warn")``; on any device the operations that would sync on CUDA are
+counted by call site (:class:`~composer_dynsample.callbacks.device_syncs.SyncOpCounter`). Goals (issue 35): ratio <= 1.10 (moonshot <= 1.03);
 ``host_reads_per_step`` 0.
 
     python benchmarks/step_overhead.py [--quick] [--device cpu|cuda] [--steps 200] [--threads 1]
@@ -47,6 +48,7 @@ from composer.loggers import Logger
 
 from composer_dynsample import BagOfTokensEncoder, InfoNCELoss
 from composer_dynsample.algorithms.hard_negative_mining.checks import largest_label_count
+from composer_dynsample.callbacks.device_syncs import SyncOpsPerStep
 from composer_dynsample.callbacks.host_reads import HostReadCounter, HostReadsPerStep, caller_of
 from composer_dynsample.config.loading import load_config
 from composer_dynsample.config.run import build_run
@@ -235,9 +237,9 @@ def sync_counter(device: torch.device) -> SyncSites | None:
 def count_reads(cfg: Any, folder: Path, interval: int, device: torch.device) -> dict[str, Any]:
     """Host reads per step of a short run: this package's on non-logging steps, Composer's on every step."""
     with HostReadCounter() as counter:
-        per_step = HostReadsPerStep(counter)
+        per_step, ops = HostReadsPerStep(counter), SyncOpsPerStep()
         syncs = sync_counter(device)
-        run = build_run(cfg, folder / "reads", callbacks=[per_step] + ([syncs] if syncs else []))
+        run = build_run(cfg, folder / "reads", callbacks=[per_step, ops] + ([syncs] if syncs else []))
         run.trainer.fit()
     logging = [(index + 1) % interval == 0 for index in range(len(per_step.steps))]
     ours = [
@@ -261,6 +263,16 @@ def count_reads(cfg: Any, folder: Path, interval: int, device: torch.device) -> 
         ],
         "composer_reads_per_step": {site: n / steps for site, n in sorted(composer.items())},
         "our_reads_per_step_by_site": {site: n / steps for site, n in sorted(ours_by_site.items())},
+        # The operations that would sync on CUDA, recognised on any device (SyncOpCounter), every step.
+        "sync_ops_per_step": {
+            who: sum(n for (origin, _, _), n in ops.sites.items() if origin == who) / len(ops.steps)
+            for who in ("composer_dynsample", "composer", "other")
+        },
+        "sync_ops_per_step_by_site": {
+            f"{op} at {site}": n / len(ops.steps)
+            for (who, site, op), n in sorted(ops.sites.items())
+            if who == "composer_dynsample"
+        },
         **({"cuda_syncs_per_step": statistics.mean(syncs.steps)} if syncs and syncs.steps else {}),
         **(
             {"cuda_syncs_per_step_by_site": {site: n / steps for site, n in syncs.sites.most_common()}}
@@ -343,6 +355,18 @@ def report(result: dict[str, Any], quick: bool, out: Path, name: str) -> None:
         "algorithm's glue).",
         f"Where this package's step goes (medians): {phases}.",
         f"Composer's own host reads per step (not this package's to remove): {composer}.",
+        *(
+            [
+                "Operations that sync on CUDA, recognised on any device (composer_dynsample.callbacks."
+                f"device_syncs), per step: this package {result['sync_ops_per_step']['composer_dynsample']:g}, "
+                f"Composer {result['sync_ops_per_step']['composer']:g}, other {result['sync_ops_per_step']['other']:g}; "
+                "this package's by call site: "
+                + "; ".join(f"{m}: {n:g}" for m, n in result["sync_ops_per_step_by_site"].items())
+                + "."
+            ]
+            if "sync_ops_per_step" in result
+            else []
+        ),
         *(
             [f"This package's reads per step (every step), by call site: {ours}."]
             if (

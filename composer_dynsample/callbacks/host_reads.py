@@ -48,7 +48,9 @@ def origin_of(frame: FrameType | None) -> str:
 
 
 def caller_of(frame: FrameType | None) -> tuple[str, str]:
-    """``(origin, "path:line")`` of the first frame outside torch; the path from its package's folder on.
+    """``(origin, "path:line")`` of the first frame outside torch and outside the counters themselves (this
+    file's wrapper of a counted method, which a sync counter can see first); the path from its package's
+    folder on.
 
     Example:
         >>> import sys
@@ -57,7 +59,7 @@ def caller_of(frame: FrameType | None) -> tuple[str, str]:
     """
     while frame is not None:
         path = frame.f_code.co_filename
-        if not path.startswith(_TORCH) and "<" not in path[:1]:
+        if not path.startswith(_TORCH) and "<" not in path[:1] and path != __file__:
             parts = Path(path).parts
             if path.startswith(_PACKAGE):
                 origin = "composer_dynsample"

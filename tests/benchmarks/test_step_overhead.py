@@ -30,6 +30,15 @@ def test_a_short_run_of_the_recipe_makes_no_host_read_and_reports_its_ratio(tmp_
     assert stored["ratio"] == result["ratio"] > 0 and stored["goals"][1]["met"] is True
     assert "Composer's own host reads per step" in (tmp_path / "step_overhead_quick.md").read_text()
     assert stored["our_reads_per_step_by_site"] == {}  # none of this package's, on any step of this run
+    # The operations that would sync on CUDA, counted on the CPU: Composer's value reads, and this package's
+    # mining (the mined tuples' variable sizes: the triplets kept, the duplicate negatives dropped).
+    ours = stored["sync_ops_per_step_by_site"]
+    assert sum(ours.values()) == stored["sync_ops_per_step"]["composer_dynsample"] == 5
+    assert {site.split(" at ")[1].rsplit(":", 1)[0] for site in ours} == {
+        "composer_dynsample/mining/duplicates.py", "composer_dynsample/mining/_common.py",
+        "composer_dynsample/mining/hard_topk.py",
+    }  # fmt: skip
+    assert stored["sync_ops_per_step"]["composer"] >= 1
 
 
 def test_the_sync_counter_names_the_line_that_synchronised(tmp_path: Path) -> None:
