@@ -290,15 +290,31 @@ class TextCollate:
 class CountSampledRows:
     """``get_num_samples_in_batch`` for text batches: the rows a sampler drew, given negatives not counted.
 
+    Composer counts a batch in host memory and, inside the step, again on the device, where this reads
+    nothing: the batch's length without ``given_negatives`` (every row sampled), else the last host batch's
+    count (a batch with given negatives is never split, :class:`SplitTextBatch`); another length is read.
+
     Args:
         num_sampled (int): ``len(store)``: rows with a smaller index were sampled.
+        given_negatives (bool): Whether the split has given negatives. Default: ``True``.
     """
 
-    def __init__(self, num_sampled: int) -> None:
+    def __init__(self, num_sampled: int, given_negatives: bool = True) -> None:
         self.num_sampled = int(num_sampled)
+        self.given_negatives = bool(given_negatives)
+        self._last: tuple[int, int] | None = None  # (rows, sampled rows) of the last host batch
 
     def __call__(self, batch: dict[str, Any]) -> int:
-        return host_sum(batch["index"] < self.num_sampled)
+        index = batch["index"]
+        if index.device.type == "cpu":
+            count = host_sum(index < self.num_sampled)
+            self._last = (int(index.shape[0]), count)
+            return count
+        if not self.given_negatives:
+            return int(index.shape[0])
+        if self._last is not None and self._last[0] == index.shape[0]:
+            return self._last[1]
+        return host_sum(index < self.num_sampled)
 
 
 class SplitTextBatch:
@@ -335,16 +351,13 @@ def count_tokens(batch: dict[str, Any]) -> int:
 
 
 def host_sum(values: torch.Tensor) -> int:
-    """The sum of a tensor of a batch, as an int. Composer counts a batch while it is still in host memory
-    (before moving it to the device), so the sum is taken there, through numpy, with no device read.
+    """The sum of a batch's tensor as an int: in host memory through numpy (no device read), else one read.
 
     Example:
         >>> host_sum(torch.tensor([[1, 1, 0], [1, 0, 0]]))
         3
     """
-    if values.device.type == "cpu":
-        return int(values.numpy().sum())
-    return int(values.sum())  # a batch already on a device: one read
+    return int(values.numpy().sum()) if values.device.type == "cpu" else int(values.sum())
 
 
 def text_data_spec(dataloader: Any) -> Any:
@@ -369,10 +382,11 @@ def text_data_spec(dataloader: Any) -> Any:
             f"text_data_spec needs a DataLoader whose collate_fn is a TextCollate, got {type(collate).__name__}."
         )
     num_sampled = len(collate.store)
+    given = bool(len(collate.store.negative_rows)) and collate.negatives
     return DataSpec(
         dataloader,
         split_batch=SplitTextBatch(num_sampled),
-        get_num_samples_in_batch=CountSampledRows(num_sampled),
+        get_num_samples_in_batch=CountSampledRows(num_sampled, given_negatives=given),
         get_num_tokens_in_batch=count_tokens,
     )
 

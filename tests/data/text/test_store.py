@@ -130,6 +130,31 @@ def test_counting_and_splitting_for_composer(splits):
     assert halves[1]["features"]["input_ids"].shape[0] == 2
 
 
+def _on_device(batch: dict) -> dict:
+    """The batch as Composer hands it to the step on an accelerator: meta tensors, which no read can reach."""
+    return {"index": torch.empty(batch["index"].shape, dtype=torch.int64, device="meta")}
+
+
+def test_the_count_of_a_batch_on_a_device_reads_nothing(splits):
+    # Composer counts the device batch again inside every step: that read was the one a step made on CUDA.
+    store = splits.train
+    with_negatives = TextCollate(store)([0, 1, 2, 3])  # 4 sampled rows and their given negatives
+    count = CountSampledRows(len(store), given_negatives=True)
+    assert count(with_negatives) == 4 and count(_on_device(with_negatives)) == 4  # the host batch's count
+    plain = TextCollate(store, negatives=False)([0, 1, 2])
+    assert CountSampledRows(len(store), given_negatives=False)(_on_device(plain)) == 3  # its length
+    with pytest.raises(RuntimeError, match="meta"):  # another length with given negatives is read
+        count(_on_device(plain))
+    spec = text_data_spec(torch.utils.data.DataLoader([0], collate_fn=TextCollate(store, negatives=False)))
+    assert spec.get_num_samples_in_batch(_on_device(plain)) == 3
+    assert (
+        text_data_spec(
+            torch.utils.data.DataLoader([0], collate_fn=TextCollate(store))
+        ).get_num_samples_in_batch(with_negatives)
+        == 4
+    )
+
+
 def test_text_data_spec_lets_composer_train(splits, tmp_path):
     from composer import Trainer
     from composer.models import ComposerModel
