@@ -146,6 +146,24 @@ def machine_info(torch_threads: bool = True) -> str:
     return ", ".join(parts)
 
 
+class LoadWatch:
+    """The load averages when a benchmark starts (at construction) and when it reports, with the machine."""
+
+    def __init__(self) -> None:
+        self.before = load_average()
+
+    def note(self) -> str:
+        """A line for the results' notes: the load averages before and now."""
+        now = load_average()
+        return (
+            f"load average {self.before} before, {now} after (other work on this machine slows every timing)"
+        )
+
+    def fields(self) -> dict[str, Any]:
+        """The result's ``load_average`` (before and now) and ``machine`` (:func:`machine_info`)."""
+        return {"load_average": [self.before, load_average()], "machine": machine_info()}
+
+
 #: Composer's name of each device a benchmark's ``--device`` (torch's name) takes: Composer calls CUDA ``gpu``.
 COMPOSER_DEVICES = {"cpu": "cpu", "cuda": "gpu", "mps": "mps"}
 #: Composer's ``trainer.precision`` of each ``--precision`` a benchmark takes.

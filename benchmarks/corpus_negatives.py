@@ -41,9 +41,8 @@ from pathlib import Path
 import numpy as np
 import torch
 from _common import (
+    LoadWatch,
     label_axes,
-    load_average,
-    machine_info,
     markdown_table,
     peak_growth_bytes,
     run_worker,
@@ -355,7 +354,7 @@ def main(argv: list[str] | None = None) -> dict:
         mode, quick, batches = args.steps_worker
         print(json.dumps(steps_worker(mode, bool(int(quick)), int(batches))))
         return {}
-    load_before = load_average()
+    load = LoadWatch()
     sizes = [2_000, 20_000] if args.quick else [10_000, 100_000, GOAL_PAIRS]
     scaled = scaling(sizes, args.threads, args.device)
     env = {"OMP_NUM_THREADS": str(args.threads), "MKL_NUM_THREADS": str(args.threads)}
@@ -368,7 +367,7 @@ def main(argv: list[str] | None = None) -> dict:
     steps = step_ratios(args.threads, args.quick)
     text = tables(scaled, half, steps)
     lines, ratio = goals(scaled, steps)
-    loads = f"load average {load_before} before, {load_average()} after (other work on this machine slows every timing)"
+    loads = load.note()
     threads = f"{args.threads} threads (OMP_NUM_THREADS, torch and faiss), search on {args.device}"
     print(f"{text}\n\n" + "\n".join(lines) + f"\n{threads}\n{loads}")
     largest = full_row
@@ -380,7 +379,7 @@ def main(argv: list[str] | None = None) -> dict:
         "settings": {"dim": DIM, **OPTIONS, "pairs_per_batch": PAIRS_PER_BATCH, "negatives_per_anchor": NEGATIVES,
                      "recall_anchors": RECALL_ANCHORS, "refresh_every": REFRESH_EVERY},
         "scaling": scaled, "float16": half_row, "steps": steps, "goals": lines,
-        "load_average": [load_before, load_average()], "machine": machine_info(),
+        **load.fields(),
     }  # fmt: skip
     return write_results(
         args.out, "corpus_negatives", args.quick, result, text, notes=[*lines, threads, loads],

@@ -9,7 +9,8 @@ table every ``--refresh-every`` steps), with config overrides for one switch:
 - sampling from the window by similarity (``sampler.sampling``: softmax by Gumbel-max) instead of uniformly;
 - the rank window 10 to 50 of sentence-transformers' examples (``sampler.skip_top``, ``sampler.window``);
 - fresher rows: the anchors and positives of each snapshot's batches re-encoded by the current model in eval
-  mode before the search (``algorithms.embedding_table.fresh_upcoming``), or 64 of the stalest rows a step
+  mode before the search (``algorithms.embedding_table.fresh_upcoming``), every row (``fresh_upcoming: all``,
+  ANCE's refresh of the whole index at each snapshot), or 64 of the stalest rows a step
   (``fresh_rows_per_step``);
 - the lists checked (``algorithms.embedding_table.list_drift``): plain online, with each snapshot's candidate
   lists compared with those of every row encoded afresh by the current model, and with the first snapshot's
@@ -123,6 +124,12 @@ VARIANTS: dict[str, Variant] = {
         (*_FROZEN, _FRESH),
         "passage side frozen, anchors re-encoded (ADORE)",
         "finetune_code_abl_online_frozen",
+    ),
+    "online_all": Variant(
+        ONLINE,
+        ("algorithms.embedding_table={warm_start: true, fresh_upcoming: all}",),
+        "every row re-encoded before each snapshot (ANCE's full refresh)",
+        "finetune_code_abl_online_all",
     ),
     "online_lists": Variant(
         ONLINE,

@@ -25,8 +25,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from _common import (
-    load_average,
-    machine_info,
+    LoadWatch,
     markdown_table,
     peak_growth_bytes,
     run_worker,
@@ -333,7 +332,7 @@ def main(argv: list[str] | None = None) -> dict:
     if args.plan_worker:  # a fresh process: one plan, its peak memory, printed as JSON
         print(json.dumps(hard_class_plan(*args.plan_worker)))
         return {}
-    load_before = load_average()
+    load = LoadWatch()
     write = table_write_share(256, 10_000 if args.quick else 100_000, 5 if args.quick else 30)
     plan_sizes = (
         [(10_000, 1_000)] if args.quick else [(10_000, 1_000), (100_000, 10_000), (1_000_000, 100_000)]
@@ -354,7 +353,7 @@ def main(argv: list[str] | None = None) -> dict:
     searches = [neighbour_search(n, 128, data) for n, data in search_sizes]
     text = tables(write, plans, classes, searches)
     measured = summary(write, plans, searches)
-    loads = f"load average {load_before} before, {load_average()} after (other work on this machine slows every timing)"
+    loads = load.note()
     print(f"{text}\n\nmeasured: {measured}\n{loads}")
     result = {
         "ratio": write["share"],
@@ -364,8 +363,7 @@ def main(argv: list[str] | None = None) -> dict:
         "class_search": classes,
         "searches": searches,
         "measured": measured,
-        "load_average": [load_before, load_average()],
-        "machine": machine_info(),
+        **load.fields(),
     }
     return write_results(args.out, "table", args.quick, result, text, notes=[f"measured: {measured}", loads])
 

@@ -34,6 +34,7 @@ __all__ = [
     "check_types",
     "import_component",
     "peek_entry",
+    "peek_parameters",
     "resolve",
     "resolve_entry",
     "resolve_set",
@@ -273,6 +274,13 @@ def resolve_entry(
 def peek_entry(path: str, values: dict[str, Any], registry: Mapping[str, Any]) -> Any:
     """The target a section names, without consuming its keys (for choices that depend on the target)."""
     return resolve(path, dict(values), registry)[0].target
+
+
+def peek_parameters(
+    path: str, values: Mapping[str, Any], registry: Mapping[str, Any]
+) -> Mapping[str, inspect.Parameter]:
+    """The :func:`parameters` of the target a section names (:func:`peek_entry`), its keys not consumed."""
+    return parameters(peek_entry(path, dict(values), registry))
 
 
 def resolve_set(

@@ -26,7 +26,7 @@ from composer_dynsample.config.components import (
     Registered,
     call,
     parameters,
-    peek_entry,
+    peek_parameters,
     resolve_entry,
 )
 from composer_dynsample.config.evaluation import eval_metrics
@@ -38,6 +38,7 @@ from composer_dynsample.config.model_checks import (
     check_transformer_positions,
     folder_normalize,
     is_transformer,
+    is_two_tower,
     tower_section,
 )
 from composer_dynsample.config.names import ENCODERS, LOSSES
@@ -70,14 +71,14 @@ def _data_inputs(path: str, values: dict[str, Any], splits: DatasetSplits) -> di
         "input_length": feature_shape[-1],
         "input_size": list(feature_shape[1:]) if len(feature_shape) >= 3 else feature_shape[-1],
     }
-    if len(feature_shape) == 2 and "input_size" in parameters(peek_entry(path, values, ENCODERS)):
+    if len(feature_shape) == 2 and "input_size" in peek_parameters(path, values, ENCODERS):
         inferred["in_channels"], inferred["input_size"] = 1, list(feature_shape)  # (H, W) images
     return inferred
 
 
 def _check_reads_the_data(path: str, values: dict[str, Any], splits: DatasetSplits) -> None:
     """A text encoder on feature tensors, or a tensor encoder on texts, is refused in one line."""
-    takes = parameters(peek_entry(path, values, ENCODERS))
+    takes = peek_parameters(path, values, ENCODERS)
     reads_text = any(key in takes for key in _TEXT_INPUTS) or all(key in takes for key in TOWERS)
     reads_tensors = any(key in takes for key in _TENSOR_INPUTS)
     named = values.get(COMPONENT_KEY, values.get("name"))
@@ -104,7 +105,7 @@ def _build_encoder(path: str, values: dict[str, Any], splits: DatasetSplits) -> 
             f"{path}: 'conv1d' needs sequences (N, L) or (N, C, L), but the data's items have shape "
             f"{feature_shape}; use 'mlp' for other data."
         )
-    if all(key in parameters(entry.target) for key in TOWERS):  # two towers: each its own section
+    if is_two_tower(entry.target):  # two towers: each its own section
         for tower in TOWERS:
             kwargs[tower] = _build_encoder(
                 f"{path}.{tower}", tower_section(path, tower, kwargs[tower]), splits

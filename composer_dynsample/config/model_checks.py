@@ -37,6 +37,7 @@ from composer_dynsample.config.components import (
     check_types,
     parameters,
     peek_entry,
+    peek_parameters,
     resolve_entry,
 )
 from composer_dynsample.config.loading import section
@@ -55,6 +56,7 @@ __all__ = [
     "folder_data_defaults",
     "folder_normalize",
     "is_transformer",
+    "is_two_tower",
     "model_folder",
     "tower_section",
 ]
@@ -79,7 +81,7 @@ def check_encoder(path: str, values: dict[str, Any]) -> None:
     if not values:
         return
     entry, _, kwargs, _ = resolve_entry(path, values, ENCODERS, supplied=_SHAPE_STAND_INS)
-    if all(key in parameters(entry.target) for key in TOWERS):
+    if is_two_tower(entry.target):
         for tower in TOWERS:
             check_encoder(f"{path}.{tower}", tower_section(path, tower, kwargs.pop(tower)))
     check_types(path, entry, kwargs)
@@ -118,7 +120,7 @@ def check_positions(cfg: DictConfig) -> None:
                 f"{str(folder.path)!r} (its {source}) is {max_length}"
             )
     elif "max_length" not in data:
-        default = parameters(peek_entry("data", data, DATASETS)).get("max_length")
+        default = peek_parameters("data", data, DATASETS).get("max_length")
         max_length = None if default is None else default.default
     if isinstance(max_length, bool) or not isinstance(max_length, int):
         return
@@ -131,13 +133,18 @@ def _check_section_positions(path: str, values: dict[str, Any], max_length: int,
     if not values:
         return
     target = peek_entry(path, values, ENCODERS)
-    if all(key in parameters(target) for key in TOWERS):
+    if is_two_tower(target):
         for tower in TOWERS:
             _check_section_positions(
                 f"{path}.{tower}", tower_section(path, tower, values.get(tower)), max_length, origin
             )
     elif is_transformer(target):
         check_transformer_positions(path, values, max_length, origin)
+
+
+def is_two_tower(target: Any) -> bool:
+    """Whether an encoder target takes a section for each of the two towers (:data:`TOWERS`)."""
+    return all(key in parameters(target) for key in TOWERS)
 
 
 def is_transformer(target: Any) -> bool:
@@ -283,7 +290,7 @@ def _encoder_folders(
         entry = peek_entry(where, dict(encoder), ENCODERS)
     except ConfigError:
         return []  # a section naming no encoder: the encoder's own check says so
-    if all(key in parameters(entry) for key in TOWERS):
+    if is_two_tower(entry):
         return [
             pair
             for tower in TOWERS
@@ -388,7 +395,7 @@ def _folder_max_length(data: Mapping[str, Any], folder: ModelFolder) -> int | No
     """The ``max_length`` a folder gives a loader that takes one: see :func:`folder_data_defaults`."""
     from composer_dynsample.models.transformer import position_limit
 
-    takes = parameters(peek_entry("data", dict(data), DATASETS))
+    takes = peek_parameters("data", data, DATASETS)
     if "max_length" not in takes:
         return None
     if folder.max_seq_length is not None:
@@ -402,7 +409,7 @@ def _folder_max_length(data: Mapping[str, Any], folder: ModelFolder) -> int | No
 def _data_tokenizer(data: Mapping[str, Any], found: list[tuple[str, ModelFolder]]) -> str | None:
     """The first folder's tokenizer for a loader that takes one and is given none; ``None`` otherwise,
     after checking a given one against each folder's."""
-    if not data or "tokenizer" not in parameters(peek_entry("data", dict(data), DATASETS)):
+    if not data or "tokenizer" not in peek_parameters("data", data, DATASETS):
         return None
     given = data.get("tokenizer")
     if given is not None:

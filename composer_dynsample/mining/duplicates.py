@@ -128,8 +128,8 @@ def drop_duplicate_negatives(
     parts = tuple(indices_tuple)
     anchors, negatives = (parts[0], parts[2]) if len(parts) == 3 else (parts[2], parts[3])
     duplicate = duplicate_negatives(labels, duplicate_ids, ref_labels, ref_duplicate_ids, anchors, negatives)
-    keep = ~duplicate
+    kept = (~duplicate).nonzero().squeeze(1)  # one size the host waits for on a GPU, not one per part
     dropped = duplicate.sum()
     if len(parts) == 3:
-        return tuple(part[keep] for part in parts), dropped
-    return (parts[0], parts[1], parts[2][keep], parts[3][keep]), dropped
+        return tuple(part.index_select(0, kept) for part in parts), dropped
+    return (parts[0], parts[1], parts[2].index_select(0, kept), parts[3].index_select(0, kept)), dropped

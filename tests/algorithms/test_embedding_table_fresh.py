@@ -118,3 +118,24 @@ def test_bad_fresh_options_are_named():
         EmbeddingTable(fresh_rows_per_step=-1)
     with pytest.raises((ValueError, TypeError), match="fresh_upcoming"):
         EmbeddingTable(fresh_upcoming="yes")
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_fresh_upcoming_all_encodes_every_row_so_each_snapshot_holds_the_current_models_lists():
+    trainer, sampler, _, _, table = make_run(table_options={"fresh_upcoming": "all", "list_drift": True})
+    encoded, encode = [], table._fresh.encode
+
+    def spied(model, collate, rows, batch_size, dim):
+        encoded.append(rows.numel())
+        return encode(model, collate, rows, batch_size, dim)
+
+    table._fresh.encode = spied
+    trainer.fit()
+    # Every snapshot re-encodes the 96 rows, then the list check encodes them once more: 11 snapshots.
+    assert encoded == [96, 96] * 11
+    checks = [check for record in table.history for check in record["list_drift"]]
+    # The table's lists are then exactly the current model's (eval mode, the same search): overlap 1.
+    assert [check["overlap_table"] for check in checks] == [1.0] * 11
+    assert [check["top1_table"] for check in checks] == [1.0] * 11
+    with pytest.raises(ValueError, match='fresh_upcoming must be true, false or "all"'):
+        EmbeddingTable(fresh_upcoming="some")

@@ -157,6 +157,14 @@ def check_guards(batches, labels, is_passage, texts, p, n, expected):
                 assert set(texts[list(survivors)].tolist()) <= set(all_texts.tolist())
 
 
+def check_guards_on_snapshot(
+    batches, labels, is_passage, texts, embeddings, p, n, *, window, skip_top, margin
+):
+    """:func:`check_guards` with the brute-force :func:`reference` of the snapshot ``embeddings`` expected."""
+    expected = reference(embeddings, labels, is_passage, window, skip_top, margin, texts)
+    check_guards(batches, labels, is_passage, texts, p, n, expected)
+
+
 def make_run(num_workers=0, refresh_in_background=False, stage_writes=None, table_options=None, **kwargs):
     """48 pairs, 4 pairs x (2 + 2 negatives) a batch, 12 batches an epoch, a refresh every 3 batches; the
     table gets ``table_options``."""

@@ -15,9 +15,8 @@ from composer_dynsample.samplers.mined_negatives import MinedNegativesPKBatchSam
 from tests.samplers.helpers import (
     SETTINGS,
     all_ranks_or_none,
-    check_guards,
+    check_guards_on_snapshot,
     pairs_data,
-    reference,
     sampler_for,
 )
 
@@ -53,14 +52,17 @@ def test_max_snapshots_keeps_the_first_snapshot_and_searches_no_more(monkeypatch
     for sampler in (offline, online):
         sampler.set_epoch(2)
     assert offline.snapshot_fingerprint() == first != online.snapshot_fingerprint()
-    check_guards(
+    check_guards_on_snapshot(
         offline.global_batches(2),
         labels,
         is_passage,
         texts,
+        embeddings,
         4,
         2,
-        reference(embeddings, labels, is_passage, 4, 0, 0.95, texts),
+        window=4,
+        skip_top=0,
+        margin=0.95,
     )
     # A resumed offline sampler still ignores later snapshots.
     resumed = sampler_for(labels, is_passage, texts, 4, 2, window=4, max_snapshots=1)
@@ -90,8 +92,8 @@ def test_confusable_pairs_are_hard_class_batches_over_pair_centroids():
     expected.set_epoch(1)
     batches = sampler.global_batches(1)
     assert np.array_equal(batches[:, :8], expected.global_batches(1))
-    check_guards(
-        batches, labels, is_passage, texts, 4, 1, reference(embeddings, labels, is_passage, 4, 0, 0.95, texts)
+    check_guards_on_snapshot(
+        batches, labels, is_passage, texts, embeddings, 4, 1, window=4, skip_top=0, margin=0.95
     )
     # The centroids are part of the snapshot: fingerprint, checkpoint and resume.
     resumed = sampler_for(labels, is_passage, texts, 4, 1, window=4, hard_fraction=0.5, seed=5)
@@ -158,8 +160,18 @@ def test_confusable_pair_batches_on_any_world_keep_every_guarantee(world, seed, 
     for shard in shards:
         pairs = shard[:, :6].reshape(-1, 3, 2)
         assert (labels[pairs[:, :, 0]] == labels[pairs[:, :, 1]]).all()  # a pair's two rows together
-    expected = reference(embeddings, labels, is_passage, 3, 1, 0.95, texts)
-    check_guards(samplers[0].global_batches(epoch), labels, is_passage, texts, 3, 2, expected)
+    check_guards_on_snapshot(
+        samplers[0].global_batches(epoch),
+        labels,
+        is_passage,
+        texts,
+        embeddings,
+        3,
+        2,
+        window=3,
+        skip_top=1,
+        margin=0.95,
+    )
     assert np.array_equal(build(0).global_batches(epoch), samplers[0].global_batches(epoch))
 
 

@@ -119,13 +119,12 @@ class EmbeddingTable(Algorithm):
         fresh_rows_per_step (int): Re-encode this many rows at every ``BATCH_END`` with the model as it is
             then, in eval mode, the stalest first (:class:`~composer_dynsample.algorithms.embedding_table.fresh_rows.FreshRows`):
             an extra no-grad forward pass of that many samples a step. Default: ``0`` (none).
-        fresh_upcoming (bool): Before the sampler searches a snapshot (at an epoch start or a refresh within
-            one), re-encode the anchors and positives of the batches it applies to (the sampler's
+        fresh_upcoming (bool | str): Before the sampler searches a snapshot (at an epoch start or a refresh
+            within one), re-encode the anchors and positives of the batches it applies to (the sampler's
             ``upcoming_rows``, as :class:`~composer_dynsample.samplers.MinedNegativesPKBatchSampler` has), so
-            every anchor is ranked by the current model. Default: ``False``.
-        list_drift (bool): At each snapshot, also encode every row with the current model and record how the
-            candidate lists overlap (:mod:`~composer_dynsample.algorithms.embedding_table.list_drift`) in the
-            epoch's record: a diagnostic, one encoding of the training set a snapshot. Default: ``False``.
+            every anchor is ranked by the current model; ``"all"``: every row. Default: ``False``.
+        list_drift (bool): A diagnostic: at each snapshot, how its candidate lists overlap the current model's
+            (:mod:`~composer_dynsample.algorithms.embedding_table.list_drift`), in the epoch's record. Default: ``False``.
 
     Raises:
         ValueError: If an option is out of its range or of the wrong type.
@@ -152,7 +151,7 @@ class EmbeddingTable(Algorithm):
         warm_start: bool = False,
         stage_writes: bool | None = None,
         fresh_rows_per_step: int = 0,
-        fresh_upcoming: bool = False,
+        fresh_upcoming: bool | str = False,
         list_drift: bool = False,
     ) -> None:
         self.num_items = check_int("num_items", num_items, minimum=1, allow_none=True)
@@ -360,17 +359,19 @@ class EmbeddingTable(Algorithm):
             return
         if not callable(getattr(sampler, "upcoming_rows", None)) or not sampler.wants_snapshot():
             return
-        rows = torch.from_numpy(sampler.upcoming_rows(int(state.timestamp.epoch)))
+        epoch, every = (
+            int(state.timestamp.epoch),
+            self._fresh.upcoming == "all" and self.written_at is not None,
+        )
+        rows = torch.arange(len(self.written_at)) if every else torch.from_numpy(sampler.upcoming_rows(epoch))
         self._encode_fresh(rows, "fresh_upcoming")
 
     def _check_lists(self) -> None:
         """With ``list_drift``, before a snapshot is searched: its lists against the current model's."""
-        state, rows, written_at = self._state, self.rows, self.written_at
-        if self._drift is None or state is None or rows is None or written_at is None:
-            return
-        if self._drift.wanted(self._sampler):
-            self._drift.check(self._sampler, rows.float(), written_at >= 0, self._encoder(state, "list_drift", rows.shape[1]),
-                              epoch=int(state.timestamp.epoch), step=int(state.timestamp.batch))  # fmt: skip
+        state, rows, at = self._state, self.rows, self.written_at
+        if self._drift is not None and state is not None and rows is not None and at is not None and self._drift.wanted(self._sampler):  # fmt: skip
+            encode, time_ = self._encoder(state, "list_drift", rows.shape[1]), state.timestamp
+            self._drift.check(self._sampler, rows.float(), at >= 0, encode, epoch=int(time_.epoch), step=int(time_.batch))  # fmt: skip
 
     def _encoder(
         self, state: State, option: str, dim: int

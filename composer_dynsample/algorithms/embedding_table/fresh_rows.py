@@ -11,7 +11,8 @@ the same rows:
   row order): the negative cache of Lindgren et al. (NeurIPS 2021) refreshes a small share of its cache
   every step;
 - ``upcoming``: before a snapshot is searched, the anchors and positives of the batches it applies to (the
-  sampler's ``upcoming_rows``), so every anchor is ranked by the current model (ADORE's current queries;
+  sampler's ``upcoming_rows``), or with ``"all"`` every row (ANCE's refresh of the whole index, at each
+  snapshot: the snapshot's lists are then the current model's), so every anchor is ranked by the current model (ADORE's current queries;
   with a frozen passage side the passages are exact too).
 
 :class:`FreshRows` also measures what it replaced: the cosine similarity of each re-encoded row to the row it
@@ -24,7 +25,7 @@ import torch
 
 from composer_dynsample.algorithms.embedding_table._training_set import embed_rows, rng_untouched
 from composer_dynsample.distributed import all_gather_embeddings, get_rank, get_world_size
-from composer_dynsample.validation import check_bool, check_int
+from composer_dynsample.validation import check_int
 
 __all__ = ["FreshRows"]
 
@@ -34,12 +35,15 @@ class FreshRows:
 
     Args:
         per_step (int): Rows re-encoded at every ``BATCH_END``, the stalest first; ``0``: none.
-        upcoming (bool): Re-encode the rows the sampler's next snapshot applies to before it is searched.
+        upcoming (bool | str): Re-encode the rows the sampler's next snapshot applies to before it is searched;
+            ``"all"``: every row.
     """
 
-    def __init__(self, per_step: int = 0, upcoming: bool = False) -> None:
+    def __init__(self, per_step: int = 0, upcoming: bool | str = False) -> None:
         self.per_step = check_int("fresh_rows_per_step", per_step, minimum=0)
-        self.upcoming = check_bool("fresh_upcoming", upcoming)
+        if upcoming != "all" and not isinstance(upcoming, bool):
+            raise ValueError(f'fresh_upcoming must be true, false or "all", got {upcoming!r}.')
+        self.upcoming = upcoming
         self._rows = 0  # rows re-encoded that held an earlier embedding, since the last take
         self._cosine = 0.0  # the sum of their cosine similarities to what they replaced
 

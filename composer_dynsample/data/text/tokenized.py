@@ -391,7 +391,7 @@ def _write_token_store(
     progress: bool | None,
 ) -> None:
     """Encode ``texts`` chunk by chunk, truncated to ``meta["max_length"]``, into the store ``directory``,
-    once its folder's parent is known to be writable.
+    once its folder's parent is known to be writable: encode a chunk, check it, append it.
 
     Raises:
         ValueError: If a text encodes to no tokens, naming where it is (``locate``, else its number).
@@ -399,38 +399,27 @@ def _write_token_store(
     """
     check_cache_dir(directory.parent)
     encoder = TruncatingEncoder.of(tokenizer, meta["max_length"])
+    source = meta["source"]
     try:
-        _write_chunks(directory, meta, texts, encoder, locate, progress)
+        with (
+            TokenStoreWriter(directory, meta) as writer,
+            _progress(len(texts), f"tokenizing {source}", progress) as bar,
+        ):
+            for start in range(0, len(texts), _CHUNK):
+                chunk = texts[start : start + _CHUNK]
+                ids, lengths, truncated = encode_chunk(encoder, chunk)
+                if not lengths.all():
+                    first = start + int(np.flatnonzero(lengths == 0)[0])
+                    where = locate(first) if locate is not None else f"{source}: text {first}"
+                    raise ValueError(
+                        f"{where}: the text encodes to no tokens with this tokenizer; remove or fix it."
+                    )
+                hashes = np.fromiter(map(text_hash, chunk), dtype=np.int64, count=len(chunk))
+                writer.append(ids, lengths, hashes)
+                writer.num_truncated += truncated
+                bar.update(len(chunk))
     except OSError as error:
         raise cache_write_error(directory.parent, error) from error
-
-
-def _write_chunks(
-    directory: Path,
-    meta: dict[str, Any],
-    texts: Sequence[str],
-    encoder: TruncatingEncoder,
-    locate: Callable[[int], str] | None,
-    progress: bool | None,
-) -> None:
-    """The loop of :func:`_write_token_store`: encode a chunk, check it, append it."""
-    source = meta["source"]
-    with (
-        TokenStoreWriter(directory, meta) as writer,
-        _progress(len(texts), f"tokenizing {source}", progress) as bar,
-    ):
-        for start in range(0, len(texts), _CHUNK):
-            chunk = texts[start : start + _CHUNK]
-            ids, lengths, truncated = encode_chunk(encoder, chunk)
-            if not lengths.all():
-                first = start + int(np.flatnonzero(lengths == 0)[0])
-                where = locate(first) if locate is not None else f"{source}: text {first}"
-                raise ValueError(
-                    f"{where}: the text encodes to no tokens with this tokenizer; remove or fix it."
-                )
-            writer.append(ids, lengths, np.fromiter(map(text_hash, chunk), dtype=np.int64, count=len(chunk)))
-            writer.num_truncated += truncated
-            bar.update(len(chunk))
 
 
 def cache_key(data_sha256: str, tokenizer_sha256: str, max_length: int, layout: str) -> str:
