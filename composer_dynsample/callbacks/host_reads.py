@@ -33,7 +33,9 @@ HOST_READS = ("item", "tolist", "cpu", "__bool__", "__float__", "__int__")
 
 _TORCH = str(Path(torch.__file__).resolve().parent)
 _PACKAGE = str(Path(__file__).resolve().parents[1])
-_COMPOSER = str(Path(composer.__file__).resolve().parent) + os.sep  # wherever installed (a --target folder too)
+_COMPOSER = (
+    str(Path(composer.__file__).resolve().parent) + os.sep
+)  # wherever installed (a --target folder too)
 
 
 def origin_of(frame: FrameType | None) -> str:

@@ -34,7 +34,7 @@ from composer_dynsample.config.components import ConfigError
 from composer_dynsample.config.loading import EvaluationConfig
 from composer_dynsample.config.matryoshka import RESULTS_KEY, truncated_scores
 from composer_dynsample.data import DatasetSplits, GatherCollate, IndexDataset, TextCollate, TextStore
-from composer_dynsample.data.text.store import count_tokens
+from composer_dynsample.data.text.data_spec import count_tokens
 from composer_dynsample.metrics import (
     MeanAveragePrecisionAtR,
     RankingScore,

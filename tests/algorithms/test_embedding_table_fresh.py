@@ -122,7 +122,7 @@ def test_bad_fresh_options_are_named():
 
 @pytest.mark.filterwarnings("ignore::UserWarning")
 def test_fresh_upcoming_all_encodes_every_row_so_each_snapshot_holds_the_current_models_lists():
-    trainer, sampler, _, _, table = make_run(table_options={"fresh_upcoming": "all", "list_drift": True})
+    trainer, _, _, _, table = make_run(table_options={"fresh_upcoming": "all", "list_drift": True})
     encoded, encode = [], table._fresh.encode
 
     def spied(model, collate, rows, batch_size, dim):

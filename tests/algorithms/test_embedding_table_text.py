@@ -11,8 +11,9 @@ pytest.importorskip("tokenizers")
 from composer_dynsample import EmbeddingModel, PKBatchSampler, build_dataloader
 from composer_dynsample.algorithms.embedding_table import EmbeddingTable
 from composer_dynsample.data import IndexDataset
+from composer_dynsample.data.text.data_spec import text_data_spec
 from composer_dynsample.data.text.pairs import load_pairs
-from composer_dynsample.data.text.store import TextCollate, text_data_spec
+from composer_dynsample.data.text.store import TextCollate
 from composer_dynsample.models.embed import embed_store
 from composer_dynsample.models.text import BagOfTokensEncoder
 from tests.data.text.helpers import write_pairs

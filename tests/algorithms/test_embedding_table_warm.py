@@ -91,8 +91,9 @@ def run(store, sampler, table, *, collate=None, callbacks=(), loggers=(), **opti
 
 def test_the_warm_rows_equal_a_direct_encoding_of_the_texts_by_the_starting_model(tmp_path):
     pytest.importorskip("tokenizers")
+    from composer_dynsample.data.text.data_spec import text_data_spec
     from composer_dynsample.data.text.pairs import load_pairs
-    from composer_dynsample.data.text.store import TextCollate, text_data_spec
+    from composer_dynsample.data.text.store import TextCollate
     from composer_dynsample.models.text import BagOfTokensEncoder
     from tests.data.text.helpers import write_pairs
 

@@ -7,8 +7,8 @@ on a GPU each read waits for the whole queue.
 
 from __future__ import annotations
 
-import os
 import math
+import os
 
 import pytest
 import torch

@@ -154,7 +154,12 @@ def test_one_seed_judges_no_goal_of_standard_errors_and_the_caption_counts_the_e
         f"{report.OURS_ONLINE} - {report.OURS_OFFLINE}: +0.0021; goal > 2 SE: not judged (one seed, no standard "
         "error)."
     ]
-    options = {**vars(_args(batch=128, train_pairs=41117)), "size": "gpu", "precision": "bf16", "device": "cuda"}
+    options = {
+        **vars(_args(batch=128, train_pairs=41117)),
+        "size": "gpu",
+        "precision": "bf16",
+        "device": "cuda",
+    }
     assert "321 steps of 128 pairs (one epoch)" in report.table(one, [0], {**options, "steps": 321})
     assert "963 steps of 128 pairs (3.0 epochs)" in report.table(one, [0], {**options, "steps": 963})
     args = argparse.Namespace(steps=None, refresh_every=None, batch=128, epochs=3)
@@ -166,11 +171,19 @@ def test_one_seed_judges_no_goal_of_standard_errors_and_the_caption_counts_the_e
 def test_merge_keeps_the_stored_recipes_of_the_same_size_quick_runs_too(tmp_path: Path, quick: bool) -> None:
     finetune, report = load_benchmark("finetune_code"), load_benchmark("_finetune_report")
     options = vars(_args())
-    stored = {"recipes": {report.OURS_IN_BATCH: _recipe(report, 0.70, 0.003)}, "seeds": [0, 1, 2], "options": options}
+    stored = {
+        "recipes": {report.OURS_IN_BATCH: _recipe(report, 0.70, 0.003)},
+        "seeds": [0, 1, 2],
+        "options": options,
+    }
     name = "finetune_code_quick" if quick else "finetune_code"
     (tmp_path / f"{name}.json").write_text(json.dumps(stored))
     args = argparse.Namespace(out=tmp_path, name="finetune_code", quick=quick, merge=True)
-    new = {"recipes": {report.ST_IN_BATCH: _recipe(report, 0.71, 0.003)}, "options": options, "st_mining": None}
+    new = {
+        "recipes": {report.ST_IN_BATCH: _recipe(report, 0.71, 0.003)},
+        "options": options,
+        "st_mining": None,
+    }
     finetune._write(args, new, [0, 1, 2])
     assert list(json.loads((tmp_path / f"{name}.json").read_text())["recipes"]) == [
         report.ST_IN_BATCH, report.OURS_IN_BATCH,

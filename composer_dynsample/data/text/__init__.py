@@ -25,7 +25,8 @@ from composer_dynsample._lazy import lazy_exports
 _MODULES: dict[str, str] = {
     "composer_dynsample.data.text.code_search_pairs": "load_code_search",
     "composer_dynsample.data.text.pairs": "load_pairs",
-    "composer_dynsample.data.text.store": "TextCollate TextInfo TextSplits TextStore text_data_spec",
+    "composer_dynsample.data.text.data_spec": "text_data_spec",
+    "composer_dynsample.data.text.store": "TextCollate TextInfo TextSplits TextStore",
     "composer_dynsample.data.text.texts": "load_texts",
 }
 
@@ -42,14 +43,9 @@ __all__ = [
 
 if TYPE_CHECKING:
     from composer_dynsample.data.text.code_search_pairs import load_code_search
+    from composer_dynsample.data.text.data_spec import text_data_spec
     from composer_dynsample.data.text.pairs import load_pairs
-    from composer_dynsample.data.text.store import (
-        TextCollate,
-        TextInfo,
-        TextSplits,
-        TextStore,
-        text_data_spec,
-    )
+    from composer_dynsample.data.text.store import TextCollate, TextInfo, TextSplits, TextStore
     from composer_dynsample.data.text.texts import load_texts
 
 __getattr__, __dir__ = lazy_exports(__name__, _MODULES, globals())

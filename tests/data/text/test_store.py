@@ -12,14 +12,9 @@ import torch
 pytest.importorskip("tokenizers")
 
 from composer_dynsample.data import IndexDataset
+from composer_dynsample.data.text.data_spec import CountSampledRows, SplitTextBatch, text_data_spec
 from composer_dynsample.data.text.pairs import load_pairs
-from composer_dynsample.data.text.store import (
-    CountSampledRows,
-    SplitTextBatch,
-    TextCollate,
-    TextStore,
-    text_data_spec,
-)
+from composer_dynsample.data.text.store import TextCollate, TextStore
 from composer_dynsample.samplers import PKBatchSampler
 from composer_dynsample.samplers.dataloader import build_dataloader
 
