@@ -51,7 +51,7 @@ def _feature_batches(
 ) -> Iterator[tuple[np.ndarray, Any]]:
     """``(positions in rows, features)`` batches; texts are sorted by length so a batch pads little."""
     if isinstance(store, TextStore):
-        order = np.argsort(store.tokens.lengths()[store.text_ids[rows]], kind="stable")
+        order = np.argsort(store.lengths(rows), kind="stable")
         collate = TextCollate(store, negatives=False)
         for start in range(0, len(rows), batch_size):
             positions = order[start : start + batch_size]

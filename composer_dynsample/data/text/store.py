@@ -79,6 +79,11 @@ class TextStore:
         prompt_lengths (np.ndarray, optional): ``(R,)`` the tokens of each row's prompt at the start of
             its text (:func:`~composer_dynsample.data.text.prompts.prompt_token_count`), which
             :class:`TextCollate` puts in ``features["prompt_length"]``. Default: ``None`` (no prompts).
+        passage_tokens (TokenStore, optional): The same distinct texts tokenized by a second tokenizer, the
+            passage tower's of a two-tower encoder whose towers tokenize otherwise: the rows that are not
+            queries take their ids from it (and ``passage_pad_id``), the queries from ``tokens``.
+            Default: ``None`` (one tokenizer).
+        passage_pad_id (int, optional): The second tokenizer's pad id, given with ``passage_tokens``.
 
     Example:
         >>> import tempfile
@@ -105,6 +110,8 @@ class TextStore:
         negatives: tuple[Sequence[int] | np.ndarray, Sequence[int] | np.ndarray] | None = None,
         source_rows: Sequence[int] | np.ndarray | None = None,
         prompt_lengths: Sequence[int] | np.ndarray | None = None,
+        passage_tokens: TokenStore | None = None,
+        passage_pad_id: int | None = None,
     ) -> None:
         if not isinstance(tokens, TokenStore):
             raise TypeError(f"tokens must be a TokenStore, got {type(tokens).__name__}.")
@@ -141,6 +148,44 @@ class TextStore:
         )
         self.labels = torch.from_numpy(self.row_labels[: self.num_sampled].copy())
         self.text_hash = np.asarray(tokens.text_hash)[self.text_ids]
+        self.passage_tokens, self.passage_pad_id = passage_tokens, passage_pad_id
+        if passage_tokens is not None:
+            if not isinstance(passage_tokens, TokenStore) or len(passage_tokens) != len(tokens):
+                raise ValueError(
+                    f"passage_tokens must be a TokenStore of the same {len(tokens)} texts as tokens, got "
+                    f"{len(passage_tokens) if isinstance(passage_tokens, TokenStore) else type(passage_tokens).__name__}."
+                )
+            if not np.array_equal(np.asarray(passage_tokens.text_hash), np.asarray(tokens.text_hash)):
+                raise ValueError("passage_tokens must hold the same texts as tokens, in the same order.")
+            self.passage_pad_id = check_int("passage_pad_id", passage_pad_id, minimum=0)
+
+    def pad(self, rows: np.ndarray, pad_to_multiple_of: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """``(input_ids, attention_mask)`` of ``rows``, right-padded to the longest (rounded up to a
+        multiple, if asked); with ``passage_tokens``, each row's ids and pad id from its tower's tokenizer."""
+        text_ids = self.text_ids[rows]
+        if self.passage_tokens is None:
+            return self.tokens.pad(text_ids, self.pad_id, pad_to_multiple_of)
+        query = self.is_query[rows]
+        sides = ((query, self.tokens, self.pad_id), (~query, self.passage_tokens, self.passage_pad_id))
+        padded = [
+            (at, *store.pad(text_ids[at], pad, pad_to_multiple_of), pad)
+            for at, store, pad in sides
+            if at.any()
+        ]
+        width = max(ids.shape[1] for _, ids, _, _ in padded)
+        input_ids, mask = np.empty((len(rows), width), np.int64), np.zeros((len(rows), width), np.int64)
+        for at, ids, attention, pad in padded:
+            input_ids[at] = pad
+            input_ids[at, : ids.shape[1]], mask[at, : ids.shape[1]] = ids, attention
+        return input_ids, mask
+
+    def lengths(self, rows: np.ndarray) -> np.ndarray:
+        """The token count of each of ``rows``, by its tower's tokenizer."""
+        lengths = self.tokens.lengths()[self.text_ids[rows]]
+        if self.passage_tokens is not None:
+            passages = ~self.is_query[rows]
+            lengths = np.where(passages, self.passage_tokens.lengths()[self.text_ids[rows]], lengths)
+        return lengths
 
     def __len__(self) -> int:
         return self.num_sampled
@@ -261,9 +306,7 @@ class TextCollate:
         if self.negatives and len(self.store.negative_rows):
             rows = np.concatenate([rows, self._given_negatives(rows)])
         store = self.store
-        input_ids, attention_mask = store.tokens.pad(
-            store.text_ids[rows], store.pad_id, self.pad_to_multiple_of
-        )
+        input_ids, attention_mask = store.pad(rows, self.pad_to_multiple_of)
         features = {
             "input_ids": torch.from_numpy(input_ids),
             "attention_mask": torch.from_numpy(attention_mask),
