@@ -405,6 +405,7 @@ def export(
             that cannot be written in (before anything is loaded).
         ConfigError: If the data are not texts, or the encoder does not fit the format.
     """
+    from composer_dynsample.config.model_checks import refuse_two_tokenizers
     from composer_dynsample.config.model_only import build_model_only
     from composer_dynsample.config.prompts import exported_prompts
     from composer_dynsample.data import TextSplits
@@ -414,6 +415,7 @@ def export(
     export_format = check_choice("format", export_format, EXPORT_FORMATS)
     target = _out_path(out, directory=True)
     cfg, directory = _prepare_model_run(config, checkpoint, overrides, trust_checkpoint)
+    refuse_two_tokenizers(cfg, "export")
     run = build_model_only(cfg, checkpoint) or _build_model_run(cfg, directory)  # see model_only
     if not isinstance(run.splits, TextSplits):
         raise ConfigError(

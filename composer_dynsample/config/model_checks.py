@@ -13,11 +13,10 @@ else the loader's default capped by the model's positions) when the ``data`` sec
 a tokenizer when the data names none, a ``data.tokenizer`` of another vocabulary than the folder's, and
 a pooling the encoder lacks.
 
-Two towers (``two_tower``) of two folders read one tokenization of each batch, so their folders must
-share a tokenizer (one vocabulary, one lower-casing: a query and a passage model fine-tuned from one
-base); the data's tokenizer is the query tower's folder's, its ``max_length`` the smaller of the two
-folders', and two folders that disagree on ``Normalize`` need ``model.normalize``. Each tower pools as
-its own folder says.
+Two towers (``two_tower``) of two folders: the data's tokenizer is the query folder's, and a passage folder
+that tokenizes otherwise (another vocabulary or lower-casing) gives a pairs loader its ``passage_tokenizer``;
+``max_length`` is the smaller of the two folders', two folders that disagree on ``Normalize`` need
+``model.normalize``, and each tower pools as its own folder says.
 
 Reading a folder or a transformer's positions imports :mod:`composer_dynsample.models` (torch), so those
 checks import it when they run: importing this module imports neither torch nor Composer.
@@ -193,16 +192,14 @@ def model_folder(cfg: DictConfig) -> ModelFolder | None:
     for two towers, the query tower's folder (else the passage tower's, when only it names one).
 
     That folder gives the data its tokenizer and prompts, and the model its normalisation unless it does
-    not say (:func:`folder_normalize`). Two towers of two folders are checked here
-    (:func:`_check_tower_folders`): a batch is tokenized once, so their tokenizers must be one.
+    not say (:func:`folder_normalize`). Two towers of two folders are checked (:func:`_check_tower_folders`).
 
     Returns:
         ModelFolder | None: ``None`` for any other encoder (random init, other encoders, towers of none).
 
     Raises:
         ConfigError: If the folder does not exist, holds no ``config.json``, or its sentence-transformers
-            files cannot be read; or two towers' folders do not share a tokenizer, or disagree on
-            ``Normalize`` while ``model.normalize`` is unset.
+            files cannot be read; or two towers' folders disagree on ``Normalize`` while ``model.normalize`` is unset.
     """
     found = _folders(cfg)
     return found[0][1] if found else None
@@ -224,19 +221,13 @@ def _folders(cfg: DictConfig) -> list[tuple[str, ModelFolder]]:
 
 
 def _check_tower_folders(found: list[tuple[str, ModelFolder]], normalize: Any) -> None:
-    """Two towers of two folders: one tokenizer (vocabulary and lower-casing), and one ``Normalize``
-    unless ``model.normalize`` says.
-
-    Raises:
-        ConfigError: One line naming both folders when they differ.
-    """
+    """Two towers of two folders: one ``Normalize`` unless ``model.normalize`` says (a one-line ConfigError
+    naming both folders)."""
     if len(found) < 2:
         return
     (query_where, query), others = found[0], found[1:]
     for passage_where, passage in others:
         named = f"{query_where}.path {str(query.path)!r} and {passage_where}.path {str(passage.path)!r}"
-        if query.model_dir.resolve() != passage.model_dir.resolve():
-            _check_one_tokenizer(query, passage, named)
         stated = (query.normalize, passage.normalize)
         if normalize is None and None not in stated and stated[0] != stated[1]:
             normalising = query_where if query.normalize else passage_where
@@ -246,29 +237,35 @@ def _check_tower_folders(found: list[tuple[str, ModelFolder]], normalize: Any) -
             )
 
 
-def _check_one_tokenizer(query: ModelFolder, passage: ModelFolder, named: str) -> None:
-    """A one-line ConfigError when two towers' folders tokenize otherwise: their vocabularies, or one
-    lower-cases texts and the other does not. A folder without a tokenizer is not compared."""
+def _two_tokenizers(query: ModelFolder, passage: ModelFolder) -> bool:
+    """Whether two towers' folders tokenize otherwise: their vocabularies differ, or one lower-cases texts
+    and the other does not. A folder without a tokenizer is not compared; one folder is one tokenizer."""
     from composer_dynsample.models.sentence_folder import tokenizer_vocabulary
 
+    if query.model_dir.resolve() == passage.model_dir.resolve():
+        return False
     theirs = tokenizer_vocabulary(query.model_dir) if query.has_tokenizer else None
     ours = tokenizer_vocabulary(passage.model_dir) if passage.has_tokenizer else None
-    unsupported = (
-        "a batch is tokenized once (with the query folder's tokenizer), so towers with two tokenizers are not "
-        "supported; give both towers folders of one tokenizer (e.g. two models fine-tuned from one base)."
-    )
     if theirs is not None and ours is not None and ours != theirs:
-        difference = _vocabulary_difference(ours, theirs, "the passage folder", "the query folder")
-        raise ConfigError(
-            f"{named} have two tokenizers: their vocabularies differ ({len(theirs)} and {len(ours)} tokens; "
-            f"{difference}), and {unsupported}"
-        )
+        return True
     lower = [_lowercases(folder) for folder in (query, passage)]
-    if None not in lower and lower[0] != lower[1]:
-        which = "the query folder" if lower[0] else "the passage folder"
+    return None not in lower and lower[0] != lower[1]
+
+
+def _two_folders(found: list[tuple[str, ModelFolder]]) -> bool:
+    return len(found) > 1 and _two_tokenizers(found[0][1], found[1][1])
+
+
+def refuse_two_tokenizers(cfg: DictConfig, command: str) -> None:
+    """A one-line ConfigError when ``command`` (``export``, ``embed --input``) meets towers of two
+    tokenizers, which it does not handle yet (it writes or reads one tokenizer)."""
+    found = _folders(cfg)
+    if _two_folders(found):
+        (query_where, query), (passage_where, passage) = found[0], found[1]
         raise ConfigError(
-            f"{named} disagree on lower-casing (only {which} lower-cases texts: do_lower_case or its "
-            f"tokenizer's normalizer), and {unsupported}"
+            f"{command} handles one tokenizer, and {query_where}.path {str(query.path)!r} and "
+            f"{passage_where}.path {str(passage.path)!r} have two; train and eval such towers, or give both "
+            "towers folders of one tokenizer to use them here."
         )
 
 
@@ -341,7 +338,7 @@ def check_model_folder(cfg: DictConfig) -> None:
                 folder_pooling(tower_folder, f"{where}.pooling", f"{where}.path")
             except ValueError as error:
                 raise ConfigError(str(error)) from None
-    _data_tokenizer(section(cfg, "data", "data"), found)
+    _data_tokenizer(section(cfg, "data", "data"), found[:1] if _two_folders(found) else found)
 
 
 def folder_data_defaults(cfg: DictConfig, *, tokenizer: bool = True) -> dict[str, Any]:
@@ -372,9 +369,12 @@ def folder_data_defaults(cfg: DictConfig, *, tokenizer: bool = True) -> dict[str
     if not found or not data:
         return {}
     defaults: dict[str, Any] = {}
-    given = _data_tokenizer(data, found) if tokenizer else None
+    two = _two_folders(found)
+    given = _data_tokenizer(data, found[:1] if two else found) if tokenizer else None
     if given is not None:
         defaults["tokenizer"] = given
+    if two and data.get("passage_tokenizer") is None:
+        defaults["passage_tokenizer"] = _passage_tokenizer(data, found)
     chosen = _data_length(data, found) if data.get("max_length") is None else None
     if chosen is not None:
         defaults["max_length"] = chosen[0]
@@ -404,6 +404,24 @@ def _folder_max_length(data: Mapping[str, Any], folder: ModelFolder) -> int | No
     if isinstance(default, int) and limit is not None and default > limit.tokens:
         return limit.tokens
     return None
+
+
+def _passage_tokenizer(data: Mapping[str, Any], found: list[tuple[str, ModelFolder]]) -> str:
+    """The passage folder's tokenizer for a loader that reads two (``passage_tokenizer``); a one-line
+    ConfigError for one that reads one."""
+    (query_where, query), (where, folder) = found[0], found[1]
+    if "passage_tokenizer" not in peek_parameters("data", data, DATASETS):
+        raise ConfigError(
+            f"{query_where}.path {str(query.path)!r} and {where}.path {str(folder.path)!r} have two tokenizers, "
+            f"and data {data.get('name')!r} tokenizes with one; use a loader of queries and passages (pairs, "
+            "code_search), or give both towers folders of one tokenizer."
+        )
+    if not folder.has_tokenizer:
+        raise ConfigError(
+            f"{where}.path {str(folder.path)!r} holds no tokenizer (tokenizer.json, vocab.txt, ...)."
+        )
+    _check_lowercase(folder, where)
+    return str(folder.model_dir)
 
 
 def _data_tokenizer(data: Mapping[str, Any], found: list[tuple[str, ModelFolder]]) -> str | None:

@@ -1,7 +1,8 @@
-"""Two towers of two model folders of one tokenizer embed as each folder's sentence-transformers model, and
-``export`` writes two towers as sentence-transformers' ``Router``: ``encode_query`` is the query tower,
-``encode_document`` the passage tower (frozen or trained). Two tokenizers, and two folders that disagree
-on ``Normalize`` while ``model.normalize`` is unset, are one line."""
+"""Two towers of two model folders embed as each folder's sentence-transformers model (of one tokenizer, or of
+two: each row tokenized by its tower's), and ``export`` writes two towers of one tokenizer as
+sentence-transformers' ``Router``: ``encode_query`` is the query tower, ``encode_document`` the passage tower
+(frozen or trained). Exporting towers of two tokenizers, and two folders that disagree on ``Normalize``
+while ``model.normalize`` is unset, are one line."""
 
 from __future__ import annotations
 
@@ -18,7 +19,6 @@ pytest.importorskip("sentence_transformers")
 
 from composer_dynsample.cli.main import main
 from composer_dynsample.config import ConfigError, load_config
-from composer_dynsample.config.checks import check_config
 from composer_dynsample.config.run import build_run
 from composer_dynsample.data import TextCollate
 from composer_dynsample.models.sentence_folder import (
@@ -34,7 +34,7 @@ from tests.cli.helpers import (
     write_model_folder_config,
 )
 from tests.data.text.helpers import pair_rows
-from tests.models.folders import save_bert_folder, save_sentence_folder
+from tests.models.folders import save_sentence_folder
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
@@ -174,23 +174,41 @@ def test_a_frozen_passage_run_of_one_folder_exports_its_starting_passages(tmp_pa
     assert (hf / "query" / "config.json").is_file() and (hf / "passage" / "config.json").is_file()
 
 
-def test_two_folders_of_two_vocabularies_are_one_line_naming_the_first_token_that_differs(tmp_path, capsys):
-    query = save_sentence_folder(tmp_path / "query")
-    other = save_bert_folder(tmp_path / "other", texts=["completely different words here"] * 4)
-    config = write_model_folder_config(tmp_path, towers(query, other))
-    error = one_line_error(capsys, ["train", config, "--run-dir", str(tmp_path / "run")])
-    ours, theirs = tokenizer_vocabulary(other), tokenizer_vocabulary(query)
-    token, index = next(
-        (t, i) for t, i in sorted(theirs.items(), key=lambda item: item[1]) if ours.get(t) != i
-    )
-    assert error.startswith(
-        f"composer-dynsample train: error: model.encoder.query_encoder.path {str(query)!r} and "
-        f"model.encoder.passage_encoder.path {str(other)!r} have two tokenizers: their vocabularies differ "
-        f"({len(theirs)} and {len(ours)} tokens; the query folder's {token!r} is id {index}, the passage "
-        "folder's "
-    ), error
-    assert "towers with two tokenizers are not supported" in error
-    assert not (tmp_path / "run").exists() and not (tmp_path / "cache").exists()
+def test_two_folders_of_two_vocabularies_each_embed_with_their_own_tokenizer(tmp_path, capsys):
+    from sentence_transformers import SentenceTransformer
+
+    from tests.models.folders import TEXTS
+
+    query = save_sentence_folder(tmp_path / "query", pooling="cls", max_seq_length=12)
+    other_texts = [text.upper().replace("A", "4") + " zq xv" for text in TEXTS]  # another vocabulary
+    passage = save_sentence_folder(tmp_path / "passage", pooling="mean", seed=1, texts=other_texts)
+    assert tokenizer_vocabulary(query) != tokenizer_vocabulary(passage)
+    config = write_model_folder_config(tmp_path, towers(query, passage))
+    main(["train", config, "--run-dir", str(tmp_path / "run")])  # trains: each tower reads its own ids
+    capsys.readouterr()
+    run = build_run(load_config(config), tmp_path / "built")
+    store = run.splits.test
+    assert store.passage_tokens is not None and run.splits.info.tokenizer == str(query)
+    texts, queries = split_texts(store)
+    with torch.no_grad():
+        ours = run.model.eval().embed(TextCollate(store)(list(range(len(store))))["features"])
+    for folder, rows in ((query, queries), (passage, [not q for q in queries])):
+        reference = SentenceTransformer(str(folder), device="cpu")
+        reference.max_seq_length = run.splits.info.max_length
+        picked = [text for text, keep in zip(texts, rows) if keep]
+        theirs = reference.encode(picked, convert_to_tensor=True)
+        torch.testing.assert_close(ours[torch.tensor(rows)], theirs, atol=1e-5, rtol=1e-5)
+    # export and embed --input write and read one tokenizer: one line each, until they carry two.
+    checkpoint = latest_checkpoint(tmp_path / "run")
+    for command in (["export", config, "--checkpoint", checkpoint, "--out", str(tmp_path / "out")],
+                    ["embed", config, "--checkpoint", checkpoint, "--input", str(tmp_path / "test.jsonl"),
+                     "--out", str(tmp_path / "e.npz")]):  # fmt: skip
+        error = one_line_error(capsys, command)
+        assert "handles one tokenizer" in error and "have two" in error, error
+    # A loader of one kind of text cannot feed two tokenizers: one line.
+    cfg = load_config(config, [f"data={{name: texts, path: {tmp_path / 'test.jsonl'}}}"])
+    with pytest.raises(ConfigError, match="tokenizes with one; use a loader of queries and passages"):
+        build_run(cfg, tmp_path / "texts")
 
 
 def test_two_folders_that_disagree_on_normalize_are_one_line_unless_model_normalize_says(tmp_path, capsys):
@@ -208,14 +226,14 @@ def test_two_folders_that_disagree_on_normalize_are_one_line_unless_model_normal
     assert told.model.normalize is False
 
 
-def test_two_folders_that_lower_case_differently_are_one_line(tmp_path):
+def test_two_folders_that_lower_case_differently_read_two_tokenizations(tmp_path):
     query = save_sentence_folder(tmp_path / "query")
     passage = save_sentence_folder(tmp_path / "passage", seed=1)
     tokenizer = json.loads((passage / "tokenizer.json").read_text())
     (passage / "tokenizer.json").write_text(json.dumps({**tokenizer, "normalizer": {"type": "NFKC"}}))
     assert tokenizer_lowercases(query / "tokenizer.json") is True  # the helper's tokenizer lower-cases
     assert read_model_folder(passage).do_lower_case is False
-    with pytest.raises(
-        ConfigError, match=r"disagree on lower-casing \(only the query folder lower-cases texts"
-    ):
-        check_config(load_config(write_model_folder_config(tmp_path, towers(query, passage))))
+    run = build_run(
+        load_config(write_model_folder_config(tmp_path, towers(query, passage))), tmp_path / "run"
+    )
+    assert run.splits.train.passage_tokens is not None  # the passages tokenized as their folder does

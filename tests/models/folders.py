@@ -51,15 +51,16 @@ def save_sentence_folder(
     max_seq_length: int | None = 20,
     include_prompt: bool = True,
     seed: int = 0,
+    texts: list[str] = TEXTS,
 ) -> Path:
     """A sentence-transformers folder of :func:`save_bert_folder`'s model (its weights drawn with ``seed``,
     its tokenizer the same whatever the seed): Transformer, Pooling in ``pooling`` mode (several joined by
     ``+``: ``"mean+max"``) with ``include_prompt`` and, when ``normalize``, Normalize; ``max_seq_length``
-    in ``sentence_bert_config.json``."""
+    in ``sentence_bert_config.json``; ``texts`` train its tokenizer (other texts: another vocabulary)."""
     sentence_transformers = pytest.importorskip("sentence_transformers")
     from sentence_transformers import models
 
-    hf = save_bert_folder(folder.with_name(f"{folder.name}-hf"), seed=seed)
+    hf = save_bert_folder(folder.with_name(f"{folder.name}-hf"), seed=seed, texts=texts)
     modes = tuple(pooling.split("+"))
     mode = modes[0] if len(modes) == 1 else modes
     steps = [models.Transformer(str(hf)), models.Pooling(16, mode, include_prompt=include_prompt)]

@@ -76,6 +76,9 @@ class TokenizeOptions:
         cache_dir (str | os.PathLike, optional): Where token stores and trained tokenizers are cached.
             Default: ``default_cache_dir()/text``.
         progress (bool, optional): Progress bar while tokenizing; ``None`` shows one on a terminal only.
+        passage_tokenizer (str | os.PathLike, optional): A second tokenizer (a ``tokenizer.json`` or model
+            folder), the passage tower's when two towers tokenize otherwise: :meth:`tokenize_passages` tokenizes
+            the same texts with it. Default: ``None``.
     """
 
     max_length: int = 128
@@ -86,6 +89,19 @@ class TokenizeOptions:
     save_tokenizer: str | os.PathLike[str] | None = None
     cache_dir: str | os.PathLike[str] | None = None
     progress: bool | None = None
+    passage_tokenizer: str | os.PathLike[str] | None = None
+
+    def tokenize_passages(
+        self, sources: Sequence[TextSource]
+    ) -> tuple[TextTokenizer, list[TokenStore]] | None:
+        """With ``passage_tokenizer``, it and each source's token store by it (cached as any store); else ``None``."""
+        if self.passage_tokenizer is None:
+            return None
+        cache = text_cache_dir(self.cache_dir)
+        passage = resolve_tokenizer(self.passage_tokenizer, [], cache_dir=cache, model=self.tokenizer_model)
+        return passage, tokenize_sources(
+            sources, passage, max_length=self.max_length, cache_dir=cache, progress=self.progress
+        )
 
     def tokenize(
         self, sources: Sequence[TextSource], train_texts: Sequence[str]

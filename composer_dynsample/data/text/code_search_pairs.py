@@ -44,6 +44,7 @@ def load_code_search(
     cache_dir: str | os.PathLike[str] | None = None,
     progress: bool | None = None,
     prompts: Mapping[str, str] | None = None,
+    passage_tokenizer: str | os.PathLike[str] | None = None,
 ) -> TextSplits:
     """Build (or read back) the code-search corpus and load it as pairs: queries (anchors) and code.
 
@@ -67,6 +68,8 @@ def load_code_search(
             terminal only.
         prompts (Mapping[str, str], optional): A prompt before the queries (``anchor``) and the code
             (``positive``), as :func:`~composer_dynsample.data.text.pairs.load_pairs` takes them.
+        passage_tokenizer (str | os.PathLike, optional): A second tokenizer for the code, as
+            :func:`~composer_dynsample.data.text.pairs.load_pairs` takes it.
 
     Returns:
         TextSplits: The pairs of the training packages and of the test packages, named ``code_search``.
@@ -102,4 +105,5 @@ def load_code_search(
         progress=progress,
         name="code_search",
         prompts=prompts,
+        passage_tokenizer=passage_tokenizer,
     )

@@ -250,9 +250,15 @@ def _negative_selection(pairs: PairTable, chosen: np.ndarray) -> tuple[np.ndarra
 
 
 def pair_store(
-    pairs: PairTable, chosen: np.ndarray, tokens: TokenStore, tokenizer: TextTokenizer, label_offset: int
+    pairs: PairTable,
+    chosen: np.ndarray,
+    tokens: TokenStore,
+    tokenizer: TextTokenizer,
+    label_offset: int,
+    passage: tuple[TokenStore, TextTokenizer] | None = None,
 ) -> TextStore:
-    """The :class:`TextStore` of the ``chosen`` pairs, laid out as the module docstring says."""
+    """The :class:`TextStore` of the ``chosen`` pairs, laid out as the module docstring says; with ``passage``
+    (a second tokenizer's store of the same texts, and the tokenizer), the positives and negatives read it."""
     num = len(chosen)
     counts, negative_texts = _negative_selection(pairs, chosen)
     text_ids = np.concatenate(
@@ -275,15 +281,23 @@ def pair_store(
         is_query=is_query,
         negatives=(np.concatenate([[0], np.cumsum(row_counts)]), 2 * num + np.arange(len(negative_texts))),
         source_rows=np.concatenate([np.repeat(chosen, 2), np.repeat(chosen, counts)]),
-        prompt_lengths=_prompt_lengths(pairs.prompts, tokenizer, num, len(negative_texts)),
+        prompt_lengths=_prompt_lengths(
+            pairs.prompts, tokenizer, num, len(negative_texts), passage and passage[1]
+        ),
+        passage_tokens=passage[0] if passage else None,
+        passage_pad_id=passage[1].pad_id if passage else None,
     )
 
 
-def _prompt_lengths(prompts: dict[str, str], tokenizer: TextTokenizer, num: int, negatives: int) -> Any:
-    """Each row's prompt tokens (anchor, positive, ..., then the negatives); ``None`` without prompts."""
+def _prompt_lengths(
+    prompts: dict[str, str], tokenizer: TextTokenizer, num: int, negatives: int, passage: Any = None
+) -> Any:
+    """Each row's prompt tokens (anchor, positive, ..., then the negatives; the passages' by ``passage``,
+    a second tokenizer, when given); ``None`` without prompts."""
     if not prompts:
         return None
-    count = {column: prompt_token_count(column_prompt(prompts, column), tokenizer) for column in ("anchor", "positive", "negative")}  # fmt: skip
+    by = {"anchor": tokenizer, "positive": passage or tokenizer, "negative": passage or tokenizer}
+    count = {column: prompt_token_count(column_prompt(prompts, column), by[column]) for column in by}
     pairs = np.tile([count["anchor"], count["positive"]], num)
     return np.concatenate([pairs, np.full(negatives, count["negative"])]).astype(np.int64)
 
@@ -353,6 +367,7 @@ def load_pairs(
     name: str | None = None,
     columns: Mapping[str, str] | None = None,
     prompts: Mapping[str, str] | None = None,
+    passage_tokenizer: str | os.PathLike[str] | None = None,
 ) -> TextSplits:
     """Load anchor/positive(/negative) pairs, tokenized once and cached (see the module docstring).
 
@@ -376,6 +391,9 @@ def load_pairs(
             ``anchor``, ``positive`` and ``negative`` (default: the positive's), of both files, e.g.
             ``{"anchor": "query: ", "positive": "passage: "}``
             (:mod:`~composer_dynsample.data.text.prompts`). Default: ``None`` (none).
+        passage_tokenizer (str | os.PathLike, optional): A second tokenizer for the positives and negatives
+            (the passage tower's, when two towers tokenize otherwise): the texts are tokenized by both, and
+            each row reads its side's ids (``TextStore.passage_tokens``). Default: ``None`` (one tokenizer).
 
     Returns:
         TextSplits: :class:`~composer_dynsample.data.text.store.TextStore` splits and their ``info``.
@@ -395,8 +413,9 @@ def load_pairs(
     """
     check_loader_options(max_length, test_fraction, seed)
     options = TokenizeOptions(
-        max_length, tokenizer, tokenizer_model, vocab_size, lowercase, save_tokenizer, cache_dir, progress
-    )
+        max_length, tokenizer, tokenizer_model, vocab_size, lowercase, save_tokenizer, cache_dir, progress,
+        passage_tokenizer,
+    )  # fmt: skip
     names = check_column_map(columns, ("anchor", "positive", "negative"))
     prompts = check_prompts(prompts, columns=("anchor", "positive", "negative"))
     table, bundled = read_text_tables(path, _pair_columns(group), names)
@@ -404,9 +423,11 @@ def load_pairs(
     test_pairs, train_idx, test_idx, split = _split(pairs, bundled, test_path, group, test_fraction, seed)
     parts = [pairs] if test_pairs is pairs else [pairs, test_pairs]
     text_tokenizer, stores = options.tokenize(parts, _training_texts(pairs, train_idx))
-    train = pair_store(pairs, train_idx, stores[0], text_tokenizer, 0)
+    second = options.tokenize_passages(parts)
+    passages = [None] * len(parts) if second is None else [(store, second[0]) for store in second[1]]
+    train = pair_store(pairs, train_idx, stores[0], text_tokenizer, 0, passages[0])
     num_train_labels = train.num_rows - len(train) // 2  # a label per pair and per given negative
-    test = pair_store(test_pairs, test_idx, stores[-1], text_tokenizer, num_train_labels)
+    test = pair_store(test_pairs, test_idx, stores[-1], text_tokenizer, num_train_labels, passages[-1])
     info = TextInfo.describe(
         text_tokenizer,
         stores,
