@@ -184,6 +184,8 @@ def export_huggingface(
         model (torch.nn.Module): A text encoder of :mod:`composer_dynsample.models.text`, or an
             ``EmbeddingModel`` around one.
         tokenizer: The tokenizer the encoder was trained with (see :func:`pretrained_tokenizer`).
+        passage_tokenizer: Two towers of two tokenizers: the passage tower's, which its ``document`` route
+            holds. Default: ``None`` (``tokenizer`` for both).
         out_dir (str | os.PathLike): A new or empty directory.
         special_tokens (Mapping[str, str], optional): See :func:`pretrained_tokenizer`. Default: ``None``.
         max_length (int, optional): The longest input in tokens, as the data's ``max_length`` truncated
@@ -339,6 +341,7 @@ def export_sentence_transformers(
     metrics: Mapping[str, Any] | None = None,
     prompts: Mapping[str, str] | None = None,
     default_prompt_name: str | None = None,
+    passage_tokenizer: Any = None,
 ) -> Path:
     """Write a transformer encoder (or two towers) as a sentence-transformers model directory, with a card.
 
@@ -362,6 +365,8 @@ def export_sentence_transformers(
         model (torch.nn.Module): A :class:`TransformerEncoder`, a :class:`TwoTowerEncoder` of two, or an
             ``EmbeddingModel`` around either.
         tokenizer: The tokenizer the encoder was trained with (see :func:`pretrained_tokenizer`).
+        passage_tokenizer: Two towers of two tokenizers: the passage tower's, which its ``document`` route
+            holds. Default: ``None`` (``tokenizer`` for both).
         out_dir (str | os.PathLike): A new or empty directory.
         normalize (bool, optional): Add ``Normalize``. Default: ``None``, the ``EmbeddingModel``'s
             ``normalize``, or ``True`` (``EmbeddingModel``'s default) for a bare encoder.
@@ -389,8 +394,9 @@ def export_sentence_transformers(
     towers = _transformer_towers(encoder)
     library = import_text_extra("sentence_transformers", "export_sentence_transformers")
     modules = sentence_transformers_modules()
-    for _, tower in towers:  # checked before out_dir is created
-        _tokenizer_for(tower, tokenizer, special_tokens, max_length)
+    tokenizers = {route: passage_tokenizer if route == "document" and passage_tokenizer is not None else tokenizer for route, _ in towers}  # fmt: skip
+    for route, tower in towers:  # checked before out_dir is created
+        _tokenizer_for(tower, tokenizers[route], special_tokens, max_length)
     if len(towers) > 1:
         router_class(modules)  # a sentence-transformers without Router: refused before out_dir is made
     directory = _prepare(out_dir)
@@ -398,7 +404,9 @@ def export_sentence_transformers(
         routes = {}
         for route, tower in towers:
             staged = Path(staging) / route
-            export_huggingface(tower, tokenizer, staged, special_tokens=special_tokens, max_length=max_length)
+            export_huggingface(
+                tower, tokenizers[route], staged, special_tokens=special_tokens, max_length=max_length
+            )
             routes[route] = sentence_transformers_steps(modules, tower, staged, normalized)
         if "model" in routes:
             steps = routes["model"]

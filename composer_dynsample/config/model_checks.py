@@ -1,25 +1,19 @@
 """The ``model`` section checked before anything is built: its keys, a transformer's positions, a model folder.
 
-:func:`check_encoder` and :func:`check_model_keys` check the keys and value types of ``model.encoder``
-(each tower's of ``two_tower``) and of ``model``. :func:`check_positions` compares the data's
-``max_length`` with the positions of each transformer encoder (its ``config``, or the ``config.json`` of
-its ``path``), before any data is loaded; the encoder builder checks it again with the loaded data's.
-
-A transformer ``model.encoder`` with a ``path`` (a Hugging Face or sentence-transformers folder, see
-:mod:`~composer_dynsample.models.sentence_folder`) is the whole model: :func:`folder_data_defaults`
-gives the data its tokenizer (the folder's) and its ``max_length`` (the folder's ``max_seq_length``,
-else the loader's default capped by the model's positions) when the ``data`` section leaves them out.
-:func:`check_model_folder` refuses, before any data is loaded, a folder that is not there, one without
-a tokenizer when the data names none, a ``data.tokenizer`` of another vocabulary than the folder's, and
-a pooling the encoder lacks.
+:func:`check_encoder` and :func:`check_model_keys` check ``model.encoder`` (each tower's of ``two_tower``) and
+``model``; :func:`check_positions` compares the data's ``max_length`` with each transformer's positions
+before any data is loaded. A transformer of a ``path`` (a Hugging Face or sentence-transformers folder) is
+the whole model: :func:`folder_data_defaults` gives the data its tokenizer and ``max_length`` when the
+``data`` section leaves them out, and :func:`check_model_folder` refuses a missing folder, one without a
+tokenizer when the data names none, a ``data.tokenizer`` of another vocabulary, and a pooling the encoder lacks.
 
 Two towers (``two_tower``) of two folders: the data's tokenizer is the query folder's, and a passage folder
 that tokenizes otherwise (another vocabulary or lower-casing) gives a pairs loader its ``passage_tokenizer``;
 ``max_length`` is the smaller of the two folders', two folders that disagree on ``Normalize`` need
 ``model.normalize``, and each tower pools as its own folder says.
 
-Reading a folder or a transformer's positions imports :mod:`composer_dynsample.models` (torch), so those
-checks import it when they run: importing this module imports neither torch nor Composer.
+Reading a folder imports :mod:`composer_dynsample.models` (torch) when a check runs: importing this module
+imports neither torch nor Composer.
 """
 
 from __future__ import annotations
@@ -256,6 +250,15 @@ def _two_folders(found: list[tuple[str, ModelFolder]]) -> bool:
     return len(found) > 1 and _two_tokenizers(found[0][1], found[1][1])
 
 
+def passage_tokenizer_of(cfg: DictConfig) -> str | None:
+    """The passage tower's tokenizer of towers of two tokenizers (``data.passage_tokenizer``, else the passage
+    folder's); ``None`` for one tokenizer."""
+    found = _folders(cfg)
+    if not _two_folders(found):
+        return None
+    return str(section(cfg, "data", "data").get("passage_tokenizer") or found[1][1].model_dir)
+
+
 def refuse_two_tokenizers(cfg: DictConfig, command: str) -> None:
     """A one-line ConfigError when ``command`` (``export``, ``embed --input``) meets towers of two
     tokenizers, which it does not handle yet (it writes or reads one tokenizer)."""
@@ -416,11 +419,7 @@ def _passage_tokenizer(data: Mapping[str, Any], found: list[tuple[str, ModelFold
             f"and data {data.get('name')!r} tokenizes with one; use a loader of queries and passages (pairs, "
             "code_search), or give both towers folders of one tokenizer."
         )
-    if not folder.has_tokenizer:
-        raise ConfigError(
-            f"{where}.path {str(folder.path)!r} holds no tokenizer (tokenizer.json, vocab.txt, ...)."
-        )
-    _check_lowercase(folder, where)
+    _check_lowercase(folder, where)  # it has a tokenizer: two were compared
     return str(folder.model_dir)
 
 

@@ -191,16 +191,33 @@ def test_two_folders_of_two_vocabularies_each_embed_with_their_own_tokenizer(tmp
     assert store.passage_tokens is not None and run.splits.info.tokenizer == str(query)
     texts, queries = split_texts(store)
     with torch.no_grad():
-        ours = run.model.eval().embed(TextCollate(store)(list(range(len(store))))["features"])
+        start = run.model.eval().embed(TextCollate(store)(list(range(len(store))))["features"])
     for folder, rows in ((query, queries), (passage, [not q for q in queries])):
         reference = SentenceTransformer(str(folder), device="cpu")
         reference.max_seq_length = run.splits.info.max_length
         picked = [text for text, keep in zip(texts, rows) if keep]
         theirs = reference.encode(picked, convert_to_tensor=True)
-        torch.testing.assert_close(ours[torch.tensor(rows)], theirs, atol=1e-5, rtol=1e-5)
-    # export and embed --input write and read one tokenizer: one line each, until they carry two.
+        torch.testing.assert_close(start[torch.tensor(rows)], theirs, atol=1e-5, rtol=1e-5)
+    # export writes a Router whose routes hold their own tokenizers: encode_query and encode_document embed
+    # as the trained towers do; --format huggingface and embed --input, one tokenizer each, are one line.
     checkpoint = latest_checkpoint(tmp_path / "run")
-    for command in (["export", config, "--checkpoint", checkpoint, "--out", str(tmp_path / "out")],
+    main(["export", config, "--checkpoint", checkpoint, "--out", str(tmp_path / "out")])
+    capsys.readouterr()
+    trained = build_run(load_config(config, [f"trainer.load_path={checkpoint}"]), tmp_path / "trained")
+    trained.trainer.state.model.eval()
+    with torch.no_grad():
+        ours = trained.model.embed(TextCollate(store)(list(range(len(store))))["features"])
+    exported = SentenceTransformer(str(tmp_path / "out"), device="cpu")
+    for encode, rows in (
+        (exported.encode_query, queries),
+        (exported.encode_document, [not q for q in queries]),
+    ):
+        picked = [text for text, keep in zip(texts, rows) if keep]
+        torch.testing.assert_close(
+            ours[torch.tensor(rows)], encode(picked, convert_to_tensor=True), atol=1e-5, rtol=1e-5
+        )
+    assert not torch.allclose(ours, start, atol=1e-4)  # the trained towers, not the starting folders
+    for command in (["export", config, "--checkpoint", checkpoint, "--out", str(tmp_path / "hf"), "--format", "huggingface"],
                     ["embed", config, "--checkpoint", checkpoint, "--input", str(tmp_path / "test.jsonl"),
                      "--out", str(tmp_path / "e.npz")]):  # fmt: skip
         error = one_line_error(capsys, command)
