@@ -14,7 +14,7 @@ from typing import Any
 from composer_dynsample.cli.commands import _build_model_run, _out_path, _prepare_model_run
 from composer_dynsample.cli.run_dir import is_rank_zero
 from composer_dynsample.config.components import ConfigError
-from composer_dynsample.config.model_checks import refuse_two_tokenizers
+from composer_dynsample.config.model_checks import passage_tokenizer_of
 from composer_dynsample.config.model_only import build_model_only
 
 __all__ = ["embed"]
@@ -75,13 +75,13 @@ def embed(
     path = _out_path(out, "embeddings.npz", ".npz")
     cfg, directory = _prepare_model_run(config, checkpoint, overrides, trust_checkpoint)
     given = inputs.embed_prompt(cfg, prompt, prompt_name)
-    if input_path is not None:
-        refuse_two_tokenizers(cfg, "embed --input")
     run = build_model_only(cfg, checkpoint) if input_path is not None else None
     run = run or _build_model_run(cfg, directory)  # a split, or a tokenizer only the training data gives
     if input_path is not None:
         try:
-            store, arrays = inputs.read_embed_input(input_path, run.splits, column, given)
+            store, arrays = inputs.read_embed_input(
+                input_path, run.splits, column, given, passage_tokenizer_of(cfg)
+            )
         except ValueError as error:
             raise ConfigError(str(error)) from error
         what = str(input_path) if column is None else f"column {column!r} of {input_path}"

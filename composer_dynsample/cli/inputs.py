@@ -34,6 +34,7 @@ from composer_dynsample.data.images import read_images
 from composer_dynsample.data.text.prompts import column_prompt, prompt_layout, prompt_token_count
 from composer_dynsample.data.text.table import map_columns, read_text_tables, text_column
 from composer_dynsample.data.text.tokenized import TextInterner, tokenize_texts
+from composer_dynsample.data.text.tokenizer import load_tokenizer
 from composer_dynsample.validation import check_choice, did_you_mean
 
 __all__ = ["EMBED_COLUMNS", "check_embed_source", "embed_prompt", "read_embed_input", "split_arrays"]
@@ -87,7 +88,11 @@ def embed_prompt(cfg: Any, prompt: str | None, prompt_name: str | None) -> str |
 
 
 def read_embed_input(
-    path: str | os.PathLike[str], splits: DatasetSplits, column: str | None = None, prompt: str | None = None
+    path: str | os.PathLike[str],
+    splits: DatasetSplits,
+    column: str | None = None,
+    prompt: str | None = None,
+    passage_tokenizer: str | None = None,
 ) -> tuple[TensorStore | TextStore, dict[str, np.ndarray]]:
     """Read ``path`` as items of the kind ``splits`` holds: ``(store to embed, arrays for the .npz)``.
 
@@ -98,6 +103,8 @@ def read_embed_input(
             Default: ``None`` (``text``, else ``anchor`` and, when there, ``positive``, row by row).
         prompt (str, optional): Put this before every text (``""``: none). Default: ``None``: each
             column's prompt of the run (``text`` takes the passages', ``positive``'s).
+        passage_tokenizer (str, optional): Two towers of two tokenizers: the passage tower's, by which the
+            texts that are not queries are tokenized. Default: ``None`` (the run's tokenizer for all).
 
     Returns:
         tuple: The store (every sampled row is embedded, in order) and ``indices`` (and ``is_query``).
@@ -112,7 +119,7 @@ def read_embed_input(
     if not file.exists():
         raise FileNotFoundError(f"--input {str(path)!r}: no such file or directory.")
     if isinstance(splits, TextSplits):
-        return _read_texts(file, splits, column, prompt)
+        return _read_texts(file, splits, column, prompt, passage_tokenizer)
     if column is not None or prompt is not None:
         option = "--column" if column is not None else "--prompt"
         raise ValueError(
@@ -132,7 +139,11 @@ def read_embed_input(
 
 
 def _read_texts(
-    file: Path, splits: TextSplits, column: str | None, prompt: str | None
+    file: Path,
+    splits: TextSplits,
+    column: str | None,
+    prompt: str | None,
+    passage_tokenizer: str | None = None,
 ) -> tuple[TextStore, dict[str, np.ndarray]]:
     table = map_columns(read_text_tables(file)[0], splits.info.columns)
     if column is not None and any(name in table.columns for name in EMBED_COLUMNS):
@@ -169,22 +180,21 @@ def _read_texts(
         position = ordered.index(interner.texts[text_id])
         return table.where(position // len(columns), columns[position % len(columns)])
 
-    tokens = tokenize_texts(
-        interner.texts,
-        tokenizer.tokenizer,
-        max_length=splits.info.max_length,
-        cache_dir=splits.info.cache_dirs[0].parent,
-        data_sha256=table.sha256,
-        tokenizer_sha256=tokenizer.sha256,
-        layout=layout,
-        source=str(file),
-        locate=locate,
-        progress=False,
-    )
+    def tokenized(by: Any) -> Any:
+        return tokenize_texts(
+            interner.texts, by.tokenizer, max_length=splits.info.max_length,
+            cache_dir=splits.info.cache_dirs[0].parent, data_sha256=table.sha256, tokenizer_sha256=by.sha256,
+            layout=layout, source=str(file), locate=locate, progress=False,
+        )  # fmt: skip
+
+    passage = load_tokenizer(passage_tokenizer) if passage_tokenizer is not None else None
+    by_column = {
+        column: tokenizer if column == "anchor" or passage is None else passage for column in columns
+    }
     rows = np.repeat(np.arange(table.num_rows, dtype=np.int64), len(columns))
     is_query = np.tile(np.array([column == "anchor" for column in columns]), table.num_rows)
     store = TextStore(
-        tokens,
+        tokenized(tokenizer),
         text_ids,
         np.zeros(len(rows), np.int64),
         pad_id=tokenizer.pad_id,
@@ -192,10 +202,13 @@ def _read_texts(
         is_query=is_query,
         source_rows=rows,
         prompt_lengths=np.tile(
-            [prompt_token_count(prompts.get(column, ""), tokenizer) for column in columns], table.num_rows
+            [prompt_token_count(prompts.get(column, ""), by_column[column]) for column in columns],
+            table.num_rows,
         )
         if prompts
         else None,
+        passage_tokens=tokenized(passage) if passage is not None else None,
+        passage_pad_id=passage.pad_id if passage is not None else None,
     )
     return store, {"indices": rows, "is_query": is_query}
 

@@ -260,8 +260,8 @@ def passage_tokenizer_of(cfg: DictConfig) -> str | None:
 
 
 def refuse_two_tokenizers(cfg: DictConfig, command: str) -> None:
-    """A one-line ConfigError when ``command`` (``export``, ``embed --input``) meets towers of two
-    tokenizers, which it does not handle yet (it writes or reads one tokenizer)."""
+    """A one-line ConfigError when ``command`` (``export --format huggingface``) meets towers of two
+    tokenizers, which it does not handle yet (it writes one tokenizer)."""
     found = _folders(cfg)
     if _two_folders(found):
         (query_where, query), (passage_where, passage) = found[0], found[1]

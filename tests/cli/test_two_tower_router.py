@@ -217,11 +217,23 @@ def test_two_folders_of_two_vocabularies_each_embed_with_their_own_tokenizer(tmp
             ours[torch.tensor(rows)], encode(picked, convert_to_tensor=True), atol=1e-5, rtol=1e-5
         )
     assert not torch.allclose(ours, start, atol=1e-4)  # the trained towers, not the starting folders
-    for command in (["export", config, "--checkpoint", checkpoint, "--out", str(tmp_path / "hf"), "--format", "huggingface"],
-                    ["embed", config, "--checkpoint", checkpoint, "--input", str(tmp_path / "test.jsonl"),
-                     "--out", str(tmp_path / "e.npz")]):  # fmt: skip
-        error = one_line_error(capsys, command)
-        assert "handles one tokenizer" in error and "have two" in error, error
+    # embed --input tokenizes each column as its tower does: the same embeddings as the export's routes.
+    queries_in, passages_in = embedded(config, checkpoint, tmp_path / "test.jsonl", tmp_path / "ours")
+    routes = encode_routes(tmp_path / "out")
+    np.testing.assert_allclose(queries_in, routes[0].numpy(), atol=1e-5, rtol=1e-5)
+    np.testing.assert_allclose(passages_in, routes[1].numpy(), atol=1e-5, rtol=1e-5)
+    hf = [
+        "export",
+        config,
+        "--checkpoint",
+        checkpoint,
+        "--out",
+        str(tmp_path / "hf"),
+        "--format",
+        "huggingface",
+    ]
+    error = one_line_error(capsys, hf)  # one tokenizer a folder there: one line, until it writes two
+    assert "handles one tokenizer" in error and "have two" in error, error
     # A loader of one kind of text cannot feed two tokenizers: one line.
     cfg = load_config(config, [f"data={{name: texts, path: {tmp_path / 'test.jsonl'}}}"])
     with pytest.raises(ConfigError, match="tokenizes with one; use a loader of queries and passages"):
