@@ -199,6 +199,12 @@ def model_folder(cfg: DictConfig) -> ModelFolder | None:
     return found[0][1] if found else None
 
 
+def passage_folder(cfg: DictConfig) -> ModelFolder | None:
+    """The passage tower's folder of two towers of two folders (``None`` for one folder, or none)."""
+    found = _folders(cfg)
+    return found[1][1] if len(found) > 1 and found[0][1].path != found[1][1].path else None
+
+
 def folder_normalize(cfg: DictConfig) -> bool | None:
     """Whether the model folders of ``model.encoder`` L2-normalise embeddings (list a ``Normalize``): the
     first folder that says (a plain Hugging Face folder does not); ``None`` when none says. Two towers'
@@ -254,9 +260,7 @@ def passage_tokenizer_of(cfg: DictConfig) -> str | None:
     """The passage tower's tokenizer of towers of two tokenizers (``data.passage_tokenizer``, else the passage
     folder's); ``None`` for one tokenizer."""
     found = _folders(cfg)
-    if not _two_folders(found):
-        return None
-    return str(section(cfg, "data", "data").get("passage_tokenizer") or found[1][1].model_dir)
+    return str(section(cfg, "data", "data").get("passage_tokenizer") or found[1][1].model_dir) if _two_folders(found) else None  # fmt: skip
 
 
 def refuse_two_tokenizers(cfg: DictConfig, command: str) -> None:
@@ -265,11 +269,7 @@ def refuse_two_tokenizers(cfg: DictConfig, command: str) -> None:
     found = _folders(cfg)
     if _two_folders(found):
         (query_where, query), (passage_where, passage) = found[0], found[1]
-        raise ConfigError(
-            f"{command} handles one tokenizer, and {query_where}.path {str(query.path)!r} and "
-            f"{passage_where}.path {str(passage.path)!r} have two; train and eval such towers, or give both "
-            "towers folders of one tokenizer to use them here."
-        )
+        raise ConfigError(f"{command} handles one tokenizer, and {query_where}.path {str(query.path)!r} and {passage_where}.path {str(passage.path)!r} have two; train and eval such towers, or give both towers folders of one tokenizer to use them here.")  # fmt: skip
 
 
 def _lowercases(folder: ModelFolder) -> bool | None:

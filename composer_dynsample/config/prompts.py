@@ -6,7 +6,8 @@ folder (``model.encoder.path``: its ``config_sentence_transformers.json``), by c
 column. With neither, a folder's ``default_prompt_name`` prompts every text, as sentence-transformers'
 ``encode`` does; a folder that declares prompts but no default is fine-tuned without them, and one warning
 line names them and the key that would use them (``data.prompts: {}`` says no prompts on purpose and
-silences it).
+silences it). Two towers of two folders take each folder's prompts on its side: the anchors the query
+folder's, the positives and negatives the passage folder's (by name, and by default).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import Any
 from omegaconf import DictConfig
 
 from composer_dynsample.config.components import ConfigError
-from composer_dynsample.config.model_checks import model_folder
+from composer_dynsample.config.model_checks import model_folder, passage_folder
 
 __all__ = ["data_prompts", "exported_prompts"]
 
@@ -48,26 +49,45 @@ def data_prompts(cfg: DictConfig, given: Any, names: Any, key: str = "data.promp
             "data.prompts and data.prompt_names are both set; give the prompts as strings (data.prompts) or "
             "by the model folder's names (data.prompt_names), not both."
         )
-    folder = model_folder(cfg)
+    folder, passage = model_folder(cfg), passage_folder(cfg)
     if names is not None:
         if folder is None:
             raise ConfigError(
                 f"{key} names prompts of the model folder (model.encoder.path), but the model has none; give "
                 "the prompts themselves (data.prompts, or embed's --prompt)."
             )
-        from composer_dynsample.data.text.prompts import resolve_prompt_names
-
-        try:
-            return resolve_prompt_names(
-                _plain(names),
-                folder.prompts,
-                key=key,
-                folder=f"model folder {str(folder.path)!r}",
-            )
-        except ValueError as error:
-            raise ConfigError(str(error)) from None
-    if given is not None or folder is None or not folder.prompts:
+        plain = _plain(names)
+        if passage is None or isinstance(plain, str):
+            return _resolved(plain, folder, key)
+        # Two towers of two folders: each column's name is one of its tower's folder's prompts.
+        return {
+            column: _resolved({column: name}, passage if column != "anchor" else folder, key).get(column, "")
+            for column, name in plain.items()
+        }
+    if given is not None or folder is None:
         return given
+    if passage is not None and passage.prompts:  # each tower's folder prompts its own side
+        sides = {"anchor": _default_prompt(folder), "positive": _default_prompt(passage)}
+        return {column: prompt for column, prompt in sides.items() if prompt} or None
+    return _default_prompt(folder) if folder.prompts else given
+
+
+def _resolved(names: Any, folder: Any, key: str) -> Any:
+    from composer_dynsample.data.text.prompts import resolve_prompt_names
+
+    try:
+        return resolve_prompt_names(
+            names, folder.prompts, key=key, folder=f"model folder {str(folder.path)!r}"
+        )
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
+
+
+def _default_prompt(folder: Any) -> str | None:
+    """A folder's ``default_prompt_name``'s prompt; for a folder that declares prompts but no default, one
+    warning line naming them, and ``None``."""
+    if not folder.prompts:
+        return None
     if folder.default_prompt_name is not None:
         return folder.prompts[folder.default_prompt_name]
     warnings.warn(
@@ -78,9 +98,9 @@ def data_prompts(cfg: DictConfig, given: Any, names: Any, key: str = "data.promp
         + "}, or set data.prompts={} "
         "to train without prompts on purpose.",
         UserWarning,
-        stacklevel=2,
+        stacklevel=3,
     )
-    return given
+    return None
 
 
 def exported_prompts(cfg: DictConfig, used: dict[str, str]) -> dict[str, Any]:

@@ -266,3 +266,43 @@ def test_two_folders_that_lower_case_differently_read_two_tokenizations(tmp_path
         load_config(write_model_folder_config(tmp_path, towers(query, passage))), tmp_path / "run"
     )
     assert run.splits.train.passage_tokens is not None  # the passages tokenized as their folder does
+
+
+def test_each_tower_takes_its_own_folders_prompts(tmp_path, capsys):
+    from sentence_transformers import SentenceTransformer
+
+    from tests.cli.test_prompts import with_prompts
+
+    query = with_prompts(
+        save_sentence_folder(tmp_path / "query", pooling="cls"), {"query": "query: "}, "query"
+    )
+    passage = with_prompts(
+        save_sentence_folder(tmp_path / "passage", pooling="mean", seed=1),
+        {"passage": "passage: "},
+        "passage",
+    )
+    config = write_model_folder_config(tmp_path, towers(query, passage))
+    run = build_run(load_config(config), tmp_path / "built")  # each folder's default prompt, on its side
+    assert run.splits.info.prompts == {"anchor": "query: ", "positive": "passage: "}
+    store = run.splits.test
+    texts, queries = split_texts(store)
+    with torch.no_grad():
+        ours = run.model.eval().embed(TextCollate(store)(list(range(len(store))))["features"])
+    for folder, name, rows in ((query, "query", queries), (passage, "passage", [not q for q in queries])):
+        reference = SentenceTransformer(str(folder), device="cpu")
+        reference.max_seq_length = run.splits.info.max_length
+        picked = [text for text, keep in zip(texts, rows) if keep]
+        theirs = reference.encode(picked, prompt_name=name, convert_to_tensor=True)
+        torch.testing.assert_close(ours[torch.tensor(rows)], theirs, atol=1e-5, rtol=1e-5)
+    # By name, each column's name is one of its tower's folder's prompts.
+    named = build_run(
+        load_config(config, ["data.prompt_names={anchor: query, positive: passage}"]), tmp_path / "named"
+    )
+    assert named.splits.info.prompts == run.splits.info.prompts
+    with pytest.raises(
+        ConfigError,
+        match=rf"data.prompt_names.positive: model folder {str(passage)!r} has no prompt named 'query'",
+    ):
+        build_run(
+            load_config(config, ["data.prompt_names={anchor: query, positive: query}"]), tmp_path / "wrong"
+        )
