@@ -177,6 +177,7 @@ def export_huggingface(
     *,
     special_tokens: Mapping[str, str] | None = None,
     max_length: int | None = None,
+    passage_tokenizer: Any = None,
 ) -> Path:
     """Write a text encoder and its tokenizer to ``out_dir`` (see the module docstring for the layout).
 
@@ -184,8 +185,8 @@ def export_huggingface(
         model (torch.nn.Module): A text encoder of :mod:`composer_dynsample.models.text`, or an
             ``EmbeddingModel`` around one.
         tokenizer: The tokenizer the encoder was trained with (see :func:`pretrained_tokenizer`).
-        passage_tokenizer: Two towers of two tokenizers: the passage tower's, which its ``document`` route
-            holds. Default: ``None`` (``tokenizer`` for both).
+        passage_tokenizer: Two towers of two tokenizers: the passage tower's, which ``passage/`` holds.
+            Default: ``None`` (``tokenizer`` for both).
         out_dir (str | os.PathLike): A new or empty directory.
         special_tokens (Mapping[str, str], optional): See :func:`pretrained_tokenizer`. Default: ``None``.
         max_length (int, optional): The longest input in tokens, as the data's ``max_length`` truncated
@@ -206,8 +207,10 @@ def export_huggingface(
     else:
         towers = [("", encoder)]
     # Every check before the first file is written: a failed export leaves no directory behind.
+    chosen = {name: passage_tokenizer if name == "passage" and passage_tokenizer is not None else tokenizer for name, _ in towers}  # fmt: skip
     plan = [
-        (name, tower, _tokenizer_for(tower, tokenizer, special_tokens, max_length)) for name, tower in towers
+        (name, tower, _tokenizer_for(tower, chosen[name], special_tokens, max_length))
+        for name, tower in towers
     ]
     directory = _prepare(out_dir)
     for name, tower, hf_tokenizer in plan:
@@ -365,6 +368,8 @@ def export_sentence_transformers(
         model (torch.nn.Module): A :class:`TransformerEncoder`, a :class:`TwoTowerEncoder` of two, or an
             ``EmbeddingModel`` around either.
         tokenizer: The tokenizer the encoder was trained with (see :func:`pretrained_tokenizer`).
+        passage_tokenizer: Two towers of two tokenizers: the passage tower's, which the ``document``
+            route holds. Default: ``None`` (``tokenizer`` for both).
         passage_tokenizer: Two towers of two tokenizers: the passage tower's, which its ``document`` route
             holds. Default: ``None`` (``tokenizer`` for both).
         out_dir (str | os.PathLike): A new or empty directory.

@@ -405,7 +405,7 @@ def export(
             that cannot be written in (before anything is loaded).
         ConfigError: If the data are not texts, or the encoder does not fit the format.
     """
-    from composer_dynsample.config.model_checks import passage_tokenizer_of, refuse_two_tokenizers
+    from composer_dynsample.config.model_checks import passage_tokenizer_of
     from composer_dynsample.config.model_only import build_model_only
     from composer_dynsample.config.prompts import exported_prompts
     from composer_dynsample.data import TextSplits
@@ -417,8 +417,6 @@ def export(
     target = _out_path(out, directory=True)
     cfg, directory = _prepare_model_run(config, checkpoint, overrides, trust_checkpoint)
     passage = passage_tokenizer_of(cfg)
-    if export_format != EXPORT_FORMATS[0]:
-        refuse_two_tokenizers(cfg, f"export --format {export_format}")
     run = build_model_only(cfg, checkpoint) or _build_model_run(cfg, directory)  # see model_only
     if not isinstance(run.splits, TextSplits):
         raise ConfigError(
@@ -431,7 +429,7 @@ def export(
         if write is export_sentence_transformers:
             card = {"config": run.config, "metrics": run_metrics(_run_dir_of(Path(checkpoint)))}
             card.update(exported_prompts(run.config, run.splits.info.prompts))
-            card.update({"passage_tokenizer": load_tokenizer(passage)} if passage is not None else {})
+        card.update({"passage_tokenizer": load_tokenizer(passage)} if passage is not None else {})
         try:
             write(unwrap_model(run.model), tokenizer, target, max_length=max_length, **card)
         except (TypeError, ValueError) as error:

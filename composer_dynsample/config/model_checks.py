@@ -263,15 +263,6 @@ def passage_tokenizer_of(cfg: DictConfig) -> str | None:
     return str(section(cfg, "data", "data").get("passage_tokenizer") or found[1][1].model_dir) if _two_folders(found) else None  # fmt: skip
 
 
-def refuse_two_tokenizers(cfg: DictConfig, command: str) -> None:
-    """A one-line ConfigError when ``command`` (``export --format huggingface``) meets towers of two
-    tokenizers, which it does not handle yet (it writes one tokenizer)."""
-    found = _folders(cfg)
-    if _two_folders(found):
-        (query_where, query), (passage_where, passage) = found[0], found[1]
-        raise ConfigError(f"{command} handles one tokenizer, and {query_where}.path {str(query.path)!r} and {passage_where}.path {str(passage.path)!r} have two; train and eval such towers, or give both towers folders of one tokenizer to use them here.")  # fmt: skip
-
-
 def _lowercases(folder: ModelFolder) -> bool | None:
     """Whether sentence-transformers lower-cases the folder's texts (``do_lower_case``, or its
     ``tokenizer.json``'s normalizer); ``None`` when it cannot tell (no ``tokenizer.json``)."""

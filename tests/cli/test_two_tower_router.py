@@ -199,7 +199,7 @@ def test_two_folders_of_two_vocabularies_each_embed_with_their_own_tokenizer(tmp
         theirs = reference.encode(picked, convert_to_tensor=True)
         torch.testing.assert_close(start[torch.tensor(rows)], theirs, atol=1e-5, rtol=1e-5)
     # export writes a Router whose routes hold their own tokenizers: encode_query and encode_document embed
-    # as the trained towers do; --format huggingface and embed --input, one tokenizer each, are one line.
+    # as the trained towers do.
     checkpoint = latest_checkpoint(tmp_path / "run")
     main(["export", config, "--checkpoint", checkpoint, "--out", str(tmp_path / "out")])
     capsys.readouterr()
@@ -222,18 +222,11 @@ def test_two_folders_of_two_vocabularies_each_embed_with_their_own_tokenizer(tmp
     routes = encode_routes(tmp_path / "out")
     np.testing.assert_allclose(queries_in, routes[0].numpy(), atol=1e-5, rtol=1e-5)
     np.testing.assert_allclose(passages_in, routes[1].numpy(), atol=1e-5, rtol=1e-5)
-    hf = [
-        "export",
-        config,
-        "--checkpoint",
-        checkpoint,
-        "--out",
-        str(tmp_path / "hf"),
-        "--format",
-        "huggingface",
-    ]
-    error = one_line_error(capsys, hf)  # one tokenizer a folder there: one line, until it writes two
-    assert "handles one tokenizer" in error and "have two" in error, error
+    # --format huggingface writes each tower's folder with its own tokenizer.
+    export_huggingface(config, checkpoint, tmp_path / "hf")
+    capsys.readouterr()
+    assert tokenizer_vocabulary(tmp_path / "hf" / "query") == tokenizer_vocabulary(query)
+    assert tokenizer_vocabulary(tmp_path / "hf" / "passage") == tokenizer_vocabulary(passage)
     # A loader of one kind of text cannot feed two tokenizers: one line.
     cfg = load_config(config, [f"data={{name: texts, path: {tmp_path / 'test.jsonl'}}}"])
     with pytest.raises(ConfigError, match="tokenizes with one; use a loader of queries and passages"):
