@@ -405,7 +405,7 @@ def export(
             that cannot be written in (before anything is loaded).
         ConfigError: If the data are not texts, or the encoder does not fit the format.
     """
-    from composer_dynsample.config.model_checks import passage_tokenizer_of
+    from composer_dynsample.config.model_folders import passage_tokenizer_of
     from composer_dynsample.config.model_only import build_model_only
     from composer_dynsample.config.prompts import exported_prompts
     from composer_dynsample.data import TextSplits

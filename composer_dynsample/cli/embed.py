@@ -14,7 +14,7 @@ from typing import Any
 from composer_dynsample.cli.commands import _build_model_run, _out_path, _prepare_model_run
 from composer_dynsample.cli.run_dir import is_rank_zero
 from composer_dynsample.config.components import ConfigError
-from composer_dynsample.config.model_checks import passage_tokenizer_of
+from composer_dynsample.config.model_folders import passage_tokenizer_of
 from composer_dynsample.config.model_only import build_model_only
 
 __all__ = ["embed"]

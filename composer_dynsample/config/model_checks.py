@@ -12,8 +12,10 @@ that tokenizes otherwise (another vocabulary or lower-casing) gives a pairs load
 ``max_length`` is the smaller of the two folders', two folders that disagree on ``Normalize`` need
 ``model.normalize``, and each tower pools as its own folder says.
 
-Reading a folder imports :mod:`composer_dynsample.models` (torch) when a check runs: importing this module
-imports neither torch nor Composer.
+Which folders a config names, and how two towers' folders relate, is
+:mod:`~composer_dynsample.config.model_folders` (its names are re-exported here). Reading a folder imports
+:mod:`composer_dynsample.models` (torch) when a check runs: importing this module imports neither torch nor
+Composer.
 """
 
 from __future__ import annotations
@@ -28,18 +30,26 @@ from composer_dynsample.config.components import (
     ConfigError,
     check_keys,
     check_types,
-    parameters,
     peek_entry,
     peek_parameters,
     resolve_entry,
 )
 from composer_dynsample.config.loading import section
+from composer_dynsample.config.model_folders import (
+    TOWERS,
+    folder_normalize,
+    folders,
+    is_transformer,
+    is_two_tower,
+    model_folder,
+    two_tokenizer_folders,
+)
 from composer_dynsample.config.names import DATASETS, ENCODERS, MODEL_OWNED
 
 if TYPE_CHECKING:
     from composer_dynsample.models.sentence_folder import ModelFolder
 
-__all__ = [
+__all__ = [  # the model folders' names are re-exported from model_folders, where they live
     "TOWERS",
     "check_encoder",
     "check_model_folder",
@@ -54,7 +64,6 @@ __all__ = [
     "tower_section",
 ]
 
-TOWERS = ("query_encoder", "passage_encoder")
 # Values the encoder builder fills in from the data; stand-ins while the data is not loaded yet.
 _SHAPE_STAND_INS = {"in_features": 1, "in_channels": 1, "input_length": 1, "input_size": 1, "vocab_size": 1}
 
@@ -103,7 +112,7 @@ def check_positions(cfg: DictConfig) -> None:
     if not data:
         return
     max_length, origin = data.get("max_length"), None
-    chosen = _data_length(data, _folders(cfg)) if max_length is None else None
+    chosen = _data_length(data, folders(cfg)) if max_length is None else None
     if chosen is not None:
         max_length, where, folder = chosen
         if max_length == folder.max_seq_length:
@@ -133,18 +142,6 @@ def _check_section_positions(path: str, values: dict[str, Any], max_length: int,
             )
     elif is_transformer(target):
         check_transformer_positions(path, values, max_length, origin)
-
-
-def is_two_tower(target: Any) -> bool:
-    """Whether an encoder target takes a section for each of the two towers (:data:`TOWERS`)."""
-    return all(key in parameters(target) for key in TOWERS)
-
-
-def is_transformer(target: Any) -> bool:
-    """Whether a registry or ``_component_`` target is :class:`~composer_dynsample.TransformerEncoder` or a subclass."""
-    from composer_dynsample.models.transformer import TransformerEncoder
-
-    return isinstance(target, type) and issubclass(target, TransformerEncoder)
 
 
 def check_transformer_positions(
@@ -181,135 +178,6 @@ def check_transformer_positions(
     raise ConfigError(f"{said} but {where}{kept}: a longer text has no position embedding; {fix}.")
 
 
-def model_folder(cfg: DictConfig) -> ModelFolder | None:
-    """What the folder of ``model.encoder`` says, when it is a transformer of a ``path`` (JSON read only);
-    for two towers, the query tower's folder (else the passage tower's, when only it names one).
-
-    That folder gives the data its tokenizer and prompts, and the model its normalisation unless it does
-    not say (:func:`folder_normalize`). Two towers of two folders are checked (:func:`_check_tower_folders`).
-
-    Returns:
-        ModelFolder | None: ``None`` for any other encoder (random init, other encoders, towers of none).
-
-    Raises:
-        ConfigError: If the folder does not exist, holds no ``config.json``, or its sentence-transformers
-            files cannot be read; or two towers' folders disagree on ``Normalize`` while ``model.normalize`` is unset.
-    """
-    found = _folders(cfg)
-    return found[0][1] if found else None
-
-
-def passage_folder(cfg: DictConfig) -> ModelFolder | None:
-    """The passage tower's folder of two towers of two folders (``None`` for one folder, or none)."""
-    found = _folders(cfg)
-    return found[1][1] if len(found) > 1 and found[0][1].path != found[1][1].path else None
-
-
-def folder_normalize(cfg: DictConfig) -> bool | None:
-    """Whether the model folders of ``model.encoder`` L2-normalise embeddings (list a ``Normalize``): the
-    first folder that says (a plain Hugging Face folder does not); ``None`` when none says. Two towers'
-    folders that disagree are refused unless ``model.normalize`` is set (:func:`model_folder`)."""
-    return next((folder.normalize for _, folder in _folders(cfg) if folder.normalize is not None), None)
-
-
-def _folders(cfg: DictConfig) -> list[tuple[str, ModelFolder]]:
-    """``(section, folder)`` of each transformer of a ``path`` in ``model.encoder``, the towers' checked."""
-    model = section(cfg, "model", "model")
-    found = _encoder_folders(section(model, "encoder", "model.encoder"))
-    _check_tower_folders(found, model.get("normalize"))
-    return found
-
-
-def _check_tower_folders(found: list[tuple[str, ModelFolder]], normalize: Any) -> None:
-    """Two towers of two folders: one ``Normalize`` unless ``model.normalize`` says (a one-line ConfigError
-    naming both folders)."""
-    if len(found) < 2:
-        return
-    (query_where, query), others = found[0], found[1:]
-    for passage_where, passage in others:
-        named = f"{query_where}.path {str(query.path)!r} and {passage_where}.path {str(passage.path)!r}"
-        stated = (query.normalize, passage.normalize)
-        if normalize is None and None not in stated and stated[0] != stated[1]:
-            normalising = query_where if query.normalize else passage_where
-            raise ConfigError(
-                f"{named} disagree on normalisation (only {normalising}.path lists a Normalize module) and "
-                "model.normalize is unset; set model.normalize to true or false for both towers."
-            )
-
-
-def _two_tokenizers(query: ModelFolder, passage: ModelFolder) -> bool:
-    """Whether two towers' folders tokenize otherwise: their vocabularies differ, or one lower-cases texts
-    and the other does not. A folder without a tokenizer is not compared; one folder is one tokenizer."""
-    from composer_dynsample.models.sentence_folder import tokenizer_vocabulary
-
-    if query.model_dir.resolve() == passage.model_dir.resolve():
-        return False
-    theirs = tokenizer_vocabulary(query.model_dir) if query.has_tokenizer else None
-    ours = tokenizer_vocabulary(passage.model_dir) if passage.has_tokenizer else None
-    if theirs is not None and ours is not None and ours != theirs:
-        return True
-    lower = [_lowercases(folder) for folder in (query, passage)]
-    return None not in lower and lower[0] != lower[1]
-
-
-def _two_folders(found: list[tuple[str, ModelFolder]]) -> bool:
-    return len(found) > 1 and _two_tokenizers(found[0][1], found[1][1])
-
-
-def passage_tokenizer_of(cfg: DictConfig) -> str | None:
-    """The passage tower's tokenizer of towers of two tokenizers (``data.passage_tokenizer``, else the passage
-    folder's); ``None`` for one tokenizer."""
-    found = _folders(cfg)
-    return str(section(cfg, "data", "data").get("passage_tokenizer") or found[1][1].model_dir) if _two_folders(found) else None  # fmt: skip
-
-
-def _lowercases(folder: ModelFolder) -> bool | None:
-    """Whether sentence-transformers lower-cases the folder's texts (``do_lower_case``, or its
-    ``tokenizer.json``'s normalizer); ``None`` when it cannot tell (no ``tokenizer.json``)."""
-    from composer_dynsample.models.sentence_folder import tokenizer_lowercases
-
-    if folder.do_lower_case:
-        return True
-    return None if folder.tokenizer_file is None else tokenizer_lowercases(folder.tokenizer_file)
-
-
-def _encoder_folders(
-    encoder: Mapping[str, Any], where: str = "model.encoder"
-) -> list[tuple[str, ModelFolder]]:
-    """``(section, folder)`` of every transformer of a ``path`` in ``encoder`` (each tower's of two)."""
-    try:
-        entry = peek_entry(where, dict(encoder), ENCODERS)
-    except ConfigError:
-        return []  # a section naming no encoder: the encoder's own check says so
-    if is_two_tower(entry):
-        return [
-            pair
-            for tower in TOWERS
-            if isinstance(encoder.get(tower), Mapping)
-            for pair in _encoder_folders(encoder[tower], f"{where}.{tower}")
-        ]
-    path = encoder.get("path")
-    if (
-        not isinstance(path, (str, os.PathLike))
-        or encoder.get("config") is not None
-        or not is_transformer(entry)
-    ):
-        return []
-    from composer_dynsample.models.sentence_folder import read_model_folder
-
-    try:
-        folder = read_model_folder(path)
-    except ValueError as error:
-        raise ConfigError(f"{where}.path: {error}") from None
-    if not (folder.model_dir / "config.json").is_file():
-        reason = "holds no config.json" if folder.model_dir.is_dir() else "does not exist"
-        raise ConfigError(
-            f"{where}.path {str(path)!r} {reason}; give a local folder holding a Hugging Face or "
-            "sentence-transformers model (config.json and weights): nothing is downloaded."
-        )
-    return [(where, folder)]
-
-
 def check_model_folder(cfg: DictConfig) -> None:
     """The model folder of ``model.encoder`` (each tower's) against the config, before any data is loaded.
 
@@ -319,7 +187,7 @@ def check_model_folder(cfg: DictConfig) -> None:
             unset, holds no tokenizer and ``data.tokenizer`` is unset, lower-cases texts its tokenizer
             does not, or ``data.tokenizer`` has another vocabulary than the folder's tokenizer.
     """
-    found = _folders(cfg)
+    found = folders(cfg)
     if not found:
         return
     from composer_dynsample.models.transformer import folder_pooling  # it imports torch: only for a folder
@@ -332,7 +200,7 @@ def check_model_folder(cfg: DictConfig) -> None:
                 folder_pooling(tower_folder, f"{where}.pooling", f"{where}.path")
             except ValueError as error:
                 raise ConfigError(str(error)) from None
-    _data_tokenizer(section(cfg, "data", "data"), found[:1] if _two_folders(found) else found)
+    _data_tokenizer(section(cfg, "data", "data"), found[:1] if two_tokenizer_folders(found) else found)
 
 
 def folder_data_defaults(cfg: DictConfig, *, tokenizer: bool = True) -> dict[str, Any]:
@@ -358,12 +226,12 @@ def folder_data_defaults(cfg: DictConfig, *, tokenizer: bool = True) -> dict[str
     Raises:
         ConfigError: As :func:`check_model_folder`, for the folder and the tokenizer.
     """
-    found = _folders(cfg)
+    found = folders(cfg)
     data = section(cfg, "data", "data")
     if not found or not data:
         return {}
     defaults: dict[str, Any] = {}
-    two = _two_folders(found)
+    two = two_tokenizer_folders(found)
     given = _data_tokenizer(data, found[:1] if two else found) if tokenizer else None
     if given is not None:
         defaults["tokenizer"] = given
@@ -477,6 +345,7 @@ def _vocabulary_difference(
 
 def _check_lowercase(folder: ModelFolder, where: str) -> None:
     """A one-line ConfigError when the folder lower-cases texts (``do_lower_case``) its tokenizer does not."""
+
     from composer_dynsample.models.sentence_folder import tokenizer_lowercases
 
     file = folder.tokenizer_file

@@ -19,7 +19,7 @@ from typing import Any
 from omegaconf import DictConfig
 
 from composer_dynsample.config.components import ConfigError
-from composer_dynsample.config.model_checks import model_folder, passage_folder
+from composer_dynsample.config.model_folders import model_folder, passage_folder
 
 __all__ = ["data_prompts", "exported_prompts"]
 
