@@ -20,7 +20,7 @@ from composer_dynsample import (
     build_dataloader,
 )
 from composer_dynsample.algorithms.embedding_table import EmbeddingTable
-from composer_dynsample.algorithms.embedding_table import embedding_table as table_module
+from composer_dynsample.algorithms.embedding_table import encodings as table_module  # the warm start's module
 from composer_dynsample.data import GatherCollate, IndexDataset, TensorStore
 from composer_dynsample.samplers.mined_negatives import MinedNegativesPKBatchSampler
 from tests.common import IndexRecorder, sgd_trainer

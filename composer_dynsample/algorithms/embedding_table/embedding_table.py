@@ -13,8 +13,6 @@ the first epoch on; both log what they cost.
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -24,14 +22,12 @@ from composer.loggers import Logger
 from composer_dynsample.algorithms.embedding_table._training_set import (
     batch_indices,
     dataset_length,
-    encode_training_set,
-    rng_untouched,
     search_on_the_model_device,
     size_mismatch,
-    train_collate,
     train_labels,
     train_loader,
 )
+from composer_dynsample.algorithms.embedding_table.encodings import TableEncodings
 from composer_dynsample.algorithms.embedding_table.fresh_rows import FreshRows
 from composer_dynsample.algorithms.embedding_table.list_drift import ListDrift
 from composer_dynsample.algorithms.embedding_table.rows import (
@@ -43,7 +39,6 @@ from composer_dynsample.algorithms.embedding_table.rows import (
 )
 from composer_dynsample.distributed import (
     all_gather_embeddings,
-    broadcast_buffers,
 )
 from composer_dynsample.mining.mined_batch import MinedBatch
 from composer_dynsample.validation import check_bool, check_choice, check_int, parse_time
@@ -53,7 +48,7 @@ __all__ = ["EmbeddingTable", "class_centroids"]
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
-class EmbeddingTable(Algorithm):
+class EmbeddingTable(TableEncodings, Algorithm):
     """Keep one embedding per training sample, written by the forward pass, identical on every rank.
 
     At ``Event.AFTER_FORWARD`` the algorithm reads the step's embeddings (``state.outputs``, or the
@@ -313,31 +308,6 @@ class EmbeddingTable(Algorithm):
             self._sampler.load_state_dict(self._saved_sampler_state)  # the interrupted epoch's centroids
             self._saved_sampler_state = None
 
-    def _warm_start(self, state: State, logger: Logger) -> None:
-        """Encode every row with the model as it starts, with the random states put back afterwards."""
-        started = time.perf_counter()
-        broadcast_buffers(state.model)  # rank 0's statistics, as the refresh
-        with rng_untouched():
-            indices, embeddings = encode_training_set(
-                state.model,
-                train_collate(state, "warm_start"),
-                int(self.num_items),  # type: ignore[arg-type]  # sized by _fit_start
-                self.refresh_batch_size,
-            )
-        self.write(indices, embeddings, int(state.timestamp.batch))
-        seconds = time.perf_counter() - started
-        self.warm_start_cost = {"rows_encoded": int(indices.numel()), "seconds": seconds}
-        self._count_encoded(int(indices.numel()), seconds)
-        logger.log_metrics(
-            {
-                "embedding_table/warm_start_rows": float(indices.numel()),
-                "embedding_table/warm_start_seconds": seconds,
-            }
-        )
-
-    def _count_encoded(self, rows: int, seconds: float) -> None:
-        self._encoded = {"rows": self._encoded["rows"] + rows, "seconds": self._encoded["seconds"] + seconds}
-
     def apply_staged(self) -> None:
         """Write what :class:`StagedWrites` holds (nothing when the writes are not staged)."""
         if len(self._staged):
@@ -351,53 +321,6 @@ class EmbeddingTable(Algorithm):
         self._encode_upcoming()
         self._check_lists()
         return self.rows.float(), self.written_at >= 0
-
-    def _encode_upcoming(self) -> None:
-        """With ``fresh_upcoming``, encode the rows the sampler's next snapshot applies to, if it takes one."""
-        sampler, state = self._sampler, self._state
-        if not self._fresh.upcoming or sampler is None or state is None:
-            return
-        if not callable(getattr(sampler, "upcoming_rows", None)) or not sampler.wants_snapshot():
-            return
-        epoch, every = (
-            int(state.timestamp.epoch),
-            self._fresh.upcoming == "all" and self.written_at is not None,
-        )
-        rows = torch.arange(len(self.written_at)) if every else torch.from_numpy(sampler.upcoming_rows(epoch))
-        self._encode_fresh(rows, "fresh_upcoming")
-
-    def _check_lists(self) -> None:
-        """With ``list_drift``, before a snapshot is searched: its lists against the current model's."""
-        state, rows, at = self._state, self.rows, self.written_at
-        if self._drift is not None and state is not None and rows is not None and at is not None and self._drift.wanted(self._sampler):  # fmt: skip
-            encode, time_ = self._encoder(state, "list_drift", rows.shape[1]), state.timestamp
-            self._drift.check(self._sampler, rows.float(), at >= 0, encode, epoch=int(time_.epoch), step=int(time_.batch))  # fmt: skip
-
-    def _encoder(
-        self, state: State, option: str, dim: int
-    ) -> Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
-        """``rows -> (indices, embeddings)`` by the model as it is now (eval mode, every rank a share, gathered),
-        every rank with rank 0's BatchNorm statistics, the ones rank 0 checkpoints (its own would make the table
-        depend on statistics a resume never sees). ``option`` names the table's option in a loader error."""
-        broadcast_buffers(state.model)
-        collate, model, batch = train_collate(state, option), state.model, self.refresh_batch_size
-        return lambda at: self._fresh.encode(model, collate, at, batch, dim)
-
-    def _encode_fresh(self, rows: torch.Tensor, option: str, *, measure: bool = True) -> float:
-        """Encode ``rows`` with the model as it is now (eval mode, every rank a share), measure how far each
-        moved from the row it replaces (``measure``), write them stamped with the current step and return the
-        seconds it took (``0.0`` for no rows). ``option`` names the table's option in a loader error."""
-        state = self._state
-        if state is None or self.rows is None or self.written_at is None or rows.numel() == 0:
-            return 0.0
-        started = time.perf_counter()
-        indices, embeddings = self._encoder(state, option, self.rows.shape[1])(rows)
-        if measure:
-            self._fresh.measure(self.rows, self.written_at, indices, embeddings)
-        self.write(indices, embeddings, int(state.timestamp.batch))
-        seconds = time.perf_counter() - started
-        self._count_encoded(int(indices.numel()), seconds)
-        return seconds
 
     def _epoch_end(self, state: State, logger: Logger, partial: bool = False) -> None:
         """Log the table's staleness and the sampler's plan counts, and keep them in :attr:`history`; at the
@@ -449,24 +372,6 @@ class EmbeddingTable(Algorithm):
                 f"{unknown}); build {type(self._sampler).__name__} from the training dataset's labels."
             )
         self._sampler.update_class_embeddings(*self.centroids(dense, classes.numel()))
-
-    def _refresh_due(self, state: State) -> bool:
-        epoch = int(state.timestamp.epoch)
-        return self.refresh_every is not None and epoch > 0 and epoch % self.refresh_every == 0
-
-    def _refresh(self, state: State, logger: Logger) -> None:
-        """Re-encode the rows older than ``refresh_max_age`` batches (and those never written), and log it."""
-        if self.rows is None or self.written_at is None:
-            return
-        step = int(state.timestamp.batch)
-        stale = ((self.written_at < 0) | (step - self.written_at > self.refresh_max_age)).nonzero().view(-1)
-        seconds = self._encode_fresh(stale, "refresh_interval", measure=False)
-        logger.log_metrics(
-            {
-                "embedding_table/refresh_seconds": seconds,
-                "embedding_table/refreshed_rows": float(stale.numel()),
-            }
-        )
 
     def state_dict(self) -> dict[str, Any]:
         self.apply_staged()
