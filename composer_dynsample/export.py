@@ -207,7 +207,7 @@ def export_huggingface(
     else:
         towers = [("", encoder)]
     # Every check before the first file is written: a failed export leaves no directory behind.
-    chosen = {name: passage_tokenizer if name == "passage" and passage_tokenizer is not None else tokenizer for name, _ in towers}  # fmt: skip
+    chosen = {name: _tower_tokenizer(name, tokenizer, passage_tokenizer) for name, _ in towers}
     plan = [
         (name, tower, _tokenizer_for(tower, chosen[name], special_tokens, max_length))
         for name, tower in towers
@@ -219,6 +219,13 @@ def export_huggingface(
         _write_config(directory, "TwoTowerEncoder", {})
     _new_file_modes(directory)
     return directory
+
+
+def _tower_tokenizer(name: str, tokenizer: Any, passage_tokenizer: Any) -> Any:
+    """The tokenizer a tower (or route) is written with: ``passage_tokenizer``, when given, for the passage
+    tower (``passage``, or the ``document`` route), else ``tokenizer``."""
+    passage = name in ("passage", "document") and passage_tokenizer is not None
+    return passage_tokenizer if passage else tokenizer
 
 
 def _new_file_modes(directory: Path) -> None:
@@ -399,7 +406,7 @@ def export_sentence_transformers(
     towers = _transformer_towers(encoder)
     library = import_text_extra("sentence_transformers", "export_sentence_transformers")
     modules = sentence_transformers_modules()
-    tokenizers = {route: passage_tokenizer if route == "document" and passage_tokenizer is not None else tokenizer for route, _ in towers}  # fmt: skip
+    tokenizers = {route: _tower_tokenizer(route, tokenizer, passage_tokenizer) for route, _ in towers}
     for route, tower in towers:  # checked before out_dir is created
         _tokenizer_for(tower, tokenizers[route], special_tokens, max_length)
     if len(towers) > 1:
