@@ -29,6 +29,7 @@ Model-aware sampling for metric learning on MosaicML Composer.
       [--prompt TEXT | --prompt-name NAME]]
   composer-dynsample export CONFIG.yaml --checkpoint PATH --out DIR [--format sentence-transformers]
   composer-dynsample mine   CONFIG.yaml [--checkpoint PATH] --out TRIPLETS.jsonl [--negatives N]
+  composer-dynsample convert CONFIG.yaml --to mds OUT [--shard-size 64mb] [--compression zstd]
 
 eval, embed, export and mine also take --run RUN_DIR instead of CONFIG.yaml --checkpoint PATH: the run
 directory's config.yaml and latest checkpoint.
@@ -103,12 +104,15 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"composer-dynsample {_version()}")
-    commands = parser.add_subparsers(dest="command", required=True, metavar="{train,eval,embed,export,mine}")
+    commands = parser.add_subparsers(
+        dest="command", required=True, metavar="{train,eval,embed,export,mine,convert}"
+    )
     _add_train_command(commands)
     _add_eval_command(commands)
     _add_embed_command(commands)
     _add_export_command(commands)
     _add_mine_command(commands)
+    _add_convert_command(commands)
     return parser
 
 
@@ -235,6 +239,29 @@ def _add_mine_command(commands: Any) -> None:
     )
 
 
+def _add_convert_command(commands: Any) -> None:
+    """``convert``: a config's data written as MDS shards (MosaicML Streaming) with their manifest."""
+    convert = commands.add_parser(
+        "convert",
+        help="write a config's data as MosaicML Streaming (MDS) shards, for data: {name: streaming}",
+        description="Load CONFIG's data section as train would (tokenized by its tokenizer, split as it splits) "
+        "and write each split's rows, in order, as MDS shards in OUT with a manifest (row and label counts, "
+        "the per-row arrays the samplers read, hashes). Upload OUT whole; train with "
+        "data={name: streaming, remote: URL_OR_OUT, local: CACHE_DIR}. Needs the streaming extra.",
+    )
+    _add_common(convert)
+    convert.add_argument(
+        "--to", nargs=2, metavar=("FORMAT", "OUT"), required=True, help="mds and the folder to write"
+    )
+    convert.add_argument(
+        "--shard-size", default="64mb", help="the largest shard before compression (default: 64mb)"
+    )
+    convert.add_argument(
+        "--compression", default="zstd", help="zstd (default), zstd:LEVEL, br, gz, snappy or none"
+    )
+    convert.add_argument("--overwrite", action="store_true", help="replace OUT when it exists")
+
+
 def _one_line_errors(*known: type[BaseException]) -> tuple[type[BaseException], ...]:
     """The errors printed as one line. Evaluated only when an error reaches ``except``, so a module not
     loaded yet (the distributed helpers, which import torch) adds its error class only once it is loaded:
@@ -297,6 +324,13 @@ def main(argv: Sequence[str] | None = None) -> None:
 def _run_command(commands: Any, args: argparse.Namespace, overrides: list[str]) -> None:
     """Call the function of :mod:`composer_dynsample.cli.commands` that ``args.command`` names."""
     every_command = {"trust_checkpoint": args.trust_checkpoint}  # the keyword each command takes
+    if args.command == "convert":
+        from composer_dynsample.cli.convert import convert
+
+        fmt, out = args.to
+        convert(args.config, overrides, fmt, Path(out), shard_size=args.shard_size,
+                compression=args.compression, overwrite=args.overwrite)  # fmt: skip
+        return
     if args.command != "train":  # CONFIG [--checkpoint CKPT], or --run RUN_DIR
         from composer_dynsample.cli.run_dir import run_sources
 

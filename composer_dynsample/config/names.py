@@ -50,6 +50,8 @@ DATASETS: dict[str, Registered | Lazy] = {
     "code_search": Lazy(
         "composer_dynsample.data.text.code_search_pairs", "load_code_search", extra={"prompt_names": None}
     ),
+    # MDS shards written by `composer-dynsample convert --to mds` (the streaming extra).
+    "streaming": Lazy("composer_dynsample.data.streaming.load", "load_streaming"),
 }
 _ENCODERS, _TEXT = "composer_dynsample.models.encoders", "composer_dynsample.models.text"
 _TRANSFORMER = "composer_dynsample.models.transformer"

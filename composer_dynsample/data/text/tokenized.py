@@ -54,6 +54,7 @@ __all__ = [
     "TokenStore",
     "TokenStoreWriter",
     "normalise_text",
+    "pad_spans",
     "text_hash",
     "tokenize_texts",
 ]
@@ -268,18 +269,31 @@ class TokenStore:
             >>> ids.tolist(), mask.tolist()
             ([[2, 7, 3, 0]], [[1, 1, 1, 0]])
         """
-        multiple = check_int("pad_to_multiple_of", pad_to_multiple_of, minimum=1, allow_none=True)
         text_ids = np.asarray(text_ids, dtype=np.int64)
         starts = np.asarray(self.offsets[text_ids])
-        lengths = np.asarray(self.offsets[text_ids + 1]) - starts
-        width = int(lengths.max()) if len(lengths) else 0
-        if multiple is not None:
-            width = -(-width // multiple) * multiple
-        positions = np.arange(width, dtype=np.int64)
-        mask = positions[None, :] < lengths[:, None]
-        ids = np.full((len(text_ids), width), pad_id, dtype=np.int64)
-        ids[mask] = self.ids[(starts[:, None] + positions[None, :])[mask]]
-        return ids, mask.astype(np.int64)
+        return pad_spans(
+            self.ids, starts, np.asarray(self.offsets[text_ids + 1]) - starts, pad_id, pad_to_multiple_of
+        )
+
+
+def pad_spans(
+    ids: np.ndarray,
+    starts: np.ndarray,
+    lengths: np.ndarray,
+    pad_id: int,
+    pad_to_multiple_of: int | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Rows ``ids[starts[i]:starts[i] + lengths[i]]`` right-padded to the longest (rounded up to a multiple):
+    ``int64`` ``(B, L)`` ids and attention mask, as :meth:`TokenStore.pad` returns them."""
+    multiple = check_int("pad_to_multiple_of", pad_to_multiple_of, minimum=1, allow_none=True)
+    width = int(lengths.max()) if len(lengths) else 0
+    if multiple is not None:
+        width = -(-width // multiple) * multiple
+    positions = np.arange(width, dtype=np.int64)
+    mask = positions[None, :] < lengths[:, None]
+    padded = np.full((len(starts), width), pad_id, dtype=np.int64)
+    padded[mask] = ids[(starts[:, None] + positions[None, :])[mask]]
+    return padded, mask.astype(np.int64)
 
 
 class TokenStoreWriter:

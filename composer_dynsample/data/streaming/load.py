@@ -1,0 +1,199 @@
+"""``data: {name: streaming, remote: ..., local: ..., cache_limit: ...}``: a converted data set read by index.
+
+:func:`load_streaming` reads the manifest and each split's per-row arrays (labels, queries, text hashes,
+lengths, given negatives), checks them against the manifest's hashes and returns the same
+:class:`~composer_dynsample.data.text.TextSplits` (or :class:`~composer_dynsample.data.DatasetSplits`) the
+file's loader returned, whose stores read their rows from the shards
+(:mod:`~composer_dynsample.data.streaming.shards`). Samplers are built from the manifest alone: no shard is
+downloaded until a batch needs one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from composer_dynsample.data.splits import DatasetSplits, default_cache_dir
+from composer_dynsample.data.streaming.manifest import (
+    MANIFEST,
+    SPLITS,
+    StreamingDataError,
+    fetch,
+    join_remote,
+    read_manifest,
+    read_rows,
+)
+from composer_dynsample.data.streaming.shards import StreamingFeatures, StreamingTokens, open_reader
+from composer_dynsample.validation import check_int
+
+__all__ = ["load_streaming"]
+
+HASHES = ("xxh3_64", "sha1", None)
+
+
+def load_streaming(
+    remote: str,
+    local: str | os.PathLike[str] | None = None,
+    *,
+    cache_limit: int | str | None = None,
+    download_retry: int = 2,
+    download_timeout: float = 60.0,
+    validate_hash: str | None = "xxh3_64",
+    tokenizer: str | os.PathLike[str] | None = None,
+    passage_tokenizer: str | os.PathLike[str] | None = None,
+    max_length: int | None = None,
+) -> DatasetSplits:
+    """The data set ``composer-dynsample convert --to mds`` wrote to ``remote``, its rows read by index.
+
+    Args:
+        remote (str): The converted folder: ``s3://bucket/prefix`` (an S3-compatible store through
+            ``S3_ENDPOINT_URL``), ``gs://``, ``azure://``, ``oci://`` or a local path.
+        local (str | os.PathLike, optional): This node's cache folder; every rank of a node gives the same
+            one. Default: ``~/.cache/composer_dynsample/streaming/<hash of remote>``.
+        cache_limit (int | str, optional): The most bytes of shards the cache holds, e.g. ``"50gb"`` (at
+            least four shards); the coldest shard is evicted first. Default: ``None`` (no limit).
+        download_retry (int): Attempts after the first for each file. Default: ``2``.
+        download_timeout (float): Seconds a file's download may take. Default: ``60``.
+        validate_hash (str, optional): Check each shard on download: ``xxh3_64`` (default), ``sha1`` or
+            ``None``.
+        tokenizer, passage_tokenizer (str | os.PathLike, optional): The tokenizer(s) a run expects (its
+            own, or its model folder's): checked against the ones the shards were tokenized with.
+        max_length (int, optional): The ``max_length`` a run expects, checked the same way.
+
+    Returns:
+        DatasetSplits: :class:`~composer_dynsample.data.text.TextSplits` of texts, or splits of features.
+
+    Raises:
+        StreamingDataError: One line: a file missing, corrupt or not downloadable (naming it and the
+            attempts), or a tokenizer or ``max_length`` other than the shards'.
+    """
+    if not isinstance(remote, str) or not remote:
+        raise StreamingDataError(f"data.remote must be a URL or a folder, got {remote!r}.")
+    check_int("download_retry", download_retry, minimum=0)
+    if validate_hash not in HASHES:
+        raise StreamingDataError(f"validate_hash must be one of {HASHES}, got {validate_hash!r}.")
+    if "://" not in remote:
+        remote = os.path.abspath(os.path.expanduser(remote))
+    folder = Path(local).expanduser() if local is not None else _default_local(remote)
+    folder.mkdir(parents=True, exist_ok=True)
+    options = {"retries": int(download_retry), "timeout": float(download_timeout)}
+    manifest = read_manifest(remote, folder, **options)
+    rows = {split: read_rows(remote, split, manifest["splits"][split], folder, **options) for split in SPLITS}
+    readers = {
+        split: open_reader(
+            remote, split, folder, cache_limit=cache_limit, validate_hash=validate_hash, **options
+        )
+        for split in SPLITS
+    }
+    common = {
+        "num_classes": int(manifest["num_classes"]),
+        "name": manifest["name"],
+        "test_name": manifest["test_name"],
+        "class_names": manifest["class_names"],
+    }
+    if manifest["kind"] == "features":
+        stores = {
+            split: StreamingFeatures(
+                readers[split], rows[split]["labels"], manifest["splits"][split]["feature_shape"],
+                manifest["splits"][split]["feature_dtype"],
+            )
+            for split in SPLITS
+        }  # fmt: skip
+        return DatasetSplits(stores["train"], stores["test"], **common)
+    return _text_splits(
+        remote, folder, manifest, rows, readers, common, options, tokenizer, passage_tokenizer, max_length
+    )
+
+
+def _default_local(remote: str) -> Path:
+    return default_cache_dir() / "streaming" / hashlib.blake2s(remote.encode(), digest_size=8).hexdigest()
+
+
+def _text_splits(
+    remote: str,
+    folder: Path,
+    manifest: dict[str, Any],
+    rows: dict[str, dict[str, np.ndarray]],
+    readers: dict[str, Any],
+    common: dict[str, Any],
+    options: dict[str, Any],
+    tokenizer: Any,
+    passage_tokenizer: Any,
+    max_length: int | None,
+) -> Any:
+    from composer_dynsample.data.text.store import TextInfo, TextSplits, TextStore
+    from composer_dynsample.data.text.tokenizer import load_tokenizer
+
+    info = manifest["info"]
+    path = fetch(remote, "tokenizer.json", folder, **options)
+    _check_tokenizer(remote, "tokenizer", tokenizer, info["tokenizer_sha256"], load_tokenizer)
+    if max_length is not None and int(max_length) != int(info["max_length"]):
+        raise StreamingDataError(
+            f"{join_remote(remote, MANIFEST)}: the texts were tokenized to max_length {info['max_length']}, the "
+            f"run asks for {max_length}; convert again with data.max_length={max_length}, or leave it out."
+        )
+    passage_pad = manifest.get("passage_pad_id")
+    if passage_tokenizer is not None and passage_pad is None:
+        raise StreamingDataError(
+            f"{join_remote(remote, MANIFEST)}: the texts were tokenized by one tokenizer, the run's towers read two; "
+            "convert again from a config with the passage tower's folder."
+        )
+    stores = {}
+    for split in SPLITS:
+        arrays = rows[split]
+        tokens = StreamingTokens(
+            readers[split], arrays["text_hash"], arrays["lengths"],
+            {"max_length": info["max_length"], "num_truncated": info["num_truncated"] if split == "train" else 0},
+        )  # fmt: skip
+        stores[split] = TextStore(
+            tokens,
+            np.arange(len(arrays["row_labels"]), dtype=np.int64),
+            arrays["row_labels"],
+            pad_id=info["pad_id"],
+            vocab_size=info["vocab_size"],
+            num_sampled=int(arrays["num_sampled"]),
+            is_query=arrays["is_query"],
+            negatives=(arrays["negative_offsets"], arrays["negative_rows"]),
+            source_rows=arrays["source_rows"],
+            prompt_lengths=arrays.get("prompt_lengths"),
+            passage_tokens=tokens if passage_pad is not None else None,
+            passage_pad_id=passage_pad,
+        )
+    text_info = TextInfo(
+        tokenizer=info["tokenizer"],
+        tokenizer_path=path,
+        tokenizer_sha256=info["tokenizer_sha256"],
+        vocab_size=info["vocab_size"],
+        pad_id=info["pad_id"],
+        max_length=info["max_length"],
+        split=info["split"],
+        num_truncated=info["num_truncated"],
+        cache_dirs=tuple(folder / split for split in SPLITS),
+        from_cache=(True, True),
+        label_names=None if info["label_names"] is None else tuple(info["label_names"]),
+        num_train_classes=info["num_train_classes"],
+        num_negatives=tuple(info["num_negatives"]),
+        num_missing_negatives=info["num_missing_negatives"],
+        columns=info["columns"],
+        files=info["files"],
+        prompts=info["prompts"],
+    )
+    return TextSplits(
+        stores["train"], stores["test"], info=text_info, test_protocol=manifest["test_protocol"], **common
+    )
+
+
+def _check_tokenizer(remote: str, key: str, expected: Any, sha256: str, load: Any) -> None:
+    """A one-line error when the run's tokenizer is not the one the shards' ids come from."""
+    if expected is None:
+        return
+    found = load(expected)
+    if found.sha256 != sha256:
+        raise StreamingDataError(
+            f"{join_remote(remote, MANIFEST)}: the texts were tokenized by another tokenizer than {expected} "
+            f"(SHA-256 {sha256[:12]}, the run's {found.sha256[:12]}); convert the data again with data.{key}: {expected}."
+        )

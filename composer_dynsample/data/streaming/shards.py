@@ -1,0 +1,239 @@
+"""A split's MDS shards read by index through MosaicML Streaming, behind the stores every sampler and collate use.
+
+:class:`ShardReader` opens one split with ``StreamingDataset`` and reads rows with its random access
+(``get_item``): a row's shard is downloaded into the node's ``local`` cache the first time a batch needs
+it (bounded by ``cache_limit``, the coldest shard evicted first), so a rank downloads only the shards its
+batches touch. The sample order is never ``StreamingDataset``'s: the samplers choose the indices, as
+they do for a file, and ``StreamingDataset`` only serves them.
+
+Two stores wrap it, so the index-only dataset and the gathering collates are the ones of every source:
+
+- :class:`StreamingTokens`, a :class:`~composer_dynsample.data.text.tokenized.TokenStore` whose "texts"
+  are the split's rows (each row's ids by its tower's tokenizer), under a
+  :class:`~composer_dynsample.data.text.TextStore` built from the manifest's per-row arrays;
+- :class:`StreamingFeatures`, a :class:`~composer_dynsample.data.TensorStore` whose ``gather`` reads
+  the rows of a batch.
+
+A shard that cannot be downloaded (missing, the server gone) or fails its hash check is one
+:class:`~composer_dynsample.data.streaming.manifest.StreamingDataError` line naming the shard's remote
+path and the attempts made, and the shard is marked remote again, so no other reader waits on it.
+DataLoader workers (``num_workers > 0``) collate the next batches while the current step runs: that is
+what overlaps a shard's download with training.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from composer_dynsample.data.store import TensorStore
+from composer_dynsample.data.streaming.manifest import StreamingDataError, join_remote
+from composer_dynsample.data.text.tokenized import TokenStore, pad_spans
+
+__all__ = ["ShardReader", "StreamingFeatures", "StreamingTokens", "close_readers"]
+
+_OPEN: dict[str, ShardReader] = {}  # local split folder -> its reader: StreamingDataset allows one per folder
+_LOCK = threading.Lock()
+
+
+class ShardReader:
+    """One split's shards through ``StreamingDataset``'s random access; picklable (DataLoader workers).
+
+    Args:
+        remote (str): The converted folder (``s3://bucket/prefix``, any remote Streaming reads, or a path).
+        split (str): ``"train"`` or ``"test"``.
+        local (Path): The node's cache folder for the data set (the split's shards go in ``local/split``).
+        cache_limit (int | str, optional): The most bytes of shards the cache holds (``"50gb"``).
+        retries (int): Download attempts after the first. timeout (float): Seconds a download may take.
+        validate_hash (str, optional): Check each downloaded shard against its hash in ``index.json``.
+    """
+
+    def __init__(
+        self,
+        remote: str,
+        split: str,
+        local: Path,
+        *,
+        cache_limit: int | str | None,
+        retries: int,
+        timeout: float,
+        validate_hash: str | None,
+    ) -> None:
+        from streaming import StreamingDataset
+
+        self.remote, self.split, self.retries = remote, split, retries
+        try:
+            self.dataset = StreamingDataset(
+                remote=join_remote(remote, split),
+                local=str(local / split),
+                cache_limit=cache_limit,
+                download_retry=retries,
+                download_timeout=timeout,
+                validate_hash=validate_hash,
+                batch_size=1,
+            )
+        except ValueError as error:  # cache_limit too small for the shards, a bad option
+            raise StreamingDataError(
+                f"{join_remote(remote, split)}: {str(error).strip().splitlines()[0]}"
+            ) from None
+        self.num_rows = self.dataset.num_samples
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({join_remote(self.remote, self.split)!r}, num_rows={self.num_rows})"
+
+    def shard_ids(self, rows: np.ndarray) -> np.ndarray:
+        """The shard each of ``rows`` lives in."""
+        return np.asarray([self.dataset.spanner[int(row)][0] for row in rows], dtype=np.int64)
+
+    def column(self, rows: np.ndarray, name: str) -> list[bytes]:
+        """Column ``name`` of ``rows``, downloading the shards they live in when the cache lacks them."""
+        try:
+            return [self.dataset.get_item(int(row))[name] for row in rows]
+        except Exception as error:  # botocore, OSError, ValueError (hash), RuntimeError: one line each
+            raise self._failure(rows, error) from None
+
+    def _failure(self, rows: np.ndarray, error: BaseException) -> StreamingDataError:
+        """The one-line error of a failed read; the shards that were being prepared are marked remote."""
+        from streaming.base.dataset import _ShardState
+
+        cause = error.__context__ if isinstance(error, RuntimeError) and error.__context__ else error
+        shards = sorted(set(self.shard_ids(rows).tolist()))
+        for shard in shards:  # a failed download leaves its shard "preparing": every later reader would wait
+            if self.dataset._shard_states[shard] == _ShardState.PREPARING:
+                self.dataset._shard_states[shard] = _ShardState.REMOTE
+        text = str(cause).strip().splitlines()[0] if str(cause).strip() else type(cause).__name__
+        shard = next((s for s in shards if self._basename(s) in text), shards[0])
+        where = join_remote(self.remote, self.split, self._basename(shard))
+        if text.startswith("Checksum failure"):
+            return StreamingDataError(
+                f"{where}: its {self.dataset.streams[0].validate_hash} hash is not the one index.json records; "
+                "the shard is corrupt (upload it again from the converted folder)."
+            )
+        return StreamingDataError(
+            f"{where}: could not download it from {self.remote} after {self.retries + 1} attempts "
+            f"({type(cause).__name__}: {text})."
+        )
+
+    def _basename(self, shard: int) -> str:
+        raw, zipped = self.dataset.shards[shard].file_pairs[0]
+        return (zipped or raw).basename
+
+
+def open_reader(remote: str, split: str, local: Path, **options: Any) -> ShardReader:
+    """The reader of ``remote``'s ``split`` cached in ``local``: one per folder and process, reused."""
+    key = os.path.abspath(local / split)
+    with _LOCK:
+        reader = _OPEN.get(key)
+        if reader is not None and reader.remote != remote:
+            raise StreamingDataError(
+                f"{local}: this process already caches {reader.remote} there; give {remote} another local folder."
+            )
+        if reader is None:
+            reader = _OPEN[key] = ShardReader(remote, split, local, **options)
+        return reader
+
+
+def close_readers() -> None:
+    """Forget this process's readers (their ``StreamingDataset``\\ s free their shared memory when collected)."""
+    with _LOCK:
+        _OPEN.clear()
+
+
+class StreamingTokens(TokenStore):
+    """A split's rows as a :class:`TokenStore`: text ``i`` is row ``i``, read from its shard when padded.
+
+    Args:
+        reader (ShardReader): The split's shards.
+        text_hash (np.ndarray): ``(R,)`` each row's text hash (the manifest's).
+        lengths (np.ndarray): ``(R,)`` each row's token count (the manifest's).
+        meta (dict): ``max_length`` and ``num_truncated`` of the converted data.
+    """
+
+    def __init__(
+        self, reader: ShardReader, text_hash: np.ndarray, lengths: np.ndarray, meta: dict[str, Any]
+    ) -> None:
+        self.reader, self.directory, self.from_cache = reader, Path(reader.dataset.streams[0].local), True
+        self.text_hash = np.asarray(text_hash, np.int64)
+        self._lengths = np.asarray(lengths, np.int64)
+        if len(self.text_hash) != reader.num_rows or len(self._lengths) != reader.num_rows:
+            raise StreamingDataError(
+                f"{reader!r}: the manifest lists {len(self.text_hash)} rows, the shards hold {reader.num_rows}."
+            )
+        self.meta = {**meta, "num_texts": reader.num_rows, "num_tokens": int(self._lengths.sum())}
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.reader!r})"
+
+    def __getstate__(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+
+    def __len__(self) -> int:
+        return len(self.text_hash)
+
+    def lengths(self) -> np.ndarray:
+        """``int64`` ``(R,)``: each row's number of tokens (from the manifest: no shard is read)."""
+        return self._lengths
+
+    def row(self, text_id: int) -> np.ndarray:
+        """The token ids of one row."""
+        return np.frombuffer(self.reader.column(np.asarray([text_id]), "input_ids")[0], dtype="<u4")
+
+    def pad(
+        self, text_ids: np.ndarray, pad_id: int, pad_to_multiple_of: int | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """As :meth:`TokenStore.pad`, the rows read from their shards."""
+        text_ids = np.asarray(text_ids, dtype=np.int64)
+        rows = [np.frombuffer(ids, dtype="<u4") for ids in self.reader.column(text_ids, "input_ids")]
+        lengths = np.asarray([len(row) for row in rows], dtype=np.int64)
+        starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64) if len(rows) else lengths
+        ids = np.concatenate(rows) if rows else np.zeros(0, np.uint32)
+        return pad_spans(ids, starts, lengths, pad_id, pad_to_multiple_of)
+
+
+class StreamingFeatures(TensorStore):
+    """A split of features whose rows are read from their shards by :meth:`gather`.
+
+    ``features`` (all rows at once, as an evaluation embeds a whole split) reads every shard once and keeps
+    the tensor.
+
+    Args:
+        reader (ShardReader): The split's shards.
+        labels (np.ndarray): ``(N,)`` the labels (the manifest's).
+        feature_shape (tuple[int, ...]): One row's shape. dtype (str): Its numpy dtype.
+    """
+
+    def __init__(
+        self, reader: ShardReader, labels: np.ndarray, feature_shape: tuple[int, ...], dtype: str
+    ) -> None:
+        self.reader, self.shape, self.dtype = reader, tuple(int(n) for n in feature_shape), np.dtype(dtype)
+        self.labels = torch.from_numpy(np.asarray(labels, np.int64).copy())
+        self._all: torch.Tensor | None = None
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.reader!r}, feature_shape={self.shape}, dtype={self.dtype})"
+
+    @property
+    def feature_shape(self) -> tuple[int, ...]:
+        """The shape of one item's features."""
+        return self.shape
+
+    @property
+    def features(self) -> torch.Tensor:  # type: ignore[override]
+        """Every row's features, read once."""
+        if self._all is None:
+            self._all = self.gather(torch.arange(len(self)))
+        return self._all
+
+    def gather(self, index: torch.Tensor) -> torch.Tensor:
+        """``features[index]``, the rows read from their shards."""
+        rows = self.reader.column(np.asarray(index, dtype=np.int64), "features")
+        array = np.stack([np.frombuffer(row, dtype=self.dtype).reshape(self.shape) for row in rows])
+        return torch.from_numpy(array)

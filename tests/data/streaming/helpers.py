@@ -1,0 +1,40 @@
+"""Data sets converted to MDS shards for the streaming tests, and the comparison of two splits' batches."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from composer_dynsample.data import GatherCollate, TextCollate
+from composer_dynsample.data.text.pairs import load_pairs
+from tests.data.text.helpers import pair_rows, write_jsonl
+
+
+def pairs_splits(folder: Path, count: int = 120, **options: object):
+    """Pairs with given negatives (train) and a separate test file, loaded as ``data: {name: pairs}`` loads them."""
+    folder.mkdir(parents=True, exist_ok=True)
+    write_jsonl(folder / "train.jsonl", pair_rows(count, seed=0, negatives=True))
+    write_jsonl(folder / "test.jsonl", pair_rows(24, seed=1))
+    options = {"cache_dir": folder / "cache", "max_length": 24, "vocab_size": 200, **options}
+    return load_pairs(folder / "train.jsonl", test_path=folder / "test.jsonl", **options)
+
+
+def assert_same_batches(file_store, streamed_store, batches: list[list[int]]) -> None:
+    """Every batch collated from the streamed split equals the file's, tensor for tensor."""
+    text = hasattr(file_store, "text_ids")
+    for rows in batches:
+        collate = TextCollate if text else GatherCollate
+        want, got = collate(file_store)(rows), collate(streamed_store)(rows)
+        assert want.keys() == got.keys()
+        for key, value in want.items():
+            pairs = value.items() if isinstance(value, dict) else [(key, value)]
+            for name, tensor in pairs:
+                other = got[key][name] if isinstance(value, dict) else got[key]
+                assert tensor.dtype == other.dtype and torch.equal(tensor, other), (key, name)
+
+
+def some_batches(size: int, count: int = 6, seed: int = 0) -> list[list[int]]:
+    rng = np.random.default_rng(seed)
+    return [rng.permutation(size)[: min(size, 11)].tolist() for _ in range(count)]
