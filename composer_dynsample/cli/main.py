@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["main"]
+__all__ = ["main", "one_line_message"]
 
 DESCRIPTION = """\
 Model-aware sampling for metric learning on MosaicML Composer.
@@ -270,7 +270,21 @@ def _one_line_errors(*known: type[BaseException]) -> tuple[type[BaseException], 
     distributed = sys.modules.get("composer_dynsample.distributed")
     if distributed is not None:
         classes.append(distributed.RankMismatchError)  # ranks built different samplers: every rank says so
+    streaming = sys.modules.get("composer_dynsample.data.streaming.manifest")
+    if streaming is not None:
+        classes.append(streaming.StreamingDataError)  # a shard missing, corrupt or not downloadable
     return tuple(classes)
+
+
+def one_line_message(error: BaseException) -> str:
+    """The one line of an error: an error raised in a DataLoader worker arrives with the worker's traceback in
+    its message (``Caught ... Original Traceback ...``), whose last line is the error's own."""
+    text = str(error).strip()
+    if "Original Traceback" not in text:
+        return text
+    last = text.splitlines()[-1]
+    prefix = f"{type(error).__name__}: "
+    return last.split(prefix, 1)[1] if prefix in last else last
 
 
 def one_line_warning(
@@ -306,7 +320,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     except _one_line_errors(
         ConfigError, CheckpointError, commands.RunDirError, commands.OutputError
     ) as error:
-        print(f"composer-dynsample {args.command}: error: {error}", file=sys.stderr)
+        print(f"composer-dynsample {args.command}: error: {one_line_message(error)}", file=sys.stderr)
         raise SystemExit(2) from None
     except commands.Interrupted as stop:
         print(f"composer-dynsample {args.command}: {stop}", file=sys.stderr)

@@ -1,7 +1,8 @@
 """A split's MDS shards read by index through MosaicML Streaming, behind the stores every sampler and collate use.
 
 :class:`ShardReader` opens one split with ``StreamingDataset`` and reads rows with its random access
-(``get_item``): a row's shard is downloaded into the node's ``local`` cache the first time a batch needs
+(``prepare_shard``, then the rows read at their offsets as ``get_item`` reads them, one open per shard and
+batch): a row's shard is downloaded into the node's ``local`` cache the first time a batch needs
 it (bounded by ``cache_limit``, the coldest shard evicted first), so a rank downloads only the shards its
 batches touch. The sample order is never ``StreamingDataset``'s: the samplers choose the indices, as
 they do for a file, and ``StreamingDataset`` only serves them.
@@ -25,6 +26,8 @@ from __future__ import annotations
 
 import os
 import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -82,20 +85,72 @@ class ShardReader:
                 f"{join_remote(remote, split)}: {str(error).strip().splitlines()[0]}"
             ) from None
         self.num_rows = self.dataset.num_samples
+        self._starts = np.concatenate([[0], np.cumsum(self.dataset.samples_per_shard)]).astype(np.int64)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({join_remote(self.remote, self.split)!r}, num_rows={self.num_rows})"
 
     def shard_ids(self, rows: np.ndarray) -> np.ndarray:
         """The shard each of ``rows`` lives in."""
-        return np.asarray([self.dataset.spanner[int(row)][0] for row in rows], dtype=np.int64)
+        return np.searchsorted(self._starts, np.asarray(rows, dtype=np.int64), side="right") - 1
 
     def column(self, rows: np.ndarray, name: str) -> list[bytes]:
-        """Column ``name`` of ``rows``, downloading the shards they live in when the cache lacks them."""
+        """Column ``name`` of ``rows``, downloading the shards they live in when the cache lacks them.
+
+        Rows are read shard by shard: a shard missing from the cache is prepared once (downloaded, the
+        shards of one call in parallel, and decompressed) through ``StreamingDataset.prepare_shard``, then
+        opened once and its rows read at their offsets, as ``StreamingDataset.get_item`` reads one row.
+        """
+        rows = np.asarray(rows, dtype=np.int64)
+        shards = self.shard_ids(rows)
         try:
-            return [self.dataset.get_item(int(row))[name] for row in rows]
+            self._prepare([int(shard) for shard in np.unique(shards) if not self._raw(int(shard)).is_file()])
+            found: list[Any] = [None] * len(rows)
+            for shard in np.unique(shards).tolist():
+                at = np.flatnonzero(shards == shard)
+                for position, data in zip(at.tolist(), self._read(shard, rows[at] - self._starts[shard])):
+                    found[position] = self.dataset.shards[shard].decode_sample(data)[name]
+            return found
         except Exception as error:  # botocore, OSError, ValueError (hash), RuntimeError: one line each
             raise self._failure(rows, error) from None
+
+    def _raw(self, shard: int) -> Path:
+        stream = self.dataset.streams[0]
+        return Path(stream.local, stream.split or "", self.dataset.shards[shard].file_pairs[0][0].basename)
+
+    def _prepare(self, shards: list[int]) -> None:
+        """Download (and decompress) ``shards``, several at once: a cold batch touches many."""
+        if len(shards) <= 1:
+            for shard in shards:
+                self.dataset.prepare_shard(shard)
+            return
+        with ThreadPoolExecutor(max_workers=min(8, len(shards))) as pool:
+            for done in [pool.submit(self.dataset.prepare_shard, shard) for shard in shards]:
+                done.result()
+
+    def _read(self, shard: int, offsets: np.ndarray) -> list[bytes]:
+        """The raw samples ``offsets`` of a local shard: one open, one read of the offsets' span and one read
+        a row (MDS: a uint32 count, then the uint32 byte offsets of its samples). A shard evicted meanwhile is
+        prepared again."""
+        for attempt in range(3):
+            try:
+                fd = os.open(self._raw(shard), os.O_RDONLY)
+                break
+            except FileNotFoundError:
+                if attempt == 2:
+                    raise
+                self.dataset.prepare_shard(shard)
+        try:
+            low, high = int(offsets.min()), int(offsets.max())
+            bounds = np.frombuffer(os.pread(fd, 4 * (high - low + 2), 4 * (1 + low)), np.uint32).astype(
+                np.int64
+            )
+            begins, ends = bounds[offsets - low].tolist(), bounds[offsets - low + 1].tolist()
+            found = [os.pread(fd, end - begin, begin) for begin, end in zip(begins, ends)]
+        finally:
+            os.close(fd)
+        self.dataset._shard_access_times[shard] = time.time_ns()  # the cache evicts the coldest shard first
+        return found
 
     def _failure(self, rows: np.ndarray, error: BaseException) -> StreamingDataError:
         """The one-line error of a failed read; the shards that were being prepared are marked remote."""
@@ -139,7 +194,7 @@ def open_reader(remote: str, split: str, local: Path, **options: Any) -> ShardRe
 
 
 def close_readers() -> None:
-    """Forget this process's readers (their ``StreamingDataset``\\ s free their shared memory when collected)."""
+    """Forget this process's readers, so a folder can be opened again (Streaming frees their shared memory at exit)."""
     with _LOCK:
         _OPEN.clear()
 
