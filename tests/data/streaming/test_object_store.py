@@ -57,7 +57,9 @@ def test_rows_over_s3_are_the_file_rows_and_only_touched_shards_download(store, 
     _, client, splits, remote = store
     streamed = load_streaming(remote, tmp_path / "local")
     assert not list((tmp_path / "local").rglob("shard.*"))  # manifest and rows only
-    batch = list(PKBatchSampler(streamed.train.labels, classes_per_batch=4, samples_per_class=2, seed=0))[0]
+    batch = next(
+        iter(PKBatchSampler(streamed.train.labels, classes_per_batch=4, samples_per_class=2, seed=0))
+    )
     assert_same_batches(splits.train, streamed.train, [batch])
     rows = TextCollate(streamed.train)(batch)["index"].numpy()
     touched = set(streamed.train.tokens.reader.shard_ids(rows).tolist())
