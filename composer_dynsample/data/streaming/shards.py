@@ -1,8 +1,8 @@
 """A split's MDS shards read by index through MosaicML Streaming, behind the stores every sampler and collate use.
 
 :class:`ShardReader` opens one split with ``StreamingDataset`` and reads rows with its random access
-(``prepare_shard``, then the rows read at their offsets as ``get_item`` reads them, one open per shard and
-batch): a row's shard is downloaded into the node's ``local`` cache the first time a batch needs
+(``prepare_shard``, then the rows sliced at their offsets from the shard's memory-mapped file, as ``get_item``
+reads them from the file): a row's shard is downloaded into the node's ``local`` cache the first time a batch needs
 it (bounded by ``cache_limit``, the coldest shard evicted first), so a rank downloads only the shards its
 batches touch. The sample order is never ``StreamingDataset``'s: the samplers choose the indices, as
 they do for a file, and ``StreamingDataset`` only serves them.
@@ -24,9 +24,11 @@ what overlaps a shard's download with training.
 
 from __future__ import annotations
 
+import mmap
 import os
 import threading
 import time
+from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -42,6 +44,7 @@ __all__ = ["ShardReader", "StreamingFeatures", "StreamingTokens", "close_readers
 
 _OPEN: dict[str, ShardReader] = {}  # local split folder -> its reader: StreamingDataset allows one per folder
 _LOCK = threading.Lock()
+_MAPPED = 4  # shard files kept mapped per reader and process
 
 
 class ShardReader:
@@ -99,7 +102,7 @@ class ShardReader:
 
         Rows are read shard by shard: a shard missing from the cache is prepared once (downloaded, the
         shards of one call in parallel, and decompressed) through ``StreamingDataset.prepare_shard``, then
-        opened once and its rows read at their offsets, as ``StreamingDataset.get_item`` reads one row.
+        its rows are sliced from the memory-mapped file at their offsets (:meth:`_read`).
         """
         rows = np.asarray(rows, dtype=np.int64)
         shards = self.shard_ids(rows)
@@ -108,8 +111,9 @@ class ShardReader:
             found: list[Any] = [None] * len(rows)
             for shard in np.unique(shards).tolist():
                 at = np.flatnonzero(shards == shard)
+                take = _column_taker(self.dataset.shards[shard], name)
                 for position, data in zip(at.tolist(), self._read(shard, rows[at] - self._starts[shard])):
-                    found[position] = self.dataset.shards[shard].decode_sample(data)[name]
+                    found[position] = take(data)
             return found
         except Exception as error:  # botocore, OSError, ValueError (hash), RuntimeError: one line each
             raise self._failure(rows, error) from None
@@ -129,28 +133,41 @@ class ShardReader:
                 done.result()
 
     def _read(self, shard: int, offsets: np.ndarray) -> list[bytes]:
-        """The raw samples ``offsets`` of a local shard: one open, one read of the offsets' span and one read
-        a row (MDS: a uint32 count, then the uint32 byte offsets of its samples). A shard evicted meanwhile is
-        prepared again."""
+        """The raw samples ``offsets`` of a local shard, sliced from its memory map (MDS: a uint32 count, then
+        the uint32 byte offsets of its samples, then the samples). A shard evicted meanwhile is prepared again."""
+        data = self._map(shard)
+        low, high = int(offsets.min()), int(offsets.max())
+        bounds = np.frombuffer(data, np.uint32, count=high - low + 2, offset=4 * (1 + low)).astype(np.int64)
+        begins, ends = bounds[offsets - low].tolist(), bounds[offsets - low + 1].tolist()
+        self.dataset._shard_access_times[shard] = time.time_ns()  # the cache evicts the coldest shard first
+        return [data[begin:end] for begin, end in zip(begins, ends)]
+
+    def _map(self, shard: int) -> mmap.mmap:
+        """The shard's file mapped read-only; the last few are kept open while their file is the cached one
+        (an evicted and downloaded again shard is a new file, mapped anew)."""
+        path = self._raw(shard)
         for attempt in range(3):
             try:
-                fd = os.open(self._raw(shard), os.O_RDONLY)
+                inode = os.stat(path).st_ino
                 break
             except FileNotFoundError:
                 if attempt == 2:
                     raise
                 self.dataset.prepare_shard(shard)
-        try:
-            low, high = int(offsets.min()), int(offsets.max())
-            bounds = np.frombuffer(os.pread(fd, 4 * (high - low + 2), 4 * (1 + low)), np.uint32).astype(
-                np.int64
-            )
-            begins, ends = bounds[offsets - low].tolist(), bounds[offsets - low + 1].tolist()
-            found = [os.pread(fd, end - begin, begin) for begin, end in zip(begins, ends)]
-        finally:
-            os.close(fd)
-        self.dataset._shard_access_times[shard] = time.time_ns()  # the cache evicts the coldest shard first
-        return found
+        maps = self.__dict__.setdefault("_maps", OrderedDict())
+        kept = maps.get(shard)
+        if kept is not None and kept[0] == inode:
+            maps.move_to_end(shard)
+            return kept[1]
+        with open(path, "rb") as handle:
+            mapped = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
+        maps[shard] = (inode, mapped)
+        while len(maps) > _MAPPED:  # an evicted shard's disk space is freed once its map is closed
+            maps.popitem(last=False)[1][1].close()
+        return mapped
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {key: value for key, value in self.__dict__.items() if key != "_maps"}  # maps stay in-process
 
     def _failure(self, rows: np.ndarray, error: BaseException) -> StreamingDataError:
         """The one-line error of a failed read; the shards that were being prepared are marked remote."""
@@ -177,6 +194,32 @@ class ShardReader:
     def _basename(self, shard: int) -> str:
         raw, zipped = self.dataset.shards[shard].file_pairs[0]
         return (zipped or raw).basename
+
+
+def _column_taker(shard: Any, name: str) -> Any:
+    """A function from an MDS sample's bytes to column ``name``'s value. A ``bytes`` column is sliced out of
+    the sample as it is (MDS: a uint32 size per variable-size column, then the columns' bytes in order);
+    another is decoded with the rest of the sample."""
+    encodings = dict(zip(shard.column_names, shard.column_encodings))
+    if encodings.get(name) != "bytes":
+        return lambda data: shard.decode_sample(data)[name]
+    sizes = list(zip(shard.column_names, shard.column_sizes))
+    variable = sum(1 for _, size in sizes if not size)
+    if sizes[0] == (name, None):  # the first column, of variable size (input_ids, features): its size leads
+        start = 4 * variable
+        return lambda data: data[start : start + int.from_bytes(data[:4], "little")]
+
+    def take(data: bytes) -> bytes:
+        heads = iter(np.frombuffer(data, np.uint32, count=variable).tolist())
+        position = 4 * variable
+        for column, size in sizes:
+            size = size or next(heads)
+            if column == name:
+                return data[position : position + size]
+            position += size
+        raise KeyError(name)
+
+    return take
 
 
 def open_reader(remote: str, split: str, local: Path, **options: Any) -> ShardReader:
@@ -245,12 +288,12 @@ class StreamingTokens(TokenStore):
         self, text_ids: np.ndarray, pad_id: int, pad_to_multiple_of: int | None = None
     ) -> tuple[np.ndarray, np.ndarray]:
         """As :meth:`TokenStore.pad`, the rows read from their shards."""
-        text_ids = np.asarray(text_ids, dtype=np.int64)
-        rows = [np.frombuffer(ids, dtype="<u4") for ids in self.reader.column(text_ids, "input_ids")]
-        lengths = np.asarray([len(row) for row in rows], dtype=np.int64)
-        starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64) if len(rows) else lengths
-        ids = np.concatenate(rows) if rows else np.zeros(0, np.uint32)
-        return pad_spans(ids, starts, lengths, pad_id, pad_to_multiple_of)
+        blobs = self.reader.column(np.asarray(text_ids, dtype=np.int64), "input_ids")
+        lengths = np.fromiter(map(len, blobs), dtype=np.int64, count=len(blobs)) // 4
+        starts = np.cumsum(lengths) - lengths
+        return pad_spans(
+            np.frombuffer(b"".join(blobs), dtype="<u4"), starts, lengths, pad_id, pad_to_multiple_of
+        )
 
 
 class StreamingFeatures(TensorStore):
