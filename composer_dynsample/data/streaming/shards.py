@@ -44,7 +44,7 @@ __all__ = ["ShardReader", "StreamingFeatures", "StreamingTokens", "close_readers
 
 _OPEN: dict[str, ShardReader] = {}  # local split folder -> its reader: StreamingDataset allows one per folder
 _LOCK = threading.Lock()
-_MAPPED = 4  # shard files kept mapped per reader and process
+_MAPPED = 64  # shard files kept mapped per reader and process (address space; a batch touches many)
 
 
 class ShardReader:
@@ -107,7 +107,9 @@ class ShardReader:
         rows = np.asarray(rows, dtype=np.int64)
         shards = self.shard_ids(rows)
         try:
-            self._prepare([int(shard) for shard in np.unique(shards) if not self._raw(int(shard)).is_file()])
+            self._prepare(
+                [int(shard) for shard in np.unique(shards) if not os.path.isfile(self._raw(int(shard)))]
+            )
             found: list[Any] = [None] * len(rows)
             for shard in np.unique(shards).tolist():
                 at = np.flatnonzero(shards == shard)
@@ -118,9 +120,16 @@ class ShardReader:
         except Exception as error:  # botocore, OSError, ValueError (hash), RuntimeError: one line each
             raise self._failure(rows, error) from None
 
-    def _raw(self, shard: int) -> Path:
-        stream = self.dataset.streams[0]
-        return Path(stream.local, stream.split or "", self.dataset.shards[shard].file_pairs[0][0].basename)
+    def _raw(self, shard: int) -> str:
+        """Where the shard's decompressed file is in the cache."""
+        paths = self.__dict__.get("_paths")
+        if paths is None:
+            stream = self.dataset.streams[0]
+            folder = os.path.join(stream.local, stream.split or "")
+            paths = self._paths = [
+                os.path.join(folder, s.file_pairs[0][0].basename) for s in self.dataset.shards
+            ]
+        return paths[shard]
 
     def _prepare(self, shards: list[int]) -> None:
         """Download (and decompress) ``shards``, several at once: a cold batch touches many."""
@@ -143,8 +152,8 @@ class ShardReader:
         return [data[begin:end] for begin, end in zip(begins, ends)]
 
     def _map(self, shard: int) -> mmap.mmap:
-        """The shard's file mapped read-only; the last few are kept open while their file is the cached one
-        (an evicted and downloaded again shard is a new file, mapped anew)."""
+        """The shard's file mapped read-only; the last 64 are kept open while their file is the cached one (an
+        evicted and downloaded again shard is a new file, mapped anew; the maps of evicted files are closed)."""
         path = self._raw(shard)
         for attempt in range(3):
             try:
@@ -161,9 +170,15 @@ class ShardReader:
             return kept[1]
         with open(path, "rb") as handle:
             mapped = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
+        if kept is not None:
+            kept[1].close()
         maps[shard] = (inode, mapped)
-        while len(maps) > _MAPPED:  # an evicted shard's disk space is freed once its map is closed
+        while len(maps) > _MAPPED:
             maps.popitem(last=False)[1][1].close()
+        self._maps_opened = self.__dict__.get("_maps_opened", 0) + 1
+        if self._maps_opened % _MAPPED == 0:  # an evicted shard's disk space is freed once its map is closed
+            for gone in [s for s, (ino, _) in maps.items() if not _same_file(self._raw(s), ino)]:
+                maps.pop(gone)[1].close()
         return mapped
 
     def __getstate__(self) -> dict[str, Any]:
@@ -194,6 +209,13 @@ class ShardReader:
     def _basename(self, shard: int) -> str:
         raw, zipped = self.dataset.shards[shard].file_pairs[0]
         return (zipped or raw).basename
+
+
+def _same_file(path: str, inode: int) -> bool:
+    try:
+        return os.stat(path).st_ino == inode
+    except FileNotFoundError:
+        return False
 
 
 def _column_taker(shard: Any, name: str) -> Any:
