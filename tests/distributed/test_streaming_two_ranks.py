@@ -51,8 +51,9 @@ def _weights(run_dir: Path) -> dict:
     return torch.load(latest_checkpoint(run_dir), weights_only=False)["state"]["model"]
 
 
-def _resume_on_one_rank(config: dict, run_dir: Path) -> None:
-    """``train`` of ``config`` in a fresh process that is rank 0 of 1 (how a checkpoint moves to 1 rank here)."""
+def _on_one_rank(config: dict, run_dir: Path) -> None:
+    """``train`` of ``config`` in a fresh process that is rank 0 of 1 (how a checkpoint moves between world sizes
+    here)."""
     one_rank = {"WORLD_SIZE": "1", "RANK": "0", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1", "NODE_RANK": "0"}
     env = {**os.environ, **one_rank, "MASTER_PORT": str(_free_port())}
     code = "import json, sys; from composer_dynsample.cli.commands import train; train(json.loads(sys.argv[1]), run_dir=sys.argv[2])"
@@ -65,7 +66,7 @@ def _resume_on_one_rank(config: dict, run_dir: Path) -> None:
         raise RuntimeError(done.stderr[-3000:])
 
 
-def test_shards_train_as_the_file_on_two_ranks_and_resume_on_one_as_the_file_does():
+def test_shards_train_as_the_file_on_two_ranks_and_resume_across_world_sizes_as_the_file_does():
     folder = shared_tmp_dir(prefix="dynsample-streaming-")
     if dist.get_global_rank() == 0:
         convert_to_mds(pairs_splits(folder, count=96), folder / "mds", shard_size="4kb")
@@ -101,10 +102,28 @@ def test_shards_train_as_the_file_on_two_ranks_and_resume_on_one_as_the_file_doe
     dist.broadcast_object_list(box, src=0)
     assert box[0] == "same", box[0]
 
+    box = [None]  # the reverse: 1 rank to batch 17 (mid-epoch 1 of 12 batches), then 2 ranks
+    if dist.get_global_rank() == 0:
+        try:
+            for name, data in (("file", file_data), ("shards", shards)):
+                _on_one_rank(_config(data, max_duration="17ba", save_interval="17ba"), folder / f"{name}-one")
+            box = ["ok"]
+        except Exception as error:
+            box = [f"the 1-rank run failed: {error!r}"]
+    dist.broadcast_object_list(box, src=0)
+    assert box[0] == "ok", box[0]
+    for name, data in (("file", file_data), ("shards", shards)):
+        resumed = train(
+            _config(data, load_path=latest_checkpoint(folder / f"{name}-one")), run_dir=folder / f"{name}-two"
+        )
+        assert resumed["world_size"] == 2
+    want, got = _weights(folder / "file-two"), _weights(folder / "shards-two")
+    assert all(torch.equal(want[name], value) for name, value in got.items()), "1-to-2 resumes differ"
+
 
 def _resumed_on_one_rank(folder: Path, file_data: dict, shards: dict) -> str:
     for name, data in (("file", file_data), ("shards", shards)):
-        _resume_on_one_rank(
+        _on_one_rank(
             _config(data, load_path=latest_checkpoint(folder / f"{name}-stopped")), folder / f"{name}-resumed"
         )
     want, got = _weights(folder / "file-resumed"), _weights(folder / "shards-resumed")
