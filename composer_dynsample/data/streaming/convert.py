@@ -30,9 +30,9 @@ from composer_dynsample.data.streaming.manifest import (
     SPLITS,
     VERSION,
     manifest_digest,
-    sha256_file,
     write_json,
 )
+from composer_dynsample.file_hash import file_sha256
 from composer_dynsample.validation import check_int
 
 __all__ = ["COMPRESSIONS", "convert_to_mds"]
@@ -132,8 +132,8 @@ def convert_to_mds(
             "labels": len(values),
             "rows_per_label": [int(counts.min()), int(counts.max())] if len(counts) else [0, 0],
             "shards": len(list(folder.glob("shard.*"))),
-            "rows_sha256": sha256_file(folder / "rows.npz"),
-            "index_sha256": sha256_file(folder / "index.json"),
+            "rows_sha256": file_sha256(folder / "rows.npz"),
+            "index_sha256": file_sha256(folder / "index.json"),
         }
         if not text:
             body["splits"][name]["feature_shape"] = list(store.feature_shape)

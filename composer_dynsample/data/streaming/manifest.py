@@ -29,6 +29,8 @@ from typing import Any
 
 import numpy as np
 
+from composer_dynsample.file_hash import file_sha256
+
 __all__ = [
     "FORMAT",
     "MANIFEST",
@@ -39,7 +41,6 @@ __all__ = [
     "manifest_digest",
     "read_manifest",
     "read_rows",
-    "sha256_file",
     "write_json",
 ]
 
@@ -58,15 +59,6 @@ def join_remote(remote: str, *parts: str) -> str:
     if "://" in remote:
         return "/".join([remote.rstrip("/"), *parts])
     return str(Path(remote, *parts))
-
-
-def sha256_file(path: Path) -> str:
-    """The SHA-256 of a file's bytes."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def write_json(path: Path, body: dict[str, Any]) -> None:
@@ -156,7 +148,7 @@ def read_rows(
     """
     for name, key in (("rows.npz", "rows_sha256"), ("index.json", "index_sha256")):
         path = fetch(remote, f"{split}/{name}", local, retries=retries, timeout=timeout)
-        if sha256_file(path) != entry[key]:
+        if file_sha256(path) != entry[key]:
             raise StreamingDataError(
                 f"{join_remote(remote, split, name)}: its SHA-256 is not the manifest's; the folder was "
                 "changed after convert wrote it (convert again, or upload the whole folder)."

@@ -50,6 +50,7 @@ from pathlib import Path
 from typing import Any
 
 from composer_dynsample.data.splits import default_cache_dir
+from composer_dynsample.file_hash import file_sha256
 
 __all__ = ["CodeSearchCorpus", "build_code_search", "extract_pairs", "pinned_distributions"]
 
@@ -242,10 +243,6 @@ def _split_groups(sizes: dict[str, int], test_fraction: float, seed: int) -> lis
     return sorted(test)
 
 
-def _sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
 def _write_jsonl(path: Path, rows: Iterable[dict[str, str]]) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     with tmp.open("w", encoding="utf-8") as handle:
@@ -381,7 +378,7 @@ def _write_corpus(
             "test": sum(sizes[group] for group in test_groups),
         },
         "groups": {"train": len(sizes) - len(test_groups), "test": sorted(test_groups)},
-        "sha256": {"train.jsonl": _sha256(train_path), "test.jsonl": _sha256(test_path)},
+        "sha256": {"train.jsonl": file_sha256(train_path), "test.jsonl": file_sha256(test_path)},
     }
     tmp = folder / f".manifest.{os.getpid()}.tmp"
     tmp.write_text(json.dumps(manifest, indent=1) + "\n")
@@ -394,7 +391,10 @@ def _read_back(folder: Path) -> CodeSearchCorpus | None:
     try:
         manifest = json.loads((folder / "manifest.json").read_text())
         train_path, test_path = folder / "train.jsonl", folder / "test.jsonl"
-        if manifest["sha256"] != {"train.jsonl": _sha256(train_path), "test.jsonl": _sha256(test_path)}:
+        if manifest["sha256"] != {
+            "train.jsonl": file_sha256(train_path),
+            "test.jsonl": file_sha256(test_path),
+        }:
             return None
     except (OSError, ValueError, KeyError, TypeError):
         return None
