@@ -11,6 +11,7 @@ from composer_dynsample import EmbeddingModel, PKBatchSampler, build_dataloader
 from composer_dynsample.algorithms.embedding_table import EmbeddingTable
 from composer_dynsample.data import GatherCollate, IndexDataset, TensorStore
 from composer_dynsample.distributed import all_gather_rows, broadcast_buffers, unwrap_model
+from tests.distributed._helpers import shared_tmp_dir
 
 pytestmark = [pytest.mark.world_size(2), pytest.mark.filterwarnings("ignore::UserWarning")]
 
@@ -92,3 +93,25 @@ def test_the_refresh_embeds_with_rank_0s_batchnorm_statistics():
     _fit(model, store, PKBatchSampler(store.labels, 4, 4, seed=3), table, "2ep", callbacks=[probe])
     rows, expected = probe.seen
     assert torch.allclose(rows, expected, atol=1e-6)
+
+
+def test_a_node_file_table_is_one_copy_both_ranks_see_and_trains_as_in_memory():
+    dist.initialize_dist("cpu")
+    folder = shared_tmp_dir(prefix="dynsample-node-table-")
+    gen = torch.Generator().manual_seed(0)
+    store = TensorStore(torch.randn(96, 8, generator=gen), torch.arange(96) % 8)
+    tables = {}
+    for name, options in (("memory", {}), ("node", {"storage_dir": str(folder / "table")})):
+        torch.manual_seed(0)
+        model = EmbeddingModel(torch.nn.Linear(8, 4))
+        tables[name] = EmbeddingTable(refresh_interval="1ep", **options)
+        _fit(model, store, PKBatchSampler(store.labels, 4, 4, seed=3), tables[name], "2ep")
+    memory, node = tables["memory"], tables["node"]
+    assert torch.equal(node.rows, memory.rows) and node.fingerprint() == memory.fingerprint()
+    names = dist.all_gather_object(node.rows.untyped_storage().filename)
+    assert names[0] == names[1] and names[0] is not None  # one file (unlinked since) for the node's ranks
+    dist.barrier()
+    if dist.get_global_rank() == 1:
+        node.rows[0] = 7.0  # written by rank 1 only ...
+    dist.barrier()
+    assert bool((node.rows[0] == 7.0).all())  # ... and seen by rank 0: one copy of the table per node

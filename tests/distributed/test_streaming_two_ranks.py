@@ -21,8 +21,8 @@ pytest.importorskip("streaming")
 
 from composer_dynsample.cli.commands import train
 from composer_dynsample.data.streaming import convert_to_mds
-from tests.cli.helpers import BAG, latest_checkpoint, pairs_data
-from tests.data.streaming.helpers import pairs_splits
+from tests.cli.helpers import latest_checkpoint, pairs_data
+from tests.data.streaming.helpers import mined_pairs_config, pairs_splits, run_weights, timeless
 from tests.distributed._helpers import shared_tmp_dir
 from tests.distributed.elastic_run import _free_port
 
@@ -30,25 +30,7 @@ pytestmark = [pytest.mark.world_size(2), pytest.mark.filterwarnings("ignore::Use
 
 
 def _config(data, **trainer):
-    return {
-        "data": data,
-        "model": {"encoder": BAG, "loss": {"name": "info_nce"}},
-        "sampler": {"name": "mined_negatives", "pairs_per_batch": 8, "negatives_per_anchor": 1},
-        "algorithms": {"embedding_table": {"warm_start": True}},  # its warm start gathers every rank's share
-        "optimizer": {"name": "adamw", "lr": 0.01},
-        "dataloader": {"num_workers": 1},
-        "trainer": {"max_duration": "2ep", "progress_bar": False, **trainer},
-    }
-
-
-def _timeless(value):
-    if isinstance(value, dict):
-        return {k: _timeless(v) for k, v in value.items() if "second" not in k and "time" not in k}
-    return [_timeless(v) for v in value] if isinstance(value, list) else value
-
-
-def _weights(run_dir: Path) -> dict:
-    return torch.load(latest_checkpoint(run_dir), weights_only=False)["state"]["model"]
+    return mined_pairs_config(data, pairs_per_batch=8, workers=1, **trainer)
 
 
 def _on_one_rank(config: dict, run_dir: Path) -> None:
@@ -82,10 +64,8 @@ def test_shards_train_as_the_file_on_two_ranks_and_resume_across_world_sizes_as_
     on_shards = train(_config(shards), run_dir=folder / "shards")
     assert on_file["world_size"] == 2 and on_file["batches"] == 12
     for key in ("batches", "mrr", "recall_at_1", "embedding_table", "eval_history"):
-        assert _timeless(on_file[key]) == _timeless(on_shards[key]), key
-    every_rank = dist.all_gather_object(
-        _timeless({key: on_shards[key] for key in ("mrr", "embedding_table")})
-    )
+        assert timeless(on_file[key]) == timeless(on_shards[key]), key
+    every_rank = dist.all_gather_object(timeless({key: on_shards[key] for key in ("mrr", "embedding_table")}))
     assert every_rank[0] == every_rank[1]
 
     for name, data in (
@@ -117,7 +97,7 @@ def test_shards_train_as_the_file_on_two_ranks_and_resume_across_world_sizes_as_
             _config(data, load_path=latest_checkpoint(folder / f"{name}-one")), run_dir=folder / f"{name}-two"
         )
         assert resumed["world_size"] == 2
-    want, got = _weights(folder / "file-two"), _weights(folder / "shards-two")
+    want, got = run_weights(folder / "file-two"), run_weights(folder / "shards-two")
     assert all(torch.equal(want[name], value) for name, value in got.items()), "1-to-2 resumes differ"
 
 
@@ -126,7 +106,7 @@ def _resumed_on_one_rank(folder: Path, file_data: dict, shards: dict) -> str:
         _on_one_rank(
             _config(data, load_path=latest_checkpoint(folder / f"{name}-stopped")), folder / f"{name}-resumed"
         )
-    want, got = _weights(folder / "file-resumed"), _weights(folder / "shards-resumed")
+    want, got = run_weights(folder / "file-resumed"), run_weights(folder / "shards-resumed")
     metrics = [json.loads((folder / f"{n}-resumed" / "metrics.json").read_text()) for n in ("file", "shards")]
     if not all(torch.equal(want[name], value) for name, value in got.items()):
         return "the 2-to-1 resume on the shards ended with other weights than on the file"

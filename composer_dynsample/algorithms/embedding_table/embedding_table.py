@@ -13,6 +13,7 @@ the first epoch on; both log what they cost.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import torch
@@ -30,6 +31,7 @@ from composer_dynsample.algorithms.embedding_table._training_set import (
 from composer_dynsample.algorithms.embedding_table.encodings import TableEncodings
 from composer_dynsample.algorithms.embedding_table.fresh_rows import FreshRows
 from composer_dynsample.algorithms.embedding_table.list_drift import ListDrift
+from composer_dynsample.algorithms.embedding_table.node_rows import node_shared_rows
 from composer_dynsample.algorithms.embedding_table.rows import (
     StagedWrites,
     class_centroids,
@@ -120,6 +122,10 @@ class EmbeddingTable(TableEncodings, Algorithm):
             every anchor is ranked by the current model; ``"all"``: every row. Default: ``False``.
         list_drift (bool): A diagnostic: at each snapshot, how its candidate lists overlap the current model's
             (:mod:`~composer_dynsample.algorithms.embedding_table.list_drift`), in the epoch's record. Default: ``False``.
+        storage_dir (str, optional): Hold the rows in one memory-mapped file per node in this folder, shared by
+            the node's ranks (:mod:`~composer_dynsample.algorithms.embedding_table.node_rows`): one copy of the
+            table per node instead of one per rank, the same rows and run. A table on the CPU only.
+            Default: ``None`` (each rank's memory).
 
     Raises:
         ValueError: If an option is out of its range or of the wrong type.
@@ -148,6 +154,7 @@ class EmbeddingTable(TableEncodings, Algorithm):
         fresh_rows_per_step: int = 0,
         fresh_upcoming: bool | str = False,
         list_drift: bool = False,
+        storage_dir: str | None = None,
     ) -> None:
         self.num_items = check_int("num_items", num_items, minimum=1, allow_none=True)
         self._size_given = self.num_items is not None  # else read off the dataset at FIT_START
@@ -156,6 +163,13 @@ class EmbeddingTable(TableEncodings, Algorithm):
             raise ValueError(f"index_key must be a non-empty string, got {index_key!r}.")
         self.index_key = index_key
         self.device = torch.device(device)
+        if storage_dir is not None and (
+            not isinstance(storage_dir, (str, os.PathLike)) or self.device.type != "cpu"
+        ):
+            raise ValueError(
+                f"storage_dir must be a folder for a table on the cpu, got {storage_dir!r} on {device!r}."
+            )
+        self.storage_dir = storage_dir
         self.refresh_every = None
         if refresh_interval is not None:
             from composer.core import TimeUnit
@@ -192,7 +206,11 @@ class EmbeddingTable(TableEncodings, Algorithm):
             raise RuntimeError(
                 "EmbeddingTable: num_items is unknown; pass it or use a train dataloader with a dataset."
             )
-        self.rows = torch.zeros(self.num_items, dim, dtype=self.dtype, device=self.device)
+        shape = (self.num_items, dim)
+        if self.storage_dir is not None:
+            self.rows = node_shared_rows(shape, self.dtype, self.storage_dir)
+        else:
+            self.rows = torch.zeros(shape, dtype=self.dtype, device=self.device)
         self.written_at = torch.full((self.num_items,), -1, dtype=torch.int64, device=self.device)
 
     def write(self, indices: torch.Tensor, embeddings: torch.Tensor, step: int) -> None:
@@ -394,6 +412,8 @@ class EmbeddingTable(TableEncodings, Algorithm):
             raise size_mismatch(rows.shape[0], self.num_items)
         self.num_items = state.get("num_items", self.num_items)
         self.rows = None if rows is None else rows.to(device=self.device, dtype=self.dtype)
+        if rows is not None and self.storage_dir is not None:  # every rank loads it: the node's file again
+            self.rows = node_shared_rows(tuple(rows.shape), self.dtype, self.storage_dir).copy_(self.rows)
         written = state.get("written_at")
         self.written_at = None if written is None else written.to(self.device)
         self._saved_sampler_state = state.get("sampler")

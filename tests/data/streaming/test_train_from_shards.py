@@ -6,61 +6,45 @@ from __future__ import annotations
 
 import pytest
 import torch
+import yaml
 
 pytest.importorskip("streaming")
 
 from composer_dynsample.cli.commands import train
 from composer_dynsample.cli.main import main
-from tests.cli.helpers import BAG, latest_checkpoint, pairs_data
+from tests.cli.helpers import latest_checkpoint, pairs_data
+from tests.data.streaming.helpers import mined_pairs_config, run_weights, timeless
 from tests.data.text.helpers import pair_rows, write_jsonl
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
 
-def _config(folder, data, **trainer):
-    return {
-        "data": data,
-        "model": {"encoder": BAG, "loss": {"name": "info_nce"}},
-        "sampler": {"name": "mined_negatives", "pairs_per_batch": 16, "negatives_per_anchor": 1},
-        "algorithms": {"embedding_table": {"warm_start": True}},
-        "optimizer": {"name": "adamw", "lr": 0.01},
-        "dataloader": {"num_workers": 2},
-        "trainer": {"max_duration": "2ep", "progress_bar": False, **trainer},
-    }
-
-
-def _timeless(value):
-    if isinstance(value, dict):
-        return {k: _timeless(v) for k, v in value.items() if "second" not in k and "time" not in k}
-    return [_timeless(v) for v in value] if isinstance(value, list) else value
-
-
-def _weights(run_dir):
-    return torch.load(latest_checkpoint(run_dir), weights_only=False)["state"]["model"]
+def _config(data, **trainer):
+    return mined_pairs_config(data, pairs_per_batch=16, workers=2, **trainer)
 
 
 def test_training_on_shards_is_training_on_the_file_and_resumes_exactly(tmp_path, capsys):
     write_jsonl(tmp_path / "train.jsonl", pair_rows(200, seed=0, negatives=True))
     write_jsonl(tmp_path / "test.jsonl", pair_rows(40, seed=1))
-    file_config = _config(tmp_path, pairs_data(tmp_path))
-    (tmp_path / "c.yaml").write_text(__import__("yaml").safe_dump(file_config))
+    file_config = _config(pairs_data(tmp_path))
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(file_config))
     main(["convert", str(tmp_path / "c.yaml"), "--to", "mds", str(tmp_path / "mds"), "--shard-size", "8kb"])
     out = capsys.readouterr()
     assert "wrote 600 training and 80 test rows" in out.out and "convert: train: 600/600 rows" in out.err
     streaming = {"name": "streaming", "remote": str(tmp_path / "mds"), "local": str(tmp_path / "cache")}
 
     on_file = train(file_config, run_dir=tmp_path / "file")
-    on_shards = train(_config(tmp_path, streaming), run_dir=tmp_path / "shards")
+    on_shards = train(_config(streaming), run_dir=tmp_path / "shards")
     assert on_file["batches"] == 24
     for key in ("batches", "mrr", "recall_at_1", "ndcg_at_10", "embedding_table", "eval_history"):
-        assert _timeless(on_file[key]) == _timeless(on_shards[key]), key
-    want = _weights(tmp_path / "file")
-    assert all(torch.equal(want[name], value) for name, value in _weights(tmp_path / "shards").items())
+        assert timeless(on_file[key]) == timeless(on_shards[key]), key
+    want = run_weights(tmp_path / "file")
+    assert all(torch.equal(want[name], value) for name, value in run_weights(tmp_path / "shards").items())
 
     stopped = tmp_path / "stopped"
-    train(_config(tmp_path, streaming, max_duration="17ba", save_interval="17ba"), run_dir=stopped)
+    train(_config(streaming, max_duration="17ba", save_interval="17ba"), run_dir=stopped)
     resumed = train(
-        _config(tmp_path, streaming, load_path=latest_checkpoint(stopped)), run_dir=tmp_path / "resumed"
+        _config(streaming, load_path=latest_checkpoint(stopped)), run_dir=tmp_path / "resumed"
     )  # mid-epoch (12 batches an epoch): the rest of epoch 1 replays as the uninterrupted run drew it
     assert resumed["batches"] == 24 and resumed["mrr"] == on_file["mrr"]
-    assert all(torch.equal(want[name], value) for name, value in _weights(tmp_path / "resumed").items())
+    assert all(torch.equal(want[name], value) for name, value in run_weights(tmp_path / "resumed").items())
