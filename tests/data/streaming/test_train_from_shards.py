@@ -1,6 +1,6 @@
 """``composer-dynsample train`` on shards (``data: {name: streaming}``) against the same config on the file: the
 same batches, loss, table, metrics and weights, to the bit; and a run stopped mid-epoch and resumed on the
-shards ends where the uninterrupted run on the file ends."""
+shards (begun on the shards, or on the file) ends where the uninterrupted run on the file ends."""
 
 from __future__ import annotations
 
@@ -48,3 +48,10 @@ def test_training_on_shards_is_training_on_the_file_and_resumes_exactly(tmp_path
     )  # mid-epoch (12 batches an epoch): the rest of epoch 1 replays as the uninterrupted run drew it
     assert resumed["batches"] == 24 and resumed["mrr"] == on_file["mrr"]
     assert all(torch.equal(want[name], value) for name, value in run_weights(tmp_path / "resumed").items())
+
+    # A run begun on the file continues on its shards (the data's identity is its rows, not where they live).
+    train(
+        _config(pairs_data(tmp_path), max_duration="17ba", save_interval="17ba"), run_dir=tmp_path / "on-file"
+    )
+    train(_config(streaming, load_path=latest_checkpoint(tmp_path / "on-file")), run_dir=tmp_path / "moved")
+    assert all(torch.equal(want[name], value) for name, value in run_weights(tmp_path / "moved").items())
