@@ -62,6 +62,7 @@ bench: $(TEST_STAMP)
 	$(PY) benchmarks/quality_glyphs.py --group sampling_glyphs
 	$(PY) benchmarks/quality_glyphs.py --group contrastive_glyphs
 	$(PY) benchmarks/text_loader.py
+	$(PY) benchmarks/streaming.py
 	$(PY) benchmarks/quality_code.py
 	$(PY) benchmarks/quality_mined.py --jobs 2
 	$(PY) benchmarks/table_costs.py

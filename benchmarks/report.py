@@ -41,6 +41,11 @@ HEADLINES = [
     ("quality_code", "best dense recipe's CodeSearchNet MRR / BM25's, unseen packages", ">= 1 (moonshot)"),
     ("text_loader", "code-search training step / DataLoader batch (0 workers, 256 x 2 rows)", ">= 10"),
     (
+        "streaming",
+        "s per step, pairs from warm-cache MDS shards / from the file, 0 DataLoader workers",
+        "<= 1.05",
+    ),
+    (
         "corpus_negatives",
         "one whole refresh of mined corpus negatives at 1M pairs x 128, 2 threads / 60 s",
         "<= 1 (recall >= 0.9)",
