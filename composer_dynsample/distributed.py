@@ -22,8 +22,11 @@ __all__ = [
     "all_reduce_sum",
     "barrier",
     "broadcast_buffers",
+    "broadcast_object",
     "check_ranks_agree",
     "gather_host_ints",
+    "gather_objects",
+    "get_local_rank",
     "get_rank",
     "get_world_size",
     "is_distributed",
@@ -50,6 +53,12 @@ def get_world_size() -> int:
 def get_rank() -> int:
     """This process's global rank: the default process group's, else the launcher's ``RANK``, else ``0``."""
     return torch_dist.get_rank() if is_distributed() else _env_int("RANK", 0)
+
+
+def get_local_rank() -> int:
+    """This process's rank on its machine: the launcher's ``LOCAL_RANK`` (``composer -n`` and ``torchrun`` set
+    it), else ``0``."""
+    return _env_int("LOCAL_RANK", 0)
 
 
 def barrier() -> None:
@@ -332,7 +341,7 @@ def check_ranks_agree(
     )
     failed = [rank for rank, row in enumerate(table) if row[-1]]
     if failed:
-        errors = _gather_objects(local_error)
+        errors = gather_objects(local_error)
         raise error(f"{subject}: rank {failed[0]} cannot go on: {errors[failed[0]]}")
     ranks = [rank for rank, row in enumerate(table) if row != table[0]]
     if not ranks:
@@ -342,7 +351,7 @@ def check_ranks_agree(
     numbers = [i for i in differing if _is_integer(values[names[i]])]
     shown = [(names[i], {r: str(table[r][i]) for r in [0, *ranks]}) for i in numbers]
     if details is not None:
-        found = _gather_objects({key: repr(value) for key, value in details().items()})
+        found = gather_objects({key: repr(value) for key, value in details().items()})
         shown += [item for item in _differences(found, [0, *ranks]) if item[0] not in names]
     if not shown:  # no number or detail says more: show the hashes that differ
         hashed = [i for i in differing if i not in numbers]
@@ -362,11 +371,22 @@ def _is_integer(value: object) -> bool:
     return isinstance(value, (int, np.integer)) and not isinstance(value, bool) and _code(value) == value
 
 
-def _gather_objects(value: object) -> list[object]:
-    """Every rank's picklable ``value``, in rank order (for the rare second round of a failed check)."""
+def gather_objects(value: object) -> list[object]:
+    """Every rank's picklable ``value``, in rank order; ``[value]`` without a process group."""
+    if not is_distributed() or get_world_size() == 1:
+        return [value]
     gathered: list[object] = [None] * get_world_size()
     torch_dist.all_gather_object(gathered, value)
     return gathered
+
+
+def broadcast_object(value: object, src: int = 0) -> object:
+    """Rank ``src``'s picklable ``value`` on every rank; ``value`` without a process group."""
+    if not is_distributed() or get_world_size() == 1:
+        return value
+    box = [value]
+    torch_dist.broadcast_object_list(box, src=src)
+    return box[0]
 
 
 def _differences(found: list[object], ranks: list[int]) -> list[tuple[str, dict[int, str]]]:

@@ -19,10 +19,13 @@ from __future__ import annotations
 import math
 import os
 import shutil
+import socket
 import uuid
 from pathlib import Path
 
 import torch
+
+from composer_dynsample.distributed import barrier, broadcast_object, gather_objects, get_local_rank, get_rank
 
 __all__ = ["node_shared_rows"]
 
@@ -37,17 +40,13 @@ def node_shared_rows(
     Raises:
         ValueError: If ``folder`` cannot be created or written, or lacks the space for the table.
     """
-    from composer.utils import dist
-
     folder = Path(folder).expanduser()
     numel = math.prod(shape)
     nbytes = numel * torch.empty(0, dtype=dtype).element_size()
-    tag = [uuid.uuid4().hex if dist.get_global_rank() == 0 else ""]
-    if dist.get_world_size() > 1:
-        dist.broadcast_object_list(tag, src=0)
-    path = folder / f"embedding-table-{tag[0]}-node{dist.get_node_rank()}.bin"
+    tag = broadcast_object(uuid.uuid4().hex if get_rank() == 0 else "")
+    path = folder / f"embedding-table-{tag}-{socket.gethostname()}.bin"  # a folder on a shared disk too
     failure = ""
-    if dist.get_local_rank() == 0:
+    if get_local_rank() == 0:
         try:
             folder.mkdir(parents=True, exist_ok=True)
             free = shutil.disk_usage(folder).free
@@ -60,14 +59,13 @@ def node_shared_rows(
                     handle.truncate(nbytes)  # sparse: zeros that take no disk until written
         except OSError as error:
             failure = f"{folder}: {error.strerror or error}"
-    failures = dist.all_gather_object(failure) if dist.get_world_size() > 1 else [failure]
-    failed = next((text for text in failures if text), "")
+    failed = next((str(text) for text in gather_objects(failure) if text), "")
     if failed:  # every rank raises, none waits for the others
         raise ValueError(
             f"EmbeddingTable: storage_dir: {failed}; give storage_dir a folder with room for it."
         )
     rows = torch.from_file(str(path), shared=True, size=numel, dtype=dtype).view(shape)
-    dist.barrier()  # every rank has mapped it: the file can go, the mapping stays
-    if dist.get_local_rank() == 0:
+    barrier()  # every rank has mapped it: the file can go, the mapping stays
+    if get_local_rank() == 0:
         path.unlink(missing_ok=True)
     return rows
