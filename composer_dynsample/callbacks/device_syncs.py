@@ -2,7 +2,8 @@
 
 On a GPU the host queues kernels ahead of the device; an operation whose result's *size* or *value* the
 host needs (``torch.nonzero``, a boolean-mask index, ``torch.unique``, ``repeat_interleave`` without
-``output_size``, ``.item()``, ``torch.equal``, a copy to the host) waits until the queue has drained, and the
+``output_size``, ``.item()``, ``torch.equal``, a copy to the host), or that copies a value from the host
+first (a Python scalar written by indexing, ``t[rows, cols] = 0.5``: write ``t.new_full(rows.shape, 0.5)``) waits until the queue has drained, and the
 step then runs at the host's pace. ``torch.cuda.set_sync_debug_mode`` reports those syncs, but only on
 CUDA; :class:`SyncOpCounter` recognises the same operations as they are dispatched on any device, so a
 test on the CPU can count the syncs a training step would make on a GPU and name their lines.
@@ -67,7 +68,11 @@ def syncs_on_cuda(func: Any, args: tuple, kwargs: dict) -> bool:
         return True
     if name in _MASK_INDEXING:
         indices = args[1] if len(args) > 1 else kwargs.get("indices", ())
-        return any(
+        values = args[2] if len(args) > 2 else kwargs.get("values")
+        # A Python scalar written by indexing (``t[rows, cols] = 0.5``) arrives as a 0-dim host tensor, which
+        # CUDA copies from the host before the write (measured: benchmarks/_sync_probe.py)
+        scalar = isinstance(values, torch.Tensor) and values.ndim == 0 and values.device.type == "cpu"
+        return scalar or any(
             isinstance(index, torch.Tensor) and index.dtype in (torch.bool, torch.uint8)
             for index in indices or ()
         )

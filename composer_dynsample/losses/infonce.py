@@ -264,12 +264,12 @@ def info_nce_masks(
         negative = different
     else:
         anchors, positives, negative_anchors, negative_rows = _split_tuple(indices_tuple)
-        positive = torch.zeros_like(different)
-        positive[anchors, positives] = True
+        positive = torch.zeros_like(different)  # values made on the device: no copy of a host scalar
+        positive.index_put_((anchors, positives), positive.new_ones(anchors.shape))
         negative = different
         if negatives == "mined":
             negative = torch.zeros_like(different)
-            negative[negative_anchors, negative_rows] = True
+            negative.index_put_((negative_anchors, negative_rows), negative.new_ones(negative_anchors.shape))
     ids = _pool_duplicate_ids(labels, ref_labels, duplicate_ids, ref_duplicate_ids)
     if ids is None:
         return positive, negative

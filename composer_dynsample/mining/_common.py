@@ -265,10 +265,12 @@ class LabelIndex:
     ) -> None:
         """Overwrite, in place, the entries of chunk ``mat`` that are not negatives (positives, self)."""
         rows, slots = pos_valid.nonzero(as_tuple=True)
-        mat[rows, pos_idx[rows, slots]] = value
+        # index_put_ with values made on the device: a Python scalar assigned by indexing is copied from the
+        # host, a wait on CUDA
+        mat.index_put_((rows, pos_idx[rows, slots]), mat.new_full(rows.shape, value))
         if self.self_offset is not None:
             rows = torch.arange(mat.shape[0], device=mat.device)
-            mat[rows, rows + start + self.self_offset] = value
+            mat.index_put_((rows, rows + start + self.self_offset), mat.new_full(rows.shape, value))
 
 
 def cat_indices(

@@ -82,3 +82,34 @@ def test_disarmed_it_counts_nothing(armed):
         counter.armed = armed
         torch.arange(3).nonzero()
     assert counter.total() == int(armed)
+
+
+def test_a_python_scalar_written_by_indexing_counts_and_values_made_on_the_device_do_not():
+    # On an H200 (benchmarks/_sync_probe.py) ``t[rows, cols] = 0.5`` made 2 syncs and ``= True`` 1: the scalar
+    # is copied from the host; ``index_put_`` of ``t.new_full(rows.shape, 0.5)`` made none.
+    values, flags, rows = torch.zeros(4, 4), torch.zeros(4, 4, dtype=torch.bool), torch.arange(3)
+    with SyncOpCounter() as counter:
+        values[rows, rows] = 0.5
+        flags[rows, rows] = True
+    assert _ops(counter) == ["index_put_", "index_put_"]
+    with SyncOpCounter() as counter:
+        values.index_put_((rows, rows), values.new_full(rows.shape, 0.5))
+        flags.index_put_((rows, rows), flags.new_ones(rows.shape))
+        values[rows, rows]  # a read by integer index: no wait
+    assert _ops(counter) == []
+
+
+@pytest.mark.parametrize("miner", ["batch_hard", "hard_topk"])
+def test_the_masks_of_mining_and_infonce_copy_no_scalar_from_the_host(miner):
+    from composer_dynsample.losses import InfoNCELoss
+    from composer_dynsample.mining.registry import build_miner
+
+    generator = torch.Generator().manual_seed(0)
+    embeddings = torch.nn.functional.normalize(torch.randn(32, 8, generator=generator), dim=1)
+    labels = torch.arange(32) // 2
+    with SyncOpCounter() as counter:
+        tuples = build_miner(miner)(embeddings, labels)
+        InfoNCELoss(0.1, negatives="mined")(embeddings, labels, tuples)
+    ours = {op for (origin, _, op) in counter.sites if origin == "composer_dynsample"}
+    assert "nonzero" in ours  # the mined tuples' variable sizes
+    assert "index_put_" not in ours, ours  # the masks' writes take values made on the device, no host scalar
