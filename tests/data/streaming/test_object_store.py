@@ -104,17 +104,24 @@ def test_a_corrupt_shard_fails_its_hash_check_in_one_line(store, tmp_path):
 def test_the_server_gone_mid_epoch_ends_the_loader_in_one_line(store, tmp_path):
     server, _, _, remote = store
     streamed = load_streaming(remote, tmp_path / "local", download_retry=1, download_timeout=5)
-    sampler = PKBatchSampler(streamed.train.labels, classes_per_batch=4, samples_per_class=2, seed=0)
-    loader = DataLoader(
-        IndexDataset(streamed.train.labels), batch_sampler=sampler, collate_fn=TextCollate(streamed.train),
-        num_workers=2,
+    store_ = streamed.train
+    shards = store_.tokens.reader.shard_ids(np.arange(len(store_)))
+    later = np.flatnonzero(shards == shards[-1])[:4].tolist()  # sampled rows of the last shard
+    assert shards[-1] != shards[0]
+    store_.pad(np.asarray([0, 1]))  # the epoch's first batch's shard is in the cache ...
+    server.stop()  # ... and then the server goes, before the workers start on the rest
+    batches = iter(
+        DataLoader(
+            IndexDataset(store_.labels), batch_sampler=[[0, 1], later],
+            collate_fn=TextCollate(store_, negatives=False), num_workers=2,
+        )
     )  # fmt: skip
-    batches = iter(loader)
-    next(batches)
-    server.stop()
+    next(batches)  # from the cache
     with pytest.raises(StreamingDataError) as caught:
-        for _ in batches:  # some batch soon needs a shard no worker has yet
-            pass
+        next(batches)
     line = one_line_message(caught.value)
-    assert line.startswith(f"s3://{BUCKET}/{PREFIX}/train/shard.") and "\n" not in line
+    assert (
+        line.startswith(f"s3://{BUCKET}/{PREFIX}/train/shard.{shards[-1]:05d}.mds.zstd: ")
+        and "\n" not in line
+    )
     assert f"could not download it from s3://{BUCKET}/{PREFIX} after 2 attempts" in line
