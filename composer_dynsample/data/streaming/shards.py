@@ -89,6 +89,10 @@ class ShardReader:
             ) from None
         self.num_rows = self.dataset.num_samples
         self._starts = np.concatenate([[0], np.cumsum(self.dataset.samples_per_shard)]).astype(np.int64)
+        stream = self.dataset.streams[0]
+        folder = os.path.join(stream.local, stream.split or "")
+        #: Where each shard's decompressed file is in the cache.
+        self._paths = [os.path.join(folder, shard.file_pairs[0][0].basename) for shard in self.dataset.shards]
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({join_remote(self.remote, self.split)!r}, num_rows={self.num_rows})"
@@ -106,30 +110,18 @@ class ShardReader:
         """
         rows = np.asarray(rows, dtype=np.int64)
         shards = self.shard_ids(rows)
+        touched = np.unique(shards).tolist()
+        take = _column_taker(self.dataset.shards[0], name)  # one writer: every shard has the same columns
         try:
-            self._prepare(
-                [int(shard) for shard in np.unique(shards) if not os.path.isfile(self._raw(int(shard)))]
-            )
+            self._prepare([shard for shard in touched if not os.path.isfile(self._paths[shard])])
             found: list[Any] = [None] * len(rows)
-            for shard in np.unique(shards).tolist():
+            for shard in touched:
                 at = np.flatnonzero(shards == shard)
-                take = _column_taker(self.dataset.shards[shard], name)
                 for position, data in zip(at.tolist(), self._read(shard, rows[at] - self._starts[shard])):
                     found[position] = take(data)
             return found
         except Exception as error:  # botocore, OSError, ValueError (hash), RuntimeError: one line each
             raise self._failure(rows, error) from None
-
-    def _raw(self, shard: int) -> str:
-        """Where the shard's decompressed file is in the cache."""
-        paths = self.__dict__.get("_paths")
-        if paths is None:
-            stream = self.dataset.streams[0]
-            folder = os.path.join(stream.local, stream.split or "")
-            paths = self._paths = [
-                os.path.join(folder, s.file_pairs[0][0].basename) for s in self.dataset.shards
-            ]
-        return paths[shard]
 
     def _prepare(self, shards: list[int]) -> None:
         """Download (and decompress) ``shards``, several at once: a cold batch touches many."""
@@ -154,7 +146,7 @@ class ShardReader:
     def _map(self, shard: int) -> mmap.mmap:
         """The shard's file mapped read-only; the last 64 are kept open while their file is the cached one (an
         evicted and downloaded again shard is a new file, mapped anew; the maps of evicted files are closed)."""
-        path = self._raw(shard)
+        path = self._paths[shard]
         for attempt in range(3):
             try:
                 inode = os.stat(path).st_ino
@@ -177,7 +169,7 @@ class ShardReader:
             maps.popitem(last=False)[1][1].close()
         self._maps_opened = self.__dict__.get("_maps_opened", 0) + 1
         if self._maps_opened % _MAPPED == 0:  # an evicted shard's disk space is freed once its map is closed
-            for gone in [s for s, (ino, _) in maps.items() if not _same_file(self._raw(s), ino)]:
+            for gone in [s for s, (ino, _) in maps.items() if not _same_file(self._paths[s], ino)]:
                 maps.pop(gone)[1].close()
         return mapped
 
