@@ -15,6 +15,7 @@ memory-mapped token store chunk by chunk into ``MDSWriter``, so the corpus is ne
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 from collections.abc import Callable
@@ -26,6 +27,7 @@ import numpy as np
 from composer_dynsample.data.splits import DatasetSplits
 from composer_dynsample.data.streaming.manifest import (
     FORMAT,
+    LOCAL_INFO,
     MANIFEST,
     SPLITS,
     VERSION,
@@ -35,9 +37,10 @@ from composer_dynsample.data.streaming.manifest import (
 from composer_dynsample.file_hash import file_sha256
 from composer_dynsample.validation import check_int
 
-__all__ = ["COMPRESSIONS", "convert_to_mds"]
+__all__ = ["CODECS", "convert_to_mds"]
 
-COMPRESSIONS = ("zstd", "zstd:7", "br", "gz", "snappy", None)
+#: The compressions a shard may take (``zstd`` also as ``zstd:LEVEL``).
+CODECS = ("zstd", "br", "gz", "snappy")
 _CHUNK = 4096  # rows read from the token store at once
 TEXT_COLUMNS = {"input_ids": "bytes", "label": "int64", "text_hash": "int64", "is_query": "int8"}
 FEATURE_COLUMNS = {"features": "bytes", "label": "int64"}
@@ -74,9 +77,9 @@ def convert_to_mds(
     from streaming import MDSWriter
     from streaming.base.util import bytes_to_int
 
-    if compression is not None and (not isinstance(compression, str) or compression.split(":")[0] not in {
-        "zstd", "br", "gz", "snappy"
-    }):  # fmt: skip
+    if compression is not None and (
+        not isinstance(compression, str) or compression.split(":")[0] not in CODECS
+    ):
         raise ValueError(
             f"compression must be one of zstd, zstd:LEVEL, br, gz, snappy or None, got {compression!r}."
         )
@@ -137,7 +140,7 @@ def convert_to_mds(
         }
         if not text:
             body["splits"][name]["feature_shape"] = list(store.feature_shape)
-            body["splits"][name]["feature_dtype"] = str(rows["dtype"])
+            body["splits"][name]["feature_dtype"] = store.features.numpy().dtype.str
     body["sha256"] = manifest_digest(body)
     write_json(out / MANIFEST, body)
     return out
@@ -147,24 +150,10 @@ def _text_info(splits: Any, out: Path) -> dict[str, Any]:
     """The manifest's entries of a text data set; writes its tokenizer(s) beside it."""
     info = splits.info
     info.load_tokenizer().tokenizer.save(str(out / "tokenizer.json"))
+    fields = [field.name for field in dataclasses.fields(info) if field.name not in LOCAL_INFO]
     entries: dict[str, Any] = {
         "test_protocol": splits.test_protocol,
-        "info": {
-            "tokenizer": info.tokenizer,
-            "tokenizer_sha256": info.tokenizer_sha256,
-            "vocab_size": info.vocab_size,
-            "pad_id": info.pad_id,
-            "max_length": info.max_length,
-            "split": info.split,
-            "num_truncated": info.num_truncated,
-            "label_names": None if info.label_names is None else [_plain(name) for name in info.label_names],
-            "num_train_classes": info.num_train_classes,
-            "num_negatives": list(info.num_negatives),
-            "num_missing_negatives": info.num_missing_negatives,
-            "columns": dict(info.columns),
-            "files": dict(info.files),
-            "prompts": dict(info.prompts),
-        },
+        "info": {name: _plain(getattr(info, name)) for name in fields},
     }
     store = splits.train
     if store.passage_tokens is not None:
@@ -173,7 +162,11 @@ def _text_info(splits: Any, out: Path) -> dict[str, Any]:
 
 
 def _plain(value: Any) -> Any:
-    """A label name as JSON holds it (numpy scalars become Python ones)."""
+    """``value`` as JSON holds it: tuples as lists, numpy scalars (a label name) as Python ones."""
+    if isinstance(value, (tuple, list)):
+        return [_plain(item) for item in value]
+    if isinstance(value, dict):
+        return {key: _plain(item) for key, item in value.items()}
     return value.item() if isinstance(value, np.generic) else value
 
 
@@ -211,7 +204,7 @@ def _write_text(store: Any, writer: Any, split: str, progress: Callable | None) 
 
 
 def _write_features(store: Any, writer: Any, split: str, progress: Callable | None) -> dict[str, np.ndarray]:
-    """Write a :class:`TensorStore`'s rows as bytes of their dtype; return its labels (and the dtype)."""
+    """Write a :class:`TensorStore`'s rows as bytes of their dtype; return its labels."""
     num_rows = len(store)
     for start in range(0, num_rows, _CHUNK):
         chunk = store.features[start : start + _CHUNK].numpy()
@@ -220,4 +213,4 @@ def _write_features(store: Any, writer: Any, split: str, progress: Callable | No
             writer.write({"features": np.ascontiguousarray(features).tobytes(), "label": int(label)})
         if progress is not None:
             progress(split, min(start + _CHUNK, num_rows), num_rows)
-    return {"labels": store.labels.numpy(), "dtype": np.asarray(store.features.numpy().dtype.str)}
+    return {"labels": store.labels.numpy()}

@@ -60,8 +60,11 @@ def load_streaming(
         download_timeout (float): Seconds a file's download may take. Default: ``60``.
         validate_hash (str, optional): Check each shard on download: ``xxh3_64`` (default), ``sha1`` or
             ``None``.
-        tokenizer, passage_tokenizer (str | os.PathLike, optional): The tokenizer(s) a run expects (its
-            own, or its model folder's): checked against the ones the shards were tokenized with.
+        tokenizer (str | os.PathLike, optional): The tokenizer a run expects (its own, or its model
+            folder's): checked against the one the shards' ids come from (by SHA-256).
+        passage_tokenizer (str | os.PathLike, optional): Given when the run's towers tokenize otherwise:
+            the shards must then hold each row's ids by its tower's tokenizer (checked that they were
+            converted with two; the passage tokenizer itself is not recorded).
         max_length (int, optional): The ``max_length`` a run expects, checked the same way.
 
     Returns:
@@ -130,7 +133,13 @@ def _text_splits(
 
     info = manifest["info"]
     path = fetch(remote, "tokenizer.json", folder, **options)
-    _check_tokenizer(remote, "tokenizer", tokenizer, info["tokenizer_sha256"], load_tokenizer)
+    found = None if tokenizer is None else load_tokenizer(tokenizer).sha256
+    if found is not None and found != info["tokenizer_sha256"]:
+        raise StreamingDataError(
+            f"{join_remote(remote, MANIFEST)}: the texts were tokenized by another tokenizer than {tokenizer} "
+            f"(SHA-256 {info['tokenizer_sha256'][:12]}, the run's {found[:12]}); convert the data again with "
+            f"data.tokenizer: {tokenizer}."
+        )
     if max_length is not None and int(max_length) != int(info["max_length"]):
         raise StreamingDataError(
             f"{join_remote(remote, MANIFEST)}: the texts were tokenized to max_length {info['max_length']}, the "
@@ -164,36 +173,11 @@ def _text_splits(
             passage_pad_id=passage_pad,
         )
     text_info = TextInfo(
-        tokenizer=info["tokenizer"],
-        tokenizer_path=path,
-        tokenizer_sha256=info["tokenizer_sha256"],
-        vocab_size=info["vocab_size"],
-        pad_id=info["pad_id"],
-        max_length=info["max_length"],
-        split=info["split"],
-        num_truncated=info["num_truncated"],
+        **{name: tuple(value) if isinstance(value, list) else value for name, value in info.items()},
+        tokenizer_path=path,  # the LOCAL_INFO fields: this node's copy
         cache_dirs=tuple(folder / split for split in SPLITS),
         from_cache=(True, True),
-        label_names=None if info["label_names"] is None else tuple(info["label_names"]),
-        num_train_classes=info["num_train_classes"],
-        num_negatives=tuple(info["num_negatives"]),
-        num_missing_negatives=info["num_missing_negatives"],
-        columns=info["columns"],
-        files=info["files"],
-        prompts=info["prompts"],
     )
     return TextSplits(
         stores["train"], stores["test"], info=text_info, test_protocol=manifest["test_protocol"], **common
     )
-
-
-def _check_tokenizer(remote: str, key: str, expected: Any, sha256: str, load: Any) -> None:
-    """A one-line error when the run's tokenizer is not the one the shards' ids come from."""
-    if expected is None:
-        return
-    found = load(expected)
-    if found.sha256 != sha256:
-        raise StreamingDataError(
-            f"{join_remote(remote, MANIFEST)}: the texts were tokenized by another tokenizer than {expected} "
-            f"(SHA-256 {sha256[:12]}, the run's {found.sha256[:12]}); convert the data again with data.{key}: {expected}."
-        )

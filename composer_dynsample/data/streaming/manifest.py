@@ -33,6 +33,7 @@ from composer_dynsample.file_hash import file_sha256
 
 __all__ = [
     "FORMAT",
+    "LOCAL_INFO",
     "MANIFEST",
     "SPLITS",
     "StreamingDataError",
@@ -48,6 +49,9 @@ FORMAT = "composer-dynsample-mds"
 VERSION = 1
 MANIFEST = "manifest.json"
 SPLITS = ("train", "test")
+#: The fields of a text data set's ``TextInfo`` that describe this machine's copy, not the data: the manifest
+#: records every other one, and a reader sets these to its own cache.
+LOCAL_INFO = ("tokenizer_path", "cache_dirs", "from_cache")
 
 
 class StreamingDataError(ValueError):
