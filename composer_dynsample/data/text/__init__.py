@@ -8,8 +8,9 @@
   (:mod:`~composer_dynsample.data.text.columns`), with the tokenizer options they share
   (:class:`~composer_dynsample.data.text._sources.TokenizeOptions`);
 - :func:`load_code_search`: docstring -> code pairs of the Python installed here;
-- the token cache (:mod:`~composer_dynsample.data.text.tokenized`), its folder
-  (:mod:`~composer_dynsample.data.text.cache`), the cut of a long text before it is encoded
+- the token cache (:mod:`~composer_dynsample.data.text.tokenized`) and its folder
+  (:mod:`~composer_dynsample.data.text.cache`), which texts are the same
+  (:mod:`~composer_dynsample.data.text.text_identity`), the cut of a long text before it is encoded
   (:mod:`~composer_dynsample.data.text.truncation`) and the tokenizer a run uses
   (:mod:`~composer_dynsample.data.text.tokenizer`).
 """

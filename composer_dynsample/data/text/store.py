@@ -223,7 +223,7 @@ class TextCollate:
     """Gather a batch of :class:`TextStore` rows, append their anchors' given negatives, pad to the longest.
 
     Items are indices, or ``(index, label)`` pairs from :class:`~composer_dynsample.data.IndexDataset`.
-    A given negative is left out when its text (by :func:`~composer_dynsample.data.text.tokenized.text_hash`)
+    A given negative is left out when its text (by :func:`~composer_dynsample.data.text.text_identity.text_hash`)
     is already in the batch, as a sampled row or an earlier negative: the text is there once, and an
     anchor's positive is never also one of its negatives. A plain, picklable object: works with
     ``num_workers > 0`` (fork or spawn) and ``pin_memory=True``.

@@ -11,7 +11,7 @@ cut) the text is encoded again with 4 times the budget, up to 64 times, and cut 
 a text that fits in ``max_length`` tokens is never cut, unless it is longer than 64 budgets; a text
 gets other ids than the whole text would only if its first 64 budgets hold fewer than ``max_length``
 tokens or a word that long. (A tokenizer without a pre-tokenizer keeps any cut that overflows.)
-:func:`~composer_dynsample.data.text.tokenized.text_hash` still hashes the whole text.
+:func:`~composer_dynsample.data.text.text_identity.text_hash` still hashes the whole text.
 """
 
 from __future__ import annotations

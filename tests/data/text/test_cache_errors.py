@@ -10,7 +10,7 @@ import pytest
 
 pytest.importorskip("tokenizers")
 
-from composer_dynsample.data.text import cache, tokenized
+from composer_dynsample.data.text import cache, text_identity, tokenized
 from composer_dynsample.data.text import tokenizer as text_tokenizer
 from composer_dynsample.data.text.cache import TokenCacheError, check_cache_dir
 from composer_dynsample.data.text.tokenized import tokenize_texts
@@ -150,7 +150,7 @@ def test_text_hash_of_a_long_text_is_its_normalised_form_hashed_a_chunk_at_a_tim
     ]
     text = "".join(rng.choice(pieces, 4000).tolist())
     for chunk in (1, 7, 64, 1 << 20):
-        parts = list(tokenized._normalised_parts(text, chunk))
+        parts = list(text_identity._normalised_parts(text, chunk))
         assert "".join(parts) == tokenized.normalise_text(text), chunk
     assert tokenized.text_hash(text) == whole(text)
     long = ("Ab  " * 600_000) + "\uff38\uff39\u00a0 end "  # 2.4M characters: hashed in chunks of 2**20
