@@ -65,6 +65,7 @@ from typing import Any
 import _finetune_report as report
 from _common import machine_info, merged_recipes, trainer_overrides, write_results
 from _common import parser as make_parser
+from _corpora import CORPORA, prepare_data
 from _finetune_workers import PROGRESS
 from _pretrained import minilm_folder
 from quality_code import bm25
@@ -89,7 +90,7 @@ QUICK: dict[str, dict[str, Any]] = {
 }
 OPTIONS = (
     "size", "device", "precision", "process_per", "train_pairs", "test_queries", "steps", "batch", "lr",
-    "max_length", "window", "refresh_every", "eval_batch", "threads", "override", "split_seed",
+    "max_length", "window", "refresh_every", "eval_batch", "threads", "override", "split_seed", "corpus",
 )  # fmt: skip
 
 
@@ -140,37 +141,6 @@ def one_epoch(args: argparse.Namespace, train_pairs: int) -> None:
 
 
 # ------------------------------------------------------------------------------------------------ data
-def prepare_data(
-    folder: Path, train_pairs: int | None, test_queries: int, quick: bool, split_seed: int = 0
-) -> dict[str, Any]:
-    """A seeded subset of the corpus's training pairs (all of them for ``None``) and of its test pairs,
-    written as JSON Lines; ``split_seed`` chooses the corpus's split of packages into train and test (``0``:
-    the stored tables' corpus, another: a second corpus of other test packages)."""
-    import numpy as np
-
-    from composer_dynsample.data.text.code_search import build_code_search
-
-    corpus = build_code_search(seed=split_seed, **({"max_pairs_per_group": 20} if quick else {}))
-    rng = np.random.default_rng(0)
-    written = {}
-    for split, path, count in (
-        ("train", corpus.train_path, train_pairs),
-        ("test", corpus.test_path, test_queries),
-    ):
-        rows = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
-        chosen = sorted(rng.permutation(len(rows))[: len(rows) if count is None else count].tolist())
-        target = folder / f"{split}.jsonl"
-        target.write_text(
-            "".join(
-                json.dumps({"anchor": rows[i]["anchor"], "positive": rows[i]["positive"]}) + "\n"
-                for i in chosen
-            )
-        )
-        written[split] = {"path": str(target), "pairs": len(chosen), "of": len(rows)}
-    written["corpus_sha256"] = corpus.manifest["sha256"]
-    return written
-
-
 def data_override(data: dict[str, Any], max_length: int) -> str:
     return (
         f"data={{name: pairs, path: {data['train']['path']}, test_path: {data['test']['path']}, "
@@ -402,6 +372,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--split-seed", type=int, default=0, help="the corpus's package split (another: a second corpus)"
     )
     parser.add_argument(
+        "--corpus", choices=tuple(CORPORA), default="code", help="which pairs (benchmarks/_corpora.py)"
+    )
+    parser.add_argument(
         "--epochs",
         type=int,
         default=None,
@@ -430,7 +403,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     chosen = args.recipes or list(RECIPES)
     with tempfile.TemporaryDirectory(prefix="dynsample-finetune-") as scratch:
         work = Path(scratch)
-        data = prepare_data(work, args.train_pairs, args.test_queries, args.quick, args.split_seed)
+        data = prepare_data(
+            work, args.train_pairs, args.test_queries, args.quick, args.split_seed, args.corpus
+        )
         one_epoch(args, data["train"]["pairs"])
         result = {
             "recipes": {}, "seeds": args.seeds, "data": data, "st_mining": None, "device": args.device,

@@ -2,8 +2,9 @@
 
 The subject is what ``composer-dynsample train yamls/finetune_code_search.yaml`` runs, built by the same
 code (:func:`~composer_dynsample.config.run.build_run`): the P x K sampler, the index-only dataset and the
-text collate, Composer's ``Trainer``, :class:`~composer_dynsample.HardNegativeMining` (``batch_hard`` with
-duplicate ids, its log interval), :class:`~composer_dynsample.InfoNCELoss`, the run's callbacks and logging.
+text collate, Composer's ``Trainer``, :class:`~composer_dynsample.InfoNCELoss` with the batch's text groups as
+duplicate ids (and :class:`~composer_dynsample.HardNegativeMining` with its log interval where a config mines),
+the run's callbacks and logging.
 The encoder is a null encoder (``bag_of_tokens`` of width 8: an embedding bag), so the arithmetic is
 negligible and what is left is the host's work. 128 pairs a batch, 128 tokens a text (synthetic texts of
 140 words, truncated by the tokenizer trained on them).
@@ -98,20 +99,26 @@ def subject_config(folder: Path, steps: int, device: str) -> Any:
 class BareLoop:
     """The hand-written loop on the run's own batches: encode, InfoNCE on the labels, backward, AdamW.
 
-    With ``same_work`` it also mines ``batch_hard`` and drops duplicate negatives (``mining_step``) and gives
-    the loss the tuples and the duplicate ids, as the recipe does: what is left between it and the Trainer
-    is the framework (Composer, the sampler and collate, the algorithm's glue).
+    With ``same_work`` it also gives the loss the batch's text groups as duplicate ids, as the recipe does (and,
+    where the recipe mines, mines ``batch_hard`` and drops duplicate negatives with ``mining_step``): what is
+    left between it and the Trainer is the framework (Composer, the sampler and collate, the glue).
     """
 
     def __init__(
-        self, batches: list[dict], vocab: int, device: torch.device, tau: float, same_work: bool
+        self,
+        batches: list[dict],
+        vocab: int,
+        device: torch.device,
+        tau: float,
+        same_work: bool,
+        mines: bool = False,
     ) -> None:
         torch.manual_seed(0)
         self.encoder = BagOfTokensEncoder(vocab_size=vocab, token_dim=WIDTH).to(device)
         self.optimizer = torch.optim.AdamW(self.encoder.parameters(), lr=2e-5, weight_decay=0.01)
         self.loss = InfoNCELoss(temperature=tau)
-        self.miner = BatchHardMiner() if same_work else None
-        self.batches, self.device, self.position = batches, device, 0
+        self.miner = BatchHardMiner() if same_work and mines else None
+        self.same_work, self.batches, self.device, self.position = same_work, batches, device, 0
 
     def step(self) -> None:
         batch = self.batches[self.position % len(self.batches)]
@@ -119,10 +126,14 @@ class BareLoop:
         features = {key: value.to(self.device, non_blocking=True) for key, value in batch["features"].items()}
         labels = batch["labels"].to(self.device, non_blocking=True)
         embeddings = torch.nn.functional.normalize(self.encoder(features), dim=1)
-        if self.miner is None:
+        if not self.same_work:
             loss = self.loss(embeddings, labels)
+        elif self.miner is None:
+            loss = self.loss(
+                embeddings, labels, duplicate_ids=batch["text_group"].to(self.device, non_blocking=True)
+            )
         else:
-            ids = batch["text_hash"].to(self.device, non_blocking=True)
+            ids = batch["text_group"].to(self.device, non_blocking=True)
             bound = largest_label_count(batch["labels"])
             mined = mining_step(embeddings, labels, self.miner, duplicate_ids=ids, deferred=True,
                                 max_positives=None if bound is None else bound - 1)  # fmt: skip
@@ -241,7 +252,7 @@ def count_reads(cfg: Any, folder: Path, interval: int, device: torch.device) -> 
         syncs = sync_counter(device)
         run = build_run(cfg, folder / "reads", callbacks=[per_step, ops] + ([syncs] if syncs else []))
         run.trainer.fit()
-    logging = [(index + 1) % interval == 0 for index in range(len(per_step.steps))]
+    logging = [bool(interval) and (index + 1) % interval == 0 for index in range(len(per_step.steps))]
     ours = [
         sum(n for (who, _), n in step.items() if who == "composer_dynsample")
         for step, logs in zip(per_step.steps, logging)
@@ -288,9 +299,13 @@ def measure(args: Any) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="step-overhead-") as name:
         folder = Path(name)
         cfg = subject_config(folder, args.steps + args.warmup, args.device)
-        interval = int(str(cfg.algorithms.hard_negative_mining.get("log_interval", "1ba")).removesuffix("ba"))
+        miner = (cfg.get("algorithms") or {}).get("hard_negative_mining")
+        # Without a miner the recipe has no logging step of its own: every step must read nothing.
+        interval = int(str(miner.get("log_interval", "1ba")).removesuffix("ba")) if miner else 0
         reads = count_reads(
-            load_config(cfg, [f"trainer.max_duration={min(args.steps, 4 * interval)}ba"]),
+            load_config(
+                cfg, [f"trainer.max_duration={min(args.steps, 4 * interval) if interval else args.steps}ba"]
+            ),
             folder,
             interval,
             device,
@@ -305,7 +320,7 @@ def measure(args: Any) -> dict[str, Any]:
         shape = tuple(batches[0]["features"]["input_ids"].shape)
         vocab, tau = run.model.encoder.vocab_size, float(cfg.model.loss.temperature)
         timer.bare = {
-            name: BareLoop(batches, vocab, device, tau, name == "same_work")
+            name: BareLoop(batches, vocab, device, tau, name == "same_work", mines=miner is not None)
             for name in ("plain", "same_work")
         }
         run.trainer.fit()
@@ -339,7 +354,7 @@ def report(result: dict[str, Any], quick: bool, out: Path, name: str) -> None:
             ["this package (Composer Trainer, the recipe)", f"{1000 * result['ours_s_per_step']:.2f}",
              f"{result['host_reads_per_step']:g} (non-logging steps)"],
             ["bare PyTorch loop, same batches", f"{1000 * result['bare_s_per_step']:.2f}", "-"],
-            ["bare loop with the recipe's mining and duplicate-aware loss",
+            ["bare loop with the recipe's duplicate-aware loss",
              f"{1000 * result['bare_same_work_s_per_step']:.2f}", "-"],
         ],
     )  # fmt: skip
@@ -349,8 +364,8 @@ def report(result: dict[str, Any], quick: bool, out: Path, name: str) -> None:
         goal_table(goals),
         f"Batches of {result['batch_shape'][0]} texts x {result['batch_shape'][1]} tokens, encoder bag_of_tokens "
         f"of width {WIDTH}; {result['steps_timed']} steps timed, medians; the recipe's log interval "
-        f"{result['log_interval']} batches (reads on logging steps: {result['logging_step_reads']}).",
-        f"Against the bare loop that does the recipe's work too (batch_hard, duplicate ids in the loss): "
+        f"{result['log_interval'] or 'none (no miner)'} batches (reads on logging steps: {result['logging_step_reads']}).",
+        f"Against the bare loop that does the recipe's work too (duplicate ids in the loss): "
         f"{result['ratio_to_same_work']:.2f}x, the framework alone (Composer, sampler and collate, the "
         "algorithm's glue).",
         f"Where this package's step goes (medians): {phases}.",

@@ -160,7 +160,7 @@ def _pair_rows(name: str, store: Any) -> dict[str, Any]:
     size = len(store)
     return {
         "is_passage": ~np.asarray(is_query[:size], dtype=bool),
-        "duplicate_ids": np.asarray(store.text_hash[:size]),
+        "duplicate_ids": np.asarray(store.text_group[:size]),  # pairs linked by a shared text: one group
     }
 
 

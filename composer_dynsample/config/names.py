@@ -102,6 +102,8 @@ ALGORITHMS: dict[str, Registered | Lazy] = {
         "hard_negative_mining=HardNegativeMining embedding_table=EmbeddingTable",
     ),
     "batch_augmentation": Lazy("composer_dynsample.algorithms.augmentation", "BatchAugmentation"),
+    # Composer's own: Hugging Face's Trainer clips the gradients' norm at max_grad_norm 1.0 by default.
+    "gradient_clipping": Lazy("composer.algorithms", "GradientClipping"),
 }
 CALLBACKS: dict[str, Registered | Lazy] = {
     "set_sampler_epoch": Lazy("composer_dynsample.callbacks.set_sampler_epoch", "SetSamplerEpoch"),

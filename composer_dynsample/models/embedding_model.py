@@ -14,6 +14,7 @@ from torchmetrics import Metric
 
 from composer_dynsample.batches import find_in_batch
 from composer_dynsample.deferred_checks import defer_value_checks
+from composer_dynsample.losses.infonce import InfoNCELoss
 from composer_dynsample.losses.tuple_losses import TripletMarginLoss, TupleLoss, forward_takes
 from composer_dynsample.mining.mined_batch import MinedBatch
 from composer_dynsample.validation import InputTypeError, check_bool, check_int
@@ -30,7 +31,10 @@ class EmbeddingModel(ComposerModel):
     pytorch-metric-learning losses, which therefore work unchanged; without the algorithm it receives the
     embeddings and calls ``loss(embeddings, labels)`` (the loss then uses every tuple of the batch).
     When the algorithm reads duplicate ids (``duplicate_key``) and the loss's ``forward`` takes
-    ``duplicate_ids``, it also passes ``duplicate_ids=`` and ``ref_duplicate_ids=``.
+    ``duplicate_ids``, it also passes ``duplicate_ids=`` and ``ref_duplicate_ids=``. Without the algorithm,
+    ``duplicate_key=`` (e.g. ``"text_group"`` of text pairs) names where the batch holds them, and the loss
+    gets ``duplicate_ids=`` from the batch itself: an in-batch recipe then masks repeated texts with no miner,
+    and no anchor loses its positive pair because a miner dropped its triplet.
 
     Batches are dicts (``features_key``/``labels_key``, default ``"features"``/``"labels"``, what
     :class:`~composer_dynsample.data.GatherCollate` produces) or ``(features, labels)`` sequences.
@@ -65,6 +69,9 @@ class EmbeddingModel(ComposerModel):
             ``(embeddings, labels)`` on every evaluation batch. Default: none.
         forward_chunk_size (int, optional): Embed at most this many rows at a time, recomputing each
             chunk in the backward (see above). Default: ``None``, the whole batch in one pass.
+        duplicate_key (str, optional): The key of dict batches holding each row's duplicate ids, passed to
+            a loss that takes ``duplicate_ids`` when no :class:`~composer_dynsample.HardNegativeMining` does
+            (see above). Default: ``None``.
 
     Example:
         >>> encoder = torch.nn.Linear(4, 3)
@@ -89,6 +96,7 @@ class EmbeddingModel(ComposerModel):
         train_metrics: Mapping[str, Metric] | Sequence[Metric] | None = None,
         eval_metrics: Mapping[str, Metric] | Sequence[Metric] | None = None,
         forward_chunk_size: int | None = None,
+        duplicate_key: str | None = None,
     ) -> None:
         super().__init__()
         if not isinstance(encoder, nn.Module):
@@ -105,6 +113,16 @@ class EmbeddingModel(ComposerModel):
         self.forward_chunk_size = check_int(
             "forward_chunk_size", forward_chunk_size, minimum=1, allow_none=True
         )
+        if duplicate_key is not None:
+            if not isinstance(duplicate_key, str) or not duplicate_key:
+                raise InputTypeError(f"duplicate_key must be a non-empty string, got {duplicate_key!r}.")
+            if not forward_takes(self.loss_fn, "duplicate_ids"):
+                raise ValueError(
+                    f"duplicate_key={duplicate_key!r} passes duplicate ids to the loss, and "
+                    f"{type(self.loss_fn).__name__} takes no duplicate_ids; use a loss that does (InfoNCELoss) "
+                    "or leave duplicate_key unset."
+                )
+        self.duplicate_key = duplicate_key
 
     def _split(self, batch: Any) -> tuple[Any, Any]:
         """The features and labels: at ``features_key`` and ``labels_key`` of a dict, else first and second."""
@@ -169,6 +187,15 @@ class EmbeddingModel(ComposerModel):
             extra = {"global_mean": outputs.global_mean} if takes_mean else {}
             if outputs.duplicate_ids is not None and forward_takes(self.loss_fn, "duplicate_ids"):
                 extra.update(duplicate_ids=outputs.duplicate_ids, ref_duplicate_ids=outputs.ref_duplicate_ids)
+            elif self.duplicate_key is not None:
+                if outputs.ref_embeddings is not None:
+                    raise ValueError(
+                        f"EmbeddingModel(duplicate_key={self.duplicate_key!r}) knows the batch's ids, not those of "
+                        "the mining pool (other ranks, the memory): give HardNegativeMining "
+                        f"labels_key={self.duplicate_key!r} (each group one class in the pool, its texts "
+                        f"positives) or duplicate_key={self.duplicate_key!r}, and the model duplicate_key=None."
+                    )
+                extra.update(self._duplicate_ids(batch))
             extra.update(self._query_flags(batch))
             # A step whose value checks run on the device (HardNegativeMining) reads none in the loss either.
             with defer_value_checks() if outputs.checks_deferred else nullcontext():
@@ -181,7 +208,22 @@ class EmbeddingModel(ComposerModel):
                     **extra,
                 )
         _, labels = self._split(batch)
-        return self.loss_fn(outputs, labels, **self._query_flags(batch))
+        # InfoNCE on L2-normalised rows: no entry can overflow a distance, so nothing is read on the host.
+        unit_rows = self.normalize and isinstance(self.loss_fn, InfoNCELoss)
+        with defer_value_checks() if unit_rows else nullcontext():
+            return self.loss_fn(outputs, labels, **self._query_flags(batch), **self._duplicate_ids(batch))
+
+    def _duplicate_ids(self, batch: Any) -> dict[str, torch.Tensor]:
+        """``{"duplicate_ids": batch[duplicate_key]}`` with a ``duplicate_key``, else ``{}``."""
+        if self.duplicate_key is None:
+            return {}
+        if not isinstance(batch, Mapping) or self.duplicate_key not in batch:
+            keys = sorted(batch) if isinstance(batch, Mapping) else type(batch).__name__
+            raise ValueError(
+                f"EmbeddingModel(duplicate_key={self.duplicate_key!r}): the batch holds no such key ({keys}); "
+                "text pairs hold 'text_group' and 'text_hash', or leave duplicate_key unset."
+            )
+        return {"duplicate_ids": batch[self.duplicate_key]}
 
     def _query_flags(self, batch: Any) -> dict[str, torch.Tensor]:
         """``{"is_query": ...}`` of a text batch (its ``features["is_query"]``) for a loss that takes it

@@ -244,14 +244,16 @@ class MinedNegativesPKBatchSampler(RefreshSchedule, DistributedBatchSampler):
         cls, store: Any, pairs_per_batch: int, negatives_per_anchor: int, **options: Any
     ) -> MinedNegativesPKBatchSampler:
         """The sampler of a pairs :class:`~composer_dynsample.data.TextStore`: its labels, its passages
-        (rows that are not queries) and its text hashes as duplicate ids; ``options`` as for the class."""
+        (rows that are not queries) and its text groups as duplicate ids (every text of the pairs linked to an
+        anchor's by shared texts is then never its candidate: :func:`~composer_dynsample.data.text.text_identity.text_groups`);
+        ``options`` as for the class."""
         size = len(store)
         return cls(
             store.labels,
             pairs_per_batch,
             negatives_per_anchor,
             is_passage=~np.asarray(store.is_query[:size], dtype=bool),
-            duplicate_ids=np.asarray(store.text_hash[:size]),
+            duplicate_ids=np.asarray(store.text_group[:size]),
             **options,
         )
 

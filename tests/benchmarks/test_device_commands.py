@@ -105,7 +105,7 @@ def finetune(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> ModuleType:
     monkeypatch.setattr(
         module,
         "prepare_data",
-        lambda folder, train_pairs, test_queries, quick, split_seed=0: _fake_data(
+        lambda folder, train_pairs, test_queries, quick, split_seed=0, corpus="code": _fake_data(
             folder, min(train_pairs or 300, 300), 20
         ),
     )

@@ -369,7 +369,7 @@ def test_from_store_reads_a_pairs_store(tmp_path):
     store = splits.train
     sampler = MinedNegativesPKBatchSampler.from_store(store, 4, 1)
     assert np.array_equal(sampler.is_passage, ~store.is_query[: len(store)])
-    assert np.array_equal(sampler.duplicate_ids, store.text_hash[: len(store)])
+    assert np.array_equal(sampler.duplicate_ids, store.text_group[: len(store)])
     batch = next(iter(sampler))
     assert not store.is_query[batch[8:]].any() and len(batch) == 12
 

@@ -199,6 +199,6 @@ def test_the_config_builds_the_sampler_from_the_pairs_store(tmp_path):
     sampler = find_epoch_target(run.trainer.state.train_dataloader)
     assert isinstance(sampler, MinedNegativesPKBatchSampler) and sampler.max_snapshots == 1
     assert np.array_equal(sampler.is_passage, ~store.is_query[: len(store)])
-    assert np.array_equal(sampler.duplicate_ids, store.text_hash[: len(store)])
+    assert np.array_equal(sampler.duplicate_ids, store.text_group[: len(store)])
     with pytest.raises(ConfigError, match="is_passage"):
         build_run(load_config(config, ["sampler.is_passage=[true]"]), tmp_path / "run2")

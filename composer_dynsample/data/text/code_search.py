@@ -14,7 +14,17 @@ CodeSearchNet's filters apply: a query of at least 3 words, code of at least 3 l
 under ``test``/``tests`` folders or files named ``test_*.py``), no private (``_name``) or special
 (``__name__``) functions. Pairs are deduplicated: identical code (whitespace-normalised) is kept once, and
 a query that more than one function shares (``Return self.``) is dropped, since no retriever could tell
-its answers apart. Every dropped function is counted by reason in the manifest.
+its answers apart. Every dropped function is counted by reason in the manifest. ``keep_repeats=True``
+keeps such queries in the training packages, as real projects have them (about 5% of docstrings repeat
+across overridden methods and helpers of one family): one text, several positives.
+
+``kind="docstring"`` makes a second kind of pairs from the same functions, text to text: the docstring's
+first paragraph (a title) and the rest of the docstring (its body: the description, the arguments).
+
+A corpus is the same file on every machine only when it reads the same files: ``stdlib=False`` leaves out
+the standard library (its files change with Python's patch release) and ``distributions=[...]`` reads
+exactly those distributions, each checked to be installed at its pin
+(:mod:`composer_dynsample.data.text.python_sources`). The benchmarks build their corpora that way.
 
 The split is by group, so the test packages are never seen in training (CodeSearchNet splits by
 repository): the groups are shuffled with ``seed`` and taken into the test split while it stays below
@@ -33,16 +43,12 @@ from __future__ import annotations
 
 import ast
 import hashlib
-import importlib.metadata
-import io
 import json
 import os
 import random
 import re
 import sys
-import sysconfig
 import textwrap
-import tokenize
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -50,13 +56,19 @@ from pathlib import Path
 from typing import Any
 
 from composer_dynsample.data.splits import default_cache_dir
+from composer_dynsample.data.text.python_sources import (
+    named_distributions,
+    pinned_distributions,
+    read_source,
+    source_files,
+)
 from composer_dynsample.file_hash import file_sha256
 
-__all__ = ["CodeSearchCorpus", "build_code_search", "extract_pairs", "pinned_distributions"]
+__all__ = ["KINDS", "CodeSearchCorpus", "build_code_search", "extract_pairs"]
 
-_VERSION = 1  # bump when the extraction recipe changes: the cache key carries it
-_TEST_PARTS = {"test", "tests", "testing", "_tests"}
-_SKIPPED_STDLIB = {"site-packages", "dist-packages", "test", "idlelib", "lib2to3", "turtledemo", "ensurepip"}
+_VERSION = 2  # bump when the extraction recipe changes: the cache key carries it
+#: What a pair holds: a docstring's first paragraph and its function's code, or the rest of the docstring.
+KINDS = ("code", "docstring")
 
 
 @dataclass(frozen=True)
@@ -76,69 +88,15 @@ class CodeSearchCorpus:
     from_cache: bool = False
 
 
-def pinned_distributions(constraints: str | os.PathLike[str] | None = None) -> dict[str, str]:
-    """The distributions pinned in ``constraints`` (``name==version`` lines) that are installed, by name.
-
-    Without a file, every installed distribution. The installed version is returned; a pin whose
-    installed version differs is still used, and the manifest records what was read.
-    """
-    installed = {}
-    for dist in importlib.metadata.distributions():
-        name = dist.metadata["Name"]
-        if name:
-            installed[_normalise(name)] = (name, dist.version)
-    if constraints is None:
-        return {name: version for name, version in sorted(installed.values())}
-    wanted = []
-    for line in Path(constraints).read_text().splitlines():
-        line = line.split("#", 1)[0].strip()
-        if "==" in line:
-            wanted.append(_normalise(line.split("==", 1)[0]))
-    return dict(sorted(installed[name] for name in wanted if name in installed))
-
-
-def _normalise(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()
-
-
-def _source_files(distributions: dict[str, str]) -> Iterator[tuple[str, Path]]:
-    """``(group, path)`` of every Python file to read, sorted, test code left out."""
-    stdlib = Path(sysconfig.get_paths()["stdlib"])
-    for entry in sorted(stdlib.iterdir()):
-        if entry.name in _SKIPPED_STDLIB or entry.name.startswith((".", "_")):
-            continue
-        module = entry.stem if entry.suffix == ".py" else entry.name
-        if entry.suffix == ".py":
-            yield f"stdlib:{module}", entry
-        elif entry.is_dir() and (entry / "__init__.py").exists():
-            for path in sorted(entry.rglob("*.py")):
-                if not _is_test(path.relative_to(stdlib)):
-                    yield f"stdlib:{module}", path
-    for name in distributions:
-        files = importlib.metadata.distribution(name).files or []
-        for file in sorted(files, key=str):
-            if file.suffix == ".py" and not _is_test(Path(str(file))):
-                path = Path(file.locate())
-                if path.is_file():
-                    yield name, path
-
-
-def _is_test(relative: Path) -> bool:
-    return any(part in _TEST_PARTS for part in relative.parts[:-1]) or relative.name.startswith("test_")
-
-
-def _read_source(path: Path) -> str | None:
-    data = path.read_bytes()
-    try:
-        encoding, _ = tokenize.detect_encoding(io.BytesIO(data).readline)
-        return data.decode(encoding)
-    except (SyntaxError, LookupError, UnicodeDecodeError):
-        return None
-
-
 def _first_paragraph(docstring: str) -> str:
     paragraph = re.split(r"\n\s*\n", docstring.strip(), maxsplit=1)[0]
     return " ".join(paragraph.split())
+
+
+def _docstring_body(docstring: str | None) -> str:
+    """The docstring after its first paragraph, dedented: a title's body."""
+    parts = re.split(r"\n\s*\n", (docstring or "").strip(), maxsplit=1)
+    return textwrap.dedent(parts[1]).strip("\n") if len(parts) == 2 else ""
 
 
 def _code_without_docstring(lines: list[str], node: ast.FunctionDef | ast.AsyncFunctionDef) -> str:
@@ -160,12 +118,18 @@ def _public_functions(tree: ast.Module) -> Iterator[ast.FunctionDef | ast.AsyncF
 
 
 def extract_pairs(
-    source: str, *, min_query_words: int = 3, min_code_lines: int = 3, counts: Counter | None = None
+    source: str,
+    *,
+    min_query_words: int = 3,
+    min_code_lines: int = 3,
+    counts: Counter | None = None,
+    kind: str = "code",
 ) -> list[tuple[str, str]]:
     """The ``(query, code)`` pairs of one module's source, in source order (see the module docstring).
 
     ``counts`` (a :class:`collections.Counter`) receives the number of functions seen and of those left
-    out, by reason.
+    out, by reason. ``kind="docstring"`` pairs the query with the rest of its docstring instead of the
+    code (title to body, text to text), the rest at least ``min_code_lines`` lines.
 
     Example:
         >>> source = '''
@@ -192,11 +156,11 @@ def extract_pairs(
         docstring = ast.get_docstring(node)
         reason = _excluded(node, docstring, min_query_words)
         if reason is None:
-            code = _code_without_docstring(lines, node)
-            if len(code.splitlines()) < min_code_lines:
-                reason = f"code under {min_code_lines} lines"
+            positive = _code_without_docstring(lines, node) if kind == "code" else _docstring_body(docstring)
+            if len(positive.splitlines()) < min_code_lines:
+                reason = f"{kind} under {min_code_lines} lines"
             else:
-                pairs.append((_first_paragraph(docstring or ""), code))
+                pairs.append((_first_paragraph(docstring or ""), positive))
         if reason is not None:
             counts[reason] += 1
     return pairs
@@ -215,8 +179,9 @@ def _excluded(node: ast.AST, docstring: str | None, min_query_words: int) -> str
     return None
 
 
-def _deduplicate(rows: list[dict[str, str]], counts: Counter) -> list[dict[str, str]]:
-    """Identical code kept once (first in sorted order); a query shared by several functions dropped."""
+def _deduplicate(rows: list[dict[str, str]], counts: Counter, keep_repeats: bool) -> list[dict[str, str]]:
+    """Identical code kept once (first in sorted order); a query shared by several functions dropped unless
+    ``keep_repeats`` (then such pairs stay, as real projects have them, and are counted)."""
     seen_code, unique = set(), []
     for row in rows:
         key = " ".join(row["positive"].split())
@@ -226,6 +191,9 @@ def _deduplicate(rows: list[dict[str, str]], counts: Counter) -> list[dict[str, 
         seen_code.add(key)
         unique.append(row)
     query_counts = Counter(row["anchor"] for row in unique)
+    if keep_repeats:
+        counts["pairs whose query other pairs share (kept)"] += sum(n for n in query_counts.values() if n > 1)
+        return unique
     kept = [row for row in unique if query_counts[row["anchor"]] == 1]
     counts["query shared by several functions"] += len(unique) - len(kept)
     return kept
@@ -274,6 +242,10 @@ def build_code_search(
     groups: Sequence[str] | None = None,
     max_pairs_per_group: int | None = None,
     progress: bool = True,
+    kind: str = "code",
+    keep_repeats: bool = False,
+    stdlib: bool = True,
+    distributions: Sequence[str] | None = None,
 ) -> CodeSearchCorpus:
     """Build (or read back) the code-search corpus of the Python installed here; see the module docstring.
 
@@ -292,19 +264,41 @@ def build_code_search(
         max_pairs_per_group (int, optional): Keep at most this many pairs of each group, the first in
             sorted order. Default: all.
         progress (bool): Print progress on a terminal. Default: ``True``.
+        kind (str): ``"code"`` (docstring to code) or ``"docstring"`` (a docstring's first paragraph to the
+            rest of it: text to text). Default: ``"code"``.
+        keep_repeats (bool): Keep the pairs whose query other functions share (overridden methods, helpers
+            of one family), as real projects have them: the same text then has several positives.
+            Default: ``False`` (such pairs are dropped).
+        stdlib (bool): Read the standard library, whose files change with Python's patch release. Default:
+            ``True``.
+        distributions (Sequence[str], optional): Read exactly these distributions, each installed at its
+            pin in ``constraints`` (a :class:`~composer_dynsample.data.text.python_sources.SourcesError`
+            otherwise): with ``stdlib=False`` the corpus is then the same file on every machine. Default:
+            every pinned distribution that is installed.
 
     Returns:
         CodeSearchCorpus: the train and test JSONL files and the manifest.
     """
     if not 0 < test_fraction < 1:
         raise ValueError(f"test_fraction must be in (0, 1), got {test_fraction!r}.")
+    if kind not in KINDS:
+        raise ValueError(f"kind must be one of {list(KINDS)}, got {kind!r}.")
     if constraints is None:
         candidate = Path(__file__).resolve().parents[2] / "constraints.txt"
         constraints = candidate if candidate.is_file() else None
-    distributions = pinned_distributions(constraints)
+    if distributions is not None and constraints is None:
+        raise ValueError("distributions needs a constraints file to check their versions against.")
+    read = (
+        pinned_distributions(constraints)
+        if distributions is None
+        else named_distributions(distributions, constraints)  # type: ignore[arg-type]
+    )
     options = {
         "version": _VERSION,
-        "python": sys.version.split()[0],
+        "python": sys.version.split()[0] if stdlib else None,
+        "kind": kind,
+        "keep_repeats": bool(keep_repeats),
+        "stdlib": bool(stdlib),
         "test_fraction": test_fraction,
         "seed": seed,
         "min_query_words": min_query_words,
@@ -312,13 +306,13 @@ def build_code_search(
         "groups": sorted(groups) if groups is not None else None,
         "max_pairs_per_group": max_pairs_per_group,
     }
-    key = hashlib.sha256(json.dumps([options, distributions], sort_keys=True).encode()).hexdigest()[:16]
+    key = hashlib.sha256(json.dumps([options, read], sort_keys=True).encode()).hexdigest()[:16]
     folder = Path(cache_dir if cache_dir is not None else default_cache_dir() / "code_search") / key
     cached = _read_back(folder)
     if cached is not None:
         return cached
-    rows, counts = _collect(distributions, options, progress)
-    return _write_corpus(folder, rows, counts, options, distributions)
+    rows, counts = _collect(read, options, progress)
+    return _write_corpus(folder, rows, counts, options, read)
 
 
 def _collect(
@@ -327,11 +321,13 @@ def _collect(
     counts: Counter = Counter()
     wanted = set(options["groups"]) if options["groups"] is not None else None
     files = [
-        (group, path) for group, path in _source_files(distributions) if wanted is None or group in wanted
+        (group, path)
+        for group, path in source_files(distributions, stdlib=options["stdlib"])
+        if wanted is None or group in wanted
     ]
     rows, per_group = [], Counter()
     for group, path in _progress(files, progress):
-        source = _read_source(path)
+        source = read_source(path)
         if source is None:
             counts["files that do not decode"] += 1
             continue
@@ -341,12 +337,13 @@ def _collect(
             min_query_words=options["min_query_words"],
             min_code_lines=options["min_code_lines"],
             counts=counts,
+            kind=options["kind"],
         ):
             limit = options["max_pairs_per_group"]
             if limit is None or per_group[group] < limit:
                 per_group[group] += 1
                 rows.append({"anchor": query, "positive": code, "group": group})
-    return _deduplicate(rows, counts), counts
+    return _deduplicate(rows, counts, options["keep_repeats"]), counts
 
 
 def _write_corpus(
@@ -368,14 +365,21 @@ def _write_corpus(
     folder.mkdir(parents=True, exist_ok=True)
     train_path, test_path = folder / "train.jsonl", folder / "test.jsonl"
     _write_jsonl(train_path, (row for row in rows if row["group"] not in test_groups))
-    _write_jsonl(test_path, (row for row in rows if row["group"] in test_groups))
+    test_rows = [row for row in rows if row["group"] in test_groups]
+    if options["keep_repeats"]:  # a test query with two answers cannot be scored: repeats train only
+        shared = Counter(row["anchor"] for row in test_rows)
+        counts["test pairs whose query other pairs share (dropped)"] += sum(
+            n for n in shared.values() if n > 1
+        )
+        test_rows = [row for row in test_rows if shared[row["anchor"]] == 1]
+    _write_jsonl(test_path, test_rows)
     manifest = {
         "options": options,
         "distributions": distributions,
         "counts": dict(sorted(counts.items())),
         "pairs": {
             "train": sum(size for group, size in sizes.items() if group not in test_groups),
-            "test": sum(sizes[group] for group in test_groups),
+            "test": len(test_rows),
         },
         "groups": {"train": len(sizes) - len(test_groups), "test": sorted(test_groups)},
         "sha256": {"train.jsonl": file_sha256(train_path), "test.jsonl": file_sha256(test_path)},

@@ -17,7 +17,7 @@ anchors that list them. The index-only pipeline is unchanged: ``IndexDataset(sto
     batch = next(iter(loader))
     # {"features": {"input_ids": int64 (B, L), "attention_mask": int64 (B, L), "is_query": bool (B,),
     #               "prompt_length": int64 (B,) of a prompted store},
-    #  "labels": int64 (B,), "index": int64 (B,), "text_hash": int64 (B,)}
+    #  "labels": int64 (B,), "index": int64 (B,), "text_hash": int64 (B,), "text_group": int64 (B,)}
 
 ``L`` is the longest text of the batch (rounded up to ``pad_to_multiple_of`` when given), not
 ``max_length``. With given negatives, ``B`` is the sampled rows followed by the negatives of the batch's
@@ -37,6 +37,7 @@ import numpy as np
 import torch
 
 from composer_dynsample.data.splits import DatasetSplits
+from composer_dynsample.data.text.text_identity import text_groups
 from composer_dynsample.data.text.tokenized import TokenStore
 from composer_dynsample.data.text.tokenizer import TextTokenizer, load_tokenizer
 from composer_dynsample.validation import check_bool, check_int
@@ -148,6 +149,8 @@ class TextStore:
         )
         self.labels = torch.from_numpy(self.row_labels[: self.num_sampled].copy())
         self.text_hash = np.asarray(tokens.text_hash)[self.text_ids]
+        # Labels linked by a shared text (pairs of one query, one passage answering two): one group each.
+        self.text_group = text_groups(self.row_labels, self.text_hash, self.num_sampled)
         self.passage_tokens, self.passage_pad_id = passage_tokens, passage_pad_id
         if passage_tokens is not None:
             if not isinstance(passage_tokens, TokenStore) or len(passage_tokens) != len(tokens):
@@ -319,6 +322,7 @@ class TextCollate:
             "labels": torch.from_numpy(store.row_labels[rows]),
             "index": torch.from_numpy(rows),
             "text_hash": torch.from_numpy(store.text_hash[rows]),
+            "text_group": torch.from_numpy(store.text_group[rows]),
         }
 
 

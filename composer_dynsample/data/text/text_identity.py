@@ -4,6 +4,13 @@ Two texts are one when :func:`normalise_text` makes them equal (NFKC, case-folde
 :func:`text_hash` is a 63-bit hash of that form, what a batch's ``text_hash`` holds so that duplicates are
 found without the texts; :class:`TextInterner` numbers the distinct texts of a table, so a text repeated
 in the data is tokenized once (:mod:`~composer_dynsample.data.text.tokenized`).
+
+:func:`text_groups` goes one step further for pairs: labels that share any text (one docstring over two
+functions, one passage answering two queries) are one group, and so are labels linked through a chain of
+shared texts. Every text of a group is a positive of the group's anchors, never a negative of them: a
+batch's ``text_group`` holds the group of each row, which a loss or miner given it as duplicate ids masks
+(:mod:`composer_dynsample.mining.duplicates`), in the batch, the cross-rank pool and the memory alike, since
+the id itself carries the group.
 """
 
 from __future__ import annotations
@@ -14,7 +21,7 @@ from collections.abc import Iterator, Sequence
 
 import numpy as np
 
-__all__ = ["TextInterner", "normalise_text", "text_hash"]
+__all__ = ["TextInterner", "normalise_text", "text_groups", "text_hash"]
 
 
 def normalise_text(text: str) -> str:
@@ -90,3 +97,46 @@ class TextInterner:
     def add_all(self, texts: Sequence[str]) -> np.ndarray:
         """The ids of ``texts``, as ``int64``."""
         return np.fromiter(map(self.add, texts), dtype=np.int64, count=len(texts))
+
+
+def text_groups(labels: np.ndarray, hashes: np.ndarray, num_labelled: int | None = None) -> np.ndarray:
+    """Each row's group: the smallest text hash among the labels linked to its label by shared texts.
+
+    The first ``num_labelled`` rows (default: all) are labelled rows; a label and every text hash it holds
+    are one node each of a graph whose edges are those rows, and a group is a connected component of it.
+    Its id is the smallest hash in it, so the same data gives the same ids on every rank and machine, and
+    a group of one label with texts found nowhere else is simply that label's smallest hash. A row past
+    ``num_labelled`` (a given negative, which no sampler draws) takes the group of its text when a labelled
+    row holds that text, else its own hash.
+
+    Example:
+        >>> labels, hashes = np.array([0, 0, 1, 1, 2, 2]), np.array([10, 20, 10, 30, 40, 50])
+        >>> text_groups(labels, hashes).tolist()  # labels 0 and 1 share text 10: one group
+        [10, 10, 10, 10, 40, 40]
+        >>> text_groups(np.array([0, 0, 7]), np.array([5, 6, 6]), num_labelled=2).tolist()
+        [5, 5, 5]
+    """
+    from scipy.sparse import coo_matrix
+    from scipy.sparse.csgraph import connected_components
+
+    labels, hashes = np.asarray(labels, np.int64), np.asarray(hashes, np.int64)
+    count = len(labels) if num_labelled is None else num_labelled
+    groups = hashes.copy()
+    if count == 0:
+        return groups
+    label_ids = np.unique(labels[:count], return_inverse=True)[1].reshape(-1)
+    text_values, text_ids = np.unique(hashes[:count], return_inverse=True)
+    text_ids = text_ids.reshape(-1)
+    num_labels = int(label_ids.max()) + 1
+    nodes = num_labels + len(text_values)
+    graph = coo_matrix((np.ones(count, np.int8), (label_ids, num_labels + text_ids)), shape=(nodes, nodes))
+    _, component = connected_components(graph, directed=False)
+    smallest = np.full(int(component.max()) + 1, np.iinfo(np.int64).max, np.int64)
+    np.minimum.at(smallest, component[num_labels:], text_values)
+    groups[:count] = smallest[component[label_ids]]
+    rest = hashes[count:]
+    if len(rest):
+        at = np.clip(np.searchsorted(text_values, rest), 0, len(text_values) - 1)
+        known = text_values[at] == rest
+        groups[count:] = np.where(known, smallest[component[num_labels + at]], rest)
+    return groups

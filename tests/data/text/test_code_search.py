@@ -144,3 +144,76 @@ def test_bad_options_are_refused_in_one_line(tmp_path: Path) -> None:
         build_code_search(tmp_path, test_fraction=1.5)
     with pytest.raises(ValueError, match="cannot be split"):
         build_code_search(tmp_path, groups=["stdlib:calendar"], progress=False)
+
+
+def test_docstring_pairs_are_a_title_and_its_body() -> None:
+    source = '''
+def documented(a):
+    """Return the documented value here.
+
+    The body says more,
+    over several lines,
+    and names the arguments.
+    """
+    return a
+'''
+    assert extract_pairs(source, kind="docstring") == [
+        (
+            "Return the documented value here.",
+            "The body says more,\nover several lines,\nand names the arguments.",
+        )
+    ]
+    assert extract_pairs(source, kind="docstring", min_code_lines=4) == []
+
+
+def test_keep_repeats_keeps_shared_queries_in_training_only(tmp_path: Path) -> None:
+    from composer_dynsample.data.text.code_search import _deduplicate, _write_corpus
+
+    rows = [
+        {"anchor": f"query {i % 7} of group", "positive": f"def f{i}():\n    return {i}\n    pass", "group": f"g{i % 5}"}
+        for i in range(40)
+    ]  # fmt: skip
+    counts: Counter = Counter()
+    assert _deduplicate(list(rows), Counter(), keep_repeats=False) == []  # every query is shared
+    kept = _deduplicate(list(rows), counts, keep_repeats=True)
+    assert kept == rows and counts["pairs whose query other pairs share (kept)"] == 40
+    options = {"test_fraction": 0.3, "seed": 0, "keep_repeats": True}
+    corpus = _write_corpus(tmp_path, kept, counts, options, {})
+    train, test = _rows(corpus.train_path), _rows(corpus.test_path)
+    assert max(Counter(row["anchor"] for row in train).values()) > 1  # repeats train
+    assert test and len({row["anchor"] for row in test}) == len(
+        test
+    )  # a test query with two answers cannot be scored
+    assert corpus.manifest["pairs"] == {"train": len(train), "test": len(test)}
+
+
+def test_pinned_distributions_without_the_standard_library_rebuild_the_same_bytes(tmp_path: Path) -> None:
+    constraints = Path(__file__).resolve().parents[3] / "constraints.txt"
+    options = {"stdlib": False, "distributions": ["omegaconf"], "constraints": constraints, "progress": False,
+               "test_fraction": 0.5}  # fmt: skip
+    with pytest.raises(ValueError, match="cannot be split"):  # one distribution is one group
+        build_code_search(tmp_path / "a", **options)
+    options["distributions"] = ["omegaconf", "pyyaml"]
+    first = build_code_search(tmp_path / "a", **options)
+    second = build_code_search(tmp_path / "b", **options)
+    assert not second.from_cache and first.manifest["sha256"] == second.manifest["sha256"]
+    assert first.manifest["options"]["python"] is None and not first.manifest["options"]["stdlib"]
+    assert {row["group"] for row in _rows(first.train_path) + _rows(first.test_path)} <= {
+        "omegaconf",
+        "PyYAML",
+    }
+
+
+def test_distributions_not_at_their_pins_are_named(tmp_path: Path) -> None:
+    from composer_dynsample.data.text.python_sources import SourcesError
+
+    constraints = tmp_path / "constraints.txt"
+    constraints.write_text("omegaconf==0.0.1\nno-such-distribution==1.0\n")
+    with pytest.raises(SourcesError) as error:
+        build_code_search(tmp_path, stdlib=False, distributions=["omegaconf", "no-such-distribution", "numpy"],
+                          constraints=constraints)  # fmt: skip
+    message = str(error.value)
+    assert "omegaconf" in message and "0.0.1 is pinned" in message
+    assert "no-such-distribution is not installed" in message and "numpy is not pinned" in message
+    with pytest.raises(ValueError, match="kind"):
+        build_code_search(tmp_path, kind="prose")

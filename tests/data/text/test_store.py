@@ -42,7 +42,7 @@ def test_batch_contract(splits):
     store = splits.train
     batch = TextCollate(store)([0, 1, 2, 3])
     features = batch["features"]
-    assert set(batch) == {"features", "labels", "index", "text_hash"}
+    assert set(batch) == {"features", "labels", "index", "text_hash", "text_group"}
     assert set(features) == {"input_ids", "attention_mask", "is_query"}
     size = len(batch["index"])
     assert size == 6  # two pairs and the anchors' two given negatives

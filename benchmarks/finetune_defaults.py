@@ -1,0 +1,159 @@
+"""Every default of sentence-transformers' trainer beside this project's recipe, measured one at a time on
+every corpus the harness builds: which differences explain the in-batch gap, and which to adopt.
+
+The harness's sentence-transformers run (``_finetune_workers.st_worker``) is its ``SentenceTransformerTrainer``
+with ``MultipleNegativesRankingLoss``; this project's is ``yamls/finetune_code_search.yaml``. Where the two
+differ (benchmarks/README.md, "The defaults side by side"), a variant of this project's in-batch recipe takes
+sentence-transformers' value for that one default:
+
+- ``clip``: gradient clipping at norm 1.0 (Hugging Face's ``max_grad_norm``), Composer's ``GradientClipping``;
+- ``passages``: the loss in one direction, each query against the batch's passages
+  (``model.loss.negatives=passages``: ``MultipleNegativesRankingLoss``), instead of NT-Xent over every row;
+- ``st_defaults``: both;
+- ``miner``: repeated texts masked by their text alone, through a batch-hard miner whose dropped triplets
+  take their anchors' positives (the recipe before text groups; it differs only on corpora with repeats).
+
+Each (corpus, variant) is one ``finetune_code.py`` run of 3 seeds (the CPU size: 3,000 training pairs, 60
+steps of 16), stored as ``results/ablations/finetune_defaults/CORPUS_VARIANT.json`` and run only where that
+file is missing (``--redo`` runs it again); ``base`` holds both tools' plain in-batch recipes. The gathered
+table goes to ``results/ablations/finetune_defaults/finetune_defaults.{json,md}``: each variant's CSN MRR and
+its difference from this project's plain recipe and from sentence-transformers, with two standard errors.
+
+    python benchmarks/finetune_defaults.py [--corpora code code:1 docstring] [--variants NAME ...]
+        [--seeds 0 1 2] [--redo] [--keep-st] [--report] [--quick]
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import _finetune_report as report
+from _common import RESULTS, markdown_table, write_results
+from _common import parser as make_parser
+
+HERE = Path(__file__).resolve().parent
+NAME = "finetune_defaults"
+FOLDER = RESULTS / "ablations" / NAME
+_CLIP = "algorithms.gradient_clipping={clipping_type: norm, clipping_threshold: 1.0}"
+_PASSAGES = "model.loss.negatives=passages"
+#: variant -> (what it changes, its overrides of this project's in-batch recipe).
+VARIANTS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "base": ("both tools' in-batch recipes as they are", ()),
+    "clip": ("gradient clipping at norm 1.0", (_CLIP,)),
+    "passages": ("the loss one way: queries against passages (MNRL)", (_PASSAGES,)),
+    "st_defaults": ("both of the above", (_CLIP, _PASSAGES)),
+    "miner": (
+        "repeats masked by text only, through a batch-hard miner (the recipe before text groups)",
+        (
+            "algorithms.hard_negative_mining={strategy: batch_hard, duplicate_key: text_hash}",
+            "model.duplicate_key=null",
+        ),
+    ),
+}
+#: ``--corpora`` entries: ``CORPUS`` or ``CORPUS:SPLIT_SEED`` of ``benchmarks/_corpora.py``.
+CORPORA = ("docstring", "code:1", "code")
+
+
+def stem(corpus: str, variant: str) -> str:
+    return f"{corpus.replace(':', '_split')}_{variant}"
+
+
+def run(corpus: str, variant: str, seeds: list[int], quick: bool, keep_st: bool = False) -> None:
+    name, split = [*corpus.split(":"), "0"][:2]
+    with_st = variant == "base" and not keep_st
+    recipes = [report.OURS_IN_BATCH] + ([report.ST_IN_BATCH] if with_st else [])
+    command = [
+        sys.executable, str(HERE / "finetune_code.py"), "--corpus", name, "--split-seed", split,
+        "--recipes", *recipes, "--seeds", *map(str, seeds), "--name", stem(corpus, variant), "--out", str(FOLDER),
+        *(["--quick"] if quick else []), *(["--merge"] if variant == "base" and keep_st else []),
+    ]  # fmt: skip
+    overrides = VARIANTS[variant][1]
+    if overrides:
+        command += ["--override", *overrides]
+    print(f"{stem(corpus, variant)}: {' '.join(command[2:])}", flush=True)
+    subprocess.run(command, check=True)
+
+
+def _mrr(stored: dict[str, Any], recipe: str) -> tuple[float, float, int] | None:
+    found = stored["recipes"].get(recipe)
+    if not found:
+        return None
+    return found["csn_mrr"], found.get("csn_mrr_se", 0.0), len(found["runs"])
+
+
+def gather(corpora: list[str], quick: bool) -> tuple[dict[str, Any], str]:
+    suffix = "_quick" if quick else ""
+    rows, table = {}, []
+    for corpus in corpora:
+        base_path = FOLDER / f"{stem(corpus, 'base')}{suffix}.json"
+        if not base_path.exists():
+            continue
+        base = json.loads(base_path.read_text())
+        st, ours = _mrr(base, report.ST_IN_BATCH), _mrr(base, report.OURS_IN_BATCH)
+        data = base["data"]
+        rows[corpus] = {
+            "sentence-transformers": st,
+            "corpus_sha256": data.get("corpus_sha256"),
+            "variants": {},
+        }
+        table.append([corpus, "sentence-transformers, in-batch (MNRL)", _cell(st), "", ""])
+        for variant, (change, _) in VARIANTS.items():
+            path = FOLDER / f"{stem(corpus, variant)}{suffix}.json"
+            if not path.exists():
+                continue
+            mine = _mrr(json.loads(path.read_text()), report.OURS_IN_BATCH)
+            if mine is None:
+                continue
+            rows[corpus]["variants"][variant] = mine
+            label = "this project, in-batch" + ("" if variant == "base" else f" + {change}")
+            table.append([corpus, label, _cell(mine), _diff(mine, ours), _diff(mine, st)])
+    header = ("corpus", "recipe", "CSN MRR", "- ours plain", "- sentence-transformers")
+    text = (
+        "In-batch fine-tuning of all-MiniLM-L6-v2, 3,000 pairs, 60 steps of 16, CPU; mean +- standard error over "
+        "seeds; a difference +- its two standard errors.\n\n" + markdown_table(header, "llrrr", table)
+    )
+    return {"corpora": rows}, text
+
+
+def _cell(value: tuple[float, float, int] | None) -> str:
+    return "-" if value is None else f"{value[0]:.4f} +- {value[1]:.4f} ({value[2]})"
+
+
+def _diff(a: tuple[float, float, int] | None, b: tuple[float, float, int] | None) -> str:
+    if a is None or b is None:
+        return "-"
+    return f"{a[0] - b[0]:+.4f} +- {2 * math.hypot(a[1], b[1]):.4f}"
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = make_parser(__doc__, quick_help="one seed, a few steps of a few pairs: a smoke test")
+    parser.add_argument("--corpora", nargs="+", default=list(CORPORA))
+    parser.add_argument("--variants", nargs="+", choices=tuple(VARIANTS), default=list(VARIANTS))
+    parser.add_argument("--seeds", nargs="+", type=int, default=None)
+    parser.add_argument("--redo", action="store_true")
+    parser.add_argument(
+        "--keep-st",
+        action="store_true",
+        help="base: keep the stored sentence-transformers runs and redo this project's (after a recipe change)",
+    )
+    parser.add_argument("--report", action="store_true", help="only gather the stored runs")
+    args = parser.parse_args(argv)
+    seeds = args.seeds or ([0] if args.quick else [0, 1, 2])
+    if not args.report:
+        for corpus in args.corpora:
+            for variant in args.variants:
+                done = FOLDER / f"{stem(corpus, variant)}{'_quick' if args.quick else ''}.json"
+                if args.redo or args.keep_st or not done.exists():
+                    run(corpus, variant, seeds, args.quick, keep_st=args.keep_st)
+    result, text = gather(args.corpora, args.quick)
+    write_results(FOLDER, NAME, args.quick, result, text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
