@@ -13,7 +13,7 @@ composer_dynsample`` (and ``composer-dynsample --help``) does not pay for import
   the text encoders :class:`TransformerEncoder`, :class:`BagOfTokensEncoder`, :class:`TextCNNEncoder`,
   :class:`TwoTowerEncoder`,
   :class:`TripletMarginLoss`, :class:`ContrastiveLoss`, :class:`MultiSimilarityLoss`, :class:`InfoNCELoss`,
-  :class:`MatryoshkaLoss`;
+  :class:`MatryoshkaLoss`, :func:`mined_loss` (a loss on the :class:`MinedBatch` a model's ``loss`` receives);
 - data: :class:`IndexDataset`, :class:`GatherCollate`, :class:`TensorStore` (index-only datasets and the
   batched collate), loaders in :mod:`composer_dynsample.data`;
 - evaluation: :class:`RetrievalGallery` (the train-set gallery for retrieval metrics, in
@@ -37,7 +37,8 @@ __version__ = "0.1.0"
 # Each defining module and the public names it provides.
 _MODULES: dict[str, str] = {
     "composer_dynsample.samplers.dataloader": "BatchSamplerDataLoader build_dataloader",
-    "composer_dynsample.losses": "ContrastiveLoss InfoNCELoss MatryoshkaLoss MultiSimilarityLoss TripletMarginLoss",
+    "composer_dynsample.losses": "ContrastiveLoss InfoNCELoss MatryoshkaLoss MultiSimilarityLoss TripletMarginLoss "
+    "mined_loss",
     "composer_dynsample.models": "BagOfTokensEncoder Conv1dEncoder Conv2dEncoder EmbeddingModel MLPEncoder "
     "TextCNNEncoder TransformerEncoder TwoTowerEncoder",
     "composer_dynsample.algorithms": "BatchAugmentation CrossBatchMemory EmbeddingTable HardNegativeMining",
@@ -87,6 +88,7 @@ __all__ = [
     "TwoStreamBatchSampler",
     "TwoTowerEncoder",
     "build_dataloader",
+    "mined_loss",
 ]
 
 if TYPE_CHECKING:
@@ -109,6 +111,7 @@ if TYPE_CHECKING:
         MatryoshkaLoss,
         MultiSimilarityLoss,
         TripletMarginLoss,
+        mined_loss,
     )
     from composer_dynsample.metrics import RankingMetrics
     from composer_dynsample.mining.mined_batch import MinedBatch

@@ -19,6 +19,12 @@ from composer_dynsample.samplers.base import (
     no_epoch_target_message,
     sampler_world_error,
 )
+from composer_dynsample.samplers.wiring import (
+    check_dataset_length,
+    check_microbatches,
+    check_train_loader,
+    dataset_length,
+)
 from composer_dynsample.validation import check_bool, is_int
 
 __all__ = ["SetSamplerEpoch", "find_epoch_target"]
@@ -98,9 +104,18 @@ class SetSamplerEpoch(Callback):
     without ``train_subset_num_batches``; any other sampler resumed mid-epoch on another number of ranks
     gets a ``ValueError`` naming both world sizes, and so does ``spin_dataloaders=False``, at the first
     batch (before any training step), since a callback cannot read that setting before. The checkpoint
-    also records the sampler's seed, batch size and number of batches; a mid-epoch resume with other
-    values (on any number of ranks) builds another epoch and is refused with a ``ValueError``. A resume
+    also records the sampler's seed, batch size, number of batches and the hashes of its labels and of the
+    epoch's plan; a mid-epoch resume with other values (on any number of ranks) builds another epoch and is
+    refused with a ``ValueError``. A resume
     at an epoch boundary is exact on any number of ranks.
+
+    Wiring mistakes are refused where they can first be known, each in one line naming the fix
+    (:mod:`composer_dynsample.samplers.wiring`): at ``FIT_START`` a batch sampler given as ``sampler=``, a
+    sampler built on more labels than the dataset has samples, and microbatches
+    (``device_train_microbatch_size``) that cut every P x K batch into single classes; at every
+    ``EPOCH_START`` a dataset whose length changed since the fit started (its sampler would draw past its
+    end, or never draw its new samples); and at a mid-epoch resume a checkpoint whose epoch had other
+    labels or another plan (other data of the same batch count), as the command line refuses other data.
 
     With a ``DataLoader(batch_sampler=...)`` (``batch_size=None``) and no ``device_train_microbatch_size``,
     Composer would fail with a bare ``AssertionError`` at the first batch; at ``FIT_START`` this callback
@@ -124,10 +139,14 @@ class SetSamplerEpoch(Callback):
         self._state: State | None = None
         self._resumed: ResumePlan | None = None
         self._check_first_batch = 0  # after an elastic resume: the batch size a real first batch has
+        self._dataset_length: int | None = None  # at FIT_START: an epoch over another length is refused
 
     def fit_start(self, state: State, logger: Logger) -> None:
         self._state = state
         self._check_microbatch_size(state)
+        check_train_loader(state.train_dataloader)
+        check_microbatches(state.train_dataloader, state.device_train_microbatch_size)
+        self._dataset_length = dataset_length(state.train_dataloader)
         self._resume_elastically(state)
         self._set_epoch(state, logger)
 
@@ -137,7 +156,7 @@ class SetSamplerEpoch(Callback):
         if self._state is not None:
             epoch, batch = int(self._state.timestamp.epoch), int(self._state.timestamp.batch_in_epoch)
             saved.update(epoch=epoch, global_batches_done=self._global_batches_done(epoch, batch))
-            layout = _sampler_layout(find_epoch_target(self._state.train_dataloader))
+            layout = _sampler_layout(find_epoch_target(self._state.train_dataloader), epoch)
             if layout is not None:
                 saved["sampler"] = layout
         return saved
@@ -200,11 +219,17 @@ class SetSamplerEpoch(Callback):
     def _check_same_sampler(self, state: State, epoch: int, skip: int) -> None:
         """Refuse a mid-epoch resume whose sampler builds another epoch than the one interrupted."""
         saved = self._saved.get("sampler")
-        now = _sampler_layout(find_epoch_target(state.train_dataloader))
-        if saved is None or now is None or self._saved.get("epoch") != epoch or dict(saved) == now:
+        now = _sampler_layout(find_epoch_target(state.train_dataloader), epoch)
+        if saved is None or now is None or self._saved.get("epoch") != epoch:
             return
+        differs = [key for key, value in now.items() if key in saved and saved[key] != value]
+        if not differs:
+            return
+        if any(key in _LAYOUT_NUMBERS for key in differs) and "plan" in differs:
+            differs.remove("plan")  # another batch size or seed builds another plan: said by the numbers
         described = ", ".join(
-            f"{key} {saved.get(key)} -> {value}" for key, value in now.items() if saved.get(key) != value
+            f"{key} {saved[key]} -> {now[key]}" if key in _LAYOUT_NUMBERS else _LAYOUT_HASHES[key]
+            for key in differs
         )
         raise ValueError(
             f"SetSamplerEpoch: the checkpoint was written in the middle of epoch {epoch} (batch {skip}), and this "
@@ -228,6 +253,7 @@ class SetSamplerEpoch(Callback):
             )
 
     def epoch_start(self, state: State, logger: Logger) -> None:
+        check_dataset_length(state.train_dataloader, self._dataset_length, int(state.timestamp.epoch))
         self._set_epoch(state, logger)
         if self._resumed is not None and self._resumed.epoch != int(state.timestamp.epoch):
             self._resumed = None
@@ -275,8 +301,24 @@ def _sampler_world_error(target: SupportsSetEpoch | None) -> str | None:
     )
 
 
-def _sampler_layout(target: SupportsSetEpoch | None) -> dict[str, int] | None:
-    """What decides an epoch's global batches of a package sampler: seed, batch size and batch count."""
+_LAYOUT_NUMBERS = ("seed", "batch_size", "global_batches")
+#: The hashes of an epoch's layout, and what a difference means.
+_LAYOUT_HASHES = {
+    "labels": "the sampler's labels differ (other data)",
+    "plan": "the epoch's global batches differ (other data or options)",
+}
+
+
+def _sampler_layout(target: SupportsSetEpoch | None, epoch: int) -> dict[str, Any] | None:
+    """What decides an epoch's global batches of a package sampler: seed, batch size, batch count, and the
+    hashes of its labels and of the epoch's plan (a resume on other data of the same batch count)."""
     if not isinstance(target, DistributedBatchSampler):
         return None
-    return {"seed": target.seed, "batch_size": target.batch_size, "global_batches": target.num_global_batches}
+    hashes = target.fingerprints(epoch)
+    return {
+        "seed": target.seed,
+        "batch_size": target.batch_size,
+        "global_batches": target.num_global_batches,
+        "labels": hashes["labels"],
+        "plan": hashes["plan"],
+    }

@@ -2,6 +2,7 @@
 
 from composer_dynsample.losses.infonce import InfoNCELoss
 from composer_dynsample.losses.matryoshka import MatryoshkaLoss
+from composer_dynsample.losses.mined_loss import mined_loss
 from composer_dynsample.losses.tuple_losses import (
     ContrastiveLoss,
     MultiSimilarityLoss,
@@ -18,4 +19,5 @@ __all__ = [
     "TripletMarginLoss",
     "all_pairs",
     "all_triplets",
+    "mined_loss",
 ]

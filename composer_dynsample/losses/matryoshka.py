@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from composer_dynsample.losses.mined_loss import reject_mined_batch
 from composer_dynsample.losses.tuple_losses import forward_takes
 from composer_dynsample.validation import InputTypeError, check_bool, is_int
 
@@ -169,6 +170,7 @@ class MatryoshkaLoss(nn.Module):
     ) -> torch.Tensor:
         """The weighted sum over the dimensions; the keyword arguments reach the inner loss when its
         ``forward`` takes them (as :class:`~composer_dynsample.EmbeddingModel` passes them to a loss)."""
+        reject_mined_batch(type(self).__name__, embeddings)
         for name, value in (("embeddings", embeddings), ("ref_emb", ref_emb)):
             if (
                 isinstance(value, torch.Tensor)

@@ -19,6 +19,7 @@ cast to float64, and its gradient reaches the embeddings finite, in their own dt
 from __future__ import annotations
 
 import inspect
+from typing import Any
 
 import torch
 from torch import nn
@@ -91,6 +92,14 @@ class TupleLoss(nn.Module):
         super().__init__()
         check_distance(distance)
         self.distance = distance
+
+    def __call__(self, embeddings: Any, *args: Any, **kwargs: Any) -> torch.Tensor:
+        """``forward``, after refusing a :class:`~composer_dynsample.MinedBatch` (or any non-tensor) given as
+        the embeddings, in one line naming the call to write."""
+        from composer_dynsample.losses.mined_loss import reject_mined_batch
+
+        reject_mined_batch(type(self).__name__, embeddings)
+        return super().__call__(embeddings, *args, **kwargs)
 
     def forward(
         self,

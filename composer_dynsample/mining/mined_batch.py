@@ -12,7 +12,11 @@ consumes it in its ``loss`` as::
         ...
 
 which is exactly the call signature of pytorch-metric-learning losses (``indices_tuple``, ``ref_emb``,
-``ref_labels``), so those work unchanged, and of the losses in :mod:`composer_dynsample.losses`.
+``ref_labels``), so those work unchanged, and of the losses in :mod:`composer_dynsample.losses`;
+:func:`~composer_dynsample.mined_loss` (``mined_loss(my_loss, outputs)``) writes that call, and adds the
+keywords a loss of this package takes. A loss given the :class:`MinedBatch` itself where the embeddings
+belong is refused in one line naming that call, and a loss that never reads ``indices_tuple`` is warned
+about once (it trains on every tuple of the batch).
 With duplicate ids (``HardNegativeMining(duplicate_key=...)``), a loss that takes every pool row as a
 negative also needs them: :class:`~composer_dynsample.InfoNCELoss` takes ``duplicate_ids=`` and
 ``ref_duplicate_ids=`` keywords, which ``EmbeddingModel`` passes when the loss accepts them.
@@ -58,6 +62,8 @@ class MinedBatch:
         ref_duplicate_ids (torch.Tensor | None): The pool's duplicate ids, set with ``ref_embeddings``.
         checks_deferred (bool): The embeddings' value checks (NaN, inf, float32 overflow) are made on the
             device and read later (:mod:`composer_dynsample.deferred_checks`): the loss reads none either.
+        tuples_read (bool): Whether ``indices_tuple`` was read since the algorithm handed the batch over; a
+            loss that never reads it trains on every tuple of the batch, and the algorithm warns once.
     """
 
     embeddings: torch.Tensor
@@ -72,6 +78,14 @@ class MinedBatch:
     duplicate_ids: torch.Tensor | None = None
     ref_duplicate_ids: torch.Tensor | None = None
     checks_deferred: bool = False
+    tuples_read: bool = field(default=False, repr=False, compare=False)
+
+    def __getattribute__(self, name: str) -> Any:
+        # Reading the tuples marks them read: the algorithm resets the mark once it is done with the batch,
+        # and warns when the loss never reads them (their mining is then thrown away).
+        if name == "indices_tuple":
+            object.__setattr__(self, "tuples_read", True)
+        return object.__getattribute__(self, name)
 
     @property
     def pool_embeddings(self) -> torch.Tensor:

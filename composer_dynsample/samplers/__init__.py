@@ -6,6 +6,7 @@ does the same for any sampler with ``set_epoch`` and on resume.
 """
 
 from composer_dynsample.samplers.base import DistributedBatchSampler, SupportsSetEpoch
+from composer_dynsample.samplers.dataloader import BatchSamplerDataLoader, build_dataloader
 from composer_dynsample.samplers.hard_class import HardClassPKBatchSampler
 from composer_dynsample.samplers.mined_negatives import MinedNegativesPKBatchSampler
 from composer_dynsample.samplers.neighbours import NeighbourBatchSampler
@@ -13,6 +14,7 @@ from composer_dynsample.samplers.pk import PKBatchSampler
 from composer_dynsample.samplers.two_stream import TwoStreamBatchSampler
 
 __all__ = [
+    "BatchSamplerDataLoader",
     "DistributedBatchSampler",
     "HardClassPKBatchSampler",
     "MinedNegativesPKBatchSampler",
@@ -20,4 +22,5 @@ __all__ = [
     "PKBatchSampler",
     "SupportsSetEpoch",
     "TwoStreamBatchSampler",
+    "build_dataloader",
 ]

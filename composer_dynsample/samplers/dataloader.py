@@ -42,6 +42,9 @@ class BatchSamplerDataLoader(DataLoader):
         super().__init__(dataset, batch_sampler=batch_sampler, **kwargs)
         # DataLoader forbids assigning batch_size after __init__; it only reads it for iterable datasets.
         self.__dict__["batch_size"] = int(batch_size)
+        from composer_dynsample.samplers.wiring import check_train_loader
+
+        check_train_loader(self)  # a sampler built on more labels than the dataset has samples
 
 
 def build_dataloader(dataset: Dataset, batch_sampler: Any, **kwargs: Any) -> BatchSamplerDataLoader:

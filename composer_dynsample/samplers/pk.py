@@ -121,6 +121,16 @@ class PKBatchSampler(DistributedBatchSampler):
                 UserWarning,
                 stacklevel=2,
             )
+        single = int((counts == 1).sum()) if small_classes == "replace" and k > 1 else 0
+        if single:
+            warnings.warn(
+                f"{single} of {counts.size} classes have a single sample: with small_classes='replace' each of "
+                f"their batches holds that one index {k} times (samples_per_class), a positive pair of a sample "
+                "with itself, which trains nothing; leave them out (small_classes='drop') or give them more "
+                "samples.",
+                UserWarning,
+                stacklevel=2,
+            )
         self._is_small = small
         self._chunks, self._num_batches = _cap_chunks(chunks, p)
         self._check_enough_batches()

@@ -239,6 +239,8 @@ def test_an_elastically_resumed_epoch_saves_its_global_position_for_the_next_res
     state = torch.load(tmp_path / "ep1-ba12-rank0.pt", weights_only=False)["state"]["callbacks"]
     (saved,) = [value for key, value in state.items() if "SetSamplerEpoch" in key]
     layout = {"seed": 11, "batch_size": 12, "global_batches": 8}
+    sampler = find_epoch_target(first.state.train_dataloader)
+    layout.update({key: sampler.fingerprints(1)[key] for key in ("labels", "plan")})
     assert saved == {"world_size": 1, "epoch": 1, "global_batches_done": 6, "sampler": layout}
     second, _, second_part = make_run(
         callbacks=[SetSamplerEpoch()], load_path=str(tmp_path / "ep1-ba12-rank0.pt")

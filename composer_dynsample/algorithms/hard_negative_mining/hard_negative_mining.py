@@ -32,9 +32,11 @@ from composer_dynsample.algorithms.hard_negative_mining.schedule import Strategy
 from composer_dynsample.batches import batch_rows, batch_tensor
 from composer_dynsample.distances import check_distance
 from composer_dynsample.distributed import unwrap_model
+from composer_dynsample.losses.mined_loss import CALL
 from composer_dynsample.mining.memory import CrossBatchMemory
 from composer_dynsample.mining.mined_batch import MinedBatch
 from composer_dynsample.mining.step import all_ranks_finite, mining_step, skipped_step, step_health
+from composer_dynsample.samplers.wiring import check_microbatches, check_train_loader
 from composer_dynsample.validation import check_choice, check_float, check_int, parse_time
 
 __all__ = ["HardNegativeMining"]
@@ -42,7 +44,9 @@ __all__ = ["HardNegativeMining"]
 _ON_NONFINITE = ("raise", "skip")
 # Where the batch is noted, mined, and its statistics read (BATCH_END of a logging step, each epoch's and the
 # run's end).
-_EVENTS = (Event.AFTER_DATALOADER, Event.AFTER_FORWARD, Event.BATCH_END, Event.EPOCH_END, Event.FIT_END)
+_EVENTS = (
+    Event.FIT_START, Event.AFTER_DATALOADER, Event.AFTER_FORWARD, Event.BATCH_END, Event.EPOCH_END, Event.FIT_END,
+)  # fmt: skip
 
 
 class HardNegativeMining(Algorithm):
@@ -65,6 +69,12 @@ class HardNegativeMining(Algorithm):
     miners ``batch_hard`` and ``hard_topk`` on a pool of the batch alone read nothing; the others, the
     cross-rank pool and the memory may read what they need (a count, a size). ``on_nonfinite="skip"`` must
     decide before the loss, so it reads one flag a step.
+
+    **Wiring.** At ``FIT_START`` it refuses, in one line naming the fix, a batch sampler given to the
+    ``DataLoader`` as ``sampler=`` and microbatches that cut every P x K batch into single classes
+    (:mod:`composer_dynsample.samplers.wiring`). A loss that never reads the mined tuples
+    (``MinedBatch.indices_tuple``) trains on every tuple of the batch: the algorithm warns once, naming
+    :func:`~composer_dynsample.mined_loss`, the one call to write in one's own model's ``loss``.
 
     Args:
         strategy (str | Mapping[str, str]): A name of :data:`~composer_dynsample.mining.MINERS`, or a
@@ -145,6 +155,8 @@ class HardNegativeMining(Algorithm):
         self._window = LogWindow()
         self._memory_used = False
         self._warned_microbatch = False
+        self._warned_unread = False
+        self._handed_over: list[MinedBatch] = []  # this step's mined microbatches, checked at BATCH_END
         self._device_rows: int | None = None
         self._max_positives: int | None = None
 
@@ -155,6 +167,12 @@ class HardNegativeMining(Algorithm):
         """Note the device batch (``AFTER_DATALOADER``), mine the microbatch and hand a :class:`MinedBatch` to
         the loss (``AFTER_FORWARD``), or read, log and check the steps since the last read (``BATCH_END`` of
         a logging step, ``EPOCH_END``, ``FIT_END``)."""
+        if event == Event.FIT_START:  # the loader's wiring, before the first batch
+            check_train_loader(state.train_dataloader)
+            check_microbatches(state.train_dataloader, state.device_train_microbatch_size)
+            return
+        if event == Event.BATCH_END:
+            self._check_tuples_read()
         if event == Event.AFTER_DATALOADER:  # labels that are not there yet are looked for at AFTER_FORWARD
             labels = batch_tensor(state, self.labels_key, "labels", 1)[0]
             self._device_rows = batch_rows(labels)
@@ -196,7 +214,23 @@ class HardNegativeMining(Algorithm):
             mined = skipped_step(embeddings, labels, miner, state.model.parameters(), strategy=strategy)
         mined.outputs = state.outputs
         self._window.add(mined, batch=batch, health=health)
+        mined.tuples_read = False  # from here on, only what the loss reads
+        self._handed_over.append(mined)
         return mined
+
+    def _check_tuples_read(self) -> None:
+        """Warn once when the step's loss read none of the mined tuples: it trained on every tuple of the batch."""
+        handed, self._handed_over = self._handed_over, []
+        if self._warned_unread or not handed or any(mined.tuples_read for mined in handed):
+            return
+        self._warned_unread = True
+        warnings.warn(
+            f"HardNegativeMining: the loss never read the tuples {handed[-1].strategy} mined (MinedBatch."
+            "indices_tuple), so it trained on every tuple of the batch and the mining was thrown away. In the "
+            f"model's loss, call {CALL}.",
+            UserWarning,
+            stacklevel=3,
+        )
 
     def _read(self, state: State, logger: Logger) -> None:
         """Read the steps since the last read (one transfer): raise on unhealthy embeddings, log, warn."""
@@ -222,6 +256,7 @@ class HardNegativeMining(Algorithm):
                 strategy=window.last_strategy,
                 batch=window.last_batch + 1,  # the batch being trained, counted from 1
                 steps_per_epoch=None if state.dataloader_len is None else int(state.dataloader_len),
+                device_rows=self._device_rows,
             )
 
     def strategy_at(self, state: State) -> str:

@@ -59,6 +59,7 @@ class NothingMinedWatch:
         strategy: str,
         batch: int,
         steps_per_epoch: int | None = None,
+        device_rows: int | None = None,
     ) -> None:
         """Warn when the run of empty steps reaches the patience.
 
@@ -69,6 +70,8 @@ class NothingMinedWatch:
             strategy (str): The strategy that ran.
             batch (int): The batch being trained, counted from 1, for the message.
             steps_per_epoch (int, optional): The batches in an epoch, when known.
+            device_rows (int, optional): The rows of the device batch, when Composer split it into
+                microbatches of fewer rows (the step mined one microbatch).
         """
         limit = min(self.patience, steps_per_epoch) if steps_per_epoch else self.patience
         if self.warned or empty_steps < max(limit, 1):
@@ -76,17 +79,31 @@ class NothingMinedWatch:
         self.warned = True
         message = (
             f"HardNegativeMining: {strategy} found no tuple in {empty_steps} consecutive steps (through "
-            f"batch {batch}): the loss is zero and nothing trains. {_likely_cause(labels, pool_labels, strategy)}"
+            f"batch {batch}): the loss is zero and nothing trains. "
+            f"{_likely_cause(labels, pool_labels, strategy, device_rows)}"
         )
         log.warning(message)
         warnings.warn(message, UserWarning, stacklevel=3)
 
 
-def _likely_cause(labels: torch.Tensor, pool_labels: torch.Tensor | None, strategy: str) -> str:
+def _likely_cause(
+    labels: torch.Tensor, pool_labels: torch.Tensor | None, strategy: str, device_rows: int | None = None
+) -> str:
     """The likely reason a step found nothing, read off its labels (the pool's when it has one)."""
     pool = labels if pool_labels is None else pool_labels
     _, counts = torch.unique(pool, return_counts=True)
     rows = "the pool" if pool_labels is not None else f"the batch of {labels.numel()} rows"
+    if (
+        pool_labels is None
+        and device_rows is not None
+        and labels.numel() < device_rows
+        and counts.numel() == 1
+    ):
+        return (
+            f"Composer splits each batch of {device_rows} rows into microbatches of {labels.numel()} "
+            "(device_train_microbatch_size), each of one class, so no microbatch has a negative: set "
+            f"device_train_microbatch_size to {device_rows}, or use EmbeddingModel(forward_chunk_size=N) for memory."
+        )
     if counts.numel() and int(counts.max()) < 2:
         return (
             f"No label occurs twice in {rows}, so there is no positive pair: use a P x K sampler with "

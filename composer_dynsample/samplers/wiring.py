@@ -1,0 +1,114 @@
+"""The wiring mistakes a Composer user makes with a batch sampler, caught before the first batch.
+
+A batch sampler of this package works only when the ``DataLoader`` gets it as ``batch_sampler`` and its
+labels are the dataset's; Composer's microbatches must not cut a P x K batch into single classes. Each
+mistake otherwise fails far away (a shape error in a loss, an ``IndexError`` mid-epoch) or trains on the
+wrong thing with no error (a loss of zero for the whole run, new samples never drawn). The checks here
+read the loader and the sampler only, and raise a ``ValueError`` in one line naming the fix;
+:class:`~composer_dynsample.callbacks.SetSamplerEpoch` and
+:class:`~composer_dynsample.HardNegativeMining` run them at ``FIT_START``, and the callback the dataset's
+length again at every ``EPOCH_START``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch.utils.data import BatchSampler, DataLoader
+
+from composer_dynsample.samplers.base import DistributedBatchSampler
+
+__all__ = [
+    "check_dataset_length",
+    "check_microbatches",
+    "check_train_loader",
+    "dataset_length",
+    "torch_loader",
+]
+
+
+def torch_loader(dataloader: Any) -> DataLoader | None:
+    """The ``DataLoader`` itself, also inside a Composer ``DataSpec``; ``None`` for anything else."""
+    loader = getattr(dataloader, "dataloader", dataloader)
+    return loader if isinstance(loader, DataLoader) else None
+
+
+def dataset_length(dataloader: Any) -> int | None:
+    """``len`` of the loader's dataset, or ``None`` when it has none (an iterable dataset)."""
+    loader = torch_loader(dataloader)
+    try:
+        return None if loader is None else len(loader.dataset)  # type: ignore[arg-type]
+    except TypeError:
+        return None
+
+
+def check_train_loader(dataloader: Any) -> None:
+    """Refuse a batch sampler given as ``sampler=`` and a sampler drawing indices past the dataset's end.
+
+    Example:
+        >>> import torch
+        >>> from torch.utils.data import TensorDataset
+        >>> from composer_dynsample.samplers import PKBatchSampler
+        >>> labels = torch.arange(16) % 4
+        >>> check_train_loader(DataLoader(TensorDataset(labels), sampler=PKBatchSampler(labels, 2, 2)))  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        ValueError: The train DataLoader got the batch sampler PKBatchSampler as sampler=...
+    """
+    loader = torch_loader(dataloader)
+    if loader is None:
+        return
+    sampler, batches = loader.sampler, loader.batch_sampler
+    if isinstance(sampler, DistributedBatchSampler) and not isinstance(batches, DistributedBatchSampler):
+        raise ValueError(
+            f"The train DataLoader got the batch sampler {type(sampler).__name__} as sampler=, so each of its "
+            f"batches of {sampler.batch_size} indices became one item of a batch of {loader.batch_size}: pass it "
+            "as batch_sampler=, or build the loader with composer_dynsample.samplers.build_dataloader(dataset, "
+            "batch_sampler)."
+        )
+    target = batches if isinstance(batches, DistributedBatchSampler) else None
+    if target is None and isinstance(batches, BatchSampler):
+        target = batches.sampler if isinstance(batches.sampler, DistributedBatchSampler) else None
+    size = dataset_length(loader)
+    if target is not None and size is not None and target.num_indices > size:
+        raise ValueError(
+            f"The train batch sampler {type(target).__name__} was built on {target.num_indices} labels and draws "
+            f"indices up to {target.num_indices - 1}, but the dataset holds {size} samples: build it on the "
+            "dataset's own labels (one per sample, in the dataset's order)."
+        )
+
+
+def check_dataset_length(dataloader: Any, at_fit_start: int | None, epoch: int) -> None:
+    """Refuse an epoch over a dataset whose length changed since ``FIT_START`` (``at_fit_start``)."""
+    now = dataset_length(dataloader)
+    if at_fit_start is None or now is None or now == at_fit_start:
+        return
+    effect = (
+        "its sampler would draw indices past its end"
+        if now < at_fit_start
+        else f"its {now - at_fit_start} new samples would never be drawn"
+    )
+    raise ValueError(
+        f"The train dataset held {at_fit_start} samples at the start of the fit and holds {now} at epoch {epoch}: "
+        f"{effect}, since the batch sampler was built on its labels then. Keep the dataset fixed during a fit, "
+        "or rebuild the batch sampler and the DataLoader on the new labels and start a new fit."
+    )
+
+
+def check_microbatches(dataloader: Any, microbatch_size: int | None) -> None:
+    """Refuse microbatches that cut every P x K batch into single classes: each then has no negative, and
+    the loss is zero for the whole run."""
+    loader = torch_loader(dataloader)
+    sampler = None if loader is None else loader.batch_sampler
+    k = getattr(sampler, "samples_per_class", None)
+    p = getattr(sampler, "classes_per_batch", None)
+    if microbatch_size is None or not isinstance(k, int) or not isinstance(p, int) or p < 2:
+        return
+    if microbatch_size <= k and k % microbatch_size == 0:
+        raise ValueError(
+            f"device_train_microbatch_size={microbatch_size} cuts each batch of {p} classes x {k} samples "
+            f"({type(sampler).__name__}) into microbatches of one class each, which Composer trains one at a "
+            "time: no microbatch has a negative, so mining finds nothing and the loss is zero. Set "
+            f"device_train_microbatch_size to the batch size ({p * k}), or at least {2 * k} (two whole classes); "
+            "for memory, use EmbeddingModel(forward_chunk_size=N), which keeps the whole batch as the pool."
+        )
