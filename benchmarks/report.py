@@ -115,7 +115,7 @@ def summary(results: Path) -> str:
 def fill_tables(text: str, results: Path) -> str:
     """Replace each ``<!-- results:NAME -->`` ... ``<!-- /results:NAME -->`` block with ``results/NAME.md``."""
     for match in reversed(
-        list(re.finditer(r"<!-- results:([\w.-]+) -->\n(.*?)<!-- /results:\1 -->", text, re.S))
+        list(re.finditer(r"<!-- results:([\w./-]+) -->\n(.*?)<!-- /results:\1 -->", text, re.S))
     ):
         table = (results / f"{match.group(1)}.md").read_text().strip()
         block = f"<!-- results:{match.group(1)} -->\n{table}\n<!-- /results:{match.group(1)} -->"

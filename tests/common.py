@@ -1,9 +1,12 @@
-"""Small models, recorders and the simulated Composer revert shared by the Trainer tests."""
+"""Small models, recorders and the runs with Composer's fix reverted, shared by the Trainer tests.
+
+The revert is the package's own :func:`~composer_dynsample.callbacks.reverted_batch_sampler_fix`, importable
+from here too.
+"""
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -12,9 +15,10 @@ from composer import Trainer
 from composer.core import Callback, State
 from composer.loggers import Logger
 from composer.models import ComposerModel
-from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+from torch.utils.data import TensorDataset
 
 from composer_dynsample import PKBatchSampler, SetSamplerEpoch, build_dataloader
+from composer_dynsample.callbacks.composer_epoch_fix import reverted_batch_sampler_fix
 
 
 class IndexClassifier(ComposerModel):
@@ -62,24 +66,6 @@ class IndexRecorder(BatchRecorder):
     def after_dataloader(self, state, logger) -> None:
         key = (int(state.timestamp.epoch), int(state.timestamp.batch_in_epoch))
         self.batches[key] = state.batch["index"].tolist()
-
-
-def _pre_fix_get_distributed_sampler(dataloader: DataLoader) -> DistributedSampler | None:
-    """Composer's behaviour before v0.21.2 (issue #3123): only ``dataloader.sampler`` got its epoch set."""
-    return dataloader.sampler if isinstance(dataloader.sampler, DistributedSampler) else None
-
-
-@contextlib.contextmanager
-def reverted_batch_sampler_fix() -> Iterator[None]:
-    """Simulate a Composer with the batch_sampler ``set_epoch`` fix reverted, for the duration of the block."""
-    import composer.trainer.trainer as trainer_module
-
-    original = trainer_module._get_distributed_sampler
-    trainer_module._get_distributed_sampler = _pre_fix_get_distributed_sampler
-    try:
-        yield
-    finally:
-        trainer_module._get_distributed_sampler = original
 
 
 def assert_each_epoch_has_its_own_order(recorder: BatchRecorder, sampler, epochs: int) -> None:

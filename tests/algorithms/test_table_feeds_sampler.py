@@ -98,7 +98,7 @@ def test_a_mid_epoch_resume_trains_the_uninterrupted_batches(tmp_path):
 def test_without_the_snapshot_the_resumed_epoch_would_differ(tmp_path):
     """The check above can fail: a sampler resumed without its centroids builds another epoch, which the
     epoch's plan saved in the checkpoint refuses before a batch is trained."""
-    trainer, _, full = make_run(tmp_path, save_folder=str(tmp_path / "ck"), save_interval="7ba")
+    trainer, _, _ = make_run(tmp_path, save_folder=str(tmp_path / "ck"), save_interval="7ba")
     trainer.fit()
     trainer.close()
     checkpoint = torch.load(tmp_path / "ck" / "ep1-ba28-rank0.pt", weights_only=False)

@@ -34,7 +34,9 @@ def test_a_short_run_of_the_recipe_makes_no_host_read_and_reports_its_ratio(tmp_
     # The operations that would sync on CUDA, counted on the CPU: Composer's value reads only; the loss's
     # masks of repeated texts are sorted and searched on the device (the miner's variable-size tuples, three
     # such operations a step, went with the miner).
-    assert stored["sync_ops_per_step_by_site"] == {} and stored["sync_ops_per_step"]["composer_dynsample"] == 0
+    assert (
+        stored["sync_ops_per_step_by_site"] == {} and stored["sync_ops_per_step"]["composer_dynsample"] == 0
+    )
     assert stored["sync_ops_per_step"]["composer"] >= 1
 
 
