@@ -8,6 +8,7 @@ order; :func:`~composer_dynsample.data.streaming.convert_to_mds` writes them wit
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 import time
 from collections.abc import Sequence
@@ -54,6 +55,7 @@ def convert(
 
     if to_format != "mds":
         raise ConfigError(f"--to {to_format!r}: the one format written is mds (MosaicML Streaming).")
+    _check_folder_can_be_made(out)
     if out.exists() and not overwrite:
         raise OutputError(
             f"--to mds {str(out)!r}: it exists; give a new folder, or --overwrite to replace it."
@@ -75,6 +77,13 @@ def convert(
         )  # fmt: skip
     except ValueError as error:
         raise ConfigError(f"convert: {error}") from None
+    except OSError as error:  # a folder this user cannot write in, a disk that is full
+        shutil.rmtree(out, ignore_errors=True)  # nothing half-written is left to look complete
+        reason = error.strerror or type(error).__name__
+        where = f" ({error.filename})" if error.filename else ""
+        raise OutputError(
+            f"--to mds {str(out)!r}: cannot write there: {reason}{where}; give another folder."
+        ) from None
     size = sum(path.stat().st_size for path in out.rglob("*") if path.is_file())
     print(
         f"wrote {_rows(splits.train)} training and {_rows(splits.test)} test rows of {splits.name!r} to {out} "
@@ -83,6 +92,20 @@ def convert(
         flush=True,
     )
     return out
+
+
+def _check_folder_can_be_made(out: Path) -> None:
+    """Refuse an ``out`` that is a file, or whose nearest existing parent is a file, before any data is loaded."""
+    if out.exists() and not out.is_dir():
+        raise OutputError(f"--to mds {str(out)!r}: it is a file, not a folder; give a folder to create.")
+    parent = out.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if parent.exists() and not parent.is_dir():
+        raise OutputError(
+            f"--to mds {str(out)!r}: {str(parent)!r} is a file, so no folder can be made under it; give another "
+            "folder."
+        )
 
 
 def _rows(store: object) -> int:

@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 import torch
 from composer.core import DataSpec
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 from torch.utils.data import DataLoader
 
 from composer_dynsample.config.components import (
@@ -115,6 +115,8 @@ def build_data(cfg: DictConfig) -> DatasetSplits:
     for key, value in folder_data_defaults(cfg, tokenizer=found is None).items():
         if kwargs.get(key) is None:
             kwargs[key] = value
+            if key == "max_length":  # the run's config.yaml records the length used, the folder's too
+                OmegaConf.update(cfg, "data.max_length", value, force_add=True)
     try:
         splits = call("data", entry, kwargs)
     except FileNotFoundError as error:

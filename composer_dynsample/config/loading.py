@@ -21,7 +21,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from composer_dynsample.config.components import COMPONENT_KEY, ConfigError, check_keys
-from composer_dynsample.config.overrides import dropped_keys_note
+from composer_dynsample.config.overrides import as_flow, carried_keys, dropped_keys_note
 from composer_dynsample.validation import check_choice, check_int, check_time
 
 __all__ = [
@@ -332,8 +332,16 @@ def _apply(cfg: DictConfig, override: str, note: Callable[[str], None] | None = 
         ) from None
     if isinstance(value, DictConfig):
         line = dropped_keys_note(cfg, key, value) if note is not None else None
+        carried = carried_keys(cfg, key, value)
+        if carried:
+            value = OmegaConf.merge(value, carried)
+            settings = ", ".join(f"{name}: {as_flow(item)}" for name, item in carried.items())
+            line = (
+                f"note: {key}={{...}} replaced the {key} section; {settings} carried over from it, as every "
+                f"text loader takes {'it' if len(carried) == 1 else 'them'} (set {key}.NAME=... after it to change)"
+            )
         OmegaConf.update(cfg, key, value, merge=False)
-        if line is not None:
+        if line is not None and note is not None:
             note(line)
     else:
         cfg.merge_with(OmegaConf.from_dotlist([override]))

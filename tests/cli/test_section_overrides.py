@@ -52,3 +52,28 @@ def test_a_mapping_naming_another_component_is_not_noted(tmp_path, capsys):
     train(tmp_path, config, mined)  # pk's classes_per_batch and samples_per_class are not mined_negatives'
     assert notes(capsys) == []
     assert (tmp_path / "run" / "metrics.json").is_file()
+
+
+def test_a_text_loader_replacing_another_keeps_the_length_and_says_so(tmp_path, capsys):
+    """The first fine-tuning trap: the recipe's code_search section sets max_length 128, and a user's own pairs
+    as data={name: pairs, ...} dropped it with no note (the note compared the same loader only), so the run
+    used another length and its config.yaml did not say which."""
+    import yaml
+
+    write_pairs(tmp_path)
+    config = write_bag_pairs_config(tmp_path, PK)
+    text = yaml.safe_load(Path(config).read_text())
+    text["data"] = {"name": "code_search", "max_length": 20, "groups": ["stdlib:json"]}
+    Path(config).write_text(yaml.safe_dump(text))
+    data = (
+        f"data={{name: pairs, path: {tmp_path / 'train.jsonl'}, test_path: {tmp_path / 'test.jsonl'}, "
+        f"vocab_size: 200, cache_dir: {tmp_path / 'cache'}}}"
+    )
+    capsys.readouterr()
+    train(tmp_path, config, data)
+    assert notes(capsys) == [
+        "note: data={...} replaced the data section; max_length: 20 carried over from it, as every text loader "
+        "takes it (set data.NAME=... after it to change)"
+    ]
+    used = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())["data"]
+    assert used["max_length"] == 20 and used["name"] == "pairs"

@@ -118,7 +118,9 @@ def test_nan_labels_name_their_line(tmp_path, capsys):
         "".join(json.dumps(row) + "\n" for row in rows)
     )  # NaN, as json writes it
     config = _config(tmp_path)
-    data = f"data={{name: texts, path: {tmp_path / 't.jsonl'}, cache_dir: {tmp_path / 'cache'}}}"
+    data = (
+        f"data={{name: texts, path: {tmp_path / 't.jsonl'}, cache_dir: {tmp_path / 'cache'}, max_length: 24}}"
+    )
     error = _refused(capsys, ["train", config, data, "--run-dir", str(tmp_path / "run")], tmp_path / "run")
     assert "t.jsonl: line 6, column 'label': the label is NaN" in error
 

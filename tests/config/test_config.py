@@ -57,7 +57,8 @@ def _finetune_overrides(tmp_path: Path) -> list[str]:
     folder = save_sentence_folder(tmp_path / "model", pooling="mean", max_seq_length=24)
     write_jsonl(tmp_path / "train.jsonl", pair_rows(32, seed=0))
     write_jsonl(tmp_path / "test.jsonl", pair_rows(12, seed=1))
-    data = f"{{name: pairs, path: {tmp_path / 'train.jsonl'}, test_path: {tmp_path / 'test.jsonl'}}}"
+    # The recipe's max_length (128) carries over to a pairs section: the tiny folder's 24 positions say less.
+    data = f"{{name: pairs, path: {tmp_path / 'train.jsonl'}, test_path: {tmp_path / 'test.jsonl'}, max_length: 24}}"
     return [f"model.encoder.path={folder}", f"data={data}", "sampler.classes_per_batch=8"]
 
 

@@ -170,3 +170,38 @@ def test_a_cache_limit_below_four_shards_is_one_line(tmp_path):
     convert_to_mds(pairs_splits(tmp_path), tmp_path / "mds", shard_size="4kb", compression=None)
     with pytest.raises(StreamingDataError, match=r"train: .*[Cc]ache limit"):
         load_streaming(str(tmp_path / "mds"), tmp_path / "local", cache_limit="5kb")
+
+
+@pytest.mark.parametrize("where", ["a file", "under a file", "not writable"])
+def test_convert_into_a_path_it_cannot_write_is_one_line(tmp_path, capsys, monkeypatch, where):
+    """Each of these ended in a traceback (NotADirectoryError, PermissionError) before."""
+    import yaml
+
+    from composer_dynsample.data.streaming import convert as module
+    from tests.cli.helpers import one_line_error, pairs_data
+    from tests.data.streaming.helpers import mined_pairs_config
+    from tests.data.text.helpers import pair_rows, write_jsonl
+
+    write_jsonl(tmp_path / "train.jsonl", pair_rows(40, seed=0))
+    write_jsonl(tmp_path / "test.jsonl", pair_rows(8, seed=1))
+    config = tmp_path / "c.yaml"
+    config.write_text(yaml.safe_dump(mined_pairs_config(pairs_data(tmp_path), pairs_per_batch=8, workers=0)))
+    (tmp_path / "afile").write_text("x")
+    out = {
+        "a file": tmp_path / "afile",
+        "under a file": tmp_path / "afile" / "shards",
+        "not writable": tmp_path / "ro" / "shards",
+    }[where]
+    if where == "not writable":  # root writes anywhere: the refusal of a read-only folder, as the OS gives it
+
+        def refuse(splits, out, **options):
+            Path(out).mkdir(parents=True)
+            raise PermissionError(1, "Operation not permitted", str(out))
+
+        monkeypatch.setattr(module, "convert_to_mds", refuse)
+    error = one_line_error(capsys, ["convert", str(config), "--to", "mds", str(out)])
+    expected = {"a file": "it is a file, not a folder", "under a file": "is a file, so no folder can be made under it",
+                "not writable": "cannot write there: Operation not permitted"}[where]  # fmt: skip
+    assert expected in error and str(out) in error
+    assert not (tmp_path / "ro" / "shards").exists()  # nothing half-written left behind
+    assert (tmp_path / "afile").read_text() == "x"  # an existing file is never replaced
