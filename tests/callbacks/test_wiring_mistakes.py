@@ -14,14 +14,8 @@ from composer.loggers import Logger
 from composer.models import ComposerModel
 from torch.utils.data import DataLoader, TensorDataset
 
-from composer_dynsample import (
-    HardNegativeMining,
-    MinedBatch,
-    PKBatchSampler,
-    SetSamplerEpoch,
-    TripletMarginLoss,
-    mined_loss,
-)
+from composer_dynsample import HardNegativeMining, MinedBatch, PKBatchSampler, SetSamplerEpoch
+from composer_dynsample.losses import TripletMarginLoss, mined_loss
 from composer_dynsample.mining import BatchHardMiner
 from composer_dynsample.samplers import build_dataloader
 from tests.algorithms.helpers import make_data

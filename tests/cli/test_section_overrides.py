@@ -28,16 +28,21 @@ def train(folder: Path, config: str, *overrides: str) -> None:
     )
 
 
+def _notes_of_own_pairs(folder: Path, config: str, capsys: pytest.CaptureFixture[str]) -> list[str]:
+    """Train ``config`` with ``data={name: pairs, ...}`` of ``folder``'s pairs (no max_length): its notes."""
+    data = (
+        f"data={{name: pairs, path: {folder / 'train.jsonl'}, test_path: {folder / 'test.jsonl'}, "
+        f"vocab_size: 200, cache_dir: {folder / 'cache'}}}"
+    )
+    capsys.readouterr()
+    train(folder, config, data)
+    return notes(capsys)
+
+
 def test_a_data_mapping_without_a_key_of_the_file_is_noted_once(tmp_path, capsys):
     write_pairs(tmp_path)
     config = write_bag_pairs_config(tmp_path, PK)  # data.max_length: 24
-    data = (
-        f"data={{name: pairs, path: {tmp_path / 'train.jsonl'}, test_path: {tmp_path / 'test.jsonl'}, "
-        f"vocab_size: 200, cache_dir: {tmp_path / 'cache'}}}"
-    )
-    capsys.readouterr()
-    train(tmp_path, config, data)
-    assert notes(capsys) == [
+    assert _notes_of_own_pairs(tmp_path, config, capsys) == [
         "note: data={...} replaced the data section; the config's max_length: 24 is not in it (add it to the "
         "mapping, or set data.max_length=24 after it)"
     ]
@@ -65,13 +70,7 @@ def test_a_text_loader_replacing_another_keeps_the_length_and_says_so(tmp_path, 
     text = yaml.safe_load(Path(config).read_text())
     text["data"] = {"name": "code_search", "max_length": 20, "groups": ["stdlib:json"]}
     Path(config).write_text(yaml.safe_dump(text))
-    data = (
-        f"data={{name: pairs, path: {tmp_path / 'train.jsonl'}, test_path: {tmp_path / 'test.jsonl'}, "
-        f"vocab_size: 200, cache_dir: {tmp_path / 'cache'}}}"
-    )
-    capsys.readouterr()
-    train(tmp_path, config, data)
-    assert notes(capsys) == [
+    assert _notes_of_own_pairs(tmp_path, config, capsys) == [
         "note: data={...} replaced the data section; max_length: 20 carried over from it, as every text loader "
         "takes it (set data.NAME=... after it to change)"
     ]

@@ -17,33 +17,27 @@ pytest.importorskip("tokenizers")
 from composer_dynsample.config import build_run, load_config
 from tests.data.text.helpers import write_jsonl
 from tests.distributed._helpers import shared_tmp_dir
-from tests.losses.repeated_texts import (
-    RECIPES,
-    LossInputs,
-    check_steps,
-    recipe_config,
-    record_masks,
-    reference_groups,
-    repeated_pairs,
-)
+from tests.losses import repeated_texts as repeats
 
 pytestmark = [pytest.mark.world_size(2), pytest.mark.filterwarnings("ignore::UserWarning")]
 
 
-@pytest.mark.parametrize("recipe", list(RECIPES))
+@pytest.mark.parametrize("recipe", list(repeats.RECIPES))
 def test_no_repeat_is_a_negative_and_no_anchor_loses_its_positive_on_two_ranks(monkeypatch, recipe):
     folder = shared_tmp_dir(prefix="dynsample-repeats-")
-    rows = repeated_pairs()
+    rows = repeats.repeated_pairs()
     if dist.get_global_rank() == 0:
         write_jsonl(folder / "train.jsonl", rows)
     dist.barrier()
-    calls, seen = record_masks(monkeypatch), LossInputs()
+    calls, seen = repeats.record_masks(monkeypatch), repeats.LossInputs()
     run = build_run(
-        load_config(recipe_config(folder, recipe, steps=6)), folder / f"run-{recipe}", callbacks=[seen]
+        load_config(repeats.recipe_config(folder, recipe, steps=6)),
+        folder / f"run-{recipe}",
+        callbacks=[seen],
     )
     run.trainer.fit()
-    groups = reference_groups(rows)
-    check_steps(run.splits.train, seen.rows, calls, groups)
+    groups = repeats.reference_groups(rows)
+    repeats.check_steps(run.splits.train, seen.rows, calls, groups)
     if recipe == "pool":
         # The pool opens with every rank's batch in rank order: its labels split those rows as the reference.
         store, both = run.splits.train, dist.all_gather_object([rows.tolist() for rows in seen.rows])
