@@ -1,0 +1,75 @@
+"""benchmarks/finetune_defaults.py and benchmarks/_corpora.py: the gathered table's paired differences, the
+commands a variant runs, and the training subset of whole queries."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.benchmarks.helpers import load_benchmark
+
+pytest.importorskip("bm25s")  # finetune_defaults imports _finetune_report, whose harness imports quality_code
+
+
+def _stored(folder: Path, stem: str, recipes: dict[str, list[float]]) -> None:
+    runs = {
+        name: [{"seed": seed, "csn_mrr": value} for seed, value in enumerate(values)]
+        for name, values in recipes.items()
+    }
+    summary = {
+        name: {
+            "runs": entries,
+            "csn_mrr": sum(v["csn_mrr"] for v in entries) / len(entries),
+            "csn_mrr_se": 0.001,
+        }
+        for name, entries in runs.items()
+    }
+    (folder / f"{stem}.json").write_text(
+        json.dumps({"recipes": summary, "data": {"corpus_sha256": {"train.jsonl": "x"}}})
+    )
+
+
+def test_the_table_pairs_a_variant_with_the_plain_recipe_seed_by_seed(tmp_path, monkeypatch):
+    defaults = load_benchmark("finetune_defaults")
+    report = load_benchmark("_finetune_report")
+    monkeypatch.setattr(defaults, "FOLDER", tmp_path)
+    ours, st = report.OURS_IN_BATCH, report.ST_IN_BATCH
+    _stored(tmp_path, "code_split1_base", {ours: [0.70, 0.72, 0.71], st: [0.71, 0.71, 0.71]})
+    _stored(tmp_path, "code_split1_clip", {ours: [0.71, 0.73, 0.72]})  # +0.01 on every seed
+    result, text = defaults.gather(["code:1"], quick=False)
+    assert result["corpora"]["code:1"]["variants"]["clip"][0] == pytest.approx(0.72)
+    clip_row = next(line for line in text.splitlines() if "gradient clipping" in line)
+    assert "+0.0100 +- 0.0000" in clip_row  # the paired difference has no spread; the unpaired one would
+
+
+def test_a_variant_runs_finetune_code_with_its_overrides(monkeypatch):
+    defaults = load_benchmark("finetune_defaults")
+    calls = []
+    monkeypatch.setattr(defaults.subprocess, "run", lambda command, check: calls.append(command))
+    defaults.run("code:1", "st_defaults", [0, 1, 2], quick=False)
+    defaults.run("docstring", "base", [0], quick=True, keep_st=True)
+    first, second = calls
+    assert first[first.index("--corpus") + 1 : first.index("--corpus") + 4] == ["code", "--split-seed", "1"]
+    assert first[first.index("--override") + 1 :] == list(defaults.VARIANTS["st_defaults"][1])
+    assert (
+        "--merge" in second
+        and "--quick" in second
+        and len(second[second.index("--recipes") + 1 : second.index("--seeds")]) == 1
+    )
+
+
+def test_the_training_subset_draws_whole_queries():
+    corpora = load_benchmark("_corpora")
+    rows = [
+        {"anchor": f"query {i // 3 if i < 30 else i}"} for i in range(100)
+    ]  # 10 queries of 3 pairs, 70 alone
+    chosen = corpora._subset(rows, 40)
+    assert len(chosen) == 40 and chosen == sorted(chosen)
+    by_query: dict[str, int] = {}
+    for index in chosen:
+        by_query[rows[index]["anchor"]] = by_query.get(rows[index]["anchor"], 0) + 1
+    shared = [count for query, count in by_query.items() if int(query.split()[1]) < 10]
+    assert sum(count != 3 for count in shared) <= 1  # whole groups (the last one drawn may be cut at 40)
+    assert corpora._subset(rows, None) == list(range(100)) and corpora._subset(rows, 40) == chosen
