@@ -26,6 +26,7 @@ from torch import nn
 
 from composer_dynsample.distances import check_distance, distance_matrix
 from composer_dynsample.distributed import all_reduce_sum, get_world_size
+from composer_dynsample.losses.mined_loss import reject_mined_batch
 from composer_dynsample.validation import check_float
 
 __all__ = [
@@ -96,8 +97,6 @@ class TupleLoss(nn.Module):
     def __call__(self, embeddings: Any, *args: Any, **kwargs: Any) -> torch.Tensor:
         """``forward``, after refusing a :class:`~composer_dynsample.MinedBatch` (or any non-tensor) given as
         the embeddings, in one line naming the call to write."""
-        from composer_dynsample.losses.mined_loss import reject_mined_batch
-
         reject_mined_batch(type(self).__name__, embeddings)
         return super().__call__(embeddings, *args, **kwargs)
 

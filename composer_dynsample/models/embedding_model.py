@@ -15,7 +15,8 @@ from torchmetrics import Metric
 from composer_dynsample.batches import find_in_batch
 from composer_dynsample.deferred_checks import defer_value_checks
 from composer_dynsample.losses.infonce import InfoNCELoss
-from composer_dynsample.losses.tuple_losses import TripletMarginLoss, TupleLoss, forward_takes
+from composer_dynsample.losses.mined_loss import mined_loss
+from composer_dynsample.losses.tuple_losses import TripletMarginLoss, forward_takes
 from composer_dynsample.mining.mined_batch import MinedBatch
 from composer_dynsample.validation import InputTypeError, check_bool, check_int
 
@@ -183,11 +184,8 @@ class EmbeddingModel(ComposerModel):
 
     def loss(self, outputs: Any, batch: Any, *args: Any, **kwargs: Any) -> torch.Tensor:
         if isinstance(outputs, MinedBatch):
-            takes_mean = isinstance(self.loss_fn, TupleLoss) or forward_takes(self.loss_fn, "global_mean")
-            extra = {"global_mean": outputs.global_mean} if takes_mean else {}
-            if outputs.duplicate_ids is not None and forward_takes(self.loss_fn, "duplicate_ids"):
-                extra.update(duplicate_ids=outputs.duplicate_ids, ref_duplicate_ids=outputs.ref_duplicate_ids)
-            elif self.duplicate_key is not None:
+            extra = self._query_flags(batch)
+            if outputs.duplicate_ids is None and self.duplicate_key is not None:
                 if outputs.ref_embeddings is not None:
                     raise ValueError(
                         f"EmbeddingModel(duplicate_key={self.duplicate_key!r}) knows the batch's ids, not those of "
@@ -196,17 +194,9 @@ class EmbeddingModel(ComposerModel):
                         f"positives) or duplicate_key={self.duplicate_key!r}, and the model duplicate_key=None."
                     )
                 extra.update(self._duplicate_ids(batch))
-            extra.update(self._query_flags(batch))
             # A step whose value checks run on the device (HardNegativeMining) reads none in the loss either.
             with defer_value_checks() if outputs.checks_deferred else nullcontext():
-                return self.loss_fn(
-                    outputs.embeddings,
-                    outputs.labels,
-                    outputs.indices_tuple,
-                    outputs.ref_embeddings,
-                    outputs.ref_labels,
-                    **extra,
-                )
+                return mined_loss(self.loss_fn, outputs, **extra)
         _, labels = self._split(batch)
         # InfoNCE on L2-normalised rows: no entry can overflow a distance, so nothing is read on the host.
         unit_rows = self.normalize and isinstance(self.loss_fn, InfoNCELoss)
