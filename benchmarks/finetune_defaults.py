@@ -11,7 +11,10 @@ sentence-transformers' value for that one default:
   (``model.loss.negatives=passages``: ``MultipleNegativesRankingLoss``), instead of NT-Xent over every row;
 - ``st_defaults``: both;
 - ``miner``: repeated texts masked by their text alone, through a batch-hard miner whose dropped triplets
-  take their anchors' positives (the recipe before text groups; it differs only on corpora with repeats).
+  take their anchors' positives (the recipe before text groups; it differs only on corpora with repeats);
+- ``mined``: not a default but the other half of the comparison: both tools' mined-once recipes (hard negatives
+  mined once from the starting model: sentence-transformers' ``mine_hard_negatives``, this project's warm
+  table), at each tool's defaults.
 
 Each (corpus, variant) is one ``finetune_code.py`` run of 3 seeds (the CPU size: 3,000 training pairs, 60
 steps of 16), stored as ``results/ablations/finetune_defaults/CORPUS_VARIANT.json`` and run only where that
@@ -54,7 +57,11 @@ VARIANTS: dict[str, tuple[str, tuple[str, ...]]] = {
             "model.duplicate_key=null",
         ),
     ),
+    "mined": ("both tools mined once", ()),
 }
+#: variant -> the recipes its run trains (default: this project's in-batch one, and sentence-transformers'
+#: in-batch one with ``base``).
+VARIANT_RECIPES = {"mined": (report.OURS_OFFLINE, report.ST_MINED)}
 #: ``--corpora`` entries: ``CORPUS`` or ``CORPUS:SPLIT_SEED`` of ``benchmarks/_corpora.py``.
 CORPORA = ("docstring", "code:1", "code")
 
@@ -66,7 +73,7 @@ def stem(corpus: str, variant: str) -> str:
 def run(corpus: str, variant: str, seeds: list[int], quick: bool, keep_st: bool = False) -> None:
     name, split = [*corpus.split(":"), "0"][:2]
     with_st = variant == "base" and not keep_st
-    recipes = [report.OURS_IN_BATCH] + ([report.ST_IN_BATCH] if with_st else [])
+    recipes = list(VARIANT_RECIPES.get(variant, [report.OURS_IN_BATCH] + ([report.ST_IN_BATCH] if with_st else [])))
     command = [
         sys.executable, str(HERE / "finetune_code.py"), "--corpus", name, "--split-seed", split,
         "--recipes", *recipes, "--seeds", *map(str, seeds), "--name", stem(corpus, variant), "--out", str(FOLDER),
@@ -123,6 +130,9 @@ def gather(corpora: list[str], quick: bool) -> tuple[dict[str, Any], str]:
             if not path.exists():
                 continue
             stored = json.loads(path.read_text())
+            if variant in VARIANT_RECIPES:
+                table += _own_rows(corpus, variant, stored, rows[corpus]["variants"])
+                continue
             mine = _mrr(stored, report.OURS_IN_BATCH)
             if mine is None:
                 continue
@@ -132,12 +142,25 @@ def gather(corpora: list[str], quick: bool) -> tuple[dict[str, Any], str]:
             table.append([corpus, label, _cell(mine), paired if variant != "base" else "", _diff(mine, st)])
     header = ("corpus", "recipe", "CSN MRR", "- ours plain, paired by seed", "- sentence-transformers")
     text = (
-        "In-batch fine-tuning of all-MiniLM-L6-v2, 3,000 pairs, 60 steps of 16, CPU; mean +- standard error over "
+        "Fine-tuning of all-MiniLM-L6-v2, 3,000 pairs, 60 steps of 16, CPU; mean +- standard error over "
         "seeds (their number in brackets); a difference +- its two standard errors. A variant of this project's "
         "recipe trains on the batches of the plain recipe of the same seed, in the same order: its difference is "
-        "taken seed by seed.\n\n" + markdown_table(header, "llrrr", table)
+        "taken seed by seed. The mined-once rows compare the two tools' mined recipes with each other.\n\n" + markdown_table(header, "llrrr", table)
     )
     return {"corpora": rows}, text
+
+
+def _own_rows(corpus: str, variant: str, stored: dict[str, Any], into: dict[str, Any]) -> list[list[str]]:
+    """The rows of a variant that trains recipes of its own (``mined``): sentence-transformers' first, then this
+    project's with its difference from it."""
+    ours_name, st_name = VARIANT_RECIPES[variant]
+    ours, st = _mrr(stored, ours_name), _mrr(stored, st_name)
+    into[variant] = ours
+    into[f"{variant} (sentence-transformers)"] = st
+    return [
+        [corpus, st_name, _cell(st), "", ""],
+        [corpus, ours_name, _cell(ours), "", _diff(ours, st)],
+    ]
 
 
 def _cell(value: tuple[float, float, int] | None) -> str:

@@ -73,3 +73,24 @@ def test_the_training_subset_draws_whole_queries():
     shared = [count for query, count in by_query.items() if int(query.split()[1]) < 10]
     assert sum(count != 3 for count in shared) <= 1  # whole groups (the last one drawn may be cut at 40)
     assert corpora._subset(rows, None) == list(range(100)) and corpora._subset(rows, 40) == chosen
+
+
+def test_the_mined_variant_trains_both_tools_mined_recipes_and_compares_them(tmp_path, monkeypatch):
+    defaults = load_benchmark("finetune_defaults")
+    report = load_benchmark("_finetune_report")
+    calls = []
+    monkeypatch.setattr(defaults.subprocess, "run", lambda command, check: calls.append(command))
+    defaults.run("docstring", "mined", [0, 1, 2], quick=False)
+    (command,) = calls
+    assert command[command.index("--recipes") + 1 : command.index("--seeds")] == [
+        report.OURS_OFFLINE,
+        report.ST_MINED,
+    ]
+    assert "--override" not in command  # each tool at its own defaults
+    monkeypatch.setattr(defaults, "FOLDER", tmp_path)
+    _stored(tmp_path, "docstring_base", {report.OURS_IN_BATCH: [0.6, 0.6], report.ST_IN_BATCH: [0.6, 0.6]})
+    _stored(tmp_path, "docstring_mined", {report.OURS_OFFLINE: [0.65, 0.67], report.ST_MINED: [0.64, 0.64]})
+    result, text = defaults.gather(["docstring"], quick=False)
+    assert result["corpora"]["docstring"]["variants"]["mined"][0] == pytest.approx(0.66)
+    ours_row = next(line for line in text.splitlines() if report.OURS_OFFLINE in line)
+    assert "+0.0200 +- " in ours_row  # against sentence-transformers' mined recipe, not its in-batch one
