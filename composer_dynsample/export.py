@@ -18,8 +18,9 @@
   written as one ``Router`` (:mod:`~composer_dynsample.sentence_modules`): ``encode_query`` embeds as its
   query tower, ``encode_document`` (and ``encode``) as its passage tower.
 
-Every file written is readable as any new file is (``0o666`` less the umask; ``safetensors`` alone
-would leave its weights ``0o600``). ``transformers``' load reports and progress bars are left out.
+Each function writes into a new folder beside ``out_dir`` and renames it to ``out_dir`` at the end: a
+failed export leaves nothing behind, never a part of a model. Every file written is readable as any
+new file is (``0o666`` less the umask; ``safetensors`` alone would leave its weights ``0o600``). ``transformers``' load reports and progress bars are left out.
 
 The tokenizer may be a ``tokenizers.Tokenizer``, the path of its ``tokenizer.json``, or a ``transformers``
 tokenizer; its special tokens (``[PAD]``, ``[CLS]``, ...) are found in its vocabulary unless given.
@@ -32,6 +33,7 @@ import contextlib
 import copy
 import json
 import os
+import shutil
 import tempfile
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -162,12 +164,51 @@ def _found_special_tokens(backend: Any, pad_id: int | None) -> dict[str, str]:
     return roles
 
 
-def _prepare(out_dir: str | os.PathLike[str]) -> Path:
+def _checked_out_dir(out_dir: str | os.PathLike[str]) -> Path:
+    """``out_dir`` as a path, when it is new or an empty directory."""
     directory = Path(out_dir).expanduser()
     if directory.exists() and (not directory.is_dir() or any(directory.iterdir())):
         raise ValueError(f"out_dir {str(out_dir)!r} exists and is not an empty directory; choose a new one.")
+    return directory
+
+
+def _prepare(out_dir: str | os.PathLike[str]) -> Path:
+    directory = _checked_out_dir(out_dir)
     directory.mkdir(parents=True, exist_ok=True)
     return directory
+
+
+def _umask() -> int:
+    umask = os.umask(0o022)
+    os.umask(umask)  # reading the umask sets it: set it back at once
+    return umask
+
+
+@contextlib.contextmanager
+def _staged(out_dir: str | os.PathLike[str]) -> Iterator[Path]:
+    """A new folder beside ``out_dir`` to write the export into: renamed to ``out_dir`` when the block ends
+    without an error, removed with what it holds otherwise (and the folders made for it), so that
+    ``out_dir`` is either the whole export or not there.
+
+    Raises:
+        ValueError: If ``out_dir`` exists and is not an empty directory.
+    """
+    directory = _checked_out_dir(out_dir)
+    made = [parent for parent in directory.parents if not parent.exists()]
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{directory.name}.partial-", dir=directory.parent))
+    try:
+        yield staging
+        staging.chmod(0o777 & ~_umask())  # mkdtemp's folder is private
+        if directory.exists():
+            directory.rmdir()  # empty, as checked
+        staging.rename(directory)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        for parent in made:  # the deepest first
+            with contextlib.suppress(OSError):
+                parent.rmdir()
+        raise
 
 
 def export_huggingface(
@@ -178,6 +219,7 @@ def export_huggingface(
     special_tokens: Mapping[str, str] | None = None,
     max_length: int | None = None,
     passage_tokenizer: Any = None,
+    prompts: Mapping[str, str] | None = None,
 ) -> Path:
     """Write a text encoder and its tokenizer to ``out_dir`` (see the module docstring for the layout).
 
@@ -192,6 +234,10 @@ def export_huggingface(
         max_length (int, optional): The longest input in tokens, as the data's ``max_length`` truncated
             it in training. Default: the tokenizer's truncation length, else a transformer's
             ``max_position_embeddings``.
+        prompts (Mapping[str, str], optional): The prompt the training data put before each column's texts
+            (``anchor``, ``positive``, ...), kept as ``prompts`` in the top ``encoder_config.json`` (the
+            Hugging Face format has no place for them: ``AutoModel`` users put them before texts
+            themselves). Default: ``None`` (none).
 
     Returns:
         Path: ``out_dir``.
@@ -212,13 +258,18 @@ def export_huggingface(
         (name, tower, _tokenizer_for(tower, chosen[name], special_tokens, max_length))
         for name, tower in towers
     ]
-    directory = _prepare(out_dir)
-    for name, tower, hf_tokenizer in plan:
-        _write_encoder(_prepare(directory / name) if name else directory, tower, hf_tokenizer)
-    if isinstance(encoder, TwoTowerEncoder):
-        _write_config(directory, "TwoTowerEncoder", {})
-    _new_file_modes(directory)
-    return directory
+    with _staged(out_dir) as directory:
+        for name, tower, hf_tokenizer in plan:
+            _write_encoder(_prepare(directory / name) if name else directory, tower, hf_tokenizer)
+        if isinstance(encoder, TwoTowerEncoder):
+            _write_config(directory, "TwoTowerEncoder", {})
+        if prompts:
+            config = json.loads((directory / CONFIG_FILE).read_text())
+            (directory / CONFIG_FILE).write_text(
+                json.dumps({**config, "prompts": dict(prompts)}, indent=2) + "\n"
+            )
+        _new_file_modes(directory)
+    return Path(out_dir).expanduser()
 
 
 def _tower_tokenizer(name: str, tokenizer: Any, passage_tokenizer: Any) -> Any:
@@ -230,8 +281,7 @@ def _tower_tokenizer(name: str, tokenizer: Any, passage_tokenizer: Any) -> Any:
 
 def _new_file_modes(directory: Path) -> None:
     """Give every file under ``directory`` the mode of a newly created file: ``0o666`` less the umask."""
-    umask = os.umask(0o022)
-    os.umask(umask)  # reading the umask sets it: set it back at once
+    umask = _umask()
     for path in directory.rglob("*"):
         if path.is_file() and not path.is_symlink():
             path.chmod(0o666 & ~umask)
@@ -375,8 +425,6 @@ def export_sentence_transformers(
         model (torch.nn.Module): A :class:`TransformerEncoder`, a :class:`TwoTowerEncoder` of two, or an
             ``EmbeddingModel`` around either.
         tokenizer: The tokenizer the encoder was trained with (see :func:`pretrained_tokenizer`).
-        passage_tokenizer: Two towers of two tokenizers: the passage tower's, which the ``document``
-            route holds. Default: ``None`` (``tokenizer`` for both).
         passage_tokenizer: Two towers of two tokenizers: the passage tower's, which its ``document`` route
             holds. Default: ``None`` (``tokenizer`` for both).
         out_dir (str | os.PathLike): A new or empty directory.
@@ -411,8 +459,7 @@ def export_sentence_transformers(
         _tokenizer_for(tower, tokenizers[route], special_tokens, max_length)
     if len(towers) > 1:
         router_class(modules)  # a sentence-transformers without Router: refused before out_dir is made
-    directory = _prepare(out_dir)
-    with tempfile.TemporaryDirectory() as staging:
+    with _staged(out_dir) as directory, tempfile.TemporaryDirectory() as staging:
         routes = {}
         for route, tower in towers:
             staged = Path(staging) / route
@@ -432,9 +479,10 @@ def export_sentence_transformers(
                 default_prompt_name=default_prompt_name,
             )
             saved.save(str(directory), create_model_card=False)
-    (directory / "README.md").write_text(model_card(model, title=directory.name, **card), encoding="utf-8")
-    _new_file_modes(directory)
-    return directory
+        title = Path(out_dir).expanduser().name
+        (directory / "README.md").write_text(model_card(model, title=title, **card), encoding="utf-8")
+        _new_file_modes(directory)
+    return Path(out_dir).expanduser()
 
 
 def _transformer_towers(encoder: nn.Module) -> list[tuple[str, TransformerEncoder]]:

@@ -92,14 +92,21 @@ def set_cpu_threads() -> int | None:
 
 
 def _out_path(
-    out: str | os.PathLike[str], example: str = "", suffix: str | None = None, *, directory: bool = False
+    out: str | os.PathLike[str],
+    example: str = "",
+    suffix: str | None = None,
+    *,
+    directory: bool = False,
+    overwrite: bool | None = None,
 ) -> Path:
     """The file an ``--out`` names (``suffix`` appended when missing), or with ``directory`` the new or
-    empty folder it names: checked before anything is loaded.
+    empty folder it names: checked before anything is loaded. ``overwrite=False`` also refuses an existing
+    file (a command with ``--overwrite``); ``None`` does not check.
 
     Raises:
-        OutputError: If the file is a directory, the folder exists and is not an empty directory, a
-            parent is a file, or the nearest existing folder cannot be written in (``os.access``).
+        OutputError: If the file is a directory, exists without ``overwrite``, the folder exists and is not
+            an empty directory, a parent is a file, or the nearest existing folder cannot be written in
+            (``os.access``).
     """
     given = Path(out).expanduser()
     path = given if suffix is None or given.suffix == suffix else given.with_name(given.name + suffix)
@@ -110,6 +117,10 @@ def _out_path(
             raise OutputError(
                 f"--out {str(candidate)!r} is a directory; give a file name, e.g. {str(candidate / example)!r}."
             )
+    if overwrite is False and not directory and (path.exists() or path.is_symlink()):
+        raise OutputError(
+            f"--out {str(path)!r} exists; pass --overwrite to replace it, or choose a new file."
+        )
     for parent in path.parents:
         if parent.exists() and not parent.is_dir():
             raise OutputError(f"--out {str(path)!r}: {str(parent)!r} is a file, not a directory.")
@@ -190,9 +201,12 @@ def _build(cfg: Any, directory: Path, callbacks: Sequence[Any] = ()) -> Any:
     threads = set_cpu_threads()
     if threads is not None and is_rank_zero():
         print(f"torch: {threads} intra-op thread(s) per process (OMP_NUM_THREADS unset; set it to choose)")
+    from composer_dynsample.config.matryoshka import check_dims_fit
     from composer_dynsample.config.run import build_run
 
-    return build_run(cfg, directory, callbacks=callbacks)
+    run = build_run(cfg, directory, callbacks=callbacks)
+    check_dims_fit(run.config, run.model)  # before the first step: the width is the built model's
+    return run
 
 
 def train(
@@ -429,13 +443,34 @@ def export(
         if write is export_sentence_transformers:
             card = {"config": run.config, "metrics": run_metrics(_run_dir_of(Path(checkpoint)))}
             card.update(exported_prompts(run.config, run.splits.info.prompts))
+        else:
+            card = {"prompts": run.splits.info.prompts}  # kept in encoder_config.json, and said below
         card.update({"passage_tokenizer": load_tokenizer(passage)} if passage is not None else {})
         try:
             write(unwrap_model(run.model), tokenizer, target, max_length=max_length, **card)
         except (TypeError, ValueError) as error:
             raise ConfigError(f"export --format {export_format}: {error}") from error
+        except OSError as error:  # the export wrote into a folder beside --out, removed: nothing is left
+            raise OutputError(
+                f"--out {str(out)!r} could not be written ({error.strerror or error}); nothing was left there: "
+                "free some space or choose another --out."
+            ) from None
         print(f"wrote the {export_format} model of {Path(checkpoint).name} to {target}")
+        if write is export_huggingface and run.splits.info.prompts:
+            print(_prompts_note(run.splits.info.prompts), file=sys.stderr)
     return target
+
+
+def _prompts_note(prompts: Mapping[str, str]) -> str:
+    """The line that says a Hugging Face export's texts need the run's prompts put before them."""
+    import json
+
+    said = json.dumps(dict(prompts), ensure_ascii=False)
+    return (
+        f"note: the huggingface format has no place for prompts; the run put {said} (by column) before its "
+        "texts, kept in encoder_config.json: put them before texts yourself, or export --format "
+        "sentence-transformers"
+    )
 
 
 def _run_dir_of(checkpoint: Path) -> Path:

@@ -1,23 +1,26 @@
 """``composer-dynsample embed``: a split's embeddings, or a file's, by a checkpoint's model, as ``.npz``.
 
 What a file gives (``--input``, ``--column``, ``--prompt``, ``--prompt-name``) is
-:mod:`composer_dynsample.cli.inputs`'s; the model is built as ``eval`` builds it.
+:mod:`composer_dynsample.cli.inputs`'s; the model is built as ``eval`` builds it. An existing ``--out`` is
+replaced only with ``--overwrite``, and the ``.npz`` appears whole or not at all (written beside it first,
+then renamed).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from composer_dynsample.cli.commands import _build_model_run, _out_path, _prepare_model_run
+from composer_dynsample.cli.commands import OutputError, _build_model_run, _out_path, _prepare_model_run
 from composer_dynsample.cli.run_dir import is_rank_zero
 from composer_dynsample.config.components import ConfigError
 from composer_dynsample.config.model_folders import passage_tokenizer_of
 from composer_dynsample.config.model_only import build_model_only
 
-__all__ = ["embed"]
+__all__ = ["embed", "written_whole"]
 
 
 def embed(
@@ -31,6 +34,7 @@ def embed(
     column: str | None = None,
     prompt: str | None = None,
     prompt_name: str | None = None,
+    overwrite: bool = False,
     trust_checkpoint: bool = False,
 ) -> Path:
     """Write the embeddings of a split, or of a file, with a checkpoint's model to an ``.npz`` file.
@@ -54,13 +58,15 @@ def embed(
         prompt, prompt_name (str, optional): ``--prompt``, ``--prompt-name``: of a text ``input_path``,
             put this prompt (or the model folder's prompt of this name) before every text. Default:
             ``None``: each column's prompt of the run (:func:`~composer_dynsample.cli.inputs.embed_prompt`).
+        overwrite (bool): ``--overwrite``: replace ``out`` when it exists. Default: ``False`` (refuse).
         trust_checkpoint (bool): Skip the safety check of the file. Default: ``False``.
 
     Returns:
         Path: The file written.
 
     Raises:
-        OutputError: If ``out`` is a directory or under a file (before anything is loaded).
+        OutputError: If ``out`` is a directory, under a file or exists without ``overwrite`` (before
+            anything is loaded), or writing it fails (a full disk; nothing is left behind).
         ConfigError: If ``split`` and ``input_path`` are both given, ``column`` comes without
             ``input_path`` or names a column the file does not have, or the input is bad (one line naming it).
     """
@@ -72,7 +78,7 @@ def embed(
     split = inputs.check_embed_source(
         split, input_path, column, prompt if prompt_name is None else prompt_name
     )
-    path = _out_path(out, "embeddings.npz", ".npz")
+    path = _out_path(out, "embeddings.npz", ".npz", overwrite=overwrite)
     cfg, directory = _prepare_model_run(config, checkpoint, overrides, trust_checkpoint)
     given = inputs.embed_prompt(cfg, prompt, prompt_name)
     run = build_model_only(cfg, checkpoint) if input_path is not None else None
@@ -90,7 +96,29 @@ def embed(
         arrays, what = inputs.split_arrays(store), f"{split} split of {run.splits.name}"
     embeddings = embed_store(run.model, store, batch_size=run.batch_sizes[1]).cpu()
     if is_rank_zero():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        np.savez(path, embeddings=embeddings.numpy().astype(np.float32), **arrays)
+        with written_whole(path) as temporary, open(temporary, "wb") as handle:
+            np.savez(handle, embeddings=embeddings.numpy().astype(np.float32), **arrays)
         print(f"wrote {tuple(embeddings.shape)} embeddings of the {what} to {path}")
     return path
+
+
+@contextlib.contextmanager
+def written_whole(path: Path) -> Iterator[Path]:
+    """The file to write ``path``'s contents into: one beside it, renamed to ``path`` when the block ends
+    without an error and removed in any case, so ``path`` is whole or untouched (``embed``, ``mine``).
+
+    Raises:
+        OutputError: If the file cannot be written (a full disk): nothing is left at ``path`` or beside it.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        yield temporary
+        os.replace(temporary, path)
+    except OSError as error:
+        raise OutputError(
+            f"--out {str(path)!r}: could not be written ({error.strerror or error}); nothing was written: free "
+            "space there or choose another folder."
+        ) from error
+    finally:
+        temporary.unlink(missing_ok=True)

@@ -26,9 +26,9 @@ Model-aware sampling for metric learning on MosaicML Composer.
   composer-dynsample train CONFIG.yaml [key.path=value ...] [--run-dir DIR]
   composer-dynsample eval  CONFIG.yaml [--checkpoint PATH] [key.path=value ...]
   composer-dynsample embed CONFIG.yaml --checkpoint PATH --out FILE.npz [--split test | --input FILE [--column NAME]
-      [--prompt TEXT | --prompt-name NAME]]
+      [--prompt TEXT | --prompt-name NAME]] [--overwrite]
   composer-dynsample export CONFIG.yaml --checkpoint PATH --out DIR [--format sentence-transformers]
-  composer-dynsample mine   CONFIG.yaml [--checkpoint PATH] --out TRIPLETS.jsonl [--negatives N]
+  composer-dynsample mine   CONFIG.yaml [--checkpoint PATH] --out TRIPLETS.jsonl [--negatives N] [--overwrite]
   composer-dynsample convert CONFIG.yaml --to mds OUT [--shard-size 64mb] [--compression zstd]
 
 eval, embed, export and mine also take --run RUN_DIR instead of CONFIG.yaml --checkpoint PATH: the run
@@ -197,6 +197,7 @@ def _add_embed_command(commands: Any) -> None:
     embed.add_argument(
         "--out", type=Path, required=True, help="the .npz file to write (.npz is appended when missing)"
     )
+    embed.add_argument("--overwrite", action="store_true", help="replace OUT when it exists")
 
 
 def _add_export_command(commands: Any) -> None:
@@ -237,6 +238,7 @@ def _add_mine_command(commands: Any) -> None:
         metavar="N",
         help="negatives per anchor, at most sampler.window (default: sampler.negatives_per_anchor)",
     )
+    mine.add_argument("--overwrite", action="store_true", help="replace OUT when it exists")
 
 
 def _add_convert_command(commands: Any) -> None:
@@ -270,6 +272,9 @@ def _one_line_errors(*known: type[BaseException]) -> tuple[type[BaseException], 
     distributed = sys.modules.get("composer_dynsample.distributed")
     if distributed is not None:
         classes.append(distributed.RankMismatchError)  # ranks built different samplers: every rank says so
+    node_rows = sys.modules.get("composer_dynsample.algorithms.embedding_table.node_rows")
+    if node_rows is not None:
+        classes.append(node_rows.StorageDirError)  # the embedding table's storage_dir cannot hold its file
     streaming = sys.modules.get("composer_dynsample.data.streaming.manifest")
     if streaming is not None:
         classes.append(streaming.StreamingDataError)  # a shard missing, corrupt or not downloadable
@@ -320,7 +325,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     except _one_line_errors(
         ConfigError, CheckpointError, commands.RunDirError, commands.OutputError
     ) as error:
-        print(f"composer-dynsample {args.command}: error: {one_line_message(error)}", file=sys.stderr)
+        message = one_line_message(error)
+        if isinstance(error, CheckpointError) and getattr(args, "run", None) is not None:
+            from composer_dynsample.cli.run_dir import checkpoint_note
+
+            message = f"{message} {checkpoint_note(args.run, args.checkpoint)}"  # which file --run took
+        print(f"composer-dynsample {args.command}: error: {message}", file=sys.stderr)
         raise SystemExit(2) from None
     except commands.Interrupted as stop:
         print(f"composer-dynsample {args.command}: {stop}", file=sys.stderr)
@@ -380,12 +390,14 @@ def _run_command(commands: Any, args: argparse.Namespace, overrides: list[str]) 
             column=args.column,
             prompt=args.prompt,
             prompt_name=args.prompt_name,
+            overwrite=args.overwrite,
             **every_command,
         )
     elif args.command == "mine":
         from composer_dynsample.cli.mine import mine
 
-        mine(args.config, args.checkpoint, args.out, overrides, negatives=args.negatives, **every_command)
+        mine(args.config, args.checkpoint, args.out, overrides, negatives=args.negatives,
+             overwrite=args.overwrite, **every_command)  # fmt: skip
     else:
         commands.export(
             args.config, args.checkpoint, args.out, overrides, export_format=args.format, **every_command

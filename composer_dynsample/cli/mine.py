@@ -12,7 +12,10 @@ first, are written, one line per anchor and negative. That is the layout of sent
 reads the file, and so does this package's ``pairs`` loader (``negative`` is a given negative).
 
 The token store keeps token ids only, so the texts are read back from the training file, checked
-against the store's text hashes.
+against the store's text hashes (of the texts as the run prompted them); the lines hold the file's texts,
+without the run's prompts, as sentence-transformers' trainer takes them. An existing ``--out`` is replaced
+only with ``--overwrite``, and never when it is one of the run's data files; the file appears whole or
+not at all.
 """
 
 from __future__ import annotations
@@ -26,7 +29,8 @@ from typing import Any
 
 import numpy as np
 
-from composer_dynsample.cli.commands import _build_model_run, _out_path, _prepare_model_run
+from composer_dynsample.cli.commands import OutputError, _build_model_run, _out_path, _prepare_model_run
+from composer_dynsample.cli.embed import written_whole
 from composer_dynsample.cli.run_dir import is_rank_zero
 from composer_dynsample.config.components import ConfigError, peek_entry
 from composer_dynsample.config.loading import section
@@ -45,6 +49,7 @@ def mine(
     overrides: Sequence[str] = (),
     *,
     negatives: int | None = None,
+    overwrite: bool = False,
     trust_checkpoint: bool = False,
 ) -> Path:
     """Write the hard negatives the config's ``mined_negatives`` sampler would mine with a model, as JSON Lines.
@@ -58,13 +63,15 @@ def mine(
         overrides (Sequence[str]): Dotted overrides (e.g. ``sampler.window=8``). Default: none.
         negatives (int, optional): ``--negatives``: negatives per anchor, at most ``sampler.window``.
             Default: ``sampler.negatives_per_anchor``.
+        overwrite (bool): ``--overwrite``: replace ``out`` when it exists. Default: ``False`` (refuse).
         trust_checkpoint (bool): Skip the safety check of the file. Default: ``False``.
 
     Returns:
         Path: The file written.
 
     Raises:
-        OutputError: If ``out`` is a directory or cannot be written (before anything is loaded).
+        OutputError: If ``out`` is a directory, exists without ``overwrite`` or cannot be written (before
+            anything is loaded), is one of the run's data files, or writing it fails (a full disk).
         ConfigError: If the sampler is not ``mined_negatives``, the data are not pairs, ``negatives`` is
             below 1 or above the sampler's window, or the training file changed since it was read.
         CheckpointError: If ``checkpoint`` is unsafe, broken, or does not fit the config's model.
@@ -74,7 +81,7 @@ def mine(
 
     if negatives is not None and (isinstance(negatives, bool) or negatives < 1):
         raise ConfigError(f"--negatives must be at least 1, got {negatives!r}.")
-    path = _out_path(out, "triplets.jsonl")
+    path = _out_path(out, "triplets.jsonl", overwrite=overwrite)
     cfg, directory = _prepare_model_run(config, checkpoint, overrides, trust_checkpoint)
     _check_mine_config(cfg, MinedNegativesPKBatchSampler)
     run = _build_model_run(cfg, directory, trained=checkpoint is not None)
@@ -89,6 +96,7 @@ def mine(
             f"--negatives {count} is more than the sampler's window of {sampler.window} candidates per anchor; "
             f"add the override sampler.window={count}, or pass --negatives {sampler.window} or fewer."
         )
+    _check_not_data(path, run.splits)
     store = run.splits.train
     _say(f"mine: reading the texts of the {len(store) // 2} training pairs back from the data file")
     texts = training_texts(run.splits)
@@ -139,34 +147,63 @@ def _check_mine_config(cfg: Any, sampler_class: type) -> None:
         )
 
 
+def _data_files(splits: Any) -> list[Path]:
+    """The files a run's data were read from (``splits.info.files``, a ``datasets`` split's suffix removed)."""
+    names = getattr(getattr(splits, "info", None), "files", None) or {}
+    return [Path(re.sub(r" \(split '[^']*'\)$", "", name)) for name in names]
+
+
+def _check_not_data(path: Path, splits: Any) -> None:
+    """Refuse an ``--out`` that is one of the data files the triplets are read from, even with ``--overwrite``."""
+    for file in _data_files(splits):
+        if path.exists() and file.exists() and os.path.samefile(path, file):
+            raise OutputError(
+                f"--out {str(path)!r} is the run's data file {str(file)!r}; writing the triplets there would "
+                "replace the pairs they are read from: choose another file."
+            )
+
+
 def training_texts(splits: Any) -> list[str]:
     """The text of every sampled row of a pairs training split, read back from its training file.
 
     The file is the first one the loader read (``splits.info.files``); row ``r`` is the ``anchor`` (a
-    query) or the ``positive`` of the file's row ``store.source_rows[r]``, under the run's ``data.columns``.
+    query) or the ``positive`` of the file's row ``store.source_rows[r]``, under the run's ``data.columns``,
+    without the prompt the run put before it (``data.prompts``; the store's hashes are of the prompted text).
 
     Raises:
         ConfigError: If the data name no file, or the file or its texts changed since they were loaded.
     """
+    from composer_dynsample.data.text.prompts import column_prompt
     from composer_dynsample.data.text.table import read_text_tables, text_column
     from composer_dynsample.data.text.tokenized import text_hash
 
     store, info = splits.train, getattr(splits, "info", None)
     name = next(iter(getattr(info, "files", None) or {}), None)
-    file = None if name is None else re.sub(r" \(split '[^']*'\)$", "", name)
-    if file is None or not Path(file).exists():
+    file = next(iter(_data_files(splits)), None)
+    if file is None:
         raise ConfigError(
             f"mine reads the pairs' texts back from the training file, and {splits.name!r} names none; use "
             "data.name: pairs with a data.path."
         )
-    table, _ = read_text_tables(file, lambda column: column in ("anchor", "positive"), info.columns)
+    changed = ConfigError(f"{name} changed since it was loaded; run mine again.")
+    try:
+        table, _ = read_text_tables(file, lambda column: column in ("anchor", "positive"), info.columns)
+    except (OSError, ValueError) as error:  # gone, or no longer pairs
+        raise changed from error
     size = len(store)
     rows, is_query = store.source_rows[:size].tolist(), store.is_query[:size].tolist()
+    if table.sha256 != info.files[name] or max(rows, default=-1) >= table.num_rows:
+        raise changed
     columns = {True: text_column(table, "anchor"), False: text_column(table, "positive")}
     texts = [columns[query][row] for row, query in zip(rows, is_query)]
-    hashes = np.fromiter((text_hash(text) for text in texts), dtype=np.int64, count=size)
-    if table.sha256 != info.files[name] or not np.array_equal(hashes, store.text_hash[:size]):
-        raise ConfigError(f"{name} changed since it was loaded; run mine again.")
+    prompts = {
+        query: column_prompt(info.prompts or {}, "anchor" if query else "positive") for query in columns
+    }
+    hashes = np.fromiter(
+        (text_hash(prompts[query] + text) for text, query in zip(texts, is_query)), dtype=np.int64, count=size
+    )
+    if not np.array_equal(hashes, store.text_hash[:size]):
+        raise changed
     return texts  # type: ignore[return-value]
 
 
@@ -184,24 +221,22 @@ def _dropped(found: Any) -> dict[str, int]:
 
 
 def _write(path: Path, found: Any, sampler: Any, texts: list[str], count: int) -> int:
-    """Write the first ``count`` survivors of every anchor (pairs in sorted label order), atomically; the lines."""
+    """Write the first ``count`` survivors of every anchor (pairs in sorted label order), atomically; the lines.
+
+    Raises:
+        OutputError: If the file cannot be written (a full disk): nothing is left at ``path`` or beside it.
+    """
     from composer_dynsample.samplers._corpus_search import pair_layout
 
     anchors, positives, _ = pair_layout(sampler.labels, sampler.is_passage)
     chosen = found.survivors()[:, :count]
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     written = 0
-    try:
-        with open(temporary, "w", encoding="utf-8") as handle:
-            for anchor, positive, negatives in zip(anchors.tolist(), positives.tolist(), chosen.tolist()):
-                for negative in negatives:
-                    if negative < 0:
-                        break
-                    row = {"anchor": texts[anchor], "positive": texts[positive], "negative": texts[negative]}
-                    handle.write(json.dumps(row, ensure_ascii=False) + "\n")
-                    written += 1
-        os.replace(temporary, path)
-    finally:
-        temporary.unlink(missing_ok=True)
+    with written_whole(path) as temporary, open(temporary, "w", encoding="utf-8") as handle:
+        for anchor, positive, negatives in zip(anchors.tolist(), positives.tolist(), chosen.tolist()):
+            for negative in negatives:
+                if negative < 0:
+                    break
+                row = {"anchor": texts[anchor], "positive": texts[positive], "negative": texts[negative]}
+                handle.write(json.dumps(row, ensure_ascii=False) + "\n")
+                written += 1
     return written

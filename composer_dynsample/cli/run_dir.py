@@ -31,6 +31,7 @@ __all__ = [
     "RunDirError",
     "RunDirLock",
     "RunOutputs",
+    "checkpoint_note",
     "is_inside",
     "is_rank_zero",
     "latest_checkpoint",
@@ -126,8 +127,9 @@ def run_sources(
 
     Raises:
         RunDirError: If ``--run`` comes with CONFIG or ``--checkpoint``, neither CONFIG nor ``--run`` is
-            given (or ``--checkpoint`` where ``needs_checkpoint``), or the run directory lacks its
-            ``config.yaml`` or a checkpoint (one line naming what is missing).
+            given (or ``--checkpoint`` where ``needs_checkpoint``), the run directory lacks its
+            ``config.yaml`` or a checkpoint, or its ``latest-rank0.pt`` links to a file that is gone (one
+            line naming what is missing).
     """
     overrides = list(overrides)
     if run is None:
@@ -157,15 +159,15 @@ def run_sources(
         )
     folder = Path(run).expanduser()
     if not folder.is_dir():
-        raise RunDirError(
-            f"--run {run!r}: no such directory; give the run directory of a train run (its --run-dir)."
-        )
+        what = "is a file, not a directory" if folder.exists() else "no such directory"
+        raise RunDirError(f"--run {run!r}: {what}; give the run directory of a train run (its --run-dir).")
     saved = folder / "config.yaml"
     if not saved.is_file():
         raise RunDirError(
             f"--run {run!r} holds no config.yaml (train writes it there as it starts); give the run directory "
             "of a train run, or CONFIG --checkpoint CKPT."
         )
+    _check_latest_link(run, folder / "checkpoints")
     found = latest_checkpoint(folder)
     if found is None:
         start = "" if needs_checkpoint else f", or give {str(saved)!r} without --run for the model as built"
@@ -173,6 +175,50 @@ def run_sources(
             f"--run {run!r} holds no checkpoint (checkpoints/*.pt): train or resume the run to save one{start}."
         )
     return saved, found, overrides
+
+
+def _check_latest_link(run: str, folder: Path) -> None:
+    """Refuse a run whose ``latest-rank0.pt`` is a link to a file that is gone: the run's latest checkpoint
+    is lost, and an older one would be taken in its place without a word.
+
+    Raises:
+        RunDirError: Naming the link, its target and the checkpoints left (one line).
+    """
+    link = folder / "latest-rank0.pt"
+    if not link.is_symlink() or link.exists():
+        return
+    left = sorted(path.name for path in folder.glob("*.pt") if path.is_file())
+    others = (
+        f"give {str(Path(run) / 'config.yaml')!r} --checkpoint with one of the checkpoints left ({', '.join(left)})"
+        if left
+        else "train the run again (no other checkpoint is left)"
+    )
+    raise RunDirError(
+        f"--run {run!r}: checkpoints/latest-rank0.pt links to {os.readlink(link)!r}, which does not exist, so the "
+        f"run's latest checkpoint is gone; restore that file, or {others}."
+    )
+
+
+def checkpoint_note(run: str, checkpoint: Path) -> str:
+    """What to add to a refusal of the checkpoint ``--run`` took: which file it was and what else to give.
+
+    Example:
+        >>> checkpoint_note("runs/a", Path("runs/a/checkpoints/latest-rank0.pt"))
+        "(the latest checkpoint of --run 'runs/a'; no other checkpoint is left: train the run again)"
+    """
+    folder = checkpoint.parent
+    taken = {checkpoint.name, Path(os.path.realpath(checkpoint)).name}
+    left = sorted(
+        path.name
+        for path in folder.glob("*.pt")
+        if path.is_file() and not path.is_symlink() and path.name not in taken
+    )
+    fix = (
+        f"give {str(Path(run) / 'config.yaml')!r} --checkpoint with another of its checkpoints ({', '.join(left)})"
+        if left
+        else "no other checkpoint is left: train the run again"
+    )
+    return f"(the latest checkpoint of --run {run!r}; {fix})"
 
 
 def check_location(run_dir: Path) -> None:

@@ -28,6 +28,7 @@ if TYPE_CHECKING:
 __all__ = [
     "MATRYOSHKA_KEYS",
     "RESULTS_KEY",
+    "check_dims_fit",
     "evaluation_dims",
     "loss_dims",
     "split_loss_section",
@@ -93,6 +94,35 @@ def evaluation_dims(cfg: DictConfig) -> tuple[int, ...]:
     if asked is not None:
         return tuple(asked)
     return loss_dims(cfg) or ()
+
+
+def check_dims_fit(cfg: DictConfig, model: Any) -> None:
+    """Refuse Matryoshka dimensions wider than the built model's embeddings, before any step or evaluation.
+
+    The width is the encoder's ``embedding_dim`` (every encoder of this package has one); a model whose
+    encoder does not say is checked at its first step and evaluation instead.
+
+    Args:
+        cfg (DictConfig): The config (``model.loss.matryoshka_dims``, ``evaluation.matryoshka_dims``).
+        model: The built model (an ``EmbeddingModel``).
+
+    Raises:
+        ConfigError: Naming the key, the dimension and the width (one line).
+    """
+    from composer_dynsample.validation import is_int
+
+    width = getattr(getattr(model, "encoder", None), "embedding_dim", None)
+    if not is_int(width):
+        return
+    asked = evaluation_config(cfg).matryoshka_dims
+    for key, dims in (("model.loss.matryoshka_dims", loss_dims(cfg)), ("evaluation.matryoshka_dims", asked)):
+        wider = [dim for dim in dims or () if dim > width]
+        if wider:
+            example = [width, *([width // 2] if width >= 2 else [])]
+            raise ConfigError(
+                f"{key}: {wider[0]} is wider than the {width} dimensions of the model's embeddings; use "
+                f"dimensions of at most {width}, e.g. {example}."
+            )
 
 
 def truncated_scores(

@@ -88,17 +88,30 @@ def folders(cfg: DictConfig) -> list[tuple[str, ModelFolder]]:
     """``(section, folder)`` of each transformer of a ``path`` in ``model.encoder``, the towers' checked."""
     model = section(cfg, "model", "model")
     found = _encoder_folders(section(model, "encoder", "model.encoder"))
-    _check_tower_folders(found, model.get("normalize"))
+    data = cfg.get("data")
+    tokenizer = data.get("tokenizer") if isinstance(data, Mapping) else None
+    _check_tower_folders(found, model.get("normalize"), tokenizer_given=tokenizer is not None)
     return found
 
 
-def _check_tower_folders(found: list[tuple[str, ModelFolder]], normalize: Any) -> None:
-    """Two towers of two folders: one ``Normalize`` unless ``model.normalize`` says (a one-line ConfigError
-    naming both folders)."""
+def _check_tower_folders(
+    found: list[tuple[str, ModelFolder]], normalize: Any, *, tokenizer_given: bool = False
+) -> None:
+    """Two towers of two folders: one ``Normalize`` unless ``model.normalize`` says, and a tokenizer in the
+    passage tower's folder when the query tower's has one, unless ``data.tokenizer`` names the one both
+    read (a one-line ConfigError naming the folders)."""
     if len(found) < 2:
         return
     (query_where, query), others = found[0], found[1:]
     for passage_where, passage in others:
+        same = passage.model_dir.resolve() == query.model_dir.resolve()
+        if query.has_tokenizer and not passage.has_tokenizer and not same and not tokenizer_given:
+            raise ConfigError(
+                f"{passage_where}.path {str(passage.path)!r} holds no tokenizer (tokenizer.json, vocab.txt, ...), "
+                f"so the ids its model was trained on are unknown, and {query_where}.path's tokenizer would "
+                "feed it; give that tower a folder with its tokenizer, or set data.tokenizer to the one both "
+                "towers read."
+            )
         named = f"{query_where}.path {str(query.path)!r} and {passage_where}.path {str(passage.path)!r}"
         stated = (query.normalize, passage.normalize)
         if normalize is None and None not in stated and stated[0] != stated[1]:

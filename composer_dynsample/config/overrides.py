@@ -56,13 +56,16 @@ def dropped_keys_note(cfg: DictConfig, key: str, mapping: DictConfig | Mapping[s
 
     ``None`` when the section is not a mapping yet, the mapping keeps every key, or it names another
     component than the section (its ``name`` or ``_component_`` differs): the section's keys then belong
-    to the component the mapping replaces.
+    to the component the mapping replaces. ``None`` too when the section names its component (``name``)
+    and the mapping names none: the section's check refuses it, and its one line is the whole message.
 
     Example:
         >>> cfg = OmegaConf.create({"data": {"name": "pairs", "path": "a.jsonl", "max_length": 128}})
         >>> print(dropped_keys_note(cfg, "data", {"name": "pairs", "path": "b.jsonl"}))
         note: data={...} replaced the data section; the config's max_length: 128 is not in it (add it to the mapping, or set data.max_length=128 after it)
         >>> dropped_keys_note(cfg, "data", {"name": "texts", "path": "b.jsonl"}) is None
+        True
+        >>> dropped_keys_note(cfg, "data", {"path": "b.jsonl"}) is None  # refused: it names no loader
         True
     """
     previous = OmegaConf.select(cfg, key, default=None, throw_on_missing=False)
@@ -73,6 +76,8 @@ def dropped_keys_note(cfg: DictConfig, key: str, mapping: DictConfig | Mapping[s
     named = ("name", COMPONENT_KEY)
     if any(name in new for name in named) and any(new.get(name) != old.get(name) for name in named):
         return None
+    if "name" in old and not any(name in new for name in named):
+        return None  # a section of a named component refuses a mapping of none, in one line of its own
     dropped = {name: value for name, value in old.items() if name not in new}
     if not dropped:
         return None

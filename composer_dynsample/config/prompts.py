@@ -41,8 +41,8 @@ def data_prompts(cfg: DictConfig, given: Any, names: Any, key: str = "data.promp
         ``None``.
 
     Raises:
-        ConfigError: If both keys are set, ``data.prompt_names`` is set without a model folder, or names a
-            prompt the folder lacks.
+        ConfigError: If both keys are set, ``data.prompt_names`` is set without a model folder, is not one
+            name or a non-empty mapping of columns to names, or names a prompt the folder lacks.
     """
     if given is not None and names is not None:
         raise ConfigError(
@@ -57,7 +57,7 @@ def data_prompts(cfg: DictConfig, given: Any, names: Any, key: str = "data.promp
                 "the prompts themselves (data.prompts, or embed's --prompt)."
             )
         plain = _plain(names)
-        if passage is None or isinstance(plain, str):
+        if passage is None or not isinstance(plain, dict) or not plain:  # one folder, or refused as it is
             return _resolved(plain, folder, key)
         # Two towers of two folders: each column's name is one of its tower's folder's prompts.
         return {
@@ -122,10 +122,10 @@ def exported_prompts(cfg: DictConfig, used: dict[str, str]) -> dict[str, Any]:
 
 
 def _plain(value: Any) -> Any:
-    """An OmegaConf mapping as a dict (strings as they are)."""
+    """An OmegaConf mapping or list as a dict or list (strings as they are)."""
     from omegaconf import OmegaConf
 
-    return OmegaConf.to_container(value) if isinstance(value, DictConfig) else value
+    return OmegaConf.to_container(value) if OmegaConf.is_config(value) else value
 
 
 def _first_two(prompts: dict[str, str]) -> str:

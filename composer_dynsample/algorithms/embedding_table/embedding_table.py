@@ -13,7 +13,6 @@ the first epoch on; both log what they cost.
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import torch
@@ -31,7 +30,7 @@ from composer_dynsample.algorithms.embedding_table._training_set import (
 from composer_dynsample.algorithms.embedding_table.encodings import TableEncodings
 from composer_dynsample.algorithms.embedding_table.fresh_rows import FreshRows
 from composer_dynsample.algorithms.embedding_table.list_drift import ListDrift
-from composer_dynsample.algorithms.embedding_table.node_rows import node_shared_rows
+from composer_dynsample.algorithms.embedding_table.node_rows import check_storage_dir, node_shared_rows
 from composer_dynsample.algorithms.embedding_table.rows import (
     StagedWrites,
     class_centroids,
@@ -124,11 +123,13 @@ class EmbeddingTable(TableEncodings, Algorithm):
             (:mod:`~composer_dynsample.algorithms.embedding_table.list_drift`), in the epoch's record. Default: ``False``.
         storage_dir (str, optional): Hold the rows in one memory-mapped file per node in this folder, shared by
             the node's ranks (:mod:`~composer_dynsample.algorithms.embedding_table.node_rows`): one copy of the
-            table per node instead of one per rank, the same rows and run. A table on the CPU only.
-            Default: ``None`` (each rank's memory).
+            table per node instead of one per rank, the same rows and run. A table on the CPU only. The folder
+            is created when missing; one that is a file, cannot be written or lacks room is a
+            :class:`~composer_dynsample.algorithms.embedding_table.node_rows.StorageDirError` when the rows are
+            allocated (or loaded from a checkpoint). Default: ``None`` (each rank's memory).
 
     Raises:
-        ValueError: If an option is out of its range or of the wrong type.
+        ValueError: If an option is out of its range or of the wrong type (``storage_dir`` empty or not a path).
 
     Example:
         >>> from composer import Trainer
@@ -163,13 +164,7 @@ class EmbeddingTable(TableEncodings, Algorithm):
             raise ValueError(f"index_key must be a non-empty string, got {index_key!r}.")
         self.index_key = index_key
         self.device = torch.device(device)
-        if storage_dir is not None and (
-            not isinstance(storage_dir, (str, os.PathLike)) or self.device.type != "cpu"
-        ):
-            raise ValueError(
-                f"storage_dir must be a folder for a table on the cpu, got {storage_dir!r} on {device!r}."
-            )
-        self.storage_dir = storage_dir
+        self.storage_dir = check_storage_dir(storage_dir, device)
         self.refresh_every = None
         if refresh_interval is not None:
             from composer.core import TimeUnit

@@ -12,10 +12,15 @@ gathered from every rank before they are written), and the rows of step ``t + 1`
 the all-gather of step ``t + 1``, which every rank enters after writing step ``t``'s; so no rank's older
 write can land after a newer one, and what a rank reads it has itself written, or another rank wrote
 identically.
+
+A folder that cannot hold the file (a file, under a file, not writable, too small) is a
+:class:`StorageDirError` on every rank, naming the folder and the fix; :func:`check_storage_dir` refuses a
+value that names no folder (an empty string, a NUL byte) when the table is made.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import shutil
@@ -27,7 +32,35 @@ import torch
 
 from composer_dynsample.distributed import barrier, broadcast_object, gather_objects, get_local_rank, get_rank
 
-__all__ = ["node_shared_rows"]
+__all__ = ["StorageDirError", "check_storage_dir", "node_shared_rows"]
+
+
+class StorageDirError(ValueError):
+    """``EmbeddingTable(storage_dir=...)`` names a folder that cannot hold the table's file."""
+
+
+def check_storage_dir(storage_dir: object, device: object) -> str | os.PathLike[str] | None:
+    """``storage_dir`` once it names a folder (a non-empty path without NUL bytes) for a table on the cpu.
+
+    Only the value is checked: the folder itself is :func:`node_shared_rows`' to check, on every rank at once.
+
+    Raises:
+        ValueError: If ``storage_dir`` is not a path, is empty or blank, holds a NUL byte, or the table is
+            not on the cpu.
+    """
+    if storage_dir is None:
+        return None
+    text = os.fspath(storage_dir) if isinstance(storage_dir, (str, os.PathLike)) else None
+    if not isinstance(text, str) or torch.device(device).type != "cpu":  # type: ignore[arg-type]
+        raise ValueError(
+            f"storage_dir must be a folder for a table on the cpu, got {storage_dir!r} on {device!r}."
+        )
+    if not text.strip() or "\0" in text:
+        raise ValueError(
+            f"storage_dir must name a folder, got {storage_dir!r}; give a folder (e.g. storage_dir='/dev/shm' "
+            "or a local disk's folder), or leave storage_dir out for rows in each rank's memory."
+        )
+    return storage_dir
 
 
 def node_shared_rows(
@@ -38,34 +71,52 @@ def node_shared_rows(
     A collective: every rank calls it at the same point (all of them allocate their table together).
 
     Raises:
-        ValueError: If ``folder`` cannot be created or written, or lacks the space for the table.
+        StorageDirError: If ``folder`` is a file or under one, cannot be created or written, or lacks the
+            space for the table (every rank raises it; the file is not left behind).
     """
     folder = Path(folder).expanduser()
     numel = math.prod(shape)
     nbytes = numel * torch.empty(0, dtype=dtype).element_size()
     tag = broadcast_object(uuid.uuid4().hex if get_rank() == 0 else "")
     path = folder / f"embedding-table-{tag}-{socket.gethostname()}.bin"  # a folder on a shared disk too
-    failure = ""
-    if get_local_rank() == 0:
-        try:
-            folder.mkdir(parents=True, exist_ok=True)
-            free = shutil.disk_usage(folder).free
-            if free < nbytes:
-                failure = (
-                    f"{folder} has {free / 2**30:.1f} GiB free, the table needs {nbytes / 2**30:.1f} GiB"
-                )
-            else:
-                with open(path, "wb") as handle:
-                    handle.truncate(nbytes)  # sparse: zeros that take no disk until written
-        except OSError as error:
-            failure = f"{folder}: {error.strerror or error}"
+    failure = _create(path, nbytes) if get_local_rank() == 0 else ""
     failed = next((str(text) for text in gather_objects(failure) if text), "")
     if failed:  # every rank raises, none waits for the others
-        raise ValueError(
-            f"EmbeddingTable: storage_dir: {failed}; give storage_dir a folder with room for it."
-        )
-    rows = torch.from_file(str(path), shared=True, size=numel, dtype=dtype).view(shape)
+        raise StorageDirError(f"EmbeddingTable: storage_dir: {failed}.")
+    try:
+        rows = torch.from_file(str(path), shared=True, size=numel, dtype=dtype).view(shape)
+    except BaseException:
+        if get_local_rank() == 0:
+            path.unlink(missing_ok=True)
+        raise
     barrier()  # every rank has mapped it: the file can go, the mapping stays
     if get_local_rank() == 0:
         path.unlink(missing_ok=True)
     return rows
+
+
+def _create(path: Path, nbytes: int) -> str:
+    """Create ``path``'s folder and the sparse file of ``nbytes`` zeros; ``""``, or why it cannot and the fix."""
+    folder = path.parent
+    blocker = next((part for part in (folder, *folder.parents) if part.exists() and not part.is_dir()), None)
+    if blocker is not None:
+        where = f"{str(folder)!r} is a file" if blocker == folder else f"{str(blocker)!r} is a file"
+        return f"{where}, not a folder; give storage_dir a folder (it is created when missing)"
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        free = shutil.disk_usage(folder).free
+        if free < nbytes:
+            return (
+                f"{str(folder)!r} has {free / 2**30:.1f} GiB free, the table needs {nbytes / 2**30:.1f} GiB; "
+                "give storage_dir a folder with room for it"
+            )
+        with open(path, "wb") as handle:
+            handle.truncate(nbytes)  # sparse: zeros that take no disk until written
+    except OSError as error:
+        with contextlib.suppress(OSError):
+            path.unlink(missing_ok=True)
+        return (
+            f"{str(folder)!r} cannot be written ({error.strerror or error}); give storage_dir a folder you "
+            "can write in, with room for the table"
+        )
+    return ""

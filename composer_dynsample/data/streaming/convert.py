@@ -32,18 +32,20 @@ from composer_dynsample.data.streaming.manifest import (
     SPLITS,
     VERSION,
     manifest_digest,
+    parse_bytes,
     write_json,
 )
 from composer_dynsample.file_hash import file_sha256
-from composer_dynsample.validation import check_int
 
-__all__ = ["CODECS", "convert_to_mds"]
+__all__ = ["CODECS", "WRITTEN", "check_options", "check_replaceable", "convert_to_mds"]
 
 #: The compressions a shard may take (``zstd`` also as ``zstd:LEVEL``).
 CODECS = ("zstd", "br", "gz", "snappy")
 _CHUNK = 4096  # rows read from the token store at once
 TEXT_COLUMNS = {"input_ids": "bytes", "label": "int64", "text_hash": "int64", "is_query": "int8"}
 FEATURE_COLUMNS = {"features": "bytes", "label": "int64"}
+#: The entries of a converted folder.
+WRITTEN = (MANIFEST, "tokenizer.json", *SPLITS)
 
 
 def convert_to_mds(
@@ -57,44 +59,110 @@ def convert_to_mds(
 ) -> Path:
     """Write ``splits`` to ``out``: each split's MDS shards and rows, the tokenizer, the manifest.
 
+    The manifest is written last, so a folder whose writing stopped midway (a process killed) has none and
+    is refused by every reader; one whose writing failed or was interrupted (``KeyboardInterrupt``) is
+    removed.
+
     Args:
         splits (DatasetSplits): What a loader returned (texts or features).
         out (str | os.PathLike): A folder to create (upload it whole to object storage afterwards).
         shard_size (int | str): The largest shard before compression, bytes or ``"64mb"``. Default:
             ``"64mb"``.
         compression (str, optional): ``zstd`` (default), ``zstd:LEVEL``, ``br``, ``gz``, ``snappy`` or
-            ``None``.
-        overwrite (bool): Replace ``out`` when it exists. Default: ``False``.
+            ``None`` (see :func:`check_options`).
+        overwrite (bool): Replace ``out`` when it exists and holds only what a convert writes. Default:
+            ``False``.
         progress (Callable, optional): Called as ``progress(split, rows_written, rows)`` after each chunk.
 
     Returns:
         Path: ``out``.
 
     Raises:
-        FileExistsError: If ``out`` exists and ``overwrite`` is false.
+        FileExistsError: If ``out`` exists and ``overwrite`` is false, or it holds other files.
         ValueError: If an option is wrong.
     """
-    from streaming import MDSWriter
-    from streaming.base.util import bytes_to_int
-
-    if compression is not None and (
-        not isinstance(compression, str) or compression.split(":")[0] not in CODECS
-    ):
-        raise ValueError(
-            f"compression must be one of zstd, zstd:LEVEL, br, gz, snappy or None, got {compression!r}."
-        )
-    try:
-        size = check_int("shard_size", bytes_to_int(shard_size), minimum=1 << 10)
-    except (TypeError, ValueError) as error:
-        raise ValueError(
-            f"shard_size must be bytes or a size such as '64mb', got {shard_size!r} ({error})."
-        ) from None
+    size, compression = check_options(shard_size, compression)
     out = Path(out)
+    exists = f"{out} exists; give another folder, or --overwrite to replace it."
     if out.exists():
         if not overwrite:
-            raise FileExistsError(f"{out} exists; give another folder, or --overwrite to replace it.")
+            raise FileExistsError(exists)
+        check_replaceable(out)
+        (out / MANIFEST).unlink(missing_ok=True)  # a removal stopped midway leaves no folder that looks whole
         shutil.rmtree(out)
-    out.mkdir(parents=True)
+    try:
+        out.mkdir(parents=True)
+    except FileExistsError:  # another convert made it meanwhile: it is that one's
+        raise FileExistsError(exists) from None
+    try:
+        _write(splits, out, size, compression, progress)
+    except BaseException:  # an error, Ctrl-C: nothing half-written is left to look complete
+        shutil.rmtree(out, ignore_errors=True)
+        raise
+    return out
+
+
+def check_options(
+    shard_size: int | str, compression: str | None, *, names: tuple[str, str] = ("shard_size", "compression")
+) -> tuple[int, str | None]:
+    """The shard size in bytes and the compression of :func:`convert_to_mds`, checked before anything is read.
+
+    Args:
+        shard_size (int | str): Bytes (at least 1024) or a size such as ``"64mb"``.
+        compression (str, optional): One of :data:`CODECS`, ``zstd``, ``br`` and ``gz`` also as
+            ``NAME:LEVEL``; ``None`` or ``"none"`` for none.
+        names (tuple[str, str]): What the caller calls the two options, for the messages.
+
+    Returns:
+        tuple[int, str | None]: The shard size in bytes and the compression (``None`` for none).
+
+    Raises:
+        ValueError: One line naming the option, its value and the values it takes.
+    """
+    from streaming.base.compression import get_compressions
+
+    if isinstance(compression, str) and compression.lower() == "none":
+        compression = None
+    if compression is not None and (
+        not isinstance(compression, str)
+        or compression not in get_compressions()
+        or compression.split(":")[0] not in CODECS
+    ):
+        raise ValueError(
+            f"{names[1]} {compression!r}: give zstd, zstd:LEVEL (1 to 22), br, br:LEVEL (0 to 11), gz, "
+            "gz:LEVEL (0 to 9), snappy or none."
+        )
+    return parse_bytes(names[0], shard_size, minimum=1 << 10), compression
+
+
+def check_replaceable(out: Path) -> None:
+    """Refuse to replace a folder holding anything a convert does not write (:data:`WRITTEN`).
+
+    Raises:
+        FileExistsError: Naming the first such entry of ``out``.
+    """
+    foreign = sorted(
+        entry.name
+        for entry in out.iterdir()
+        if entry.name not in WRITTEN and not entry.name.startswith(f"{MANIFEST}.")  # write_json's temporary
+    )
+    if foreign:
+        raise FileExistsError(
+            f"{out} holds {foreign[0]!r}, which convert does not write: --overwrite replaces only a folder "
+            "convert wrote; give a new folder."
+        )
+
+
+def _write(
+    splits: DatasetSplits,
+    out: Path,
+    size: int,
+    compression: str | None,
+    progress: Callable[[str, int, int], None] | None,
+) -> None:
+    """Write the splits' shards, rows and tokenizer into the new folder ``out``, then the manifest."""
+    from streaming import MDSWriter
+
     text = hasattr(splits, "info")
     body: dict[str, Any] = {
         "format": FORMAT,
@@ -143,7 +211,6 @@ def convert_to_mds(
             body["splits"][name]["feature_dtype"] = store.features.numpy().dtype.str
     body["sha256"] = manifest_digest(body)
     write_json(out / MANIFEST, body)
-    return out
 
 
 def _text_info(splits: Any, out: Path) -> dict[str, Any]:

@@ -24,11 +24,12 @@ from composer_dynsample.data.streaming.manifest import (
     StreamingDataError,
     fetch,
     join_remote,
+    parse_bytes,
     read_manifest,
     read_rows,
 )
 from composer_dynsample.data.streaming.shards import StreamingFeatures, StreamingTokens, open_reader
-from composer_dynsample.validation import check_int
+from composer_dynsample.validation import check_float, check_int
 
 __all__ = ["load_streaming"]
 
@@ -53,7 +54,9 @@ def load_streaming(
         remote (str): The converted folder: ``s3://bucket/prefix`` (an S3-compatible store through
             ``S3_ENDPOINT_URL``), ``gs://``, ``azure://``, ``oci://`` or a local path.
         local (str | os.PathLike, optional): This node's cache folder; every rank of a node gives the same
-            one. Default: ``~/.cache/composer_dynsample/streaming/<hash of remote>``.
+            one, never the converted folder itself. Shards cached from another conversion of ``remote`` (a
+            manifest of another hash) are removed first. Default:
+            ``~/.cache/composer_dynsample/streaming/<hash of remote>``.
         cache_limit (int | str, optional): The most bytes of shards the cache holds, e.g. ``"50gb"`` (at
             least four shards); the coldest shard is evicted first. Default: ``None`` (no limit).
         download_retry (int): Attempts after the first for each file. Default: ``2``.
@@ -71,20 +74,18 @@ def load_streaming(
         DatasetSplits: :class:`~composer_dynsample.data.text.TextSplits` of texts, or splits of features.
 
     Raises:
-        StreamingDataError: One line: a file missing, corrupt or not downloadable (naming it and the
-            attempts), or a tokenizer or ``max_length`` other than the shards'.
+        StreamingDataError: One line: an option out of range, a ``local`` that is a file or the converted
+            folder's, a file missing, corrupt or not downloadable (naming it and the attempts), or a tokenizer
+            or ``max_length`` other than the shards'.
     """
     if not isinstance(remote, str) or not remote:
         raise StreamingDataError(f"data.remote must be a URL or a folder, got {remote!r}.")
-    check_int("download_retry", download_retry, minimum=0)
-    if validate_hash not in HASHES:
-        raise StreamingDataError(f"validate_hash must be one of {HASHES}, got {validate_hash!r}.")
+    options = _check_options(download_retry, download_timeout, validate_hash, cache_limit)
     if "://" not in remote:
         remote = os.path.abspath(os.path.expanduser(remote))
-    folder = Path(local).expanduser() if local is not None else _default_local(remote)
-    folder.mkdir(parents=True, exist_ok=True)
-    options = {"retries": int(download_retry), "timeout": float(download_timeout)}
+    folder = _cache_folder(remote, local)
     manifest = read_manifest(remote, folder, **options)
+    _forget_other_shards(folder, manifest["sha256"])
     rows = {split: read_rows(remote, split, manifest["splits"][split], folder, **options) for split in SPLITS}
     readers = {
         split: open_reader(
@@ -112,8 +113,73 @@ def load_streaming(
     )
 
 
-def _default_local(remote: str) -> Path:
-    return default_cache_dir() / "streaming" / hashlib.blake2s(remote.encode(), digest_size=8).hexdigest()
+def _check_options(
+    download_retry: object, download_timeout: object, validate_hash: object, cache_limit: object
+) -> dict[str, Any]:
+    """The download options checked (the cache limit too), as :func:`fetch` takes them."""
+    try:
+        retries = check_int("data.download_retry", download_retry, minimum=0)
+        timeout = check_float("data.download_timeout", download_timeout, minimum=0, strict_minimum=True)
+        if cache_limit is not None:
+            parse_bytes("data.cache_limit", cache_limit, minimum=1)  # type: ignore[arg-type]
+    except ValueError as error:
+        raise StreamingDataError(str(error)) from None
+    if validate_hash not in HASHES:
+        raise StreamingDataError(f"data.validate_hash must be one of {HASHES}, got {validate_hash!r}.")
+    return {"retries": retries, "timeout": timeout}
+
+
+def _cache_folder(remote: str, local: str | os.PathLike[str] | None) -> Path:
+    """The cache folder, made: ``local``, or one of the default cache's named by ``remote``'s hash.
+
+    Raises:
+        StreamingDataError: If ``local`` is a file, or is ``remote`` (a local folder), inside it or holds it
+            where a split's shards are cached: the cache writes and removes files there, so it would change
+            the converted data.
+    """
+    if local is None:
+        folder = (
+            default_cache_dir() / "streaming" / hashlib.blake2s(remote.encode(), digest_size=8).hexdigest()
+        )
+    else:
+        folder = Path(os.path.abspath(Path(local).expanduser()))
+    if "://" not in remote:
+        source, cache = Path(remote).resolve(), folder.resolve()
+        written = [cache / split for split in SPLITS]  # the cache's shard folders
+        if (
+            cache == source
+            or source in cache.parents
+            or any(w == source or w in source.parents for w in written)
+        ):
+            raise StreamingDataError(
+                f"data.local {str(folder)!r} is data.remote {remote!r}, inside it or holds it as a split folder: "
+                "the cache writes and removes shards there and would change the converted data; give another "
+                "local folder, or leave it out."
+            )
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        raise StreamingDataError(
+            f"data.local {str(folder)!r}: it, or a folder above it, is a file; give a folder for the cache."
+        ) from None
+    return folder
+
+
+def _forget_other_shards(folder: Path, digest: str) -> None:
+    """Remove the cached shards of another conversion than the manifest's (``remote`` converted again), so
+    none is read for this one's: the cache records the manifest its shards come from in ``shards.sha256``."""
+    marker = folder / "shards.sha256"
+    try:
+        if marker.read_text().strip() == digest:
+            return
+    except FileNotFoundError:
+        pass
+    for split in SPLITS:
+        for path in (folder / split).glob("shard.*"):
+            path.unlink(missing_ok=True)
+    partial = marker.with_name(f"{marker.name}.{os.getpid()}.part")
+    partial.write_text(digest)
+    os.replace(partial, marker)  # the ranks of a node share the folder: none reads half a marker
 
 
 def _text_splits(

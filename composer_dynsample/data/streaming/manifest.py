@@ -40,6 +40,7 @@ __all__ = [
     "fetch",
     "join_remote",
     "manifest_digest",
+    "parse_bytes",
     "read_manifest",
     "read_rows",
     "write_json",
@@ -72,6 +73,25 @@ def write_json(path: Path, body: dict[str, Any]) -> None:
         json.dump(body, handle, indent=1, sort_keys=True)
     os.chmod(tmp, 0o644)
     os.replace(tmp, path)
+
+
+def parse_bytes(name: str, value: int | str, *, minimum: int) -> int:
+    """``value`` (bytes, or a size such as ``"64mb"``) as bytes, at least ``minimum``.
+
+    Raises:
+        ValueError: One line naming ``name``, the value and what is expected.
+    """
+    from streaming.base.util import bytes_to_int
+
+    try:
+        size = bytes_to_int(value) if isinstance(value, (int, str)) and not isinstance(value, bool) else None
+    except (TypeError, ValueError):
+        size = None
+    if size is None or size < minimum:
+        raise ValueError(
+            f"{name} {value!r}: give bytes (at least {minimum}) or a size such as '64mb' or '50gb'."
+        )
+    return int(size)
 
 
 def manifest_digest(body: dict[str, Any]) -> str:
@@ -120,9 +140,15 @@ def read_manifest(remote: str, local: Path, *, retries: int, timeout: float) -> 
     """Download and check ``remote/manifest.json``: its format, version and hash.
 
     Raises:
-        StreamingDataError: If it cannot be downloaded, is not a manifest of this format, or its hash
-            does not match its entries.
+        StreamingDataError: If it cannot be downloaded (a local folder holding a split but no manifest is a
+            convert that did not finish), is not a manifest of this format, or its hash does not match its
+            entries.
     """
+    if "://" not in remote and not Path(remote, MANIFEST).exists() and Path(remote, SPLITS[0]).is_dir():
+        raise StreamingDataError(
+            f"{join_remote(remote, MANIFEST)}: no such file, so {remote} is a convert that did not finish (stopped "
+            "midway, or still writing); run convert again with --overwrite."
+        )
     path = fetch(remote, MANIFEST, local, retries=retries, timeout=timeout)
     try:
         body = json.loads(path.read_text())

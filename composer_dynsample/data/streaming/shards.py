@@ -78,7 +78,7 @@ class ShardReader:
                 remote=join_remote(remote, split),
                 local=str(local / split),
                 cache_limit=cache_limit,
-                download_retry=retries,
+                download_retry=retries + 1,  # Streaming counts every attempt, the first too
                 download_timeout=timeout,
                 validate_hash=validate_hash,
                 batch_size=1,

@@ -122,7 +122,7 @@ def resolve_prompt_names(
 
     Args:
         names (Mapping[str, str] | str, optional): Column to the name of one of ``folder_prompts``, or one
-            name for every column.
+            name for every column. ``None``: no prompts.
         folder_prompts (Mapping[str, str]): The folder's prompts by name (``config_sentence_transformers.json``).
         key (str): The name the error gives ``names``.
         folder (str): The folder, for the error.
@@ -131,20 +131,52 @@ def resolve_prompt_names(
         dict[str, str] | str: Column to prompt (empty prompts left out), or the one prompt ``names`` names.
 
     Raises:
-        ValueError: If ``names`` is not a mapping of known columns to strings, or a name is not one of
-            the folder's prompts (the error lists them).
+        ValueError: If ``names`` is not one name or a non-empty mapping of known columns to names, a name
+            is empty or not a string, or it is not one of the folder's prompts (the error lists them).
+
+    Example:
+        >>> resolve_prompt_names({"anchor": "query"}, {"query": "query: "})
+        {'anchor': 'query: '}
+        >>> resolve_prompt_names({}, {"query": "query: "})
+        Traceback (most recent call last):
+            ...
+        ValueError: prompt_names is an empty mapping, which names no prompt; name one of the model folder's prompts ('query') for each column to prompt, e.g. {anchor: query}, or leave prompt_names out.
     """
-    if not names:
+    if names is None:
         return {}
-    one = isinstance(names, str)
-    checked = check_prompts({"text": names} if one else names, key)  # the same shape: columns to strings
+    have = f"{_listed(sorted(folder_prompts))}" if folder_prompts else "none: it declares no prompts"
+    example = f"{{anchor: {next(iter(sorted(folder_prompts)), 'query')}}}"
+    if isinstance(names, str):
+        return _named_prompt(names, folder_prompts, key, folder, have)
+    if not isinstance(names, Mapping):
+        raise ValueError(
+            f"{key} must name the model folder's prompts by column, e.g. {example}, or be one name for every "
+            f"column; got {type(names).__name__} {names!r}."
+        )
+    if not names:
+        raise ValueError(
+            f"{key} is an empty mapping, which names no prompt; name one of {folder}'s prompts ({have}) for "
+            f"each column to prompt, e.g. {example}, or leave {key} out."
+        )
     resolved = {}
-    for column, name in checked.items():
-        if name not in folder_prompts:
-            have = f"it has {_listed(sorted(folder_prompts))}" if folder_prompts else "it declares none"
-            where = key if one else f"{key}.{column}"
-            raise ValueError(
-                f"{where}: {folder} has no prompt named {name!r}; {have} (config_sentence_transformers.json)."
-            )
-        resolved[column] = folder_prompts[name]
-    return resolved["text"] if one else check_prompts(resolved, key)
+    for column, name in names.items():
+        if column not in PROMPT_COLUMNS:
+            raise ValueError(f"{key}: no column {column!r} takes a prompt; choose {_listed(PROMPT_COLUMNS)}.")
+        resolved[str(column)] = _named_prompt(name, folder_prompts, f"{key}.{column}", folder, have)
+    return {column: prompt for column, prompt in resolved.items() if prompt}
+
+
+def _named_prompt(name: Any, folder_prompts: Mapping[str, str], where: str, folder: str, have: str) -> str:
+    """The folder's prompt called ``name``; a one-line ValueError for a name that is not one of them."""
+    if not isinstance(name, str) or not name:
+        got = "an empty name" if name == "" else f"{type(name).__name__} {name!r}"
+        raise ValueError(
+            f"{where} must be the name of one of {folder}'s prompts ({have}), got {got}; leave the column "
+            "out for no prompt."
+        )
+    if name not in folder_prompts:
+        listed = f"it has {have}" if folder_prompts else "it declares none"
+        raise ValueError(
+            f"{where}: {folder} has no prompt named {name!r}; {listed} (config_sentence_transformers.json)."
+        )
+    return folder_prompts[name]
