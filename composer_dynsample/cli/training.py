@@ -332,12 +332,16 @@ def report_evaluation(run: Any, result: dict[str, Any], path: Path, model: str) 
     to ``path``, and the metrics table titled by the data and ``model`` (what was scored)."""
     from composer_dynsample.cli.matryoshka_table import format_matryoshka_table
     from composer_dynsample.cli.reporting import format_metrics_table, write_json
+    from composer_dynsample.cli.sources_table import format_sources_table
     from composer_dynsample.config.evaluation import describe_protocol
 
     write_json(path, result)
     metrics = {name: value for name, value in result.items() if name not in ("checkpoint", "dataset")}
     title, gallery_size = f"{run.splits.test_name}: {model}", describe_protocol(run.splits)[1]
-    print(format_metrics_table(metrics, title=title, gallery_size=gallery_size))
+    if metrics.get("sources"):  # a mix of data sets: a column a source
+        print(format_sources_table(metrics, title))
+    else:
+        print(format_metrics_table(metrics, title=title, gallery_size=gallery_size))
     if metrics.get("matryoshka"):
         print("\n" + format_matryoshka_table(metrics, gallery_size=gallery_size))
     print(f"wrote {path}")
@@ -355,6 +359,7 @@ def _report(
         plot_embeddings,
         write_json,
     )
+    from composer_dynsample.cli.sources_table import format_sources_table
 
     write_json(run.run_dir / "metrics.json", metrics)
     title = f"{run.splits.test_name} test embeddings (PCA), epoch {metrics['epochs']}"
@@ -362,7 +367,11 @@ def _report(
         train_gallery = metrics["protocol"] == "test queries vs train gallery"
         against = "vs train gallery" if train_gallery else "leave-one-out among the test items"
         title += f"\nRecall@1 {against} = {final['recall_at_1']:.4f}"
-    if metrics["protocol"] != "test queries vs test passages":  # pairs: a point per pair says little
+    scored_apart = metrics["protocol"] in (
+        "test queries vs test passages",
+        "each source on its own test split",
+    )
+    if not scored_apart:  # pairs: a point per pair says little; a mix's sources are scored apart
         plot_embeddings(
             test_embeddings,
             run.splits.test.labels,
@@ -375,8 +384,12 @@ def _report(
         table_title = metrics_table_title(
             run.splits.test_name, metrics["num_queries"], metrics["protocol"], metrics["gallery_size"]
         )
-        table = format_metrics_table(
-            final, title=table_title, gallery_size=metrics["gallery_size"], start=metrics["at_start"]
+        table = (
+            format_sources_table(final, f"{run.splits.name}: final retrieval metrics, each source on its own")
+            if final.get("sources")
+            else format_metrics_table(
+                final, title=table_title, gallery_size=metrics["gallery_size"], start=metrics["at_start"]
+            )
         )
         print("\n" + table)
         if final.get("matryoshka"):

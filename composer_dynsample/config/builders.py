@@ -51,6 +51,7 @@ from composer_dynsample.config.components import (
     resolve_set,
 )
 from composer_dynsample.config.loading import collate_padding, dataloader_config, section
+from composer_dynsample.config.mix_data import build_mix, build_mixed_sampler, is_mix
 from composer_dynsample.config.model_checks import folder_data_defaults
 from composer_dynsample.config.names import (
     ALGORITHMS,
@@ -75,6 +76,7 @@ from composer_dynsample.data import (
     stratified_split,
     text_data_spec,
 )
+from composer_dynsample.data.mix import MixedTextStore
 from composer_dynsample.samplers.dataloader import BatchSamplerDataLoader
 
 __all__ = [
@@ -104,6 +106,8 @@ def build_data(cfg: DictConfig) -> DatasetSplits:
         ConfigError: If a key or value is wrong, a data file is missing or malformed, or the model folder
             refuses the data's tokenizer (see :func:`~composer_dynsample.config.checks.check_config`).
     """
+    if is_mix(cfg):  # several data sets, each its own data section (config/mix_data.py)
+        return build_mix(cfg, build_data)
     entry, name, kwargs, extras = resolve_entry("data", section(cfg, "data", "data"), DATASETS)
     if "prompts" in parameters(entry.target):
         kwargs["prompts"] = data_prompts(cfg, kwargs.get("prompts"), extras.get("prompt_names"))
@@ -135,7 +139,11 @@ def build_data(cfg: DictConfig) -> DatasetSplits:
 
 def build_sampler(cfg: DictConfig, labels: torch.Tensor, seed: int, store: Any = None) -> Any:
     """Build ``sampler`` for the train labels; ``num_replicas``/``rank`` come from the launcher, and a
-    sampler of pairs (``mined_negatives``) reads which rows are passages and their text ids off ``store``."""
+    sampler of pairs (``mined_negatives``) reads which rows are passages and their text ids off ``store``;
+    a mix of sources (a :class:`~composer_dynsample.data.mix.MixedTextStore`) gets a ``MixedBatchSampler``
+    over each source's own sampler (:func:`~composer_dynsample.config.mix_data.build_mixed_sampler`)."""
+    if isinstance(store, MixedTextStore):
+        return build_mixed_sampler(cfg, store, seed, build_sampler)
     values = section(cfg, "sampler", "sampler")
     entry, name, kwargs, extras = resolve_entry("sampler", values, SAMPLERS, reserved=SAMPLER_RESERVED)
     if "seed" in parameters(entry.target):

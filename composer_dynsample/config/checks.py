@@ -27,6 +27,7 @@ from composer_dynsample.config.components import (
 )
 from composer_dynsample.config.loading import dataloader_config, evaluation_config, run_options, section
 from composer_dynsample.config.matryoshka import split_loss_section
+from composer_dynsample.config.mix_data import check_mix, is_mix
 from composer_dynsample.config.model_checks import (
     check_encoder,
     check_model_folder,
@@ -82,7 +83,7 @@ def check_config(cfg: DictConfig) -> None:
     check_trainer_basics(section(cfg, "trainer", "trainer"))
     model = section(cfg, "model", "model")
     sections = [
-        ("data", section(cfg, "data", "data"), DATASETS, {}, {}),
+        ("data", {} if is_mix(cfg) else section(cfg, "data", "data"), DATASETS, {}, {}),
         ("model.loss", split_loss_section(section(model, "loss", "model.loss"))[0], LOSSES, {}, {}),
         ("sampler", section(cfg, "sampler", "sampler"), SAMPLERS, {}, {"reserved": SAMPLER_RESERVED}),
         ("optimizer", section(cfg, "optimizer", "optimizer"), OPTIMIZERS, {}, {"reserved": ("params",)}),
@@ -92,11 +93,34 @@ def check_config(cfg: DictConfig) -> None:
             entry, _, kwargs, _ = resolve_entry(path, values, registry, supplied=supplied, **options)
             check_types(path, entry, kwargs)
     check_encoder("model.encoder", section(model, "encoder", "model.encoder"))
-    check_positions(cfg)  # data.max_length against a transformer's positions, the data not loaded
-    check_model_folder(cfg)  # a model folder's pooling and tokenizer against the config
+    if is_mix(cfg):  # each source's data and sampler sections, and its data against the model
+        check_mix(cfg, _check_source)
+    else:
+        _check_data_against_model(cfg)
     dataloader_config(cfg)
     _check_from_source(cfg, model)
     check_sampler_table(section(cfg, "sampler", "sampler"), section(cfg, "algorithms", "algorithms"))
+
+
+def _check_data_against_model(cfg: DictConfig) -> None:
+    """``data.max_length`` against a transformer's positions, the data not loaded, and a model folder's
+    pooling and tokenizer against the config."""
+    check_positions(cfg)
+    check_model_folder(cfg)
+
+
+def _check_source(cfg: DictConfig) -> None:
+    """The keys and value types of a source's ``data`` and ``sampler`` sections, and its data against the
+    model (the source's config: see :func:`~composer_dynsample.config.mix_data.source_configs`)."""
+    for path, registry, options in (
+        ("data", DATASETS, {}),
+        ("sampler", SAMPLERS, {"reserved": SAMPLER_RESERVED}),
+    ):
+        values = section(cfg, path, path)
+        if values:
+            entry, _, kwargs, _ = resolve_entry(path, values, registry, **options)
+            check_types(path, entry, kwargs)
+    _check_data_against_model(cfg)
 
 
 def _check_from_source(cfg: DictConfig, model: Mapping[str, Any]) -> None:

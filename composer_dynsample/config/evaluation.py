@@ -64,6 +64,7 @@ __all__ = [
 TRAIN_GALLERY = "train_gallery"
 LEAVE_ONE_OUT = "leave_one_out"
 QUERIES_VS_PASSAGES = "queries_vs_passages"
+MIX = "mix"  # the sources of a mix of data sets, each scored by its own protocol
 _GALLERY_WORDS = {
     TRAIN_GALLERY: "the train split",
     LEAVE_ONE_OUT: "the other test items, leave-one-out",
@@ -73,9 +74,22 @@ _GALLERY_WORDS = {
 RANKING_KS = (10,)
 
 
+def source_splits(splits: DatasetSplits) -> dict[str, DatasetSplits]:
+    """The splits an evaluation scores, by evaluator label: ``{"test": splits}``, or each source of a mix of
+    data sets (``data: {name: mix}``) on its own, as ``test_NAME``."""
+    sources = getattr(splits, "sources", None)
+    if not sources:
+        return {"test": splits}
+    return {f"test_{name}": source for name, source in sources.items()}
+
+
 def protocol_of(splits: DatasetSplits) -> str:
-    """The test protocol of ``splits`` (see the module docstring)."""
+    """The test protocol of ``splits`` (see the module docstring); a mix's sources' protocol when they share
+    one, else ``"mix"``."""
     protocol = getattr(splits, "test_protocol", None) or TRAIN_GALLERY
+    if protocol == MIX:
+        protocols = {protocol_of(source) for source in source_splits(splits).values()}
+        return protocols.pop() if len(protocols) == 1 else MIX
     if protocol not in (TRAIN_GALLERY, LEAVE_ONE_OUT, QUERIES_VS_PASSAGES):
         raise ConfigError(
             f"data: {splits.name} has test_protocol {protocol!r}; the run knows "
@@ -89,7 +103,12 @@ def _is_query(splits: DatasetSplits) -> np.ndarray:
 
 
 def query_rows(splits: DatasetSplits) -> np.ndarray:
-    """The test rows that query: the anchors of pairs, else every test row."""
+    """The test rows that query: the anchors of pairs, else every test row; of a mix, each source's, as rows
+    of the joined test split."""
+    sources = source_splits(splits)
+    if "test" not in sources:
+        starts = splits.test.row_starts  # type: ignore[attr-defined]
+        return np.concatenate([query_rows(one) + start for one, start in zip(sources.values(), starts)])
     if protocol_of(splits) == QUERIES_VS_PASSAGES:
         return np.flatnonzero(_is_query(splits))
     return np.arange(len(splits.test), dtype=np.int64)
@@ -103,7 +122,11 @@ def gallery_rows(splits: DatasetSplits) -> np.ndarray | None:
 
 
 def describe_protocol(splits: DatasetSplits) -> tuple[str, int]:
-    """``(what the queries are scored against, the gallery's size)``, for reports and ``metrics.json``."""
+    """``(what the queries are scored against, the gallery's size)``, for reports and ``metrics.json``; a mix's
+    sources are each scored on their own (the galleries' sizes summed)."""
+    sources = source_splits(splits)
+    if "test" not in sources:
+        return "each source on its own test split", sum(describe_protocol(one)[1] for one in sources.values())
     protocol = protocol_of(splits)
     if protocol == QUERIES_VS_PASSAGES:
         return "test queries vs test passages", len(gallery_rows(splits))  # type: ignore[arg-type]
@@ -129,7 +152,26 @@ def check_ks_fit_the_gallery(ks: Sequence[int], splits: DatasetSplits) -> None:
 
 
 def eval_metrics(evaluation: EvaluationConfig, splits: DatasetSplits) -> dict[str, Any]:
-    """The model's eval metrics for the data's protocol, scalar each (Composer logs them by name)."""
+    """The model's eval metrics for the data's protocol, scalar each (Composer logs them by name).
+
+    A mix of data sets: those of its sources' shared protocol (each source's evaluator keeps its own
+    copy); sources scored by different protocols are scored at the end only (``evaluation.interval:
+    null``), and the model holds no eval metric.
+    """
+    sources = source_splits(splits)
+    if len(sources) > 1 or "test" not in sources:
+        for source in sources.values():
+            check_ks_fit_the_gallery(evaluation.ks, source)
+        if protocol_of(splits) != MIX:
+            return eval_metrics(evaluation, next(iter(sources.values())))
+        if evaluation.interval is None:
+            return {}
+        kinds = ", ".join(f"{label[5:]}: {protocol_of(source)}" for label, source in sources.items())
+        raise ConfigError(
+            f"evaluation.interval: the sources are scored by different protocols ({kinds}), whose metrics one "
+            "evaluator cannot hold; set evaluation.interval: null (each source is scored at the end of "
+            "training, into metrics.json), or mix sources of one kind."
+        )
     check_ks_fit_the_gallery(evaluation.ks, splits)
     distance = evaluation.distance
     if protocol_of(splits) == QUERIES_VS_PASSAGES:
@@ -222,18 +264,19 @@ class Evaluation:
     protocol: str
 
 
-def build_evaluation(evaluation: EvaluationConfig, splits: DatasetSplits) -> Evaluation:
-    """The ``"test"`` evaluator of the data's protocol and its gallery callback (add it to the callbacks)."""
+def build_evaluation(evaluation: EvaluationConfig, splits: DatasetSplits, label: str = "test") -> Evaluation:
+    """The evaluator ``label`` of the data's protocol and its gallery callback (add it to the callbacks)."""
     protocol = protocol_of(splits)
     gallery = None
+    size = evaluation.gallery_batch_size
     if protocol == QUERIES_VS_PASSAGES:
         gallery = RetrievalGallery(
-            splits.test, rows=gallery_rows(splits), batch_size=evaluation.gallery_batch_size
+            splits.test, rows=gallery_rows(splits), evaluator_label=label, batch_size=size
         )
     elif protocol == TRAIN_GALLERY:
-        gallery = RetrievalGallery(splits.train, batch_size=evaluation.gallery_batch_size)
+        gallery = RetrievalGallery(splits.train, evaluator_label=label, batch_size=size)
     loader = build_eval_dataloader(splits.test, evaluation.batch_size, rows=query_rows(splits))
-    return Evaluation(Evaluator(label="test", dataloader=loader), gallery, protocol)
+    return Evaluation(Evaluator(label=label, dataloader=loader), gallery, protocol)
 
 
 def final_metrics(
@@ -257,6 +300,10 @@ def final_metrics(
     again follow under ``"matryoshka"``, keyed by the dimension (``{"64": {"mrr": ...}}``; see
     :mod:`composer_dynsample.config.matryoshka`); without, the result is as before.
     """
+    sources = source_splits(splits)
+    if "test" not in sources:
+        options = {"batch_size": batch_size, "gallery_batch_size": gallery_batch_size, "dims": dims}
+        return _mix_metrics(model, sources, ks, distance, options)
     protocol, test = protocol_of(splits), splits.test
     rows = query_rows(splits)
     queries = embed_store(model, test, rows=rows, batch_size=batch_size)
@@ -294,3 +341,28 @@ def final_metrics(
             for dim, values in truncated.items()
         }
     return result, queries.cpu()
+
+
+def _mix_metrics(
+    model: torch.nn.Module,
+    sources: Mapping[str, DatasetSplits],
+    ks: Sequence[int],
+    distance: str,
+    options: dict[str, Any],
+) -> tuple[dict[str, Any], torch.Tensor]:
+    """A mix's final metrics: each source's under ``sources`` (by name), and the mean over the sources of
+    each metric they all have at the top level (``num_queries`` summed); the queries of every source."""
+    each, queries = {}, []
+    for label, source in sources.items():
+        each[label[len("test_") :]], embedded = final_metrics(model, source, ks, distance, **options)
+        queries.append(embedded)
+    shared = [
+        name
+        for name, value in next(iter(each.values())).items()
+        if isinstance(value, (int, float)) and all(name in metrics for metrics in each.values())
+    ]
+    result: dict[str, Any] = {name: sum(m[name] for m in each.values()) / len(each) for name in shared}
+    result["num_queries"] = sum(int(m["num_queries"]) for m in each.values())
+    result["queries_without_positive"] = sum(int(m["queries_without_positive"]) for m in each.values())
+    result["sources"] = each
+    return result, torch.cat(queries)

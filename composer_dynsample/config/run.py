@@ -38,7 +38,7 @@ from composer_dynsample.config.device import (
     fill_device_defaults,
     run_device,
 )
-from composer_dynsample.config.evaluation import LEAVE_ONE_OUT, build_evaluation, protocol_of
+from composer_dynsample.config.evaluation import LEAVE_ONE_OUT, build_evaluation, protocol_of, source_splits
 from composer_dynsample.config.loading import (
     default_run_dir,
     evaluation_config,
@@ -47,10 +47,12 @@ from composer_dynsample.config.loading import (
     run_options,
     section,
 )
+from composer_dynsample.config.mix_data import check_mix_pools, for_each_source
 from composer_dynsample.config.model_builders import build_model
 from composer_dynsample.config.names import SAMPLERS
 from composer_dynsample.data import DatasetSplits
 from composer_dynsample.data.identity import DataChangedError, data_changes, data_identity
+from composer_dynsample.distributed import get_world_size
 from composer_dynsample.models.embedding_model import EmbeddingModel
 from composer_dynsample.samplers.pk import PKBatchSampler
 from composer_dynsample.validation import is_int
@@ -351,8 +353,9 @@ def build_run(
     evaluation = evaluation_config(cfg)
     check_sampler_table(section(cfg, "sampler", "sampler"), section(cfg, "algorithms", "algorithms"))
     reproducibility.seed_all(options.seed)
+    check_mix_pools(cfg, get_world_size())  # no pool of embeddings across two sources
     splits = build_data(cfg)
-    check_pair_batches(cfg, splits)
+    for_each_source(cfg, splits, check_pair_batches)
     # The samplers draw from generators of their own: the model's initialisation does not depend on this order.
     train_loader = build_train_dataloader(cfg, splits.train, options.seed)
     model = build_model(cfg, splits)
@@ -375,8 +378,9 @@ def build_run(
     # Data whose test classes are not in the train split (glyphs) scores each test item against the
     # other test items; the eval metrics do that when no gallery is attached. See config/evaluation.py.
     leave_one_out = protocol_of(splits) == LEAVE_ONE_OUT
-    gallery, eval_arguments = _evaluation(evaluation, splits)
-    all_callbacks += [gallery] if gallery is not None else []
+    galleries, eval_arguments = _evaluation(evaluation, splits)
+    all_callbacks += galleries
+    gallery = galleries[0] if len(galleries) == 1 else None  # its history: the evaluations of one test split
     arguments.update(eval_arguments)
     shown = trainer_defaults(directory) if link_folder is not None else {}
     named = {**trainer_kwargs, **shown, **section(cfg, "trainer", "trainer")}  # the paths the user gave
@@ -400,12 +404,19 @@ def _device_settings(cfg: DictConfig) -> dict[str, Any]:
     return {**filled, "tf32": tf32}
 
 
-def _evaluation(evaluation: Any, splits: DatasetSplits) -> tuple[RetrievalGallery | None, dict[str, Any]]:
-    """The gallery callback and the Trainer's eval arguments; none without ``evaluation.interval``."""
+def _evaluation(evaluation: Any, splits: DatasetSplits) -> tuple[list[RetrievalGallery], dict[str, Any]]:
+    """The gallery callbacks and the Trainer's eval arguments; none without ``evaluation.interval``.
+
+    One evaluator, ``test``; a mix of data sets one per source, ``test_NAME``, each with its gallery.
+    """
     if evaluation.interval is None:
-        return None, {}
-    planned = build_evaluation(evaluation, splits)
-    return planned.gallery, {"eval_dataloader": planned.evaluator, "eval_interval": evaluation.interval}
+        return [], {}
+    plans = [build_evaluation(evaluation, one, label) for label, one in source_splits(splits).items()]
+    evaluators = [plan.evaluator for plan in plans]
+    return [plan.gallery for plan in plans if plan.gallery is not None], {
+        "eval_dataloader": evaluators if len(evaluators) > 1 else evaluators[0],
+        "eval_interval": evaluation.interval,
+    }
 
 
 def _trainer(

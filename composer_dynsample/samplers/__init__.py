@@ -9,6 +9,7 @@ from composer_dynsample.samplers.base import DistributedBatchSampler, SupportsSe
 from composer_dynsample.samplers.dataloader import BatchSamplerDataLoader, build_dataloader
 from composer_dynsample.samplers.hard_class import HardClassPKBatchSampler
 from composer_dynsample.samplers.mined_negatives import MinedNegativesPKBatchSampler
+from composer_dynsample.samplers.mixed import MixedBatchSampler
 from composer_dynsample.samplers.neighbours import NeighbourBatchSampler
 from composer_dynsample.samplers.pk import PKBatchSampler
 from composer_dynsample.samplers.two_stream import TwoStreamBatchSampler
@@ -18,6 +19,7 @@ __all__ = [
     "DistributedBatchSampler",
     "HardClassPKBatchSampler",
     "MinedNegativesPKBatchSampler",
+    "MixedBatchSampler",
     "NeighbourBatchSampler",
     "PKBatchSampler",
     "SupportsSetEpoch",

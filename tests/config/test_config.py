@@ -62,11 +62,30 @@ def _finetune_overrides(tmp_path: Path) -> list[str]:
     return [f"model.encoder.path={folder}", f"data={data}", "sampler.classes_per_batch=8"]
 
 
+def _mix_overrides(tmp_path: Path) -> list[str]:
+    """The mix recipe's two sources on a few standard-library packages each, its tokenizer under tmp_path."""
+    groups = {
+        "science": "stdlib:json,stdlib:csv,stdlib:email,stdlib:http,stdlib:logging",
+        "web": "stdlib:urllib,stdlib:xml,stdlib:asyncio,stdlib:unittest,stdlib:importlib",
+    }
+    tokenizer = str(tmp_path / "tokenizer.json")
+    return [
+        *(f"data.sources.{name}.groups=[{packages}]" for name, packages in groups.items()),
+        *(f"data.sources.{name}.max_pairs_per_group=40" for name in groups),
+        "data.sources.science.vocab_size=500",
+        f"data.sources.science.save_tokenizer={tokenizer}",
+        f"data.sources.web.tokenizer={tokenizer}",
+        "sampler.classes_per_batch=8",
+    ]
+
+
 @pytest.mark.parametrize("config", YAMLS, ids=[path.stem for path in YAMLS])
 def test_every_recipe_builds_and_trains_one_batch(config, tmp_path):
     overrides = CHEAP.get(config.stem, [])
     if config.stem == "finetune_code_search":
         overrides = _finetune_overrides(tmp_path)
+    if config.stem == "mix_code_search":  # each source a few standard-library packages, the tokenizer in tmp
+        overrides = _mix_overrides(tmp_path)
     run = build(tmp_path, "trainer.max_duration=1ba", "evaluation.interval=null", *overrides, config=config)
     assert isinstance(
         run.model.encoder,

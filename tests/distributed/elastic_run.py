@@ -21,6 +21,7 @@ from composer import Trainer
 from torch.utils.data import DataLoader
 
 from composer_dynsample import PKBatchSampler, SetSamplerEpoch, build_dataloader
+from composer_dynsample.samplers.mixed import MixedBatchSampler
 from tests.common import BatchRecorder, IndexClassifier, index_dataset
 
 LABELS = torch.arange(192) % 8  # 8 classes of 24: 16 global PK batches of 4 x 3 per epoch
@@ -28,8 +29,17 @@ LABELS = torch.arange(192) % 8  # 8 classes of 24: 16 global PK batches of 4 x 3
 Batches = dict[tuple[int, int], list[int]]
 
 
-def make_sampler(drop_last: bool = True) -> PKBatchSampler:
-    return PKBatchSampler(LABELS, classes_per_batch=4, samples_per_class=3, seed=5, drop_last=drop_last)
+def make_sampler(drop_last: bool = True, mixed: bool = False) -> PKBatchSampler | MixedBatchSampler:
+    """16 global batches an epoch: of P x K over ``LABELS``, or (``mixed``) 8 of each half of the indices
+    (two sources), every batch from one half, as ``data: {name: mix}`` draws them."""
+    if not mixed:
+        return PKBatchSampler(LABELS, classes_per_batch=4, samples_per_class=3, seed=5, drop_last=drop_last)
+    half = len(LABELS) // 2
+    sources = {
+        name: PKBatchSampler(part, classes_per_batch=4, samples_per_class=3, seed=6 + i, drop_last=drop_last)
+        for i, (name, part) in enumerate((("first", LABELS[:half]), ("second", LABELS[half:])))
+    }
+    return MixedBatchSampler(sources, [half, half], seed=5, drop_last=drop_last)
 
 
 def make_trainer(
@@ -48,9 +58,9 @@ def make_trainer(
     return trainer, recorder
 
 
-def train(max_duration: str, drop_last: bool = True, **trainer_kwargs: Any) -> Batches:
+def train(max_duration: str, drop_last: bool = True, mixed: bool = False, **trainer_kwargs: Any) -> Batches:
     """Train the tiny model and return the dataset indices of every batch, keyed by (epoch, batch in epoch)."""
-    loader = build_dataloader(index_dataset(LABELS), make_sampler(drop_last))
+    loader = build_dataloader(index_dataset(LABELS), make_sampler(drop_last, mixed))
     trainer, recorder = make_trainer(loader, max_duration, **trainer_kwargs)
     trainer.fit()
     trainer.close()

@@ -7,6 +7,7 @@ runs in a separate process started by rank 0 (tests/distributed/elastic_run.py).
 
 from __future__ import annotations
 
+import functools
 from collections import Counter
 
 import pytest
@@ -48,23 +49,33 @@ def _union(every_rank: list[dict], epoch: int) -> Counter[tuple[int, ...]]:
     return sum((epoch_batches(batches, epoch) for batches in every_rank), Counter())
 
 
-def _global(epoch: int, start: int = 0, stop: int | None = None) -> Counter[tuple[int, ...]]:
+def _global(
+    epoch: int, start: int = 0, stop: int | None = None, mixed: bool = False
+) -> Counter[tuple[int, ...]]:
     """The uninterrupted epoch's global batches ``start:stop`` (a pure function of seed and epoch)."""
-    return Counter(tuple(batch) for batch in make_sampler().global_batches(epoch)[start:stop].tolist())
+    batches = make_sampler(mixed=mixed).global_batches(epoch)[start:stop].tolist()
+    return Counter(tuple(batch) for batch in batches)
 
 
-def test_a_two_rank_checkpoint_resumed_on_one_rank_trains_the_rest_of_the_epoch_once():
+@pytest.mark.parametrize("mixed", [False, True], ids=["one_source", "two_sources"])
+def test_a_two_rank_checkpoint_resumed_on_one_rank_trains_the_rest_of_the_epoch_once(mixed):
     dist.initialize_dist("cpu")
     folder = shared_tmp_dir()
     # 8 batches per rank and epoch: batch 10 is epoch 1, 2 batches per rank in, global batches 0-3 trained.
-    before = dist.all_gather_object(train("10ba", save_folder=str(folder), save_interval="10ba"))
+    before = dist.all_gather_object(train("10ba", mixed=mixed, save_folder=str(folder), save_interval="10ba"))
     load_path = str(folder / "ep1-ba10-rank0.pt")
-    after = _on_rank_zero(run_on_one_rank, out=folder / "after.json", max_duration="3ep", load_path=load_path)
-    assert _union(before, 0) == _global(0)
-    assert _union(before, 1) == _global(1, 0, 4)
-    assert epoch_batches(after, 1) == _global(1, 4)  # the other 12, each once
+    after = _on_rank_zero(
+        run_on_one_rank, out=folder / "after.json", max_duration="3ep", load_path=load_path, mixed=mixed
+    )
+    _global_of = functools.partial(_global, mixed=mixed)
+    assert _union(before, 0) == _global_of(0)
+    assert _union(before, 1) == _global_of(1, 0, 4)
+    assert epoch_batches(after, 1) == _global_of(1, 4)  # the other 12, each once
+    if mixed:  # every batch, before and after the resume, from one source (one half of the indices)
+        trained = [batch for batches in [*before, after] for batch in batches.values()]
+        assert all(len({index >= len(LABELS) // 2 for index in batch}) == 1 for batch in trained)
     assert sorted(key for key in after if key[0] == 1) == [(1, b) for b in range(2, 14)]
-    assert epoch_batches(after, 2) == _global(2)  # then a normal 1-rank epoch
+    assert epoch_batches(after, 2) == _global_of(2)  # then a normal 1-rank epoch
 
 
 @pytest.mark.parametrize("drop_last", [True, False], ids=["drop_last", "pad"])

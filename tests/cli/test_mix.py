@@ -1,0 +1,159 @@
+"""``data: {name: mix}``: several data sets in one run, each batch from one source, labels never colliding,
+each source scored on its own test split, errors naming the source."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from composer_dynsample.cli.main import main
+from composer_dynsample.config import build_run, load_config
+from composer_dynsample.config.components import ConfigError
+from composer_dynsample.data.text.tokenizer import train_tokenizer
+from tests.cli.helpers import BAG, one_line_error, write_run_config
+from tests.data.text.helpers import pair_rows, write_jsonl, write_texts
+
+PK = {"name": "pk", "classes_per_batch": 4, "samples_per_class": 2}
+
+
+def _tokenizer(folder: Path) -> str:
+    texts = [row[key] for row in pair_rows(64) for key in ("anchor", "positive")]
+    path = folder / "tokenizer.json"
+    train_tokenizer([*texts, "example intent"], vocab_size=200).save(str(path))
+    return str(path)
+
+
+def _sources(folder: Path, **extra: dict) -> dict:
+    """Two pairs sources of different sizes (24 and 16 training pairs), one tokenizer, own caches."""
+    tokenizer = _tokenizer(folder)
+    sources = {}
+    for name, (train, test, seed) in {"code": (24, 8, 0), "qa": (16, 6, 7)}.items():
+        write_jsonl(folder / f"{name}.jsonl", pair_rows(train, seed=seed))
+        write_jsonl(folder / f"{name}_test.jsonl", pair_rows(test, seed=seed + 100))
+        sources[name] = {
+            "name": "pairs",
+            "path": str(folder / f"{name}.jsonl"),
+            "test_path": str(folder / f"{name}_test.jsonl"),
+            "cache_dir": str(folder / "cache" / name),
+            "tokenizer": tokenizer,
+            "max_length": 16 if name == "code" else 12,
+            **extra.get(name, {}),
+        }
+    return sources
+
+
+def _config(folder: Path, sources: dict, *, sampling: str = "proportional", **sections: object) -> str:
+    model = {"normalize": True, "encoder": BAG, "loss": {"name": "info_nce", "temperature": 0.1}}
+    return write_run_config(
+        folder / "mix.yaml",
+        data={"name": "mix", "sampling": sampling, "sources": sources},
+        model=model,
+        sampler=PK,
+        ks=[1],
+        max_duration="1ep",
+        **sections,
+    )
+
+
+def test_a_mix_keeps_every_batch_in_one_source_with_its_own_labels_and_lengths(tmp_path):
+    config = _config(tmp_path, _sources(tmp_path))
+    run = build_run(load_config(config), tmp_path / "run")
+    store, sampler = run.splits.train, run.train_dataloader.batch_sampler
+    assert store.source_names == ("code", "qa") and store.row_starts.tolist() == [0, 48]
+    code, qa = (run.splits.sources[name].train for name in ("code", "qa"))
+    # labels shifted past the code source's (train and test: 32 pairs), never shared
+    assert set(store.labels[:48].tolist()).isdisjoint(store.labels[48:].tolist())
+    assert torch.equal(store.labels[48:], qa.labels + run.splits.sources["code"].num_classes)
+    assert sampler.batch_counts == {"code": 6, "qa": 4}
+    loader = run.train_dataloader
+    seen = []
+    for batch in loader:
+        sources = {int(store.source_of_row[i]) for i in batch["index"].tolist()}
+        assert len(sources) == 1
+        source = sources.pop()
+        own = (code, qa)[source]
+        rows = batch["index"].numpy() - store.row_starts[source]
+        ids, _ = own.pad(rows)  # the source's own tokens, at its own max_length
+        assert np.array_equal(batch["features"]["input_ids"].numpy()[:, : ids.shape[1]], ids)
+        assert batch["features"]["input_ids"].shape[1] <= (16, 12)[source]
+        seen.append(source)
+    assert sorted(seen) == [0] * 6 + [1] * 4
+
+
+def test_a_mix_trains_and_scores_each_source_on_its_own_test_split(tmp_path, capsys):
+    config = _config(tmp_path, _sources(tmp_path), sampling="round_robin")
+    main(["train", config, "--run-dir", str(tmp_path / "run"), "evaluation.interval=2ba"])
+    metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    final = metrics.get("final", metrics)
+    sources = final["sources"]
+    assert set(sources) == {"code", "qa"}
+    assert sources["code"]["num_queries"] == 8 and sources["qa"]["num_queries"] == 6
+    assert final["mrr"] == pytest.approx((sources["code"]["mrr"] + sources["qa"]["mrr"]) / 2)
+    saved = OmegaConf.load(tmp_path / "run" / "config.yaml")
+    assert saved.data.sources.qa.max_length == 12
+
+
+def test_a_source_sampler_and_weight(tmp_path):
+    sources = _sources(tmp_path, qa={"weight": 3, "sampler": {**PK, "classes_per_batch": 2}})
+    run = build_run(load_config(_config(tmp_path, sources)), tmp_path / "run")
+    sampler = run.train_dataloader.batch_sampler
+    # 6 code batches of 4 pairs + 8 qa batches of 2 pairs = 14, split 1:3
+    assert sampler.batch_counts == {"code": 4, "qa": 10}
+    assert {len(batch) for batch in sampler} == {8, 4}
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"qa": {"path": "missing.jsonl"}}, "data.sources.qa: "),
+        ({"qa": {"max_lenght": 12}}, "data.sources.qa"),
+        ({"qa": {"weight": 0}}, "data.sources.qa.weight must be a positive number"),
+        ({"qa": {"sampler": {**PK, "classes_per_batch": 40}}}, "data.sources.qa: "),
+    ],
+)
+def test_errors_name_the_source(tmp_path, capsys, change, message):
+    config = _config(tmp_path, _sources(tmp_path, **change))
+    error = one_line_error(capsys, ["train", config, "--run-dir", str(tmp_path / "run")])
+    assert message in error
+
+
+def test_sources_of_other_tokenizers_or_kinds_are_refused(tmp_path, capsys):
+    sources = _sources(tmp_path)
+    sources["qa"].pop("tokenizer")
+    sources["qa"]["vocab_size"] = 120  # a tokenizer trained on the qa pairs alone
+    error = one_line_error(capsys, ["train", _config(tmp_path, sources), "--run-dir", str(tmp_path / "r1")])
+    assert "one model reads every source, so they take one tokenizer" in error
+    sources = _sources(tmp_path)
+    sources["labels"] = {
+        "name": "texts",
+        "path": str(write_texts(tmp_path / "texts.csv")),
+        "tokenizer": sources["code"]["tokenizer"],
+        "cache_dir": str(tmp_path / "cache" / "labels"),
+    }
+    config = _config(tmp_path, sources)
+    error = one_line_error(
+        capsys, ["train", config, "--run-dir", str(tmp_path / "r2"), "evaluation.interval=1ep"]
+    )
+    assert "the sources are scored by different protocols" in error and "evaluation.interval: null" in error
+
+
+def test_a_pool_of_embeddings_across_sources_is_refused(tmp_path, capsys):
+    from composer_dynsample.config.mix_data import check_mix_pools
+
+    memory = {"hard_negative_mining": {"strategy": "batch_hard", "memory_size": 64}}
+    config = _config(tmp_path, _sources(tmp_path), algorithms=memory)
+    error = one_line_error(capsys, ["train", config, "--run-dir", str(tmp_path / "run")])
+    assert "memory_size: a cross-batch memory would hold the rows of every source" in error
+    cross = load_config(
+        _config(tmp_path, _sources(tmp_path), algorithms={"hard_negative_mining": {"cross_rank": True}})
+    )
+    check_mix_pools(cross, world_size=1)  # one rank: nothing crosses
+    with pytest.raises(ConfigError, match=r"set data\.batches_per_draw=4"):
+        check_mix_pools(cross, world_size=4)
+    OmegaConf.update(cross, "data.batches_per_draw", 8)
+    check_mix_pools(cross, world_size=4)
