@@ -73,7 +73,9 @@ def stem(corpus: str, variant: str) -> str:
 def run(corpus: str, variant: str, seeds: list[int], quick: bool, keep_st: bool = False) -> None:
     name, split = [*corpus.split(":"), "0"][:2]
     with_st = variant == "base" and not keep_st
-    recipes = list(VARIANT_RECIPES.get(variant, [report.OURS_IN_BATCH] + ([report.ST_IN_BATCH] if with_st else [])))
+    recipes = list(
+        VARIANT_RECIPES.get(variant, [report.OURS_IN_BATCH] + ([report.ST_IN_BATCH] if with_st else []))
+    )
     command = [
         sys.executable, str(HERE / "finetune_code.py"), "--corpus", name, "--split-seed", split,
         "--recipes", *recipes, "--seeds", *map(str, seeds), "--name", stem(corpus, variant), "--out", str(FOLDER),
@@ -145,7 +147,8 @@ def gather(corpora: list[str], quick: bool) -> tuple[dict[str, Any], str]:
         "Fine-tuning of all-MiniLM-L6-v2, 3,000 pairs, 60 steps of 16, CPU; mean +- standard error over "
         "seeds (their number in brackets); a difference +- its two standard errors. A variant of this project's "
         "recipe trains on the batches of the plain recipe of the same seed, in the same order: its difference is "
-        "taken seed by seed. The mined-once rows compare the two tools' mined recipes with each other.\n\n" + markdown_table(header, "llrrr", table)
+        "taken seed by seed. The mined-once rows compare the two tools' mined recipes with each other.\n\n"
+        + markdown_table(header, "llrrr", table)
     )
     return {"corpora": rows}, text
 
