@@ -17,6 +17,7 @@ from typing import Any
 
 from composer_dynsample.cli.commands import Interrupted, OutputError, _check_config, _load
 from composer_dynsample.config.components import ConfigError
+from composer_dynsample.config.mix_data import refuse_mix
 
 __all__ = ["convert"]
 
@@ -88,6 +89,7 @@ def convert(
         except FileExistsError as error:
             raise OutputError(f"--to mds {str(out)!r} --overwrite: {error}") from None
     cfg = _load(config, overrides, {})
+    refuse_mix(cfg, "convert")  # one folder of shards a source: convert each source's section
     _check_no_input_inside(out, config, cfg)
     _check_config(cfg)
     started, existed = time.monotonic(), out.exists()

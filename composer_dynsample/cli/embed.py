@@ -17,6 +17,7 @@ from typing import Any
 from composer_dynsample.cli.commands import OutputError, _build_model_run, _out_path, _prepare_model_run
 from composer_dynsample.cli.run_dir import is_rank_zero
 from composer_dynsample.config.components import ConfigError
+from composer_dynsample.config.mix_data import refuse_mix
 from composer_dynsample.config.model_folders import passage_tokenizer_of
 from composer_dynsample.config.model_only import build_model_only
 
@@ -80,6 +81,8 @@ def embed(
     )
     path = _out_path(out, "embeddings.npz", ".npz", overwrite=overwrite)
     cfg, directory = _prepare_model_run(config, checkpoint, overrides, trust_checkpoint)
+    if input_path is not None:  # a source's prompts and columns decide how a file is read
+        refuse_mix(cfg, "embed --input")
     given = inputs.embed_prompt(cfg, prompt, prompt_name)
     run = build_model_only(cfg, checkpoint) if input_path is not None else None
     run = run or _build_model_run(cfg, directory)  # a split, or a tokenizer only the training data gives

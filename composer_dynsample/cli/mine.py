@@ -34,6 +34,7 @@ from composer_dynsample.cli.embed import written_whole
 from composer_dynsample.cli.run_dir import is_rank_zero
 from composer_dynsample.config.components import ConfigError, peek_entry
 from composer_dynsample.config.loading import section
+from composer_dynsample.config.mix_data import refuse_mix
 from composer_dynsample.config.names import DATASETS, SAMPLERS
 
 __all__ = ["PAIR_DATA", "mine", "training_texts"]
@@ -83,6 +84,7 @@ def mine(
         raise ConfigError(f"--negatives must be at least 1, got {negatives!r}.")
     path = _out_path(out, "triplets.jsonl", overwrite=overwrite)
     cfg, directory = _prepare_model_run(config, checkpoint, overrides, trust_checkpoint)
+    refuse_mix(cfg, "mine")
     _check_mine_config(cfg, MinedNegativesPKBatchSampler)
     run = _build_model_run(cfg, directory, trained=checkpoint is not None)
     sampler = getattr(run.train_dataloader, "batch_sampler", None)

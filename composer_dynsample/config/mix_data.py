@@ -42,6 +42,7 @@ __all__ = [
     "check_mix_pools",
     "for_each_source",
     "is_mix",
+    "refuse_mix",
     "source_configs",
 ]
 
@@ -219,4 +220,14 @@ def check_mix_pools(cfg: DictConfig, world_size: int) -> None:
             f"algorithms.hard_negative_mining.cross_rank pools the batches of {world_size} ranks, which come from "
             f"different sources with data.batches_per_draw={per_draw}; set data.batches_per_draw={world_size} "
             "(each step's batches from one source) or cross_rank: false."
+        )
+
+
+def refuse_mix(cfg: DictConfig | Mapping[str, Any], what: str) -> None:
+    """Refuse, in one line, a command that does not take a mix of data sets yet (``what``: the command)."""
+    if is_mix(cfg):
+        names = ", ".join(_sources(cfg))
+        raise ConfigError(
+            f"{what} takes one data set, and data is a mix of sources ({names}); give it one source's section "
+            "as data (data={...} on the command line, or a config of it)."
         )

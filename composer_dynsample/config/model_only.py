@@ -30,6 +30,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from composer_dynsample.config.components import ConfigError, parameters, peek_entry
 from composer_dynsample.config.loading import evaluation_config, section
+from composer_dynsample.config.mix_data import is_mix
 from composer_dynsample.config.model_checks import folder_data_defaults
 from composer_dynsample.config.names import DATASETS
 from composer_dynsample.config.prompts import data_prompts
@@ -71,6 +72,8 @@ def build_model_only(cfg: DictConfig, checkpoint: str | os.PathLike[str] | None)
     Raises:
         ConfigError: If the config is wrong, or the checkpoint's weights do not fit the model.
     """
+    if is_mix(cfg):  # the sources' tokenization is known once they are loaded
+        return None
     data = section(cfg, "data", "data")
     loader = peek_entry("data", dict(data), DATASETS)
     takes = parameters(loader)

@@ -134,6 +134,7 @@ def _joined_info(infos: Sequence[TextInfo]) -> TextInfo:
         "label_names": None,
         "num_train_classes": 0,
         "columns": {},
-        "prompts": {},
+        # the sources' prompts where they agree (an exported model puts them before its texts), else none
+        "prompts": dict(first.prompts) if all(info.prompts == first.prompts for info in infos) else {},
     }
     return dataclasses.replace(first, **summed)

@@ -157,3 +157,44 @@ def test_a_pool_of_embeddings_across_sources_is_refused(tmp_path, capsys):
         check_mix_pools(cross, world_size=4)
     OmegaConf.update(cross, "data.batches_per_draw", 8)
     check_mix_pools(cross, world_size=4)
+
+
+def test_commands_of_one_data_set_refuse_a_mix_in_one_line(tmp_path, capsys):
+    config = _config(tmp_path, _sources(tmp_path))
+    main(["train", config, "--run-dir", str(tmp_path / "run"), "trainer.max_duration=1ba", "--quiet"])
+    for argv, command in (
+        (["convert", config, "--to", "mds", str(tmp_path / "shards")], "convert"),
+        (["mine", config, "--out", str(tmp_path / "triplets.jsonl")], "mine"),
+        (
+            [
+                "embed",
+                "--run",
+                str(tmp_path / "run"),
+                "--input",
+                str(tmp_path / "qa.jsonl"),
+                "--out",
+                str(tmp_path / "e.npz"),
+            ],
+            "embed --input",
+        ),
+    ):
+        error = one_line_error(capsys, argv)
+        assert f"{command} takes one data set, and data is a mix of sources (code, qa)" in error
+    assert not (tmp_path / "shards").exists() and not (tmp_path / "triplets.jsonl").exists()
+
+
+def test_eval_embed_and_export_of_a_mix_run(tmp_path):
+    config = _config(tmp_path, _sources(tmp_path))
+    run_dir = tmp_path / "run"
+    main(["train", config, "--run-dir", str(run_dir), "trainer.max_duration=3ba", "--quiet"])
+    main(["eval", "--run", str(run_dir), "--out", str(tmp_path / "eval.json")])
+    trained = json.loads((run_dir / "metrics.json").read_text())["sources"]
+    assert (
+        json.loads((tmp_path / "eval.json").read_text())["sources"] == trained
+    )  # the same weights, scored apart
+    main(["embed", "--run", str(run_dir), "--split", "test", "--out", str(tmp_path / "test.npz")])
+    with np.load(tmp_path / "test.npz") as arrays:
+        assert arrays["embeddings"].shape[0] == 2 * (8 + 6)  # both sources' test rows
+        assert len(set(arrays["labels"][:16].tolist()) & set(arrays["labels"][16:].tolist())) == 0
+    main(["export", "--run", str(run_dir), "--out", str(tmp_path / "model"), "--format", "huggingface"])
+    assert (tmp_path / "model" / "encoder_state.pt").is_file()
