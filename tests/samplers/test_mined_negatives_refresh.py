@@ -138,12 +138,12 @@ def test_a_refresh_builds_only_the_segments_the_iteration_reaches(drop_last, mon
     refresh, it stalled the iteration quadratically). On 3 ranks, padded or not, the batches are
     ``rank_batches``'."""
     labels, is_passage, texts, first = pairs_data(62, 3)
-    from composer_dynsample.samplers import mined_negatives
+    from composer_dynsample.samplers import _segment_plan
 
     built = []
-    build = mined_negatives.plan_negatives
+    build = _segment_plan.plan_negatives
     monkeypatch.setattr(
-        mined_negatives,
+        _segment_plan,
         "plan_negatives",
         lambda self, pairs, *rest: built.append(len(pairs)) or build(self, pairs, *rest),
     )
