@@ -17,7 +17,7 @@ from typing import Any
 
 from composer_dynsample.cli.commands import Interrupted, OutputError, _check_config, _load
 from composer_dynsample.config.components import ConfigError
-from composer_dynsample.config.mix_data import refuse_mix
+from composer_dynsample.config.mix_data import one_source
 
 __all__ = ["convert"]
 
@@ -45,8 +45,10 @@ def convert(
     shard_size: str = "64mb",
     compression: str | None = "zstd",
     overwrite: bool = False,
+    source: str | None = None,
 ) -> Path:
-    """Load ``config``'s data and write it to ``out`` as MDS shards; print what was written.
+    """Load ``config``'s data (of a mix, the source ``source``: ``--source NAME``) and write it to ``out`` as
+    MDS shards; print what was written.
 
     The options and ``out`` are checked before the data is loaded. A convert that fails or is interrupted
     removes what it began; one killed midway leaves a folder without ``manifest.json``, which every reader
@@ -88,8 +90,7 @@ def convert(
             check_replaceable(out)
         except FileExistsError as error:
             raise OutputError(f"--to mds {str(out)!r} --overwrite: {error}") from None
-    cfg = _load(config, overrides, {})
-    refuse_mix(cfg, "convert")  # one folder of shards a source: convert each source's section
+    cfg = one_source(_load(config, overrides, {}), source, "convert")  # a mix: a folder a source
     _check_no_input_inside(out, config, cfg)
     _check_config(cfg)
     started, existed = time.monotonic(), out.exists()

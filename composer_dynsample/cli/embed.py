@@ -17,7 +17,7 @@ from typing import Any
 from composer_dynsample.cli.commands import OutputError, _build_model_run, _out_path, _prepare_model_run
 from composer_dynsample.cli.run_dir import is_rank_zero
 from composer_dynsample.config.components import ConfigError
-from composer_dynsample.config.mix_data import refuse_mix
+from composer_dynsample.config.mix_data import one_source
 from composer_dynsample.config.model_folders import passage_tokenizer_of
 from composer_dynsample.config.model_only import build_model_only
 
@@ -36,6 +36,7 @@ def embed(
     prompt: str | None = None,
     prompt_name: str | None = None,
     overwrite: bool = False,
+    source: str | None = None,
     trust_checkpoint: bool = False,
 ) -> Path:
     """Write the embeddings of a split, or of a file, with a checkpoint's model to an ``.npz`` file.
@@ -60,6 +61,8 @@ def embed(
             put this prompt (or the model folder's prompt of this name) before every text. Default:
             ``None``: each column's prompt of the run (:func:`~composer_dynsample.cli.inputs.embed_prompt`).
         overwrite (bool): ``--overwrite``: replace ``out`` when it exists. Default: ``False`` (refuse).
+        source (str, optional): ``--source NAME``: of a mix of data sets, the source whose split is embedded,
+            or whose columns and prompts read ``input_path``. Default: ``None`` (every source's split).
         trust_checkpoint (bool): Skip the safety check of the file. Default: ``False``.
 
     Returns:
@@ -81,8 +84,8 @@ def embed(
     )
     path = _out_path(out, "embeddings.npz", ".npz", overwrite=overwrite)
     cfg, directory = _prepare_model_run(config, checkpoint, overrides, trust_checkpoint)
-    if input_path is not None:  # a source's prompts and columns decide how a file is read
-        refuse_mix(cfg, "embed --input")
+    if input_path is not None or source is not None:  # a mix: --source NAME's columns, prompts and splits
+        cfg = one_source(cfg, source, "embed --input")
     given = inputs.embed_prompt(cfg, prompt, prompt_name)
     run = build_model_only(cfg, checkpoint) if input_path is not None else None
     run = run or _build_model_run(cfg, directory)  # a split, or a tokenizer only the training data gives

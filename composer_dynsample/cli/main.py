@@ -26,10 +26,10 @@ Model-aware sampling for metric learning on MosaicML Composer.
   composer-dynsample train CONFIG.yaml [key.path=value ...] [--run-dir DIR]
   composer-dynsample eval  CONFIG.yaml [--checkpoint PATH] [key.path=value ...]
   composer-dynsample embed CONFIG.yaml --checkpoint PATH --out FILE.npz [--split test | --input FILE [--column NAME]
-      [--prompt TEXT | --prompt-name NAME]] [--overwrite]
+      [--prompt TEXT | --prompt-name NAME]] [--overwrite] [--source NAME]
   composer-dynsample export CONFIG.yaml --checkpoint PATH --out DIR [--format sentence-transformers]
-  composer-dynsample mine   CONFIG.yaml [--checkpoint PATH] --out TRIPLETS.jsonl [--negatives N] [--overwrite]
-  composer-dynsample convert CONFIG.yaml --to mds OUT [--shard-size 64mb] [--compression zstd]
+  composer-dynsample mine   CONFIG.yaml [--checkpoint PATH] --out TRIPLETS.jsonl [--negatives N] [--overwrite] [--source NAME]
+  composer-dynsample convert CONFIG.yaml --to mds OUT [--shard-size 64mb] [--compression zstd] [--source NAME]
 
 eval, embed, export and mine also take --run RUN_DIR instead of CONFIG.yaml --checkpoint PATH: the run
 directory's config.yaml and latest checkpoint.
@@ -198,6 +198,7 @@ def _add_embed_command(commands: Any) -> None:
         "--out", type=Path, required=True, help="the .npz file to write (.npz is appended when missing)"
     )
     embed.add_argument("--overwrite", action="store_true", help="replace OUT when it exists")
+    _add_source(embed)
 
 
 def _add_export_command(commands: Any) -> None:
@@ -239,6 +240,7 @@ def _add_mine_command(commands: Any) -> None:
         help="negatives per anchor, at most sampler.window (default: sampler.negatives_per_anchor)",
     )
     mine.add_argument("--overwrite", action="store_true", help="replace OUT when it exists")
+    _add_source(mine)
 
 
 def _add_convert_command(commands: Any) -> None:
@@ -262,6 +264,17 @@ def _add_convert_command(commands: Any) -> None:
         "--compression", default="zstd", help="zstd (default), zstd:LEVEL, br, gz, snappy or none"
     )
     convert.add_argument("--overwrite", action="store_true", help="replace OUT when it exists")
+    _add_source(convert)
+
+
+def _add_source(command: Any) -> None:
+    """``--source NAME``: of a mix of data sets (``data: {name: mix}``), the one source the command reads."""
+    command.add_argument(
+        "--source",
+        metavar="NAME",
+        default=None,
+        help="of a mix of data sets (data: {name: mix}), the source to read",
+    )
 
 
 def _one_line_errors(*known: type[BaseException]) -> tuple[type[BaseException], ...]:
@@ -353,7 +366,7 @@ def _run_command(commands: Any, args: argparse.Namespace, overrides: list[str]) 
 
         fmt, out = args.to
         convert(args.config, overrides, fmt, Path(out), shard_size=args.shard_size,
-                compression=args.compression, overwrite=args.overwrite)  # fmt: skip
+                compression=args.compression, overwrite=args.overwrite, source=args.source)  # fmt: skip
         return
     if args.command != "train":  # CONFIG [--checkpoint CKPT], or --run RUN_DIR
         from composer_dynsample.cli.run_dir import run_sources
@@ -391,13 +404,14 @@ def _run_command(commands: Any, args: argparse.Namespace, overrides: list[str]) 
             prompt=args.prompt,
             prompt_name=args.prompt_name,
             overwrite=args.overwrite,
+            source=args.source,
             **every_command,
         )
     elif args.command == "mine":
         from composer_dynsample.cli.mine import mine
 
         mine(args.config, args.checkpoint, args.out, overrides, negatives=args.negatives,
-             overwrite=args.overwrite, **every_command)  # fmt: skip
+             overwrite=args.overwrite, source=args.source, **every_command)  # fmt: skip
     else:
         commands.export(
             args.config, args.checkpoint, args.out, overrides, export_format=args.format, **every_command

@@ -34,7 +34,7 @@ from composer_dynsample.cli.embed import written_whole
 from composer_dynsample.cli.run_dir import is_rank_zero
 from composer_dynsample.config.components import ConfigError, peek_entry
 from composer_dynsample.config.loading import section
-from composer_dynsample.config.mix_data import refuse_mix
+from composer_dynsample.config.mix_data import one_source
 from composer_dynsample.config.names import DATASETS, SAMPLERS
 
 __all__ = ["PAIR_DATA", "mine", "training_texts"]
@@ -51,6 +51,7 @@ def mine(
     *,
     negatives: int | None = None,
     overwrite: bool = False,
+    source: str | None = None,
     trust_checkpoint: bool = False,
 ) -> Path:
     """Write the hard negatives the config's ``mined_negatives`` sampler would mine with a model, as JSON Lines.
@@ -65,6 +66,8 @@ def mine(
         negatives (int, optional): ``--negatives``: negatives per anchor, at most ``sampler.window``.
             Default: ``sampler.negatives_per_anchor``.
         overwrite (bool): ``--overwrite``: replace ``out`` when it exists. Default: ``False`` (refuse).
+        source (str, optional): ``--source NAME``: of a mix of data sets, the source whose pairs and
+            sampler are mined. Default: ``None`` (the data is one data set).
         trust_checkpoint (bool): Skip the safety check of the file. Default: ``False``.
 
     Returns:
@@ -84,7 +87,7 @@ def mine(
         raise ConfigError(f"--negatives must be at least 1, got {negatives!r}.")
     path = _out_path(out, "triplets.jsonl", overwrite=overwrite)
     cfg, directory = _prepare_model_run(config, checkpoint, overrides, trust_checkpoint)
-    refuse_mix(cfg, "mine")
+    cfg = one_source(cfg, source, "mine")  # a mix: the pairs and sampler of --source NAME
     _check_mine_config(cfg, MinedNegativesPKBatchSampler)
     run = _build_model_run(cfg, directory, trained=checkpoint is not None)
     sampler = getattr(run.train_dataloader, "batch_sampler", None)

@@ -42,7 +42,7 @@ __all__ = [
     "check_mix_pools",
     "for_each_source",
     "is_mix",
-    "refuse_mix",
+    "one_source",
     "source_configs",
 ]
 
@@ -223,11 +223,27 @@ def check_mix_pools(cfg: DictConfig, world_size: int) -> None:
         )
 
 
-def refuse_mix(cfg: DictConfig | Mapping[str, Any], what: str) -> None:
-    """Refuse, in one line, a command that does not take a mix of data sets yet (``what``: the command)."""
-    if is_mix(cfg):
-        names = ", ".join(_sources(cfg))
+def one_source(cfg: DictConfig, source: str | None, what: str) -> DictConfig:
+    """The config of one data set for a command that reads one (``what``: ``convert``, ``mine``, ``embed
+    --input``): with ``--source NAME``, the mix's source ``NAME`` as ``data`` (and its ``sampler``); without,
+    ``cfg`` itself, refused in one line when it is a mix.
+
+    Raises:
+        ConfigError: If ``cfg`` is a mix and no source is named, ``source`` is not one of its sources, or a
+            source is named for a config that is not a mix.
+    """
+    if source is None:
+        if is_mix(cfg):
+            names = ", ".join(_sources(cfg))
+            raise ConfigError(
+                f"{what} takes one data set, and data is a mix of sources ({names}); name one with --source NAME."
+            )
+        return cfg
+    if not is_mix(cfg):
         raise ConfigError(
-            f"{what} takes one data set, and data is a mix of sources ({names}); give it one source's section "
-            "as data (data={...} on the command line, or a config of it)."
+            f"--source {source!r}: data is one data set, not a mix of sources; leave --source out."
         )
+    configs = source_configs(cfg)
+    if source not in configs:
+        raise ConfigError(f"--source {source!r}: data.sources holds {', '.join(configs)}; name one of them.")
+    return configs[source]

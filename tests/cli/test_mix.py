@@ -179,8 +179,17 @@ def test_commands_of_one_data_set_refuse_a_mix_in_one_line(tmp_path, capsys):
         ),
     ):
         error = one_line_error(capsys, argv)
-        assert f"{command} takes one data set, and data is a mix of sources (code, qa)" in error
+        assert (
+            f"{command} takes one data set, and data is a mix of sources (code, qa); name one with --source"
+            in error
+        )
     assert not (tmp_path / "shards").exists() and not (tmp_path / "triplets.jsonl").exists()
+    error = one_line_error(capsys, ["convert", config, "--to", "mds", str(tmp_path / "s"), "--source", "web"])
+    assert "--source 'web': data.sources holds code, qa; name one of them" in error
+    pairs = write_run_config(tmp_path / "one.yaml", data=_sources(tmp_path)["qa"], model={"encoder": BAG},
+                             sampler=PK, ks=[1], max_duration="1ba")  # fmt: skip
+    error = one_line_error(capsys, ["convert", pairs, "--to", "mds", str(tmp_path / "s"), "--source", "qa"])
+    assert "data is one data set, not a mix of sources; leave --source out" in error
 
 
 def test_eval_embed_and_export_of_a_mix_run(tmp_path):
@@ -198,3 +207,33 @@ def test_eval_embed_and_export_of_a_mix_run(tmp_path):
         assert len(set(arrays["labels"][:16].tolist()) & set(arrays["labels"][16:].tolist())) == 0
     main(["export", "--run", str(run_dir), "--out", str(tmp_path / "model"), "--format", "huggingface"])
     assert (tmp_path / "model" / "encoder_state.pt").is_file()
+
+
+def test_each_source_converted_with_source_trains_the_mix_from_shards(tmp_path):
+    pytest.importorskip("streaming")
+    sources = _sources(tmp_path)
+    config = _config(tmp_path, sources)
+    for name in sources:
+        main(["convert", config, "--source", name, "--to", "mds", str(tmp_path / "shards" / name)])
+    streamed = {
+        name: {
+            "name": "streaming",
+            "remote": str(tmp_path / "shards" / name),
+            "local": str(tmp_path / "cache" / f"s-{name}"),
+        }
+        for name in sources
+    }
+    from_files = build_run(load_config(config), tmp_path / "files")
+    from_shards = build_run(load_config(_config(tmp_path, streamed)), tmp_path / "shards_run")
+    for built in (from_files, from_shards):
+        built.trainer.close()
+    assert from_shards.splits.train.source_names == ("code", "qa")
+    assert torch.equal(from_shards.splits.train.labels, from_files.splits.train.labels)
+    first, second = (list(run.train_dataloader.batch_sampler) for run in (from_files, from_shards))
+    assert first == second  # the same batches, each from one source
+    trained = tmp_path / "trained"
+    main(["train", config, "--run-dir", str(trained), "trainer.max_duration=1ba", "--quiet"])
+    embedded = tmp_path / "qa.npz"
+    main(["embed", "--run", str(trained), "--source", "qa", "--split", "test", "--out", str(embedded)])
+    with np.load(embedded) as arrays:
+        assert arrays["embeddings"].shape[0] == 2 * 6  # the qa source's test pairs only
