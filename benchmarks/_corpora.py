@@ -79,7 +79,7 @@ def prepare_data(
 ) -> dict[str, Any]:
     """A seeded subset of the corpus's training pairs (all of them for ``None``) and of its test pairs,
     written as JSON Lines into ``folder``; what was read (distributions, options, hashes) recorded."""
-    from composer_dynsample.file_hash import file_sha256
+    from composer_dynsample.file_checks import file_sha256
 
     built = build(corpus, split_seed, quick)
     written: dict[str, Any] = {}

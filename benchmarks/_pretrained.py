@@ -35,7 +35,7 @@ import zipfile
 from importlib import metadata
 from pathlib import Path
 
-from composer_dynsample.file_hash import file_sha256
+from composer_dynsample.file_checks import file_sha256
 
 __all__ = ["MINILM_DISTRIBUTION", "MINILM_SHA256", "PretrainedModelError", "extract_checked", "minilm_folder"]
 

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from composer_dynsample.file_kinds import file_kind
+from composer_dynsample.file_checks import file_kind
 
 __all__ = ["SAFE_GLOBALS", "CheckpointError", "check_checkpoint", "model_weights"]
 

@@ -353,7 +353,8 @@ def evaluate(
         dict[str, Any]: The metrics, the checkpoint (``None`` without one) and the test split's name.
 
     Raises:
-        OutputError: If ``out`` is a directory or under a file (before the data are loaded).
+        OutputError: If ``out`` is a directory or under a file, or the run's own ``metrics.json`` or
+            ``config.yaml`` (before the data are loaded).
         ConfigError: If the config is wrong.
         CheckpointError: If ``checkpoint`` is unsafe, broken, or does not fit the config's model.
     """
@@ -365,6 +366,11 @@ def evaluate(
         run_dir, name = _run_dir_of(Path(checkpoint)), "eval.json"
     path = _out_path(out if out is not None else run_dir / name, "eval.json")
     same_dir = path.parent.expanduser().resolve() == run_dir.expanduser().resolve()
+    if same_dir and path.name in _RUN_RECORDS:  # what train wrote: the run's record, not eval's to replace
+        raise OutputError(
+            f"--out {str(path)!r} is the {path.name} train wrote for this run; give another file (the default, "
+            f"{name}, beside it)."
+        )
     plot = path.with_name(f"{path.stem}-retrievals.png" if same_dir else "retrievals.png")
     if prepared is None:
         prepared = _prepare_model_run(config, checkpoint, overrides, trust_checkpoint)
@@ -471,6 +477,10 @@ def _prompts_note(prompts: Mapping[str, str]) -> str:
         "texts, kept in encoder_config.json: put them before texts yourself, or export --format "
         "sentence-transformers"
     )
+
+
+#: The files ``train`` writes into a run directory that ``eval --out`` must not replace.
+_RUN_RECORDS = ("metrics.json", "config.yaml")
 
 
 def _run_dir_of(checkpoint: Path) -> Path:

@@ -30,7 +30,7 @@ import torch
 
 from composer_dynsample.data.splits import DatasetSplits, num_classes, stratified_split
 from composer_dynsample.data.store import TensorStore
-from composer_dynsample.file_kinds import check_path_kind
+from composer_dynsample.file_checks import check_path_kind
 from composer_dynsample.validation import as_labels
 
 __all__ = ["load_file", "read_npz"]

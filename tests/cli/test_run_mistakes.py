@@ -141,12 +141,12 @@ def test_a_truncated_checkpoint_is_one_line_naming_the_run_s_other_checkpoints(
 
 def test_an_export_that_fails_while_writing_leaves_nothing(run_dir, tmp_path, capsys, monkeypatch):
     """A full disk after the weights were written: before, a folder of some files and a traceback."""
-    from composer_dynsample import export
+    from composer_dynsample.export import huggingface
 
     def full_disk(*args: object, **kwargs: object) -> None:
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(export, "_write_config", full_disk)
+    monkeypatch.setattr(huggingface, "_write_config", full_disk)
     out = tmp_path / "new" / "model"
     argv = ["export", "--run", str(run_dir), "--out", str(out), "--format", "huggingface"]
     error = one_line_error(capsys, argv)
@@ -164,3 +164,15 @@ def test_an_export_that_fails_while_writing_leaves_nothing(run_dir, tmp_path, ca
         "tokenizer_config.json",
     ]
     assert [path.name for path in out.parent.iterdir()] == ["model"]
+
+
+def test_eval_never_replaces_the_record_train_wrote(tmp_path, capsys):
+    write_pairs(tmp_path)
+    config = write_bag_pairs_config(tmp_path, {"name": "pk", "classes_per_batch": 8, "samples_per_class": 2})
+    run_dir = tmp_path / "run"
+    main(["train", config, "--run-dir", str(run_dir), "trainer.max_duration=1ba", "--quiet"])
+    before = (run_dir / "metrics.json").read_bytes()
+    for name in ("metrics.json", "config.yaml"):
+        error = one_line_error(capsys, ["eval", "--run", str(run_dir), "--out", str(run_dir / name)])
+        assert f"is the {name} train wrote for this run; give another file" in error
+    assert (run_dir / "metrics.json").read_bytes() == before

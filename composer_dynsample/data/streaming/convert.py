@@ -35,7 +35,7 @@ from composer_dynsample.data.streaming.manifest import (
     parse_bytes,
     write_json,
 )
-from composer_dynsample.file_hash import file_sha256
+from composer_dynsample.file_checks import file_sha256
 
 __all__ = ["CODECS", "WRITTEN", "check_options", "check_replaceable", "convert_to_mds"]
 

@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from composer_dynsample.file_hash import file_sha256
+from composer_dynsample.file_checks import file_sha256
 
 __all__ = [
     "FORMAT",

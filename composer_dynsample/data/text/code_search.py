@@ -62,7 +62,7 @@ from composer_dynsample.data.text.python_sources import (
     read_source,
     source_files,
 )
-from composer_dynsample.file_hash import file_sha256
+from composer_dynsample.file_checks import file_sha256
 
 __all__ = ["KINDS", "CodeSearchCorpus", "build_code_search", "extract_pairs"]
 

@@ -40,7 +40,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from composer_dynsample.file_kinds import check_path_kind
+from composer_dynsample.file_checks import check_path_kind
 from composer_dynsample.validation import did_you_mean
 
 __all__ = [

@@ -1,9 +1,12 @@
-"""What a path is, told from its ``stat`` mode before anything opens it.
+"""What a file the user gives is, and its hash: the checks made on a path before it is read or recorded.
 
-A named pipe would block an ``open`` until a writer comes, and a device such as ``/dev/zero`` would
-feed endless bytes. :func:`check_path_kind` refuses both before a data file is opened, and
-:func:`~composer_dynsample.checkpoints.check_checkpoint` before a checkpoint is; both name what they
-found with :func:`file_kind`, from the one table :data:`FILE_KINDS`.
+* What a path is, told from its ``stat`` mode before anything opens it. A named pipe would block an
+  ``open`` until a writer comes, and a device such as ``/dev/zero`` would feed endless bytes.
+  :func:`check_path_kind` refuses both before a data file is opened, and
+  :func:`~composer_dynsample.checkpoints.check_checkpoint` before a checkpoint is; both name what they
+  found with :func:`file_kind`, from the one table :data:`FILE_KINDS`.
+* The SHA-256 of a file's bytes, read in blocks (:func:`file_sha256`): what a manifest, a model card and
+  a checked download record.
 
 Example:
     >>> file_kind(os.stat("/dev/null").st_mode)
@@ -12,11 +15,12 @@ Example:
 
 from __future__ import annotations
 
+import hashlib
 import os
 import stat
 from collections.abc import Callable, Mapping
 
-__all__ = ["FILE_KINDS", "check_path_kind", "file_kind"]
+__all__ = ["FILE_KINDS", "check_path_kind", "file_kind", "file_sha256"]
 
 #: Each kind of path that is not a regular file, by name: the test of a ``stat`` mode that tells it,
 #: and its words in messages; a caller may word any of them its own way (:func:`file_kind`).
@@ -88,3 +92,20 @@ def check_path_kind(path: str | os.PathLike[str], expected: str, *, directory: b
     if not stat.S_ISREG(mode):
         raise ValueError(f"{os.fspath(path)}: not a regular file ({file_kind(mode)}); expected {expected}.")
     return False
+
+
+def file_sha256(path: str | os.PathLike[str]) -> str:
+    """The hex SHA-256 of the file at ``path``, read 1 MiB at a time (a file larger than memory is fine).
+
+    Example:
+        >>> import tempfile
+        >>> with tempfile.NamedTemporaryFile(delete=False) as handle:
+        ...     _ = handle.write(b"abc")
+        >>> file_sha256(handle.name)[:16]
+        'ba7816bf8f01cfea'
+    """
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()

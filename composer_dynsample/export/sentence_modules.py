@@ -9,7 +9,8 @@ a ``document`` route of the passage tower's, which ``encode_query`` and ``encode
 ``encode`` takes the ``document`` route). The module classes are those of the installed
 sentence-transformers (:func:`sentence_transformers_modules`); ``Router`` came with 5.0.
 
-They are built here and written by :func:`~composer_dynsample.export.export_sentence_transformers`;
+They are built here and written by
+:func:`~composer_dynsample.export.sentence_transformers.export_sentence_transformers`;
 ``sentence-transformers`` is imported only when a function runs.
 """
 

@@ -20,7 +20,7 @@ from typing import Any
 from omegaconf import OmegaConf
 from torch import nn
 
-from composer_dynsample.file_hash import file_sha256
+from composer_dynsample.file_checks import file_sha256
 from composer_dynsample.validation import InputTypeError, check_bool
 
 __all__ = ["local_path_shown", "model_card", "run_metrics"]
