@@ -413,6 +413,6 @@ def _run_command(commands: Any, args: argparse.Namespace, overrides: list[str]) 
         mine(args.config, args.checkpoint, args.out, overrides, negatives=args.negatives,
              overwrite=args.overwrite, source=args.source, **every_command)  # fmt: skip
     else:
-        commands.export(
-            args.config, args.checkpoint, args.out, overrides, export_format=args.format, **every_command
-        )
+        from composer_dynsample.cli.export import export
+
+        export(args.config, args.checkpoint, args.out, overrides, export_format=args.format, **every_command)
