@@ -310,7 +310,7 @@ def _table_record(state: Any) -> dict[str, Any]:
 
 def plot_run_retrievals(run: Any, test_embeddings: Any, path: Path, when: str) -> None:
     """For image data, a grid of test queries and their 5 nearest test items, marked right or wrong."""
-    from composer_dynsample.cli.reporting import plot_retrievals
+    from composer_dynsample.cli.plots import plot_retrievals
 
     store = run.splits.test
     if len(getattr(store, "feature_shape", ())) != 3:  # (C, H, W) images only
@@ -353,12 +353,8 @@ def _report(
     """Rank 0's outputs of a training run: metrics.json, embeddings.png (not for pairs), the table and one
     summary line."""
     from composer_dynsample.cli.matryoshka_table import format_matryoshka_table
-    from composer_dynsample.cli.reporting import (
-        format_metrics_table,
-        metrics_table_title,
-        plot_embeddings,
-        write_json,
-    )
+    from composer_dynsample.cli.plots import plot_embeddings
+    from composer_dynsample.cli.reporting import format_metrics_table, metrics_table_title, write_json
     from composer_dynsample.cli.sources_table import format_sources_table
 
     write_json(run.run_dir / "metrics.json", metrics)

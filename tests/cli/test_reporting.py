@@ -8,12 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from composer_dynsample.cli.reporting import (
-    format_metrics_table,
-    plot_embeddings,
-    plot_retrievals,
-    write_json,
-)
+from composer_dynsample.cli.plots import plot_embeddings, plot_retrievals
+from composer_dynsample.cli.reporting import format_metrics_table, write_json
 from composer_dynsample.metrics import retrieval_metrics
 
 
