@@ -110,13 +110,14 @@ def _check_data_against_model(cfg: DictConfig) -> None:
 
 
 def _check_source(cfg: DictConfig) -> None:
-    """The keys and value types of a source's ``data`` and ``sampler`` sections, and its data against the
-    model (the source's config: see :func:`~composer_dynsample.config.mix_data.source_configs`)."""
-    for path, registry, options in (
-        ("data", DATASETS, {}),
-        ("sampler", SAMPLERS, {"reserved": SAMPLER_RESERVED}),
+    """The keys and value types of a source's ``data``, ``sampler`` and ``loss`` sections, and its data against
+    the model (the source's config: see :func:`~composer_dynsample.config.mix_data.source_configs`)."""
+    loss = split_loss_section(section(section(cfg, "model", "model"), "loss", "model.loss"))[0]
+    for path, registry, options, values in (
+        ("data", DATASETS, {}, section(cfg, "data", "data")),
+        ("sampler", SAMPLERS, {"reserved": SAMPLER_RESERVED}, section(cfg, "sampler", "sampler")),
+        ("loss", LOSSES, {}, loss),
     ):
-        values = section(cfg, path, path)
         if values:
             entry, _, kwargs, _ = resolve_entry(path, values, registry, **options)
             check_types(path, entry, kwargs)

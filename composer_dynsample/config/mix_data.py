@@ -39,6 +39,7 @@ __all__ = [
     "MIX",
     "build_mix",
     "build_mixed_sampler",
+    "build_source_losses",
     "check_mix_pools",
     "for_each_source",
     "is_mix",
@@ -48,7 +49,7 @@ __all__ = [
 
 MIX = "mix"
 _MIX_KEYS = ("name", "sources", "sampling", "batches_per_draw")
-_SOURCE_KEYS = ("weight", "sampler")  # a source's keys that are the mix's, not its loader's
+_SOURCE_KEYS = ("weight", "sampler", "loss")  # a source's keys that are the mix's, not its loader's
 
 
 def is_mix(cfg: DictConfig | Mapping[str, Any]) -> bool:
@@ -84,14 +85,16 @@ def _sources(cfg: DictConfig | Mapping[str, Any]) -> dict[str, dict[str, Any]]:
 
 
 def source_configs(cfg: DictConfig) -> dict[str, DictConfig]:
-    """Each source's config: the run's, with the source's data section as ``data`` and its ``sampler``
-    (when it gives one) as ``sampler``."""
+    """Each source's config: the run's, with the source's data section as ``data``, its ``sampler`` (when it
+    gives one) as ``sampler`` and its ``loss`` as ``model.loss``."""
     configs = {}
     for name, source in _sources(cfg).items():
         one = copy.deepcopy(cfg)
         OmegaConf.update(one, "data", {k: v for k, v in source.items() if k not in _SOURCE_KEYS}, merge=False)
         if source.get("sampler") is not None:
             OmegaConf.update(one, "sampler", source["sampler"], merge=False)
+        if source.get("loss") is not None:
+            OmegaConf.update(one, "model.loss", source["loss"], merge=False)
         configs[name] = one
     return configs
 
@@ -173,6 +176,23 @@ def for_each_source(cfg: DictConfig, splits: Any, check: Callable[[DictConfig, A
             check(one, sources[name])
         except ConfigError as error:
             raise ConfigError(f"data.sources.{name}: {error}") from error
+
+
+def build_source_losses(cfg: DictConfig, build_one: Callable[[DictConfig], Any]) -> Any | None:
+    """A :class:`~composer_dynsample.losses.per_source.PerSourceLoss` of each source's ``model.loss`` (its
+    ``loss``, else the run's), built by ``build_one`` (:func:`~composer_dynsample.config.model_builders.
+    build_loss`); ``None`` when no source gives a loss (the run's loss serves every source)."""
+    if not is_mix(cfg) or all(source.get("loss") is None for source in _sources(cfg).values()):
+        return None
+    from composer_dynsample.losses.per_source import PerSourceLoss
+
+    losses = {}
+    for name, one in source_configs(cfg).items():
+        try:
+            losses[name] = build_one(one)
+        except ConfigError as error:
+            raise ConfigError(f"data.sources.{name}: {error}") from error
+    return PerSourceLoss(losses)
 
 
 def build_mixed_sampler(

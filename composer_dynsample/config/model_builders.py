@@ -32,6 +32,7 @@ from composer_dynsample.config.components import (
 from composer_dynsample.config.evaluation import eval_metrics
 from composer_dynsample.config.loading import evaluation_config, section
 from composer_dynsample.config.matryoshka import split_loss_section, wrap_loss
+from composer_dynsample.config.mix_data import build_source_losses
 from composer_dynsample.config.model_checks import (
     TOWERS,
     check_model_keys,
@@ -150,7 +151,7 @@ def build_model(cfg: DictConfig, splits: DatasetSplits, *, metrics: bool = True)
             f"model needs an 'encoder' section; valid names: {sorted(ENCODERS)}, or a '_component_' dotted path."
         )
     encoder = build_encoder(cfg, splits)
-    loss = build_loss(cfg)
+    loss = build_source_losses(cfg, build_loss) or build_loss(cfg)  # a mix: maybe a loss per source
     scores = eval_metrics(evaluation_config(cfg), splits) if metrics else {}
     kwargs = {key: value for key, value in model.items() if key not in ("encoder", "loss")}
     if kwargs.get("normalize") is None:

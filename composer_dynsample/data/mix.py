@@ -41,6 +41,9 @@ class MixedTextStore(TextStore):
             row ``row_starts[s] + i``.
         label_offsets (np.ndarray): Each source's label shift.
         source_of_row (np.ndarray): ``(num_sampled,)`` each sampled row's source.
+        row_sources (np.ndarray): ``(num_rows,)`` each row's source, the given negatives' too:
+            :class:`~composer_dynsample.data.text.store.TextCollate` puts a batch's source name in its
+            ``"source"`` when all its rows share one.
     """
 
     def __init__(self, stores: Mapping[str, TextStore], label_offsets: Sequence[int]) -> None:
@@ -51,6 +54,9 @@ class MixedTextStore(TextStore):
         self.label_offsets = np.asarray(label_offsets, dtype=np.int64)
         sizes = [len(store) for store in self.source_stores]
         self.source_of_row = np.repeat(np.arange(len(sizes)), sizes)
+        given = [store.num_rows - len(store) for store in self.source_stores]
+        # every row's source, the given negatives' too: the collate names a batch's source (PerSourceLoss)
+        self.row_sources = np.concatenate([self.source_of_row, np.repeat(np.arange(len(given)), given)])
 
 
 @dataclasses.dataclass(frozen=True)

@@ -3,6 +3,7 @@
 from composer_dynsample.losses.infonce import InfoNCELoss
 from composer_dynsample.losses.matryoshka import MatryoshkaLoss
 from composer_dynsample.losses.mined_loss import mined_loss
+from composer_dynsample.losses.per_source import PerSourceLoss
 from composer_dynsample.losses.tuple_losses import (
     ContrastiveLoss,
     MultiSimilarityLoss,
@@ -16,6 +17,7 @@ __all__ = [
     "InfoNCELoss",
     "MatryoshkaLoss",
     "MultiSimilarityLoss",
+    "PerSourceLoss",
     "TripletMarginLoss",
     "all_pairs",
     "all_triplets",

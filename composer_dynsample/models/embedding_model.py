@@ -196,12 +196,25 @@ class EmbeddingModel(ComposerModel):
                 extra.update(self._duplicate_ids(batch))
             # A step whose value checks run on the device (HardNegativeMining) reads none in the loss either.
             with defer_value_checks() if outputs.checks_deferred else nullcontext():
-                return mined_loss(self.loss_fn, outputs, **extra)
+                return mined_loss(self.loss_fn, outputs, **extra, **self._source(batch))
         _, labels = self._split(batch)
         # InfoNCE on L2-normalised rows: no entry can overflow a distance, so nothing is read on the host.
         unit_rows = self.normalize and isinstance(self.loss_fn, InfoNCELoss)
         with defer_value_checks() if unit_rows else nullcontext():
-            return self.loss_fn(outputs, labels, **self._query_flags(batch), **self._duplicate_ids(batch))
+            return self.loss_fn(
+                outputs,
+                labels,
+                **self._query_flags(batch),
+                **self._duplicate_ids(batch),
+                **self._source(batch),
+            )
+
+    def _source(self, batch: Any) -> dict[str, str]:
+        """``{"source": batch["source"]}`` for a loss per source of a mix (:class:`~composer_dynsample.losses.
+        per_source.PerSourceLoss`), whose forward takes it; else ``{}``."""
+        if not forward_takes(self.loss_fn, "source") or not isinstance(batch, Mapping):
+            return {}
+        return {"source": batch.get("source")}
 
     def _duplicate_ids(self, batch: Any) -> dict[str, torch.Tensor]:
         """``{"duplicate_ids": batch[duplicate_key]}`` with a ``duplicate_key``, else ``{}``."""

@@ -237,3 +237,27 @@ def test_each_source_converted_with_source_trains_the_mix_from_shards(tmp_path):
     main(["embed", "--run", str(trained), "--source", "qa", "--split", "test", "--out", str(embedded)])
     with np.load(embedded) as arrays:
         assert arrays["embeddings"].shape[0] == 2 * 6  # the qa source's test pairs only
+
+
+def test_a_loss_per_source_scores_each_batch_with_its_sources_loss(tmp_path):
+    from composer_dynsample.losses import InfoNCELoss, PerSourceLoss, TripletMarginLoss
+
+    triplet = {"name": "triplet_margin", "margin": 0.3}
+    sources = _sources(tmp_path, qa={"loss": triplet})
+    run = build_run(load_config(_config(tmp_path, sources)), tmp_path / "run")
+    loss = run.model.loss_fn
+    assert isinstance(loss, PerSourceLoss) and set(loss.losses) == {"code", "qa"}
+    assert isinstance(loss.losses["code"], InfoNCELoss) and loss.losses["qa"].margin == 0.3
+    references = {"code": InfoNCELoss(temperature=0.1), "qa": TripletMarginLoss(margin=0.3)}
+    seen = set()
+    for batch in run.train_dataloader:
+        source = batch["source"]  # the collate names the batch's one source
+        embeddings = run.model(batch)
+        expected = references[source](embeddings, batch["labels"])
+        assert torch.allclose(run.model.loss(embeddings, batch), expected), source
+        seen.add(source)
+    assert seen == {"code", "qa"}
+    run.trainer.close()
+    bad = _sources(tmp_path, qa={"loss": {"name": "triplet_margin", "margn": 0.3}})
+    with pytest.raises(ConfigError, match=r"data\.sources\.qa: .*margn"):
+        build_run(load_config(_config(tmp_path, bad)), tmp_path / "bad")

@@ -317,13 +317,17 @@ class TextCollate:
         }
         if store.prompt_lengths is not None:
             features["prompt_length"] = torch.from_numpy(store.prompt_lengths[rows])
-        return {
+        batch = {
             "features": features,
             "labels": torch.from_numpy(store.row_labels[rows]),
             "index": torch.from_numpy(rows),
             "text_hash": torch.from_numpy(store.text_hash[rows]),
             "text_group": torch.from_numpy(store.text_group[rows]),
         }
+        sources = getattr(store, "row_sources", None)  # a mix of data sets: the batch's source, by name
+        if sources is not None and rows.size and bool((sources[rows] == sources[rows[0]]).all()):
+            batch["source"] = store.source_names[int(sources[rows[0]])]
+        return batch
 
 
 @dataclasses.dataclass(frozen=True, eq=False)

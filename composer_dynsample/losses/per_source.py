@@ -1,0 +1,83 @@
+"""A loss per source of a mix of data sets: each batch scored by the loss of the source it comes from.
+
+A run on several data sets (``data: {name: mix}``) draws every batch from one source, and the collate
+names it (the batch's ``"source"``, a string: broadcast to every microbatch, never moved to the device, so
+choosing the loss reads nothing back from it). ``data.sources.NAME.loss`` gives a source its own
+``model.loss`` section (P x K labelled texts a margin loss, retrieval pairs InfoNCE); the sources without
+one take the run's ``model.loss``. The keyword arguments the model hands a loss (``global_mean``,
+``duplicate_ids``, ``is_query``) reach a source's loss when its ``forward`` takes them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+from torch import nn
+
+from composer_dynsample.losses.tuple_losses import forward_takes
+
+__all__ = ["PerSourceLoss"]
+
+
+class PerSourceLoss(nn.Module):
+    """The loss of each source by name; ``forward`` scores a batch with its source's loss.
+
+    Args:
+        losses (Mapping[str, nn.Module]): Each source's loss, by source name.
+
+    Raises:
+        ValueError: If ``losses`` is empty.
+
+    Example:
+        >>> from composer_dynsample import InfoNCELoss, TripletMarginLoss
+        >>> loss = PerSourceLoss({"qa": InfoNCELoss(), "intents": TripletMarginLoss(margin=0.2)})
+        >>> embeddings, labels = torch.nn.functional.normalize(torch.randn(4, 8), dim=1), torch.tensor([0, 0, 1, 1])
+        >>> bool(loss(embeddings, labels, source="qa") == InfoNCELoss()(embeddings, labels))
+        True
+    """
+
+    def __init__(self, losses: Mapping[str, nn.Module]) -> None:
+        super().__init__()
+        if not losses:
+            raise ValueError("losses must name at least one source's loss.")
+        self.losses = nn.ModuleDict(dict(losses))
+
+    @property
+    def negatives(self) -> str | None:
+        """``"passages"`` when a source's loss ranks queries against passages only (the model then hands over
+        which rows are queries), else ``None``."""
+        kinds = {getattr(loss, "negatives", None) for loss in self.losses.values()}
+        return "passages" if "passages" in kinds else None
+
+    def forward(
+        self,
+        embeddings: torch.Tensor,
+        labels: torch.Tensor,
+        indices_tuple: tuple[torch.Tensor, ...] | None = None,
+        ref_emb: torch.Tensor | None = None,
+        ref_labels: torch.Tensor | None = None,
+        *,
+        source: str | None = None,
+        global_mean: bool = False,
+        duplicate_ids: torch.Tensor | None = None,
+        ref_duplicate_ids: torch.Tensor | None = None,
+        is_query: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """The loss of ``source``'s loss on the batch (the batch's ``"source"``, given by the model)."""
+        if source is None or source not in self.losses:
+            raise ValueError(
+                f"PerSourceLoss scores a batch by its source's loss and got source={source!r}; the batches of "
+                f"data: {{name: mix}} name one of {sorted(self.losses)} (each batch from one source)."
+            )
+        loss = self.losses[source]
+        given = {
+            "global_mean": global_mean,
+            "duplicate_ids": duplicate_ids,
+            "ref_duplicate_ids": ref_duplicate_ids,
+            "is_query": is_query if getattr(loss, "negatives", None) == "passages" else None,
+        }
+        passed = {
+            key: value for key, value in given.items() if forward_takes(loss, key) and value is not None
+        }
+        return loss(embeddings, labels, indices_tuple, ref_emb, ref_labels, **passed)
