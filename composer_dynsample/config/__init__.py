@@ -34,8 +34,8 @@ The package has one module per step: :mod:`~composer_dynsample.config.components
 its target: ``name`` or ``_component_``, key and type checks), :mod:`~composer_dynsample.config.names`
 (the short names each section may use), :mod:`~composer_dynsample.config.loading` (:func:`load_config`
 reads a file and dotted overrides such as ``trainer.max_duration=2ep`` with OmegaConf; the structured
-configs of the fixed-key sections; :mod:`~composer_dynsample.config.overrides` notes the keys a mapping
-override leaves out), :mod:`~composer_dynsample.config.checks` (:func:`check_config`
+configs of the fixed-key sections, defined in :mod:`~composer_dynsample.config.section_schemas`;
+:mod:`~composer_dynsample.config.overrides` notes the keys a mapping override leaves out), :mod:`~composer_dynsample.config.checks` (:func:`check_config`
 checks every section before anything is built, with :mod:`~composer_dynsample.config.model_checks` and
 :mod:`~composer_dynsample.config.signatures`), :mod:`~composer_dynsample.config.builders`,
 :mod:`~composer_dynsample.config.model_builders` and :mod:`~composer_dynsample.config.evaluation` (one

@@ -18,9 +18,10 @@ How the images are made (:func:`render_glyphs`):
   would exceed 30 px is shrunk to fit 30 px) with Pillow's box (area) filter, and centred in a 32 x 32
   image. Values are float32 in ``[0, 1]``, ``(N, 1, 32, 32)``. A code point that renders no ink in
   some face is dropped.
-* **Homoglyphs** (:func:`merge_homoglyphs`, at load time): code points whose 32 x 32 images are
-  bit-equal in at least ``homoglyph_faces`` of the 16 faces are one glyph: the lowest code point is
-  kept, the others are dropped, and :attr:`GlyphInfo.merged` lists them. The default, 12, merges Latin
+* **Homoglyphs** (:func:`~composer_dynsample.data.homoglyphs.merge_homoglyphs`, importable from here
+  too, at load time): code points whose 32 x 32 images are bit-equal in at least ``homoglyph_faces`` of
+  the 16 faces are one glyph: the lowest code point is kept, the others are dropped, and
+  :attr:`GlyphInfo.merged` lists them. The default, 12, merges Latin
   ``A`` with Greek Alpha (identical in 15 faces: STIX General regular draws them apart) and Latin ``a``
   with Cyrillic ``a`` (identical in the 12 DejaVu faces, where they share one outline): 42 code points
   of 727 with matplotlib 3.11's fonts. ``homoglyph_faces=16`` merges only the code points identical in
@@ -49,6 +50,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
+from composer_dynsample.data.homoglyphs import merge_homoglyphs
 from composer_dynsample.data.splits import DatasetSplits, atomic_savez, default_cache_dir
 from composer_dynsample.data.store import TensorStore
 from composer_dynsample.validation import check_bool, check_float, check_int
@@ -215,52 +217,6 @@ def _fit(ink: np.ndarray) -> np.ndarray:
     top, left = (IMAGE_SIZE - size[1]) // 2, (IMAGE_SIZE - size[0]) // 2
     out[top : top + size[1], left : left + size[0]] = small
     return out
-
-
-def merge_homoglyphs(images: np.ndarray, min_faces: int) -> tuple[np.ndarray, list[tuple[int, int]]]:
-    """Group the classes whose images are bit-equal in at least ``min_faces`` faces; keep the first of each.
-
-    Two classes are homoglyphs when their ``(16, 32, 32)`` renderings are identical in ``min_faces`` or
-    more faces; groups are closed under this relation (Latin B, Greek Beta and Cyrillic Ve form one
-    group). Each group keeps its lowest index.
-
-    Args:
-        images (np.ndarray): ``(C, F, H, W)`` renderings, classes in ascending code point order.
-        min_faces (int): Faces that must be bit-equal, from 1 to ``F``.
-
-    Returns:
-        tuple[np.ndarray, list[tuple[int, int]]]: The sorted indices kept, and ``(dropped, kept)`` index
-        pairs.
-
-    Example:
-        >>> images = np.zeros((3, 2, 1, 1), dtype=np.uint8)
-        >>> images[2, 1] = 1  # class 2 differs from 0 and 1 in face 1 only
-        >>> merge_homoglyphs(images, 2)[1], merge_homoglyphs(images, 1)[1]
-        ([(1, 0)], [(1, 0), (2, 0)])
-    """
-    equal_faces: dict[tuple[int, int], int] = {}
-    for face in range(images.shape[1]):
-        groups: dict[bytes, list[int]] = {}
-        for index in range(len(images)):
-            groups.setdefault(images[index, face].tobytes(), []).append(index)
-        for members in groups.values():
-            for i, first in enumerate(members):
-                for second in members[i + 1 :]:
-                    equal_faces[first, second] = equal_faces.get((first, second), 0) + 1
-    root = list(range(len(images)))
-
-    def find(index: int) -> int:
-        while root[index] != index:
-            index = root[index]
-        return index
-
-    for (first, second), count in sorted(equal_faces.items()):
-        if count >= min_faces:
-            low, high = sorted((find(first), find(second)))
-            root[high] = low  # the lower index stays the root, so each group keeps its lowest code point
-    keep = np.asarray([index for index in range(len(images)) if find(index) == index], dtype=np.int64)
-    merged = [(index, find(index)) for index in range(len(images)) if find(index) != index]
-    return keep, merged
 
 
 def _arrays_hash(arrays: Mapping[str, np.ndarray]) -> str:

@@ -28,6 +28,7 @@ from torch import nn
 from composer_dynsample.export.model_card import unwrap_encoder
 from composer_dynsample.export.staging import new_file_modes, prepare_dir, staged
 from composer_dynsample.export.tokenizer import pretrained_tokenizer, tower_tokenizer
+from composer_dynsample.models.auto_model import quiet_transformers
 from composer_dynsample.models.text import (
     BagOfTokensEncoder,
     TextCNNEncoder,
@@ -35,7 +36,6 @@ from composer_dynsample.models.text import (
     TwoTowerEncoder,
     import_text_extra,
 )
-from composer_dynsample.models.transformer import quiet_transformers
 from composer_dynsample.validation import InputTypeError, check_int
 
 __all__ = ["CONFIG_FILE", "STATE_FILE", "encoder_tokenizer", "export_huggingface", "load_exported_encoder"]

@@ -22,8 +22,9 @@ from typing import Any
 
 from torch import nn
 
+from composer_dynsample.models.auto_model import quiet_transformers
 from composer_dynsample.models.sentence_folder import POOLING_FLAGS
-from composer_dynsample.models.transformer import TransformerEncoder, quiet_transformers
+from composer_dynsample.models.transformer import TransformerEncoder
 
 __all__ = [
     "pooling_module",

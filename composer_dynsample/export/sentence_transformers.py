@@ -35,8 +35,8 @@ from composer_dynsample.export.sentence_modules import (
 )
 from composer_dynsample.export.staging import new_file_modes, staged
 from composer_dynsample.export.tokenizer import tower_tokenizer
+from composer_dynsample.models.auto_model import quiet_transformers
 from composer_dynsample.models.text import TransformerEncoder, TwoTowerEncoder, import_text_extra
-from composer_dynsample.models.transformer import quiet_transformers
 
 __all__ = ["export_sentence_transformers"]
 

@@ -37,13 +37,7 @@ import torch
 from torchmetrics import Metric
 from torchmetrics.utilities.data import dim_zero_cat
 
-from composer_dynsample.metrics.functional import (
-    Distance,
-    _check_batch,
-    _check_chunk_size,
-    _check_distance,
-    _check_k,
-    _check_ks,
+from composer_dynsample.metrics._gallery_ranking import (
     _compute_dtype,
     _Gallery,
     _gallery_to,
@@ -51,6 +45,14 @@ from composer_dynsample.metrics.functional import (
     _retrieval_compute,
     _retrieval_update,
     _RetrievalSums,
+)
+from composer_dynsample.metrics.functional import (
+    Distance,
+    _check_batch,
+    _check_chunk_size,
+    _check_distance,
+    _check_k,
+    _check_ks,
 )
 
 __all__ = ["MeanAveragePrecisionAtR", "RPrecision", "RetrievalMetrics", "RetrievalRecallAtK"]

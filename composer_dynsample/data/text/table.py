@@ -17,7 +17,8 @@ Only regular files and folders are opened: a named pipe (which would block) or a
 decoded as UTF-8 (a leading byte-order mark is dropped); a JSON ``\ud800`` escape that leaves a lone
 surrogate (not Unicode text) is refused at its line. Every problem raises one ``ValueError`` line
 naming the file, the line (text formats) or row index (Parquet, ``datasets``), the column, and what was
-expected; a quoted CSV field that never closes is named at the line where its record starts.
+expected; a quoted CSV field that never closes is named at the line where its record starts. The text
+formats are parsed by :mod:`~composer_dynsample.data.text.table_formats`.
 
 Columns under other names are mapped with ``columns`` (``data.columns`` in a config): ``{"anchor":
 "query", "positive": "pos"}`` reads the file's ``query`` column as ``anchor``; the mapping is checked,
@@ -28,18 +29,21 @@ for caches.
 
 from __future__ import annotations
 
-import csv
 import dataclasses
 import hashlib
-import io
-import json
 import math
 import re
-import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from composer_dynsample.data.text.table_formats import (
+    _decode,
+    _first_line,
+    _read_csv,
+    _read_json_lines,
+    _read_parquet,
+)
 from composer_dynsample.file_checks import check_path_kind
 from composer_dynsample.validation import did_you_mean
 
@@ -112,100 +116,6 @@ class TextTable:
         return f"{self.name}: {place}{named}"
 
 
-def _decode(path: Path, data: bytes) -> str:
-    try:
-        return data.decode("utf-8-sig")
-    except UnicodeDecodeError as error:
-        line = data.count(b"\n", 0, error.start) + 1
-        column = error.start - (data.rfind(b"\n", 0, error.start) + 1) + 1
-        raise ValueError(
-            f"{path}: line {line} is not valid UTF-8 (byte 0x{data[error.start]:02x} at byte {column} of "
-            "the line); save the file as UTF-8."
-        ) from None
-
-
-def _read_json_lines(path: Path, text: str) -> tuple[dict[str, list[Any]], list[int]]:
-    rows: list[dict[str, Any]] = []
-    lines: list[int] = []
-    keys: dict[str, None] = {}
-    for number, line in enumerate(text.split("\n"), start=1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as error:
-            raise ValueError(
-                f"{path}: line {number} is not valid JSON ({error.msg} at column {error.colno}); "
-                "expected one JSON object per line."
-            ) from None
-        if not isinstance(row, dict):
-            raise ValueError(
-                f"{path}: line {number} holds a JSON {type(row).__name__}; expected one object per line, "
-                'e.g. {"anchor": "...", "positive": "..."}.'
-            )
-        keys.update(dict.fromkeys(row))
-        rows.append(row)
-        lines.append(number)
-    return {key: [row.get(key) for row in rows] for key in keys}, lines
-
-
-def _read_csv(path: Path, text: str, delimiter: str) -> tuple[dict[str, list[Any]], list[int]]:
-    reader = csv.reader(io.StringIO(text, newline=""), delimiter=delimiter, strict=True)
-    limit = csv.field_size_limit()
-    csv.field_size_limit(min(sys.maxsize, 2**31 - 1))  # source files and documents exceed the 128 KiB default
-    start = 1
-    try:
-        header = next(reader, None)
-        if header is None:
-            raise ValueError(f"{path}: empty file; expected a header line naming the columns.")
-        duplicates = sorted({name for name in header if header.count(name) > 1})
-        if duplicates or "" in header:
-            raise ValueError(f"{path}: line 1: the header must name every column once, got {header}.")
-        records: list[list[str]] = []
-        lines: list[int] = []
-        start = reader.line_num + 1
-        for record in reader:
-            if record:  # a blank line is no record
-                if len(record) != len(header):
-                    raise ValueError(
-                        f"{path}: line {start}: {len(record)} fields, but the header has {len(header)} "
-                        f"({header}); quote fields that hold {delimiter!r}, quotes or newlines."
-                    )
-                records.append(record)
-                lines.append(start)
-            start = reader.line_num + 1
-    except csv.Error as error:
-        # A quote left open runs on to the end of the file: name the line its record started on.
-        if "unexpected end of data" in str(error):
-            raise ValueError(
-                f"{path}: line {start}: a quoted field opened in the record that starts on this line is "
-                "never closed (the file ended inside it); close the quote, or double a quote inside a "
-                'field ("").'
-            ) from None
-        raise ValueError(
-            f"{path}: line {start}: not valid CSV ({error}); check the quotes of the record that starts on "
-            'this line (a quote inside a quoted field is written "").'
-        ) from None
-    finally:
-        csv.field_size_limit(limit)
-    return {name: [record[i] for record in records] for i, name in enumerate(header)}, lines
-
-
-def _read_parquet(path: Path, keep: Callable[[str], bool]) -> tuple[dict[str, list[Any]], list[str], int]:
-    """``(the kept columns, every column's name, the number of rows)``."""
-    try:
-        import pyarrow.parquet as parquet
-
-        names = parquet.read_schema(path).names
-        table = parquet.read_table(path, columns=[name for name in names if keep(name)])
-        rows = parquet.read_metadata(path).num_rows
-    except ImportError:
-        raise
-    except Exception as error:  # pyarrow raises ArrowInvalid, OSError, ...
-        raise ValueError(f"{path}: not a readable Parquet file ({_first_line(error)}).") from None
-    return table.to_pydict(), list(names), int(rows)
-
-
 def _folder_sha256(directory: Path, split: str | None) -> str:
     digest = hashlib.sha256(f"split:{split}".encode())
     for file in sorted(p for p in directory.rglob("*") if p.is_file()):
@@ -251,11 +161,6 @@ def _read_dataset_folder(
         ]
         return tables[0], (tables[1] if len(tables) > 1 else None)
     return _dataset_table(directory, loaded, None, keep, names), None
-
-
-def _first_line(error: BaseException) -> str:
-    text = str(error).strip()
-    return text.splitlines()[0] if text else type(error).__name__
 
 
 def _source_keep(keep: Callable[[str], bool], names: Mapping[str, str]) -> Callable[[str], bool]:
