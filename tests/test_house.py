@@ -29,7 +29,6 @@ ROOT_MODULES: dict[str, str] = {
 # Today's modules over MAX_LINES lines, each allowed at most its line count here: they may shrink, not grow.
 # The list is to be emptied by splitting each module by concept.
 OVER_450: dict[str, int] = {
-    "data/text/pairs.py": 451,
     "validation.py": 479,
 }
 
