@@ -29,8 +29,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from composer_dynsample.losses.mined_loss import reject_mined_batch
 from composer_dynsample.losses.tuple_losses import forward_takes
+from composer_dynsample.losses.wrapper import LossWrapper
 from composer_dynsample.validation import InputTypeError, check_bool, is_int
 
 __all__ = ["MatryoshkaLoss", "check_matryoshka_dims", "check_matryoshka_weights", "truncated"]
@@ -105,7 +105,7 @@ def truncated(embeddings: torch.Tensor, dim: int, normalize: bool = True) -> tor
     return F.normalize(kept, dim=-1) if normalize else kept
 
 
-class MatryoshkaLoss(nn.Module):
+class MatryoshkaLoss(LossWrapper):
     """The weighted sum of ``loss`` on the embeddings truncated to each of ``matryoshka_dims``.
 
     ``loss(truncated(embeddings, d), labels, indices_tuple, truncated(ref_emb, d), ref_labels)`` for each
@@ -155,22 +155,17 @@ class MatryoshkaLoss(nn.Module):
         """The inner loss's ``negatives`` (:class:`~composer_dynsample.InfoNCELoss`), for the model's query flags."""
         return getattr(self.loss, "negatives", None)
 
-    def forward(
+    def wrapped(
         self,
         embeddings: torch.Tensor,
         labels: torch.Tensor,
-        indices_tuple: tuple[torch.Tensor, ...] | None = None,
-        ref_emb: torch.Tensor | None = None,
-        ref_labels: torch.Tensor | None = None,
-        *,
-        global_mean: bool = False,
-        duplicate_ids: torch.Tensor | None = None,
-        ref_duplicate_ids: torch.Tensor | None = None,
-        is_query: torch.Tensor | None = None,
+        indices_tuple: tuple[torch.Tensor, ...] | None,
+        ref_emb: torch.Tensor | None,
+        ref_labels: torch.Tensor | None,
+        keywords: dict[str, Any],
     ) -> torch.Tensor:
         """The weighted sum over the dimensions; the keyword arguments reach the inner loss when its
         ``forward`` takes them (as :class:`~composer_dynsample.EmbeddingModel` passes them to a loss)."""
-        reject_mined_batch(type(self).__name__, embeddings)
         for name, value in (("embeddings", embeddings), ("ref_emb", ref_emb)):
             if (
                 isinstance(value, torch.Tensor)
@@ -181,13 +176,7 @@ class MatryoshkaLoss(nn.Module):
                     f"matryoshka_dims: {self.matryoshka_dims[0]} is wider than the {value.shape[1]} dimensions "
                     f"of {name}; use dimensions of at most {value.shape[1]}."
                 )
-        given = {
-            "global_mean": global_mean,
-            "duplicate_ids": duplicate_ids,
-            "ref_duplicate_ids": ref_duplicate_ids,
-            "is_query": is_query,
-        }
-        extra = {key: given[key] for key in self._passed_on}
+        extra = {key: keywords[key] for key in self._passed_on}
         total: torch.Tensor | None = None
         for dim, weight in zip(self.matryoshka_dims, self.matryoshka_weights):
             ref = None if ref_emb is None else truncated(ref_emb, dim, self.normalize)

@@ -11,16 +11,17 @@ one take the run's ``model.loss``. The keyword arguments the model hands a loss 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 import torch
 from torch import nn
 
-from composer_dynsample.losses.tuple_losses import forward_takes
+from composer_dynsample.losses.wrapper import LossWrapper, passed_on
 
 __all__ = ["PerSourceLoss"]
 
 
-class PerSourceLoss(nn.Module):
+class PerSourceLoss(LossWrapper):
     """The loss of each source by name; ``forward`` scores a batch with its source's loss.
 
     Args:
@@ -50,34 +51,24 @@ class PerSourceLoss(nn.Module):
         kinds = {getattr(loss, "negatives", None) for loss in self.losses.values()}
         return "passages" if "passages" in kinds else None
 
-    def forward(
+    def wrapped(
         self,
         embeddings: torch.Tensor,
         labels: torch.Tensor,
-        indices_tuple: tuple[torch.Tensor, ...] | None = None,
-        ref_emb: torch.Tensor | None = None,
-        ref_labels: torch.Tensor | None = None,
-        *,
-        source: str | None = None,
-        global_mean: bool = False,
-        duplicate_ids: torch.Tensor | None = None,
-        ref_duplicate_ids: torch.Tensor | None = None,
-        is_query: torch.Tensor | None = None,
+        indices_tuple: tuple[torch.Tensor, ...] | None,
+        ref_emb: torch.Tensor | None,
+        ref_labels: torch.Tensor | None,
+        keywords: dict[str, Any],
     ) -> torch.Tensor:
-        """The loss of ``source``'s loss on the batch (the batch's ``"source"``, given by the model)."""
+        """The loss of the batch's source's loss (``keywords["source"]``, the batch's ``"source"``)."""
+        source = keywords["source"]
         if source is None or source not in self.losses:
             raise ValueError(
                 f"PerSourceLoss scores a batch by its source's loss and got source={source!r}; the batches of "
                 f"data: {{name: mix}} name one of {sorted(self.losses)} (each batch from one source)."
             )
         loss = self.losses[source]
-        given = {
-            "global_mean": global_mean,
-            "duplicate_ids": duplicate_ids,
-            "ref_duplicate_ids": ref_duplicate_ids,
-            "is_query": is_query if getattr(loss, "negatives", None) == "passages" else None,
-        }
-        passed = {
-            key: value for key, value in given.items() if forward_takes(loss, key) and value is not None
-        }
-        return loss(embeddings, labels, indices_tuple, ref_emb, ref_labels, **passed)
+        if getattr(loss, "negatives", None) != "passages":
+            keywords = {**keywords, "is_query": None}  # which rows are queries: for a loss of passages only
+        inner = passed_on(loss, {key: value for key, value in keywords.items() if key != "source"})
+        return loss(embeddings, labels, indices_tuple, ref_emb, ref_labels, **inner)

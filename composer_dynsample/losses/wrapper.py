@@ -1,0 +1,66 @@
+"""The base of a loss around other losses (Matryoshka's truncations, a loss per source of a mix of data sets).
+
+Such a loss is called as the losses it wraps are (pytorch-metric-learning's ``embeddings, labels,
+indices_tuple, ref_emb, ref_labels``, and the keywords :class:`~composer_dynsample.EmbeddingModel` hands a
+loss that takes them); :class:`LossWrapper` takes that call once and hands :meth:`LossWrapper.wrapped` the
+keywords, which a subclass passes on to an inner loss by :func:`passed_on`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from composer_dynsample.losses.mined_loss import reject_mined_batch
+from composer_dynsample.losses.tuple_losses import forward_takes
+
+__all__ = ["LossWrapper", "passed_on"]
+
+
+def passed_on(loss: nn.Module, keywords: dict[str, Any]) -> dict[str, Any]:
+    """The ``keywords`` ``loss.forward`` takes by name (``None`` values left out)."""
+    return {key: value for key, value in keywords.items() if value is not None and forward_takes(loss, key)}
+
+
+class LossWrapper(nn.Module):
+    """A loss around inner losses; subclasses implement :meth:`wrapped`."""
+
+    def forward(
+        self,
+        embeddings: torch.Tensor,
+        labels: torch.Tensor,
+        indices_tuple: tuple[torch.Tensor, ...] | None = None,
+        ref_emb: torch.Tensor | None = None,
+        ref_labels: torch.Tensor | None = None,
+        *,
+        global_mean: bool = False,
+        duplicate_ids: torch.Tensor | None = None,
+        ref_duplicate_ids: torch.Tensor | None = None,
+        is_query: torch.Tensor | None = None,
+        source: str | None = None,
+    ) -> torch.Tensor:
+        """The loss of the inner losses; ``source`` is the batch's source of a mix of data sets (its
+        collate's ``"source"``), the other keywords as :class:`~composer_dynsample.InfoNCELoss` takes them."""
+        reject_mined_batch(type(self).__name__, embeddings)
+        keywords = {
+            "global_mean": global_mean,
+            "duplicate_ids": duplicate_ids,
+            "ref_duplicate_ids": ref_duplicate_ids,
+            "is_query": is_query,
+            "source": source,
+        }
+        return self.wrapped(embeddings, labels, indices_tuple, ref_emb, ref_labels, keywords)
+
+    def wrapped(
+        self,
+        embeddings: torch.Tensor,
+        labels: torch.Tensor,
+        indices_tuple: tuple[torch.Tensor, ...] | None,
+        ref_emb: torch.Tensor | None,
+        ref_labels: torch.Tensor | None,
+        keywords: dict[str, Any],
+    ) -> torch.Tensor:
+        """The loss, from the call's arguments and its ``keywords`` by name."""
+        raise NotImplementedError
