@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from composer_dynsample.losses.tuple_losses import forward_takes
-from composer_dynsample.losses.wrapper import LossWrapper
+from composer_dynsample.losses.wrapper import LossCall, LossWrapper
 from composer_dynsample.validation import InputTypeError, check_bool, is_int
 
 __all__ = ["MatryoshkaLoss", "check_matryoshka_dims", "check_matryoshka_weights", "truncated"]
@@ -155,18 +155,10 @@ class MatryoshkaLoss(LossWrapper):
         """The inner loss's ``negatives`` (:class:`~composer_dynsample.InfoNCELoss`), for the model's query flags."""
         return getattr(self.loss, "negatives", None)
 
-    def wrapped(
-        self,
-        embeddings: torch.Tensor,
-        labels: torch.Tensor,
-        indices_tuple: tuple[torch.Tensor, ...] | None,
-        ref_emb: torch.Tensor | None,
-        ref_labels: torch.Tensor | None,
-        keywords: dict[str, Any],
-    ) -> torch.Tensor:
+    def wrapped(self, call: LossCall) -> torch.Tensor:
         """The weighted sum over the dimensions; the keyword arguments reach the inner loss when its
         ``forward`` takes them (as :class:`~composer_dynsample.EmbeddingModel` passes them to a loss)."""
-        for name, value in (("embeddings", embeddings), ("ref_emb", ref_emb)):
+        for name, value in (("embeddings", call.embeddings), ("ref_emb", call.ref_emb)):
             if (
                 isinstance(value, torch.Tensor)
                 and value.ndim == 2
@@ -176,12 +168,15 @@ class MatryoshkaLoss(LossWrapper):
                     f"matryoshka_dims: {self.matryoshka_dims[0]} is wider than the {value.shape[1]} dimensions "
                     f"of {name}; use dimensions of at most {value.shape[1]}."
                 )
-        extra = {key: keywords[key] for key in self._passed_on}
+        keywords = {key: call.keywords[key] for key in self._passed_on}
         total: torch.Tensor | None = None
         for dim, weight in zip(self.matryoshka_dims, self.matryoshka_weights):
-            ref = None if ref_emb is None else truncated(ref_emb, dim, self.normalize)
-            value = self.loss(
-                truncated(embeddings, dim, self.normalize), labels, indices_tuple, ref, ref_labels, **extra
+            ref = None if call.ref_emb is None else truncated(call.ref_emb, dim, self.normalize)
+            value = call.to(
+                self.loss,
+                embeddings=truncated(call.embeddings, dim, self.normalize),
+                ref_emb=ref,
+                keywords=keywords,
             )
             total = weight * value if total is None else total + weight * value
         return total  # type: ignore[return-value]

@@ -11,12 +11,11 @@ one take the run's ``model.loss``. The keyword arguments the model hands a loss 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
 
 import torch
 from torch import nn
 
-from composer_dynsample.losses.wrapper import LossWrapper, passed_on
+from composer_dynsample.losses.wrapper import LossCall, LossWrapper
 
 __all__ = ["PerSourceLoss"]
 
@@ -51,24 +50,14 @@ class PerSourceLoss(LossWrapper):
         kinds = {getattr(loss, "negatives", None) for loss in self.losses.values()}
         return "passages" if "passages" in kinds else None
 
-    def wrapped(
-        self,
-        embeddings: torch.Tensor,
-        labels: torch.Tensor,
-        indices_tuple: tuple[torch.Tensor, ...] | None,
-        ref_emb: torch.Tensor | None,
-        ref_labels: torch.Tensor | None,
-        keywords: dict[str, Any],
-    ) -> torch.Tensor:
+    def wrapped(self, call: LossCall) -> torch.Tensor:
         """The loss of the batch's source's loss (``keywords["source"]``, the batch's ``"source"``)."""
-        source = keywords["source"]
+        source = call.keywords["source"]
         if source is None or source not in self.losses:
             raise ValueError(
                 f"PerSourceLoss scores a batch by its source's loss and got source={source!r}; the batches of "
                 f"data: {{name: mix}} name one of {sorted(self.losses)} (each batch from one source)."
             )
         loss = self.losses[source]
-        if getattr(loss, "negatives", None) != "passages":
-            keywords = {**keywords, "is_query": None}  # which rows are queries: for a loss of passages only
-        inner = passed_on(loss, {key: value for key, value in keywords.items() if key != "source"})
-        return loss(embeddings, labels, indices_tuple, ref_emb, ref_labels, **inner)
+        queries = call.keywords["is_query"] if getattr(loss, "negatives", None) == "passages" else None
+        return call.to(loss, keywords={**call.keywords, "source": None, "is_query": queries})
