@@ -27,8 +27,7 @@ ROOT_MODULES: dict[str, str] = {
 
 # Today's modules over MAX_LINES lines, each allowed at most its line count here: they may shrink, not grow.
 # The list is to be emptied by splitting each module by concept.
-OVER_450: dict[str, int] = {
-}
+OVER_450: dict[str, int] = {}
 
 
 def _line_count(path: Path) -> int:
