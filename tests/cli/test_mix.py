@@ -261,3 +261,26 @@ def test_a_loss_per_source_scores_each_batch_with_its_sources_loss(tmp_path):
     bad = _sources(tmp_path, qa={"loss": {"name": "triplet_margin", "margn": 0.3}})
     with pytest.raises(ConfigError, match=r"data\.sources\.qa: .*margn"):
         build_run(load_config(_config(tmp_path, bad)), tmp_path / "bad")
+
+
+def test_given_negatives_stay_in_their_anchors_source(tmp_path):
+    sources = _sources(tmp_path)
+    for name, seed in (("code", 0), ("qa", 7)):  # given negatives in both training files
+        write_jsonl(
+            tmp_path / f"{name}.jsonl", pair_rows(24 if name == "code" else 16, seed=seed, negatives=True)
+        )
+    run = build_run(load_config(_config(tmp_path, sources)), tmp_path / "run")
+    store = run.splits.train
+    for batch in run.train_dataloader:
+        rows = batch["index"].numpy()
+        assert len(rows) > 8  # the anchors' given negatives joined the batch
+        assert len(set(store.row_sources[rows].tolist())) == 1  # sampled rows and negatives: one source
+        own = run.splits.sources[batch["source"]].train
+        start = int(store.row_starts[store.source_names.index(batch["source"])])
+        sampled = rows[rows < len(store)] - start
+        expected = own.negatives_of(sampled)
+        ids, _ = own.pad(expected)
+        assert batch["features"]["input_ids"].shape[0] == len(sampled) + len(expected)
+        negatives = batch["features"]["input_ids"][len(sampled) :, : ids.shape[1]].numpy()
+        assert (negatives == ids).all()  # the source's own negatives of these anchors, in order
+    run.trainer.close()
