@@ -104,6 +104,7 @@ class EmbeddingModel(ComposerModel):
             raise InputTypeError(f"encoder must be a torch.nn.Module, got {type(encoder).__name__}.")
         self.encoder = encoder
         self.loss_fn = loss if loss is not None else TripletMarginLoss(margin=0.2)
+        self._takes_source = forward_takes(self.loss_fn, "source")  # read once: the signature, not every step
         self.normalize = check_bool("normalize", normalize)
         for name, key in (("features_key", features_key), ("labels_key", labels_key)):
             if not isinstance(key, str) or not key:
@@ -212,7 +213,7 @@ class EmbeddingModel(ComposerModel):
     def _source(self, batch: Any) -> dict[str, str]:
         """``{"source": batch["source"]}`` for a loss per source of a mix (:class:`~composer_dynsample.losses.
         per_source.PerSourceLoss`), whose forward takes it; else ``{}``."""
-        if not forward_takes(self.loss_fn, "source") or not isinstance(batch, Mapping):
+        if not self._takes_source or not isinstance(batch, Mapping):
             return {}
         return {"source": batch.get("source")}
 

@@ -219,14 +219,18 @@ class DistributedBatchSampler(DistributedSampler, abc.ABC):
             >>> first.fingerprints(0)["plan"] == second.fingerprints(0)["plan"]
             False
         """
-        if self._labels_hash is None:  # a subclass that does not call _check_enough_batches
-            self._labels_hash = self._hash_labels()
         hashes = {
-            "labels": self._labels_hash,
+            "labels": self.labels_hash(),
             "options": stable_hash(repr(sorted(self.options().items()))),
             "plan": stable_hash(self.global_batches(self.epoch if epoch is None else epoch)),
         }
         return {name: f"{value:016x}" for name, value in hashes.items()}
+
+    def labels_hash(self) -> int:
+        """The hash of the data the sampler draws from (:meth:`fingerprints`' ``"labels"``), computed once."""
+        if self._labels_hash is None:  # a subclass that does not call _check_enough_batches
+            self._labels_hash = self._hash_labels()
+        return self._labels_hash
 
     def _hash_labels(self) -> int:
         """The hash of the arrays held now with one entry per dataset index, and of the public arrays."""

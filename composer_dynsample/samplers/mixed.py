@@ -188,7 +188,7 @@ class MixedBatchSampler(DistributedBatchSampler):
         """The sources' names and sizes, the hash of each source sampler's labels and its options but the
         number of ranks (a resume on another number of ranks draws the same batches)."""
         parts = [
-            (name, int(size), sampler.fingerprints(0)["labels"], _options_but_ranks(sampler))
+            (name, int(size), sampler.labels_hash(), _options_but_ranks(sampler))
             for name, size, sampler in zip(self.source_names, self._sizes, self._samplers, strict=True)
         ]
         return stable_hash(repr(parts))
