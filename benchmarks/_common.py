@@ -14,6 +14,7 @@ import importlib.metadata
 import json
 import os
 import platform
+import shlex
 import statistics
 import subprocess
 import sys
@@ -23,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 RESULTS = Path(__file__).parent / "results"
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def parser(doc: str | None, *, quick_help: str, threads: int | None = None) -> argparse.ArgumentParser:
@@ -214,9 +216,11 @@ def write_results(
     notes: Sequence[str] = (),
     plot: Callable[[Path], None] | None = None,
 ) -> dict[str, Any]:
-    """Write ``NAME.json`` (the result), ``NAME.md`` (the table, then the notes) and ``NAME.png``."""
+    """Write ``NAME.json`` (the result, with the command that made it under ``command`` unless the result
+    names its own), ``NAME.md`` (the table, then the notes) and ``NAME.png``."""
     out.mkdir(parents=True, exist_ok=True)
     stem = f"{name}_quick" if quick else name
+    result = {**result, "command": result.get("command") or command_line()}
     (out / f"{stem}.json").write_text(json.dumps(result, indent=2) + "\n")
     (out / f"{stem}.md").write_text("\n\n".join([table, *notes]) + "\n")
     if plot is not None:
@@ -243,6 +247,27 @@ def merged_recipes(
     if keep_others:
         names += [name for name in merged if name not in names]
     return {name: merged[name] for name in names}
+
+
+def ablation_folder(out: Path, question: str) -> Path:
+    """Where the runs that answer ``question`` go below the results folder ``out``: ``out/ablations/QUESTION``
+    (the headline results stay in ``out`` itself; ``results/ablations/README.md`` indexes the questions)."""
+    return out / "ablations" / question
+
+
+def command_line(argv: Sequence[str] | None = None) -> str:
+    """The command that runs this process's benchmark, as a person types it from the repository root:
+    ``python benchmarks/NAME.py ARGS``, paths inside the repository relative to it."""
+    argv = list(sys.argv if argv is None else argv)
+    words = []
+    for word in argv[1:]:
+        path = Path(word)
+        if path.is_absolute() and path.resolve().is_relative_to(ROOT):
+            word = str(path.resolve().relative_to(ROOT))
+        words.append(word)
+    script = Path(argv[0])
+    script = script.resolve().relative_to(ROOT) if script.resolve().is_relative_to(ROOT) else script
+    return shlex.join(["python", str(script), *words])
 
 
 def markdown_table(header: Sequence[str], align: str, rows: Sequence[Sequence[object]]) -> str:

@@ -25,10 +25,10 @@ Two variants of the **in-batch** recipe (InfoNCE over the batch, no mining) comp
 MRR@10 at 64 dimensions and, below it, at every dimension.
 
 Every variant runs ``finetune_code.py --recipes RECIPE --override ...`` (3 seeds at the CPU size, the same
-corpus, steps, batch, learning rate and evaluation) into ``results/STEM.json``, only where that file is
+corpus, steps, batch, learning rate and evaluation) into ``results/ablations/finetune_recipe/STEM.json``, only where that file is
 missing (``--redo`` runs it again); the gathered table, with each run's false-negative and drift figures
 (the share of kept candidates scoring above the positive at the first and the last snapshot, and how far the
-fresh encodings moved from the rows they replaced), goes to ``results/finetune_code_ablation.{json,md,png}``.
+fresh encodings moved from the rows they replaced), goes to ``results/ablations/finetune_recipe/finetune_code_ablation.{json,md,png}``.
 A difference counts only beyond two standard errors over seeds.
 
     python benchmarks/finetune_ablation.py [--variants NAME ...] [--seeds 0 1 2] [--steps N] [--redo]
@@ -50,12 +50,14 @@ from pathlib import Path
 from typing import Any
 
 import _finetune_report as report
-from _common import markdown_table, save_figure, write_results
+from _common import ablation_folder, markdown_table, save_figure, write_results
 from _common import parser as make_parser
 from _pretrained import minilm_folder
 
 HERE = Path(__file__).resolve().parent
 NAME = "finetune_code_ablation"
+#: The folder below ``--out`` (``results/ablations/finetune_recipe``) that holds every variant and the table.
+QUESTION = "finetune_recipe"
 
 
 @dataclass(frozen=True)
@@ -356,6 +358,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--redo", action="store_true", help="run the variants whose results are stored, too")
     parser.add_argument("--report", action="store_true", help="gather the stored results; run nothing")
     args = parser.parse_args(argv)
+    args.out = ablation_folder(args.out, QUESTION)
     args.seeds = args.seeds or ([0] if args.quick else [0, 1, 2])
     if not args.report:
         for name in args.variants:

@@ -14,7 +14,7 @@ and neighbour batches against plain P x K, same miner and loss) into ``results/s
 InfoNCE with growing pools against the default triplet recipe into ``results/contrastive_glyphs.*``.
 The other groups explain those comparisons and are not part of ``make bench``: ``sampling_sweep``,
 ``contrastive_sweep`` and ``memory_sweep`` (why the samplers, the larger pools and the memory do not
-pay) and ``long_glyphs`` (four times the epochs). ``--recipes`` reruns a few recipes of a group and
+pay) and ``long_glyphs`` (four times the epochs); they go to ``results/ablations/glyph_sweeps/``. ``--recipes`` reruns a few recipes of a group and
 ``--merge`` adds them to its stored results.
 """
 
@@ -28,7 +28,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from _common import machine_info, markdown_table, merged_recipes, save_figure, write_results
+from _common import ablation_folder, machine_info, markdown_table, merged_recipes, save_figure, write_results
 from _common import parser as make_parser
 from _quality_runs import run_one
 
@@ -188,6 +188,8 @@ GROUPS = {
         "hard-class, table refreshed every epoch", "neighbour batches without guards",
     ],
 }  # fmt: skip
+#: The groups that explain the headline ones; their results go to ``results/ablations/glyph_sweeps``.
+SWEEPS = ("contrastive_sweep", "memory_sweep", "long_glyphs", "sampling_sweep")
 METRICS = ("map_at_r", "r_precision", "recall_at_1")
 
 
@@ -290,6 +292,8 @@ def main(argv: list[str] | None = None) -> dict:
         help="keep the group's stored recipes that this run does not redo (with --recipes: rerun a few)",
     )
     args = parser.parse_args(argv)
+    if args.group in SWEEPS:
+        args.out = ablation_folder(args.out, "glyph_sweeps")
     if args.rebuild:
         return rebuild(args.out, args.group)
     seeds = args.seeds if args.seeds is not None else ([0] if args.quick else [0, 1, 2])

@@ -37,7 +37,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from _common import machine_info, markdown_table, merged_recipes, write_results
+from _common import ablation_folder, machine_info, markdown_table, merged_recipes, write_results
 from _common import parser as make_parser
 from _quality_runs import run_command
 from quality_code import METRICS, bm25, code_search_record, plot, read_pairs, summarise
@@ -184,7 +184,7 @@ def why(args) -> dict:
     chosen = {name: WHY[name] for name in (args.recipes or WHY)}
     started = time.time()
     recipes = run_all(chosen, seeds, quick, args.jobs, args.threads)
-    stored = args.out / "quality_mined_why.json"
+    stored = ablation_folder(args.out, "why_mined_pays") / "quality_mined_why.json"
     if args.merge and stored.exists():
         merged = {**json.loads(stored.read_text())["recipes"], **recipes}
         recipes = {name: merged[name] for name in WHY if name in merged}
@@ -222,7 +222,9 @@ def why(args) -> dict:
         "machine": machine_info(torch_threads=False),
         "total_s": round(time.time() - started, 1),
     }
-    return write_results(args.out, "quality_mined_why", args.quick, result, text)
+    return write_results(
+        ablation_folder(args.out, "why_mined_pays"), "quality_mined_why", args.quick, result, text
+    )
 
 
 def main(argv: list[str] | None = None) -> dict:

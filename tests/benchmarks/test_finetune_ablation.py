@@ -66,32 +66,35 @@ def _stored(folder: Path, stem: str, recipe: str, values: list[float]) -> None:
     runs = [{"seed": seed, **dict.fromkeys(report.METRICS, value)} for seed, value in enumerate(values)]
     summary = report.summarise(runs)
     result = {"recipes": {recipe: summary}, "data": {"corpus_sha256": {"train.jsonl": "x"}}, "options": {}}
+    folder.mkdir(parents=True, exist_ok=True)
     (folder / f"{stem}.json").write_text(json.dumps(result))
 
 
 def test_the_gathered_table_reports_the_best_online_against_the_best_offline(tmp_path: Path) -> None:
     ablation = load_benchmark("finetune_ablation")
     variants = ablation.VARIANTS
-    _stored(tmp_path, variants["offline"].stem, ablation.OFFLINE, [0.690, 0.691, 0.689])
-    _stored(tmp_path, variants["offline_softmax"].stem, ablation.OFFLINE, [0.692, 0.693, 0.691])
-    _stored(tmp_path, variants["online"].stem, ablation.ONLINE, [0.694, 0.695, 0.693])
-    _stored(tmp_path, variants["online_fresh"].stem, ablation.ONLINE, [0.700, 0.701, 0.699])
+    # --out is the results folder; the variants and the gathered table live in its ablations/finetune_recipe.
+    folder = tmp_path / "ablations" / "finetune_recipe"
+    _stored(folder, variants["offline"].stem, ablation.OFFLINE, [0.690, 0.691, 0.689])
+    _stored(folder, variants["offline_softmax"].stem, ablation.OFFLINE, [0.692, 0.693, 0.691])
+    _stored(folder, variants["online"].stem, ablation.ONLINE, [0.694, 0.695, 0.693])
+    _stored(folder, variants["online_fresh"].stem, ablation.ONLINE, [0.700, 0.701, 0.699])
     ablation.main(["--out", str(tmp_path), "--report"])
-    result = json.loads((tmp_path / "finetune_code_ablation.json").read_text())
+    result = json.loads((folder / "finetune_code_ablation.json").read_text())
     assert result["best"] == {ablation.ONLINE: "online_fresh", ablation.OFFLINE: "offline_softmax"}
     (goal,) = result["goals"]
     assert goal["verdict"] == "met" and goal["value"].startswith("+0.0080")  # 2 SE: 2 x sqrt(2) x 0.000577
-    table = (tmp_path / "finetune_code_ablation.md").read_text()
+    table = (folder / "finetune_code_ablation.md").read_text()
     assert "| online_fresh | online |" in table and "+0.0060 (beyond 2 SE" in table  # against plain online
-    assert (tmp_path / "finetune_code_ablation.png").stat().st_size > 0
-    _stored(tmp_path, variants["offline_softmax"].stem, ablation.OFFLINE, [0.698, 0.703, 0.700])
+    assert (folder / "finetune_code_ablation.png").stat().st_size > 0
+    _stored(folder, variants["offline_softmax"].stem, ablation.OFFLINE, [0.698, 0.703, 0.700])
     ablation.main(["--out", str(tmp_path), "--report"])
-    (goal,) = json.loads((tmp_path / "finetune_code_ablation.json").read_text())["goals"]
+    (goal,) = json.loads((folder / "finetune_code_ablation.json").read_text())["goals"]
     assert goal["verdict"] == "missed"
     # Another length: its own stems (STEM_sN) and its own gathered table.
-    _stored(tmp_path, variants["online"].stem + "_s187", ablation.ONLINE, [0.70, 0.71, 0.70])
+    _stored(folder, variants["online"].stem + "_s187", ablation.ONLINE, [0.70, 0.71, 0.70])
     ablation.main(["--out", str(tmp_path), "--report", "--steps", "187"])
-    longer = json.loads((tmp_path / "finetune_code_ablation_s187.json").read_text())
+    longer = json.loads((folder / "finetune_code_ablation_s187.json").read_text())
     assert list(longer["variants"]) == ["online"] and longer["variants"]["online"]["stem"].endswith("_s187")
 
 
@@ -133,9 +136,11 @@ def test_the_in_batch_variants_report_their_metrics_at_each_matryoshka_dimension
             "data": {"corpus_sha256": {"t": "x"}},
             "options": {},
         }
-        (tmp_path / f"{ablation.VARIANTS[name].stem}.json").write_text(json.dumps(result))
+        folder = tmp_path / "ablations" / "finetune_recipe"
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / f"{ablation.VARIANTS[name].stem}.json").write_text(json.dumps(result))
     ablation.main(["--out", str(tmp_path), "--report", "--variants", "in_batch", "in_batch_matryoshka"])
-    table = (tmp_path / "finetune_code_ablation.md").read_text()
+    table = (tmp_path / "ablations" / "finetune_recipe" / "finetune_code_ablation.md").read_text()
     assert "| in_batch_matryoshka | in-batch | Matryoshka InfoNCE at 384/256/128/64 |" in table
     row = next(line for line in table.splitlines() if line.startswith("| in_batch_matryoshka |"))
     assert "0.6700 +- 0.0058" in row and "0.5600 +- 0.0000" in row  # CSN MRR and MRR@10 at 64 dims

@@ -26,7 +26,7 @@ def _stored(name: str) -> tuple[dict, str]:
 
 def test_miners_tables_and_goals_match_the_stored_results() -> None:
     miners = _load("miners")
-    for name in ("miners", "miners_threads1"):
+    for name in ("miners", "ablations/miner_threads/miners_threads1"):
         result, markdown = _stored(name)
         assert miners.tables(result["rows"], result["memory"], result["goals"]) + "\n" == markdown
         assert miners.goal_rows(result["rows"], result["memory"]) == result["goals"]
