@@ -20,6 +20,7 @@ import torch.nn.functional as F
 
 from composer_dynsample.distances import distance_matrix
 from composer_dynsample.distributed import all_gather_embeddings, get_world_size
+from composer_dynsample.losses.call import LossCall
 from composer_dynsample.losses.tuple_losses import TupleLoss
 from composer_dynsample.mining.duplicates import duplicate_negatives
 from composer_dynsample.validation import (
@@ -135,36 +136,20 @@ class InfoNCELoss(TupleLoss):
     ) -> torch.Tensor:
         """The loss; ``duplicate_ids``/``ref_duplicate_ids`` as in the class docstring, ``is_query`` (``(B,)``
         bool, which rows are queries) with ``negatives="passages"``. Default: none."""
-        if (ref_emb is None) != (ref_labels is None):
-            raise ValueError("ref_emb and ref_labels must be given together.")
-        query_rows = _check_query_rows(self.negatives, is_query, labels, ref_emb)
-        loss = self._loss(
-            embeddings,
-            labels,
-            indices_tuple,
-            ref_emb,
-            ref_labels,
-            global_mean,
-            duplicate_ids,
-            ref_duplicate_ids,
-            query_rows,
-        )
-        return loss + self._attached_zero(embeddings, ref_emb)
+        keywords = {
+            "global_mean": global_mean,
+            "duplicate_ids": duplicate_ids,
+            "ref_duplicate_ids": ref_duplicate_ids,
+            "is_query": is_query,
+        }
+        return self._reduced(LossCall(embeddings, labels, indices_tuple, ref_emb, ref_labels, keywords))
 
-    def _loss(
-        self,
-        embeddings: torch.Tensor,
-        labels: torch.Tensor,
-        indices_tuple: tuple[torch.Tensor, ...] | None,
-        ref_emb: torch.Tensor | None,
-        ref_labels: torch.Tensor | None,
-        global_mean: bool,
-        duplicate_ids: torch.Tensor | None = None,
-        ref_duplicate_ids: torch.Tensor | None = None,
-        query_rows: torch.Tensor | None = None,
-    ) -> torch.Tensor:
+    def _loss(self, call: LossCall) -> torch.Tensor:
         """The loss before the attached zero: the masks of :func:`info_nce_masks`, restricted to queries
-        against passages with ``query_rows`` (``negatives="passages"``), then the softmax terms."""
+        against passages (``negatives="passages"``, the rows ``is_query`` flags), then the softmax terms."""
+        embeddings, labels, indices_tuple, ref_emb, ref_labels, keywords = call
+        query_rows = _check_query_rows(self.negatives, keywords["is_query"], labels, ref_emb)
+        global_mean = keywords["global_mean"]
         checked = check_pool((embeddings, labels), (ref_emb, ref_labels), _NAMES, finite=False)
         pool, pool_labels = (embeddings, labels) if checked is None else checked
         if self.symmetric and global_mean and ref_emb is None:
@@ -177,8 +162,8 @@ class InfoNCELoss(TupleLoss):
             None if ref_emb is None else pool_labels,
             indices_tuple,
             self.negatives,
-            duplicate_ids=duplicate_ids,
-            ref_duplicate_ids=ref_duplicate_ids,
+            duplicate_ids=keywords["duplicate_ids"],
+            ref_duplicate_ids=keywords["ref_duplicate_ids"],
         )
         if query_rows is not None:  # queries against passages only (see the class docstring)
             queries_to_passages = query_rows[:, None] & ~query_rows[None, :]

@@ -1,6 +1,7 @@
 """Losses that consume mined tuples, with pytorch-metric-learning's call signature.
 
-Every loss is called as ``loss(embeddings, labels, indices_tuple=None, ref_emb=None, ref_labels=None)``:
+Every loss is called as ``loss(embeddings, labels, indices_tuple=None, ref_emb=None, ref_labels=None)``
+(a :class:`~composer_dynsample.losses.call.LossCall`, which :meth:`TupleLoss._loss` computes from):
 anchors index ``embeddings``, positives and negatives index ``ref_emb`` (or ``embeddings`` when it is
 ``None``). Without ``indices_tuple`` the loss uses every valid tuple of the batch, as PML does.
 
@@ -18,7 +19,6 @@ cast to float64, and its gradient reaches the embeddings finite, in their own dt
 
 from __future__ import annotations
 
-import inspect
 from typing import Any
 
 import torch
@@ -26,6 +26,7 @@ from torch import nn
 
 from composer_dynsample.distances import check_distance, distance_matrix
 from composer_dynsample.distributed import all_reduce_sum, get_world_size
+from composer_dynsample.losses.call import LossCall, forward_takes
 from composer_dynsample.losses.mined_loss import reject_mined_batch
 from composer_dynsample.validation import check_float
 
@@ -75,15 +76,6 @@ def all_triplets(labels: torch.Tensor, ref_labels: torch.Tensor | None = None) -
     return anchor, positive, negative
 
 
-def forward_takes(loss: nn.Module, keyword: str) -> bool:
-    """Whether ``loss.forward`` takes ``keyword`` by name (``global_mean``, ``duplicate_ids`` and ``is_query``
-    as :class:`~composer_dynsample.InfoNCELoss` does): what a caller may pass a loss of any library."""
-    try:
-        return keyword in inspect.signature(loss.forward).parameters
-    except (TypeError, ValueError):
-        return False
-
-
 class TupleLoss(nn.Module):
     """Shared validation and reduction; subclasses implement :meth:`compute` (or :meth:`_loss`)."""
 
@@ -110,21 +102,19 @@ class TupleLoss(nn.Module):
         *,
         global_mean: bool = False,
     ) -> torch.Tensor:
-        if (ref_emb is None) != (ref_labels is None):
-            raise ValueError("ref_emb and ref_labels must be given together.")
-        loss = self._loss(embeddings, labels, indices_tuple, ref_emb, ref_labels, global_mean)
-        return loss + self._attached_zero(embeddings, ref_emb)
+        call = LossCall(embeddings, labels, indices_tuple, ref_emb, ref_labels, {"global_mean": global_mean})
+        return self._reduced(call)
 
-    def _loss(
-        self,
-        embeddings: torch.Tensor,
-        labels: torch.Tensor,
-        indices_tuple: tuple[torch.Tensor, ...] | None,
-        ref_emb: torch.Tensor | None,
-        ref_labels: torch.Tensor | None,
-        global_mean: bool,
-    ) -> torch.Tensor:
+    def _reduced(self, call: LossCall) -> torch.Tensor:
+        """:meth:`_loss` of a call (``ref_emb`` and ``ref_labels`` given together), plus a zero attached to
+        its embeddings and ``ref_emb``."""
+        if (call.ref_emb is None) != (call.ref_labels is None):
+            raise ValueError("ref_emb and ref_labels must be given together.")
+        return self._loss(call) + self._attached_zero(call.embeddings, call.ref_emb)
+
+    def _loss(self, call: LossCall) -> torch.Tensor:
         """The loss before the attached zero: every tuple by default, its size checked, then :meth:`compute`."""
+        embeddings, labels, indices_tuple, ref_emb, ref_labels, keywords = call
         if indices_tuple is None:
             indices_tuple = (
                 all_triplets(labels, ref_labels) if self.tuple_size == 3 else all_pairs(labels, ref_labels)
@@ -138,7 +128,7 @@ class TupleLoss(nn.Module):
                 f"{len(indices_tuple)}. Use a miner that returns {kind}."
             )
         pool = embeddings if ref_emb is None else ref_emb
-        return self.compute(embeddings, pool, indices_tuple, global_mean)
+        return self.compute(embeddings, pool, indices_tuple, keywords["global_mean"])
 
     @staticmethod
     def _attached_zero(embeddings: torch.Tensor, ref_emb: torch.Tensor | None) -> torch.Tensor:

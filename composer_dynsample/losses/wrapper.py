@@ -3,46 +3,19 @@
 Such a loss is called as the losses it wraps are (pytorch-metric-learning's ``embeddings, labels,
 indices_tuple, ref_emb, ref_labels``, and the keywords :class:`~composer_dynsample.EmbeddingModel` hands a
 loss that takes them); :class:`LossWrapper` takes that call once and hands :meth:`LossWrapper.wrapped` a
-:class:`LossCall`, which a subclass passes on to an inner loss (:meth:`LossCall.to`), its embeddings
-replaced where it transforms them.
+:class:`~composer_dynsample.losses.call.LossCall`, which a subclass passes on to an inner loss
+(:meth:`LossCall.to`), its embeddings replaced where it transforms them.
 """
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
-
 import torch
 from torch import nn
 
+from composer_dynsample.losses.call import LossCall, passed_on
 from composer_dynsample.losses.mined_loss import reject_mined_batch
-from composer_dynsample.losses.tuple_losses import forward_takes
 
 __all__ = ["LossCall", "LossWrapper", "passed_on"]
-
-
-def passed_on(loss: nn.Module, keywords: dict[str, Any]) -> dict[str, Any]:
-    """The ``keywords`` ``loss.forward`` takes by name (``None`` values left out)."""
-    return {key: value for key, value in keywords.items() if value is not None and forward_takes(loss, key)}
-
-
-class LossCall(NamedTuple):
-    """The arguments a wrapping loss was called with: pytorch-metric-learning's five and the keywords."""
-
-    embeddings: torch.Tensor
-    labels: torch.Tensor
-    indices_tuple: tuple[torch.Tensor, ...] | None
-    ref_emb: torch.Tensor | None
-    ref_labels: torch.Tensor | None
-    keywords: dict[str, Any]
-
-    def to(self, loss: nn.Module, **replaced: Any) -> torch.Tensor:
-        """``loss`` called with these arguments (``replaced`` ones changed: ``embeddings``, ``ref_emb``,
-        ``keywords``), the keywords it takes passed on by name."""
-        call = self._replace(**replaced)
-        return loss(
-            call.embeddings, call.labels, call.indices_tuple, call.ref_emb, call.ref_labels,
-            **passed_on(loss, call.keywords),
-        )  # fmt: skip
 
 
 class LossWrapper(nn.Module):

@@ -8,12 +8,14 @@ import math
 import numbers
 import sys
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
 
 if TYPE_CHECKING:
     import torch
+
+_T = TypeVar("_T")
 
 __all__ = [
     "InputTypeError",
@@ -21,6 +23,7 @@ __all__ = [
     "check_choice",
     "check_float",
     "check_generator",
+    "check_instance",
     "check_int",
     "describe",
     "did_you_mean",
@@ -154,6 +157,20 @@ def check_generator(name: str, value: object) -> torch.Generator | None:
 
     if value is not None and not isinstance(value, torch.Generator):
         raise InputTypeError(f"{name} must be a torch.Generator or None, got {describe(value)}.")
+    return value
+
+
+def check_instance(name: str, value: object, kind: type[_T]) -> _T:
+    """Return ``value`` if it is a ``kind``, else raise ``TypeError`` naming both types.
+
+    Example:
+        >>> check_instance("store", [], dict)
+        Traceback (most recent call last):
+            ...
+        TypeError: store must be a dict, got list.
+    """
+    if not isinstance(value, kind):
+        raise TypeError(f"{name} must be a {kind.__name__}, got {type(value).__name__}.")
     return value
 
 

@@ -22,7 +22,7 @@ trainer takes prompts by column. This module does the same for the text loaders:
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 __all__ = [
@@ -41,6 +41,17 @@ PROMPT_COLUMNS = ("anchor", "positive", "negative", "text")
 def _listed(names: Any) -> str:
     names = [repr(name) for name in names]
     return names[0] if len(names) == 1 else ", ".join(names[:-1]) + f" or {names[-1]}"
+
+
+def _by_column(
+    mapping: Mapping[Any, Any], key: str, columns: tuple[str, ...], here: str = ""
+) -> Iterator[tuple[str, Any]]:
+    """``mapping``'s ``(column, value)`` items in order, each column checked to be one of ``columns`` before
+    its value is read (a one-line ValueError naming them otherwise)."""
+    for column, value in mapping.items():
+        if column not in columns:
+            raise ValueError(f"{key}: no column {column!r} takes a prompt{here}; choose {_listed(columns)}.")
+        yield str(column), value
 
 
 def check_prompts(
@@ -71,16 +82,14 @@ def check_prompts(
             f"{type(prompts).__name__} {prompts!r}."
         )
     checked = {}
-    for column, prompt in prompts.items():
-        if column not in columns:
-            raise ValueError(f"{key}: no column {column!r} takes a prompt here; choose {_listed(columns)}.")
+    for column, prompt in _by_column(prompts, key, columns, " here"):
         if not isinstance(prompt, str):
             raise ValueError(
                 f"{key}.{column} must be a string (the text put before each {column}), got "
                 f"{type(prompt).__name__} {prompt!r}."
             )
         if prompt:
-            checked[str(column)] = prompt
+            checked[column] = prompt
     return checked
 
 
@@ -159,10 +168,8 @@ def resolve_prompt_names(
             f"each column to prompt, e.g. {example}, or leave {key} out."
         )
     resolved = {}
-    for column, name in names.items():
-        if column not in PROMPT_COLUMNS:
-            raise ValueError(f"{key}: no column {column!r} takes a prompt; choose {_listed(PROMPT_COLUMNS)}.")
-        resolved[str(column)] = _named_prompt(name, folder_prompts, f"{key}.{column}", folder, have)
+    for column, name in _by_column(names, key, PROMPT_COLUMNS):
+        resolved[column] = _named_prompt(name, folder_prompts, f"{key}.{column}", folder, have)
     return {column: prompt for column, prompt in resolved.items() if prompt}
 
 

@@ -40,7 +40,7 @@ from composer_dynsample.data.splits import DatasetSplits
 from composer_dynsample.data.text.text_identity import text_groups
 from composer_dynsample.data.text.tokenized import TokenStore
 from composer_dynsample.data.text.tokenizer import TextTokenizer, load_tokenizer
-from composer_dynsample.validation import check_bool, check_int
+from composer_dynsample.validation import check_bool, check_instance, check_int
 
 __all__ = ["QUERIES_VS_PASSAGES", "TextCollate", "TextInfo", "TextSplits", "TextStore"]
 
@@ -114,9 +114,7 @@ class TextStore:
         passage_tokens: TokenStore | None = None,
         passage_pad_id: int | None = None,
     ) -> None:
-        if not isinstance(tokens, TokenStore):
-            raise TypeError(f"tokens must be a TokenStore, got {type(tokens).__name__}.")
-        self.tokens = tokens
+        self.tokens = check_instance("tokens", tokens, TokenStore)
         self.text_ids = _int_array("text_ids", text_ids)
         num_rows = len(self.text_ids)
         if num_rows and (self.text_ids.min() < 0 or self.text_ids.max() >= len(tokens)):
@@ -261,9 +259,7 @@ class TextCollate:
         max_negatives_per_anchor: int | None = None,
         pad_to_multiple_of: int | None = None,
     ) -> None:
-        if not isinstance(store, TextStore):
-            raise TypeError(f"store must be a TextStore, got {type(store).__name__}.")
-        self.store = store
+        self.store = check_instance("store", store, TextStore)
         self.negatives = check_bool("negatives", negatives)
         self.max_negatives_per_anchor = check_int(
             "max_negatives_per_anchor", max_negatives_per_anchor, minimum=0, allow_none=True
