@@ -13,9 +13,13 @@ the all-gather of step ``t + 1``, which every rank enters after writing step ``t
 write can land after a newer one, and what a rank reads it has itself written, or another rank wrote
 identically.
 
-A folder that cannot hold the file (a file, under a file, not writable, too small) is a
-:class:`StorageDirError` on every rank, naming the folder and the fix; :func:`check_storage_dir` refuses a
-value that names no folder (an empty string, a NUL byte) when the table is made.
+The file's name holds a tag drawn for the run and the global rank of the node's first rank, and it is
+created only when no file has that name: two runs, or two nodes of one host name, given one folder each
+map a file of their own. A folder that cannot hold the file (a file, under a file, not writable, too small),
+a rank that cannot map it, or a rank that does not see the file its node's local rank 0 made (ranks whose
+``~`` or working folder differ) is a :class:`StorageDirError` on every rank, naming the folder and the fix,
+and the file is not left behind; :func:`check_storage_dir` refuses a value that names no folder (not a
+path, an empty string, a NUL byte) when the table is made. A leading ``~`` is the user's home folder.
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ from pathlib import Path
 
 import torch
 
-from composer_dynsample.distributed import barrier, broadcast_object, gather_objects, get_local_rank, get_rank
+from composer_dynsample.distributed import broadcast_object, gather_objects, get_local_rank, get_rank
 
 __all__ = ["StorageDirError", "check_storage_dir", "node_shared_rows"]
 
@@ -50,10 +54,17 @@ def check_storage_dir(storage_dir: object, device: object) -> str | os.PathLike[
     """
     if storage_dir is None:
         return None
-    text = os.fspath(storage_dir) if isinstance(storage_dir, (str, os.PathLike)) else None
-    if not isinstance(text, str) or torch.device(device).type != "cpu":  # type: ignore[arg-type]
+    if not isinstance(storage_dir, (str, os.PathLike)) or not isinstance(os.fspath(storage_dir), str):
         raise ValueError(
-            f"storage_dir must be a folder for a table on the cpu, got {storage_dir!r} on {device!r}."
+            f"storage_dir must be a folder's path (a string), got {storage_dir!r} "
+            f"({type(storage_dir).__name__}); give one folder (e.g. storage_dir='/dev/shm'), or leave "
+            "storage_dir out for rows in each rank's memory."
+        )
+    text = os.fspath(storage_dir)
+    if torch.device(device).type != "cpu":  # type: ignore[arg-type]
+        raise ValueError(
+            f"storage_dir must be a folder for a table on the cpu, got {storage_dir!r} on {device!r}; give "
+            "device='cpu' or leave storage_dir out."
         )
     if not text.strip() or "\0" in text:
         raise ValueError(
@@ -71,28 +82,50 @@ def node_shared_rows(
     A collective: every rank calls it at the same point (all of them allocate their table together).
 
     Raises:
-        StorageDirError: If ``folder`` is a file or under one, cannot be created or written, or lacks the
-            space for the table (every rank raises it; the file is not left behind).
+        StorageDirError: If ``folder`` is a file or under one, cannot be created or written, lacks the
+            space for the table, holds a file of the same name, or a rank cannot map the file or does not
+            see it (every rank raises it; the file is not left behind).
     """
     folder = Path(folder).expanduser()
     numel = math.prod(shape)
     nbytes = numel * torch.empty(0, dtype=dtype).element_size()
     tag = broadcast_object(uuid.uuid4().hex if get_rank() == 0 else "")
-    path = folder / f"embedding-table-{tag}-{socket.gethostname()}.bin"  # a folder on a shared disk too
+    node = get_rank() - get_local_rank()  # the global rank of the node's local rank 0: a file per node
+    path = folder / f"embedding-table-{tag}-{socket.gethostname()}-{node}.bin"
     failure = _create(path, nbytes) if get_local_rank() == 0 else ""
     failed = next((str(text) for text in gather_objects(failure) if text), "")
     if failed:  # every rank raises, none waits for the others
         raise StorageDirError(f"EmbeddingTable: storage_dir: {failed}.")
-    try:
-        rows = torch.from_file(str(path), shared=True, size=numel, dtype=dtype).view(shape)
-    except BaseException:
-        if get_local_rank() == 0:
-            path.unlink(missing_ok=True)
-        raise
-    barrier()  # every rank has mapped it: the file can go, the mapping stays
-    if get_local_rank() == 0:
+    rows, failure = _map(path, numel, dtype)
+    failed = next((str(text) for text in gather_objects(failure) if text), "")  # every rank has mapped it
+    if get_local_rank() == 0:  # the file can go, the mappings stay
         path.unlink(missing_ok=True)
-    return rows
+    if failed:
+        raise StorageDirError(f"EmbeddingTable: storage_dir: {failed}.")
+    return rows.view(shape)
+
+
+def _map(path: Path, numel: int, dtype: torch.dtype) -> tuple[torch.Tensor, str]:
+    """``path``'s ``numel`` values mapped shared, and ``""``; or an empty tensor and why not, with the fix.
+
+    A rank other than the node's first maps only the file the node's local rank 0 made, never a new one of
+    its own (``torch.from_file`` would create a missing file).
+    """
+    where = f"rank {get_rank()}"
+    if get_local_rank() != 0 and not path.is_file():
+        return torch.empty(0, dtype=dtype), (
+            f"{where} sees no file {path.name} in {str(path.parent)!r}, where local rank 0 made it; give "
+            "storage_dir one folder the node's ranks share (an absolute path: '~' and a relative path follow "
+            "each rank's HOME and working folder)"
+        )
+    try:
+        return torch.from_file(str(path), shared=True, size=numel, dtype=dtype), ""
+    except (OSError, RuntimeError) as error:
+        reason = (str(error).strip().splitlines() or [type(error).__name__])[0]
+        return torch.empty(0, dtype=dtype), (
+            f"{where} cannot map the file in {str(path.parent)!r} ({reason}); give storage_dir a folder with "
+            "room for the table"
+        )
 
 
 def _create(path: Path, nbytes: int) -> str:
@@ -110,8 +143,13 @@ def _create(path: Path, nbytes: int) -> str:
                 f"{str(folder)!r} has {free / 2**30:.1f} GiB free, the table needs {nbytes / 2**30:.1f} GiB; "
                 "give storage_dir a folder with room for it"
             )
-        with open(path, "wb") as handle:
+        with open(path, "xb") as handle:  # never another run's file
             handle.truncate(nbytes)  # sparse: zeros that take no disk until written
+    except FileExistsError:
+        return (
+            f"{str(path)!r} exists already, another run's node file of the same name; give this run a "
+            "storage_dir of its own"
+        )
     except OSError as error:
         with contextlib.suppress(OSError):
             path.unlink(missing_ok=True)
