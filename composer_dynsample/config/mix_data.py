@@ -21,7 +21,9 @@ Each source is loaded as the run's ``data`` section would be with that source's 
 ``max_length`` defaults the model folder's, its prompts its own), and its errors name it
 (``data.sources.qa: ...``). The sources are joined by :func:`~composer_dynsample.data.mix.mix_text_splits`;
 the train loader's sampler is a :class:`~composer_dynsample.samplers.mixed.MixedBatchSampler` over each
-source's own sampler (:func:`build_mixed_sampler`).
+source's own sampler (:func:`build_mixed_sampler`). A source's sampler may draw from the embedding table
+(``mined_negatives``, ``neighbours``, ``hard_class_pk``): the run's one ``algorithms.embedding_table`` feeds
+the mix, which hands each such sampler its own source's rows; without a table it is refused as the run's is.
 """
 
 from __future__ import annotations
@@ -134,13 +136,22 @@ def _renamed(error: ConfigError, name: str) -> ConfigError:
 
 
 def check_mix(cfg: DictConfig, check_one: Callable[[DictConfig], None]) -> None:
-    """Check every source's data section with ``check_one`` (the checks of one ``data`` section)."""
+    """Check every source's data section with ``check_one`` (the checks of one ``data`` section), and that
+    a source's sampler that draws from the embedding table has one."""
     _options(cfg)
     for name, one in source_configs(cfg).items():
         try:
             check_one(one)
+            _check_source_table(one)
         except ConfigError as error:
             raise _renamed(error, name) from error
+
+
+def _check_source_table(one: DictConfig) -> None:
+    """A source's model-aware sampler without an ``algorithms.embedding_table`` is refused, as the run's is."""
+    from composer_dynsample.config.checks import check_sampler_table
+
+    check_sampler_table(section(one, "sampler", "sampler"), section(one, "algorithms", "algorithms"))
 
 
 def build_mix(cfg: DictConfig, build_one: Callable[[DictConfig], Any]) -> Any:
@@ -200,21 +211,31 @@ def build_mixed_sampler(
 ) -> Any:
     """The :class:`~composer_dynsample.samplers.mixed.MixedBatchSampler` over each source's own sampler,
     built by ``build_one`` (:func:`~composer_dynsample.config.builders.build_sampler`) from the source's
-    config and store; a source's sampler seed is derived from the run's seed and the source's position."""
-    from composer_dynsample.samplers.mixed import MixedBatchSampler
+    config and store; a source's sampler seed is derived from the run's seed and the source's position.
+    A source's sampler that draws from the embedding table is fed by the run's one table through the mix
+    (each its own source's rows); one that refreshes within an epoch (``refresh_every``) is refused."""
+    from composer_dynsample.samplers.mixed import MixedBatchSampler, check_mixable
 
     samplers = {}
     for position, (name, one) in enumerate(source_configs(cfg).items()):
         own = store.source_stores[position]
         try:
+            _check_source_table(one)
             samplers[name] = build_one(one, own.labels, seed + 1000003 * (position + 1), own)
         except ConfigError as error:
             raise ConfigError(f"data.sources.{name}: {error}") from error
         except ValueError as error:  # the sampler's own check of its options against the data
             raise ConfigError(f"data.sources.{name}: sampler: {error}") from error
+        try:
+            check_mixable(samplers[name])
+        except ValueError as error:
+            raise ConfigError(f"data.sources.{name}.sampler: {error}") from error
     options = _options(cfg)
+    labels = {name: own.labels for name, own in zip(samplers, store.source_stores, strict=True)}
     try:
-        return MixedBatchSampler(samplers, [len(s) for s in store.source_stores], seed=seed, **options)
+        return MixedBatchSampler(
+            samplers, [len(s) for s in store.source_stores], seed=seed, labels=labels, **options
+        )
     except ValueError as error:
         raise ConfigError(f"data: {error}") from error
 

@@ -16,9 +16,12 @@ from composer_dynsample.config import build_run, load_config
 from composer_dynsample.config.components import ConfigError
 from composer_dynsample.data.text.tokenizer import train_tokenizer
 from tests.cli.helpers import BAG, one_line_error, write_run_config
+from tests.common import IndexRecorder
 from tests.data.text.helpers import pair_rows, write_jsonl, write_texts
 
 PK = {"name": "pk", "classes_per_batch": 4, "samples_per_class": 2}
+MINED = {"name": "mined_negatives", "pairs_per_batch": 4, "negatives_per_anchor": 1, "window": 2}
+WARM_TABLE = {"embedding_table": {"warm_start": True}}
 
 
 def _tokenizer(folder: Path) -> str:
@@ -114,6 +117,10 @@ def test_a_source_sampler_and_weight(tmp_path):
         ({"qa": {"max_lenght": 12}}, "data.sources.qa"),
         ({"qa": {"weight": 0}}, "data.sources.qa.weight must be a positive number"),
         ({"qa": {"sampler": {**PK, "classes_per_batch": 40}}}, "data.sources.qa: "),
+        (
+            {"qa": {"sampler": MINED}},
+            "data.sources.qa: sampler: 'mined_negatives' takes its batches from the embedding",
+        ),
     ],
 )
 def test_errors_name_the_source(tmp_path, capsys, change, message):
@@ -284,3 +291,40 @@ def test_given_negatives_stay_in_their_anchors_source(tmp_path):
         negatives = batch["features"]["input_ids"][len(sampled) :, : ids.shape[1]].numpy()
         assert (negatives == ids).all()  # the source's own negatives of these anchors, in order
     run.trainer.close()
+
+
+def _fit(config: str, run_dir: Path, **trainer: object) -> tuple[object, IndexRecorder]:
+    """Build and train the run of ``config`` with these ``trainer`` keys, recording every batch's rows."""
+    cfg = load_config(config)
+    for key, value in trainer.items():
+        OmegaConf.update(cfg, f"trainer.{key}", value)
+    recorder = IndexRecorder()
+    run = build_run(cfg, run_dir, callbacks=[recorder])
+    run.trainer.fit()
+    run.trainer.close()
+    return run, recorder
+
+
+def test_sources_draw_from_their_own_rows_of_the_warm_table_and_a_mid_epoch_resume_continues(tmp_path):
+    hard = {"code": {"sampler": {**PK, "name": "hard_class_pk"}}, "qa": {"sampler": MINED}}
+    config = _config(tmp_path, _sources(tmp_path, **hard), algorithms=WARM_TABLE)
+    run, full = _fit(config, tmp_path / "full", save_interval="3ba")
+    store, sampler = run.splits.train, run.train_dataloader.batch_sampler
+    mined = sampler.samplers["qa"]
+    assert mined.guard_counts(0)["no_embedding"] == 0  # every anchor of epoch 0 ranked by the warm table
+    assert sampler.samplers["code"].snapshot_fingerprint() != ""  # the code source's class centroids
+    qa_start = int(store.row_starts[1])
+    for batch in full.epoch(0):
+        rows = np.asarray(batch)
+        assert len(set(store.source_of_row[rows].tolist())) == 1  # negatives too: one source a batch
+        if store.source_of_row[rows[0]] == 1:  # 4 pairs, then each anchor's mined negative
+            negatives, pairs = rows[8:], rows[:8]
+            assert len(rows) == 12 and not store.is_query[negatives].any()
+            assert set(store.labels[negatives].tolist()).isdisjoint(store.labels[pairs].tolist())
+            assert mined.is_passage[negatives - qa_start].all()
+    checkpoint = tmp_path / "full" / "checkpoints" / "ep0-ba3-rank0.pt"
+    _, resumed = _fit(config, tmp_path / "resumed", load_path=str(checkpoint))
+    assert resumed.epoch(0) == full.epoch(0)[3:]  # the same batches, the mined negatives too
+    refreshing = _sources(tmp_path, qa={"sampler": {**MINED, "refresh_every": 2}})
+    with pytest.raises(ConfigError, match=r"data\.sources\.qa\.sampler: .*\(refresh_every=\.\.\.\)"):
+        build_run(load_config(_config(tmp_path, refreshing, algorithms=WARM_TABLE)), tmp_path / "refused")
