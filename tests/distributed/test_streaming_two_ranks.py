@@ -36,6 +36,9 @@ def _config(data, **trainer):
 def _on_one_rank(config: dict, run_dir: Path) -> None:
     """``train`` of ``config`` in a fresh process that is rank 0 of 1 (how a checkpoint moves between world sizes
     here)."""
+    data = config["data"]
+    if data.get("name") == "streaming":  # the live 2-rank job holds its cache: another job caches apart
+        config = {**config, "data": {**data, "local": data["local"] + "-one-rank"}}
     one_rank = {"WORLD_SIZE": "1", "RANK": "0", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1", "NODE_RANK": "0"}
     env = {**os.environ, **one_rank, "MASTER_PORT": str(_free_port())}
     code = "import json, sys; from composer_dynsample.cli.commands import train; train(json.loads(sys.argv[1]), run_dir=sys.argv[2])"

@@ -11,6 +11,7 @@ downloaded until a batch needs one.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from composer_dynsample.data.splits import DatasetSplits, default_cache_dir
+from composer_dynsample.data.streaming.cache_owner import claim_cache
 from composer_dynsample.data.streaming.manifest import (
     MANIFEST,
     SPLITS,
@@ -28,7 +30,12 @@ from composer_dynsample.data.streaming.manifest import (
     read_manifest,
     read_rows,
 )
-from composer_dynsample.data.streaming.shards import StreamingFeatures, StreamingTokens, open_reader
+from composer_dynsample.data.streaming.shards import (
+    StreamingFeatures,
+    StreamingTokens,
+    check_open,
+    open_reader,
+)
 from composer_dynsample.validation import check_float, check_int
 
 __all__ = ["load_streaming"]
@@ -54,8 +61,9 @@ def load_streaming(
         remote (str): The converted folder: ``s3://bucket/prefix`` (an S3-compatible store through
             ``S3_ENDPOINT_URL``), ``gs://``, ``azure://``, ``oci://`` or a local path.
         local (str | os.PathLike, optional): This node's cache folder; every rank of a node gives the same
-            one, never the converted folder itself. Shards cached from another conversion of ``remote`` (a
-            manifest of another hash) are removed first. Default:
+            one, never the converted folder itself, and one run uses it at a time (another run's is refused:
+            :mod:`~composer_dynsample.data.streaming.cache_owner`). Shards cached from another conversion of
+            ``remote`` (a manifest of another hash) are removed first. Default:
             ``~/.cache/composer_dynsample/streaming/<hash of remote>``.
         cache_limit (int | str, optional): The most bytes of shards the cache holds, e.g. ``"50gb"`` (at
             least four shards); the coldest shard is evicted first. Default: ``None`` (no limit).
@@ -74,8 +82,8 @@ def load_streaming(
         DatasetSplits: :class:`~composer_dynsample.data.text.TextSplits` of texts, or splits of features.
 
     Raises:
-        StreamingDataError: One line: an option out of range, a ``local`` that is a file or the converted
-            folder's, a file missing, corrupt or not downloadable (naming it and the attempts), or a tokenizer
+        StreamingDataError: One line: an option out of range (a ``cache_limit`` below four shards names the
+            least), a ``local`` that is a file, the converted folder's or another run's cache now, a file missing, corrupt or not downloadable (naming it and the attempts), or a tokenizer
             or ``max_length`` other than the shards'.
     """
     if not isinstance(remote, str) or not remote:
@@ -84,12 +92,22 @@ def load_streaming(
     if "://" not in remote:
         remote = os.path.abspath(os.path.expanduser(remote))
     folder = _cache_folder(remote, local)
+    claim_cache(folder, remote)  # another run's cache is refused before anything in it changes
     manifest = read_manifest(remote, folder, **options)
+    check_open(remote, folder, manifest["sha256"])  # nor this process's reader of another
     _forget_other_shards(folder, manifest["sha256"])
     rows = {split: read_rows(remote, split, manifest["splits"][split], folder, **options) for split in SPLITS}
+    if cache_limit is not None:
+        _check_cache_limit(remote, folder, cache_limit)
     readers = {
         split: open_reader(
-            remote, split, folder, cache_limit=cache_limit, validate_hash=validate_hash, **options
+            remote,
+            split,
+            folder,
+            digest=manifest["sha256"],
+            cache_limit=cache_limit,
+            validate_hash=validate_hash,
+            **options,
         )
         for split in SPLITS
     }
@@ -127,6 +145,31 @@ def _check_options(
     if validate_hash not in HASHES:
         raise StreamingDataError(f"data.validate_hash must be one of {HASHES}, got {validate_hash!r}.")
     return {"retries": retries, "timeout": timeout}
+
+
+def _check_cache_limit(remote: str, folder: Path, cache_limit: int | str) -> None:
+    """Refuse a ``cache_limit`` below what Streaming needs of each split's cache: its ``index.json`` and four
+    of its largest shard (decompressed and compressed copies together).
+
+    Raises:
+        StreamingDataError: One line naming ``data.cache_limit`` and the least it may be.
+    """
+    limit = parse_bytes("data.cache_limit", cache_limit, minimum=1)
+    needs = {}
+    for split in SPLITS:
+        index = folder / split / "index.json"
+        sizes = [
+            shard["raw_data"]["bytes"] + ((shard.get("zip_data") or {}).get("bytes") or 0)
+            for shard in json.loads(index.read_text())["shards"]
+        ]
+        needs[split] = max(4 * max(sizes, default=0), index.stat().st_size + 1)
+    short = [split for split in SPLITS if limit < needs[split]]
+    if short:
+        raise StreamingDataError(
+            f"{join_remote(remote, short[0])}: data.cache_limit {cache_limit!r} ({limit} bytes) is below the cache "
+            f"limit its shards need: give at least {max(needs.values())} bytes (four times the largest shard of "
+            "either split, decompressed and compressed; each split's cache holds up to the limit), or leave it out."
+        )
 
 
 def _cache_folder(remote: str, local: str | os.PathLike[str] | None) -> Path:

@@ -37,10 +37,19 @@ import numpy as np
 import torch
 
 from composer_dynsample.data.store import TensorStore
-from composer_dynsample.data.streaming.manifest import StreamingDataError, join_remote
+from composer_dynsample.data.streaming.cache_owner import release_caches
+from composer_dynsample.data.streaming.locks import keep_locks_in_cache
+from composer_dynsample.data.streaming.manifest import SPLITS, StreamingDataError, join_remote
 from composer_dynsample.data.text.tokenized import TokenStore, pad_spans
 
-__all__ = ["ShardReader", "StreamingFeatures", "StreamingTokens", "close_readers"]
+__all__ = [
+    "ShardReader",
+    "StreamingFeatures",
+    "StreamingTokens",
+    "check_open",
+    "close_readers",
+    "open_reader",
+]
 
 _OPEN: dict[str, ShardReader] = {}  # local split folder -> its reader: StreamingDataset allows one per folder
 _LOCK = threading.Lock()
@@ -73,6 +82,7 @@ class ShardReader:
         from streaming import StreamingDataset
 
         self.remote, self.split, self.retries = remote, split, retries
+        self.digest: str | None = None  # the manifest hash of the conversion read (set by open_reader)
         try:
             self.dataset = StreamingDataset(
                 remote=join_remote(remote, split),
@@ -84,9 +94,14 @@ class ShardReader:
                 batch_size=1,
             )
         except ValueError as error:  # cache_limit too small for the shards, a bad option
-            raise StreamingDataError(
-                f"{join_remote(remote, split)}: {str(error).strip().splitlines()[0]}"
-            ) from None
+            text = str(error).strip().splitlines()[0]
+            if text.startswith("Reused local directory"):  # another live StreamingDataset's folder
+                text = (
+                    f"data.local {str(local)!r}: another reader (of this process, or of another run) still "
+                    f"holds its {split} folder; give this run another data.local, or wait for that run to end."
+                )
+            raise StreamingDataError(f"{join_remote(remote, split)}: {text}") from None
+        keep_locks_in_cache(self.dataset)  # not in the temp folder, where they would stay
         self.num_rows = self.dataset.num_samples
         self._starts = np.concatenate([[0], np.cumsum(self.dataset.samples_per_shard)]).astype(np.int64)
         stream = self.dataset.streams[0]
@@ -236,24 +251,48 @@ def _column_taker(shard: Any, name: str) -> Any:
     return take
 
 
-def open_reader(remote: str, split: str, local: Path, **options: Any) -> ShardReader:
-    """The reader of ``remote``'s ``split`` cached in ``local``: one per folder and process, reused."""
+def check_open(remote: str, local: Path, digest: str | None = None) -> None:
+    """Refuse ``local`` when this process reads another remote there, or (``digest``) another conversion.
+
+    Raises:
+        StreamingDataError: One line naming the folder, the remote it caches and the fix.
+    """
+    with _LOCK:
+        for split in SPLITS:
+            reader = _OPEN.get(os.path.abspath(local / split))
+            if reader is None:
+                continue
+            if reader.remote != remote:
+                raise StreamingDataError(
+                    f"data.local {str(local)!r}: this process already caches {reader.remote} there; give "
+                    f"{remote} another local folder."
+                )
+            if digest is not None and reader.digest != digest:
+                raise StreamingDataError(
+                    f"data.local {str(local)!r}: this process still reads the conversion of {remote} before the "
+                    "last one there; give another local folder (or close_readers() first)."
+                )
+
+
+def open_reader(remote: str, split: str, local: Path, *, digest: str, **options: Any) -> ShardReader:
+    """The reader of ``remote``'s ``split`` (the conversion of manifest hash ``digest``) cached in ``local``:
+    one per folder and process, reused."""
+    check_open(remote, local, digest)
     key = os.path.abspath(local / split)
     with _LOCK:
         reader = _OPEN.get(key)
-        if reader is not None and reader.remote != remote:
-            raise StreamingDataError(
-                f"{local}: this process already caches {reader.remote} there; give {remote} another local folder."
-            )
         if reader is None:
             reader = _OPEN[key] = ShardReader(remote, split, local, **options)
+            reader.digest = digest
         return reader
 
 
 def close_readers() -> None:
-    """Forget this process's readers, so a folder can be opened again (Streaming frees their shared memory at exit)."""
+    """Forget this process's readers and release their cache folders, so a folder can be opened again
+    (Streaming frees their shared memory at exit)."""
     with _LOCK:
         _OPEN.clear()
+        release_caches()
 
 
 class StreamingTokens(TokenStore):
