@@ -328,6 +328,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     if not_overrides:
         parser.error(f"unrecognized arguments: {' '.join(not_overrides)}")
     overrides = [*args.overrides, *extra]
+    from composer_dynsample.cli.user_folders import matplotlib_config_in_cache
+
+    matplotlib_config_in_cache()  # before Composer, which imports matplotlib
     from composer_dynsample.checkpoints import CheckpointError
     from composer_dynsample.cli import commands
     from composer_dynsample.config.components import ConfigError

@@ -3,6 +3,7 @@ and cases, a trainer over a tensor store's rows as a batch sampler picks them, a
 
 from __future__ import annotations
 
+import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,13 +26,30 @@ INFONCE_CASES = [
 ]
 
 
+#: The directories :func:`shared_tmp_dir` made during the running test.
+SHARED_DIRS: list[Path] = []
+
+
 def shared_tmp_dir(prefix: str = "dynsample-") -> Path:
-    """A directory made on rank 0 and announced to every rank (both ranks share this machine's disk)."""
+    """A directory made on rank 0 and announced to every rank (both ranks share this machine's disk),
+    removed after the test (:func:`remove_shared_dirs`, which ``tests/distributed/conftest.py`` calls)."""
     if not dist.is_initialized():  # the first Trainer of the session has not run yet
         dist.initialize_dist(get_device(None))
     path = [tempfile.mkdtemp(prefix=prefix) if dist.get_global_rank() == 0 else ""]
     dist.broadcast_object_list(path, src=0)
+    SHARED_DIRS.append(Path(path[0]))
     return Path(path[0])
+
+
+def remove_shared_dirs() -> None:
+    """Remove the directories :func:`shared_tmp_dir` made: on rank 0, once every rank is done with them."""
+    if not SHARED_DIRS:
+        return
+    dist.barrier()
+    if dist.get_global_rank() == 0:
+        for path in SHARED_DIRS:
+            shutil.rmtree(path, ignore_errors=True)
+    SHARED_DIRS.clear()
 
 
 def parametrize_strategy_and_loss(cases):

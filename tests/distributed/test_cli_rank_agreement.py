@@ -13,7 +13,6 @@ import os
 import socket
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -24,6 +23,7 @@ from omegaconf import OmegaConf
 from composer_dynsample.cli.commands import train
 from composer_dynsample.config import ConfigError
 from composer_dynsample.config.ranks import check_same_config_on_every_rank, flatten_config
+from tests.distributed._helpers import shared_tmp_dir
 
 ROOT = Path(__file__).resolve().parents[2]
 YAMLS = ROOT / "yamls"
@@ -40,15 +40,9 @@ def rank() -> int:
     return dist.get_global_rank()
 
 
-def shared_tmp_dir() -> Path:
-    path = [tempfile.mkdtemp(prefix="dynsample-agree-") if rank() == 0 else ""]
-    dist.broadcast_object_list(path, src=0)
-    return Path(path[0])
-
-
 @two_ranks
 def test_the_cli_refuses_a_config_that_differs_on_one_rank():
-    run_dir = shared_tmp_dir() / "digits"
+    run_dir = shared_tmp_dir(prefix="dynsample-agree-") / "digits"
     overrides = ["trainer.progress_bar=false", "trainer.max_duration=2ba", f"data.seed={rank()}"]
     with pytest.raises(
         ConfigError,
@@ -62,7 +56,7 @@ def test_the_cli_refuses_a_config_that_differs_on_one_rank():
 
 @two_ranks
 def test_the_cli_accepts_the_same_config_written_differently():
-    run_dir = shared_tmp_dir() / "digits"
+    run_dir = shared_tmp_dir(prefix="dynsample-agree-") / "digits"
     # One rank says it with an override, the other leaves the file's value: the resolved configs are equal.
     overrides = ["trainer.progress_bar=false", "trainer.max_duration=1ba", "evaluation.interval=null"]
     overrides += ["sampler.classes_per_batch=8"] if rank() == 1 else []
