@@ -1,13 +1,14 @@
 """Every command writes only into the folders it is told to write.
 
-Each command runs as a user runs it: a process of its own in an empty working folder, with empty temp, home
-and cache folders. Afterwards every new path lies in the folders the command names (the run directory,
+Each command runs as a user runs it, in an empty working folder with empty temp, home and cache folders
+(one process runs them all, each in folders of its own). Once the process has ended, every new path lies in the folders the command names (the run directory,
 ``--out``, the config's cache folder, a converted data set's ``local`` cache) or in matplotlib's cache (its
 font list): the working, temp and home folders stay empty, and no other library caches anything.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -41,32 +42,67 @@ def inside(path: Path, folders: list[Path]) -> bool:
     return any(path == folder or folder in path.parents for folder in folders)
 
 
+#: Run in a process of its own: each command of ``sys.argv[1]`` (a JSON list of ``[place, argv]``) run by
+#: ``main`` in that place's fresh ``cwd``, with its ``tmp``, ``home`` and ``cache`` as the temp, home and cache
+#: folders; what each created goes to ``sys.argv[2]``. One process for every command: each command's own
+#: files are told apart by listing the root before and after it.
+DRIVER = """
+import json, os, sys, tempfile, traceback
+from pathlib import Path
+commands, root, report = json.loads(sys.argv[1]), Path(sys.argv[3]), {}
+def paths_under(top):
+    return sorted(str(Path(folder, name)) for folder, folders, files in os.walk(top) for name in folders + files)
+for place, argv in commands:
+    place = Path(place)
+    for name in ("cwd", "tmp", "home", "cache"):
+        (place / name).mkdir(parents=True)
+    os.environ.update(TMPDIR=str(place / "tmp"), HOME=str(place / "home"), XDG_CACHE_HOME=str(place / "cache"))
+    tempfile.tempdir = None  # the temp folder read again from TMPDIR
+    os.chdir(place / "cwd")
+    before, error = set(paths_under(root)), ""
+    try:
+        from composer_dynsample.cli.main import main  # imported by the first command, in its folders
+        main(argv)
+    except SystemExit as stop:
+        error = "" if stop.code in (0, None) else f"exit {stop.code}"
+    except BaseException:
+        error = traceback.format_exc()
+    report[str(place)] = {"new": sorted(set(paths_under(root)) - before), "error": error}
+Path(sys.argv[2]).write_text(json.dumps(report))
+"""
+
+
 class Sandbox:
-    """A root folder for the data and outputs of every command, and the runner of one command in it."""
+    """A root folder for the data and outputs of every command; the commands, then one process running them."""
 
     def __init__(self, root: Path) -> None:
-        self.root, self.count = root, 0
+        self.root, self.commands, self.report = root, [], {}
 
-    def run(self, *argv: str, writes: list[Path]) -> list[Path]:
-        """``composer-dynsample ARGV`` in fresh empty working, temp, home and cache folders
-        (``process-N-COMMAND/{cwd,tmp,home,cache}``): it must succeed and create paths only inside ``writes``
-        and matplotlib's cache. The new paths."""
-        self.count += 1
-        place = self.root / f"process-{self.count}-{argv[0]}"
-        folders = {name: place / name for name in ("cwd", "tmp", "home", "cache")}
-        for folder in folders.values():
-            folder.mkdir(parents=True)
+    def add(self, *argv: str, writes: list[Path]) -> Path:
+        """Queue ``composer-dynsample ARGV``, which may create paths only inside ``writes`` and matplotlib's
+        cache; its place (``process-N-COMMAND``, holding its fresh ``cwd``, ``tmp``, ``home`` and ``cache``)."""
+        place = self.root / f"process-{len(self.commands) + 1}-{argv[0]}"
+        self.commands.append((place, list(argv), writes))
+        return place
+
+    def run_all(self) -> None:
         env = {key: value for key, value in os.environ.items() if key not in PLACES}
-        env.update(TMPDIR=str(folders["tmp"]), HOME=str(folders["home"]))
-        env["XDG_CACHE_HOME"] = str(folders["cache"])
-        before = paths_under(self.root)
+        listing = json.dumps([[str(place), argv] for place, argv, _ in self.commands])
+        out = self.root / "report.json"
         done = subprocess.run(
-            [sys.executable, "-m", "composer_dynsample", *argv],
-            cwd=folders["cwd"], env=env, capture_output=True, text=True, timeout=400,
+            [sys.executable, "-c", DRIVER, listing, str(out), str(self.root)],
+            env=env, capture_output=True, text=True, timeout=600,
         )  # fmt: skip
-        assert done.returncode == 0, done.stderr
-        new = sorted(paths_under(self.root) - before)
-        allowed = [*writes, folders["cache"] / "matplotlib"]
+        assert done.returncode == 0, done.stderr[-3000:]
+        self.report = json.loads(out.read_text())
+
+    def new(self, place: Path) -> list[Path]:
+        """What the command of ``place`` created, checked: it succeeded and wrote nowhere else."""
+        (_, argv, writes), record = next(c for c in self.commands if c[0] == place), self.report[str(place)]
+        assert not record["error"], record["error"]
+        # What the process removed as it exited (torch's and Composer's temporary folders) is not left behind.
+        new = [Path(path) for path in record["new"] if os.path.lexists(path)]
+        allowed = [*writes, place / "cache" / "matplotlib"]
         stray = [str(path.relative_to(self.root)) for path in new if not inside(path, allowed)]
         assert not stray, f"{argv[0]} wrote outside {[str(w) for w in writes]}: {stray}"
         return new
@@ -74,64 +110,70 @@ class Sandbox:
 
 @pytest.fixture(scope="module")
 def sandbox(tmp_path_factory) -> Sandbox:
-    return Sandbox(tmp_path_factory.mktemp("writes"))
-
-
-@pytest.fixture(scope="module")
-def trained(sandbox) -> tuple[Path, Path]:
-    """``train`` of a bag-of-tokens pairs run of 2 batches with an embedding table, checked by
-    :meth:`Sandbox.run`: ``(data folder, run directory)``."""
-    data = sandbox.root / "data"
+    """Every command, run once: a bag-of-tokens pairs run of 2 batches with an embedding table (``train``),
+    ``eval``, ``embed``, ``mine`` and ``export`` of it, ``train`` on an image folder, and ``convert`` of the
+    pairs with a ``train`` on the shards."""
+    box = Sandbox(tmp_path_factory.mktemp("writes"))
+    data, run_dir = box.root / "data", box.root / "run"
     data.mkdir()
     write_pairs(data)
     config = write_bag_pairs_config(data, SAMPLER, algorithms={"embedding_table": {}})
-    run_dir = sandbox.root / "run"
-    argv = ["train", config, "trainer.max_duration=2ba", "--run-dir", str(run_dir)]
-    sandbox.run(*argv, writes=[run_dir, data / "cache"])
-    return data, run_dir
+    box.places = {"train": box.add("train", config, "trainer.max_duration=2ba", "--run-dir", str(run_dir),
+                                   writes=[run_dir, data / "cache"])}  # fmt: skip
+    box.places["eval"] = box.add(
+        "eval", "--run", str(run_dir), writes=[run_dir / "eval.json", data / "cache"]
+    )
+    for command, name in (("embed", "test.npz"), ("mine", "triplets.jsonl"), ("export", "model")):
+        options = (
+            ["--format", "huggingface"] if command == "export" else []
+        )  # a bag of tokens is no transformer
+        argv = [command, "--run", str(run_dir), "--out", str(box.root / name), *options]
+        box.places[command] = box.add(
+            *argv, writes=[box.root / name, data / "cache"]
+        )  # export caches there too
+    images = box.root / "images"
+    write_colour_folder(images / "flat", COLOURS)
+    image_config = write_image_config(images, {"path": str(images / "flat")})
+    box.places["image"] = box.add("train", image_config, "--run-dir", str(box.root / "image-run"),
+                                  writes=[box.root / "image-run"])  # fmt: skip
+    shards = box.root / "mds"
+    box.places["convert"] = box.add("convert", config, "--to", "mds", str(shards), writes=[shards])
+    cached = box.root / f"process-{len(box.commands) + 1}-train" / "cache" / "composer_dynsample"
+    argv = ["train", config, f"data={{name: streaming, remote: '{shards}'}}", "trainer.max_duration=2ba"]
+    box.places["shards"] = box.add(*argv, "--run-dir", str(box.root / "shards-run"),
+                                   writes=[box.root / "shards-run", cached])  # fmt: skip
+    box.cached = cached
+    box.run_all()
+    return box
 
 
-def test_train_on_pairs_writes_its_run_and_its_data_cache(trained):
-    data, run_dir = trained
+def test_train_on_pairs_writes_its_run_and_its_data_cache(sandbox):
+    sandbox.new(sandbox.places["train"])
+    run_dir, data = sandbox.root / "run", sandbox.root / "data"
     assert (run_dir / "checkpoints" / "latest-rank0.pt").is_file() and any((data / "cache").iterdir())
 
 
 def test_train_on_an_image_folder_writes_its_run(sandbox):
-    images = sandbox.root / "images"
-    write_colour_folder(images / "flat", COLOURS)
-    config = write_image_config(images, {"path": str(images / "flat")})
-    run_dir = sandbox.root / "image-run"
-    sandbox.run("train", config, "--run-dir", str(run_dir), writes=[run_dir])
-    assert (run_dir / "metrics.json").is_file()
+    sandbox.new(sandbox.places["image"])
+    assert (sandbox.root / "image-run" / "metrics.json").is_file()
 
 
-def test_eval_run_writes_its_figures_into_the_run(sandbox, trained):
-    data, run_dir = trained
-    new = sandbox.run("eval", "--run", str(run_dir), writes=[run_dir / "eval.json", data / "cache"])
-    assert run_dir / "eval.json" in new
+def test_eval_run_writes_its_figures_into_the_run(sandbox):
+    assert sandbox.root / "run" / "eval.json" in sandbox.new(sandbox.places["eval"])
 
 
 @pytest.mark.parametrize("command", ["embed", "mine", "export"])
-def test_a_command_of_a_run_writes_its_out(sandbox, trained, command):
-    data, run_dir = trained
+def test_a_command_of_a_run_writes_its_out(sandbox, command):
     out = sandbox.root / {"embed": "test.npz", "mine": "triplets.jsonl", "export": "model"}[command]
-    options = ["--format", "huggingface"] if command == "export" else []  # a bag of tokens is no transformer
-    argv = [command, "--run", str(run_dir), "--out", str(out), *options]
-    new = sandbox.run(*argv, writes=[out, data / "cache"])  # export caches an empty token store there
-    assert out in new
+    assert out in sandbox.new(sandbox.places[command])
 
 
-def test_train_on_converted_shards_keeps_its_locks_in_the_cache(sandbox, trained):
+def test_train_on_converted_shards_keeps_its_locks_in_the_cache(sandbox):
     """Without ``local`` the shards are cached in the user's cache folder; the locks of the cache's splits
     are there too, and the temp folder stays empty."""
-    data, _ = trained
-    shards = sandbox.root / "mds"
-    sandbox.run("convert", str(data / "pairs.yaml"), "--to", "mds", str(shards), writes=[shards])
-    run_dir = sandbox.root / "shards-run"
-    cached = sandbox.root / f"process-{sandbox.count + 1}-train" / "cache" / "composer_dynsample"
-    argv = ["train", str(data / "pairs.yaml"), f"data={{name: streaming, remote: '{shards}'}}"]
-    sandbox.run(*argv, "trainer.max_duration=2ba", "--run-dir", str(run_dir), writes=[run_dir, cached])
-    (local,) = (cached / "streaming").iterdir()
+    sandbox.new(sandbox.places["convert"])
+    sandbox.new(sandbox.places["shards"])
+    (local,) = (sandbox.cached / "streaming").iterdir()
     assert (local / "train" / "cache_filelock").is_file() and list((local / "train").glob("shard.*"))
 
 
