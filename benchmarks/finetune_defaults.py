@@ -10,6 +10,9 @@ sentence-transformers' value for that one default:
 - ``passages``: the loss in one direction, each query against the batch's passages
   (``model.loss.negatives=passages``: ``MultipleNegativesRankingLoss``), instead of NT-Xent over every row;
 - ``st_defaults``: both;
+- ``symmetric``: not a default of the harness's run but sentence-transformers' other in-batch loss,
+  ``MultipleNegativesSymmetricRankingLoss``: the one-way loss and its reverse (each passage against the
+  batch's queries), averaged, as CLIP trains (``negatives=passages`` with ``symmetric=true``);
 - ``miner``: repeated texts masked by their text alone, through a batch-hard miner whose dropped triplets
   take their anchors' positives (the recipe before text groups; it differs only on corpora with repeats);
 - ``mined``: not a default but the other half of the comparison: both tools' mined-once recipes (hard negatives
@@ -50,6 +53,10 @@ VARIANTS: dict[str, tuple[str, tuple[str, ...]]] = {
     "clip": ("gradient clipping at norm 1.0", (_CLIP,)),
     "passages": ("the loss one way: queries against passages (MNRL)", (_PASSAGES,)),
     "st_defaults": ("clipping and the one-way loss (both defaults)", (_CLIP, _PASSAGES)),
+    "symmetric": (
+        "the loss both ways between queries and passages (MultipleNegativesSymmetricRankingLoss)",
+        (_PASSAGES, "model.loss.symmetric=true"),
+    ),
     "miner": (
         "repeats masked by text only, through a batch-hard miner (the recipe before text groups)",
         (

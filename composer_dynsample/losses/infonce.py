@@ -77,8 +77,10 @@ class InfoNCELoss(TupleLoss):
     ``MultipleNegativesSymmetricRankingLoss`` do, and averages the two: for a pair ``(a, p)`` the
     positive ``p`` picks ``a`` among the *anchors* (the rows of ``embeddings``; with ``global_mean``
     every rank's anchors), its negatives the anchors ``a'`` of another label (``"pool"``) or those
-    for which ``(a', p)`` was mined as a negative pair (``"mined"``). This changes the loss only when
-    rows and columns differ: a separate pool (other ranks, a memory) or mined tuples. With the batch as
+    for which ``(a', p)`` was mined as a negative pair (``"mined"``); with ``"passages"`` each passage picks
+    its query among the batch's queries, which is ``MultipleNegativesSymmetricRankingLoss`` exactly (tested,
+    with its gradient). This changes the loss only when rows and columns differ: a separate pool (other
+    ranks, a memory), mined tuples, or queries against passages. With the batch as
     its own pool and every pair, the similarity matrix and the masks are symmetric and the reverse
     direction is the forward one again. With ``global_mean`` every rank must pass the same pool (the
     cross-rank pool of :class:`~composer_dynsample.HardNegativeMining` is), and one autograd all-gather

@@ -50,6 +50,26 @@ def test_it_equals_sentence_transformers_mnrl_and_its_gradient(negatives):
     torch.testing.assert_close(grad, leaf.grad, rtol=1e-9, atol=1e-10)
 
 
+@pytest.mark.parametrize("negatives", [0, 3])
+def test_symmetric_equals_sentence_transformers_mnsrl_and_its_gradient(negatives):
+    """``symmetric=True`` adds each passage against the batch's queries: MultipleNegativesSymmetricRankingLoss
+    (a given negative passage is scored only as a query's candidate, never against the queries)."""
+    embeddings, labels, is_query, _, _, _ = _pairs(6, negatives=negatives, seed=1)
+    loss = InfoNCELoss(temperature=0.05, negatives="passages", symmetric=True)
+    ours = loss(embeddings, labels, is_query=is_query)
+    (grad,) = torch.autograd.grad(ours, embeddings)
+    leaf = embeddings.detach().clone().requires_grad_()
+    columns = [leaf[:12:2], leaf[1:12:2], *([leaf[12:]] if negatives else [])]
+    mnsrl = st_losses.MultipleNegativesSymmetricRankingLoss(model=None, scale=20.0)
+    theirs = mnsrl.compute_loss_from_embeddings(columns, None)
+    theirs.backward()
+    torch.testing.assert_close(ours, theirs, rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(grad, leaf.grad, rtol=1e-9, atol=1e-10)
+    assert not torch.isclose(
+        ours, InfoNCELoss(temperature=0.05, negatives="passages")(embeddings, labels, is_query=is_query)
+    )
+
+
 def test_pool_is_nt_xent_there_and_differs():
     embeddings, labels, is_query, _, _, _ = _pairs(6)
     pool = InfoNCELoss(temperature=0.05)(embeddings, labels)
