@@ -64,7 +64,7 @@ from composer_dynsample.config.names import (
     SAMPLERS,
     SCHEDULERS,
 )
-from composer_dynsample.config.prompts import data_prompts
+from composer_dynsample.config.prompts import data_prompts, folder_prompts
 from composer_dynsample.config.run_tokenizer import run_tokenizer
 from composer_dynsample.data import (
     DatasetSplits,
@@ -111,6 +111,8 @@ def build_data(cfg: DictConfig) -> DatasetSplits:
     entry, name, kwargs, extras = resolve_entry("data", section(cfg, "data", "data"), DATASETS)
     if "prompts" in parameters(entry.target):
         kwargs["prompts"] = data_prompts(cfg, kwargs.get("prompts"), extras.get("prompt_names"))
+    if "run_prompts" in entry.reserved:  # tokenized data: the prompts the model folder gives a file run
+        kwargs["run_prompts"] = folder_prompts(cfg)
     found = None
     if "tokenizer" in parameters(entry.target) and kwargs.get("tokenizer") is None:
         found = run_tokenizer(cfg)

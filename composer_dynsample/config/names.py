@@ -50,8 +50,9 @@ DATASETS: dict[str, Registered | Lazy] = {
     "code_search": Lazy(
         "composer_dynsample.data.text.code_search_pairs", "load_code_search", extra={"prompt_names": None}
     ),
-    # MDS shards written by `composer-dynsample convert --to mds` (the streaming extra).
-    "streaming": Lazy("composer_dynsample.data.streaming.load", "load_streaming"),
+    # MDS shards written by `composer-dynsample convert --to mds` (the streaming extra); run_prompts: the
+    # model folder's prompts (config/prompts.py, folder_prompts), checked against the shards'.
+    "streaming": Lazy("composer_dynsample.data.streaming.load", "load_streaming", reserved=("run_prompts",)),
 }
 _ENCODERS, _TEXT = "composer_dynsample.models.encoders", "composer_dynsample.models.text"
 _TRANSFORMER = "composer_dynsample.models.transformer"

@@ -7,7 +7,9 @@ column. With neither, a folder's ``default_prompt_name`` prompts every text, as 
 ``encode`` does; a folder that declares prompts but no default is fine-tuned without them, and one warning
 line names them and the key that would use them (``data.prompts: {}`` says no prompts on purpose and
 silences it). Two towers of two folders take each folder's prompts on its side: the anchors the query
-folder's, the positives and negatives the passage folder's (by name, and by default).
+folder's, the positives and negatives the passage folder's (by name, and by default). Data tokenized
+already (``data: {name: streaming}``) take none of these keys: :func:`folder_prompts` is what their texts
+must carry, checked against the prompts they were converted with.
 """
 
 from __future__ import annotations
@@ -21,13 +23,15 @@ from omegaconf import DictConfig
 from composer_dynsample.config.components import ConfigError
 from composer_dynsample.config.model_folders import model_folder, passage_folder
 
-__all__ = ["data_prompts", "exported_prompts"]
+__all__ = ["data_prompts", "exported_prompts", "folder_prompts"]
 
 # The name an exported folder gives the prompt of a column (sentence-transformers' usual names).
 _EXPORT_NAMES = {"anchor": "query", "positive": "document", "negative": "document", "text": "text"}
 
 
-def data_prompts(cfg: DictConfig, given: Any, names: Any, key: str = "data.prompt_names") -> Any:
+def data_prompts(
+    cfg: DictConfig, given: Any, names: Any, key: str = "data.prompt_names", *, warn: bool = True
+) -> Any:
     """The ``prompts`` a text loader gets from ``data.prompts`` (``given``) and ``data.prompt_names``.
 
     Args:
@@ -35,6 +39,7 @@ def data_prompts(cfg: DictConfig, given: Any, names: Any, key: str = "data.promp
         given (Mapping[str, str] | str | None): ``data.prompts``.
         names (Mapping[str, str] | str | None): ``data.prompt_names``.
         key (str): What the errors call ``names`` (``"--prompt-name"`` for ``embed``).
+        warn (bool): Warn of a folder's prompts left unused (see :func:`_default_prompt`). Default: ``True``.
 
     Returns:
         The loader's ``prompts``: ``given``, the prompts ``names`` names, the folder's default prompt, or
@@ -67,9 +72,18 @@ def data_prompts(cfg: DictConfig, given: Any, names: Any, key: str = "data.promp
     if given is not None or folder is None:
         return given
     if passage is not None and passage.prompts:  # each tower's folder prompts its own side
-        sides = {"anchor": _default_prompt(folder), "positive": _default_prompt(passage)}
+        sides = {"anchor": _default_prompt(folder, warn), "positive": _default_prompt(passage, warn)}
         return {column: prompt for column, prompt in sides.items() if prompt} or None
-    return _default_prompt(folder) if folder.prompts else given
+    return _default_prompt(folder, warn) if folder.prompts else given
+
+
+def folder_prompts(cfg: DictConfig) -> Any:
+    """The prompts a run's model folder gives its texts when ``data`` names none (``data_prompts(cfg, None,
+    None)``): its default prompt, each tower's of two folders, or ``{}`` for none; ``None`` without a model
+    folder. No warning of a folder's prompts without a default: the texts were tokenized already."""
+    if model_folder(cfg) is None:
+        return None
+    return data_prompts(cfg, None, None, warn=False) or {}
 
 
 def _resolved(names: Any, folder: Any, key: str) -> Any:
@@ -83,13 +97,15 @@ def _resolved(names: Any, folder: Any, key: str) -> Any:
         raise ConfigError(str(error)) from None
 
 
-def _default_prompt(folder: Any) -> str | None:
+def _default_prompt(folder: Any, warn: bool = True) -> str | None:
     """A folder's ``default_prompt_name``'s prompt; for a folder that declares prompts but no default, one
-    warning line naming them, and ``None``."""
+    warning line naming them (when ``warn``), and ``None``."""
     if not folder.prompts:
         return None
     if folder.default_prompt_name is not None:
         return folder.prompts[folder.default_prompt_name]
+    if not warn:
+        return None
     warnings.warn(
         f"model folder {str(folder.path)!r} declares prompts {json.dumps(folder.prompts, ensure_ascii=False)} "
         "but data.prompts and data.prompt_names are unset, so texts are tokenized without them; name them "

@@ -13,6 +13,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import warnings
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +43,7 @@ from composer_dynsample.validation import check_float, check_int
 __all__ = ["load_streaming"]
 
 HASHES = ("xxh3_64", "sha1", None)
+_PAIR_COLUMNS = ("anchor", "positive", "negative")
 
 
 def load_streaming(
@@ -54,6 +57,7 @@ def load_streaming(
     tokenizer: str | os.PathLike[str] | None = None,
     passage_tokenizer: str | os.PathLike[str] | None = None,
     max_length: int | None = None,
+    run_prompts: Mapping[str, str] | str | None = None,
 ) -> DatasetSplits:
     """The data set ``composer-dynsample convert --to mds`` wrote to ``remote``, its rows read by index.
 
@@ -77,6 +81,9 @@ def load_streaming(
             the shards must then hold each row's ids by its tower's tokenizer (checked that they were
             converted with two; the passage tokenizer itself is not recorded).
         max_length (int, optional): The ``max_length`` a run expects, checked the same way.
+        run_prompts (Mapping[str, str] | str, optional): The prompts the run's model folder gives a file
+            run's texts (by column, or one for every column; ``{}``: none), checked against those the texts
+            were converted with. Default: ``None`` (not checked).
 
     Returns:
         DatasetSplits: :class:`~composer_dynsample.data.text.TextSplits` of texts, or splits of features.
@@ -84,7 +91,7 @@ def load_streaming(
     Raises:
         StreamingDataError: One line: an option out of range (a ``cache_limit`` below four shards names the
             least), a ``local`` that is a file, the converted folder's or another run's cache now, a file missing, corrupt or not downloadable (naming it and the attempts), or a tokenizer
-            or ``max_length`` other than the shards'.
+            or ``max_length`` other than the shards', or other prompts than ``run_prompts``.
     """
     if not isinstance(remote, str) or not remote:
         raise StreamingDataError(f"data.remote must be a URL or a folder, got {remote!r}.")
@@ -127,8 +134,9 @@ def load_streaming(
         }  # fmt: skip
         return DatasetSplits(stores["train"], stores["test"], **common)
     return _text_splits(
-        remote, folder, manifest, rows, readers, common, options, tokenizer, passage_tokenizer, max_length
-    )
+        remote, folder, manifest, rows, readers, common, options, tokenizer, passage_tokenizer, max_length,
+        run_prompts,
+    )  # fmt: skip
 
 
 def _check_options(
@@ -225,6 +233,41 @@ def _forget_other_shards(folder: Path, digest: str) -> None:
     os.replace(partial, marker)  # the ranks of a node share the folder: none reads half a marker
 
 
+def _check_prompts(remote: str, recorded: dict[str, str], expected: Any, columns: tuple[str, ...]) -> None:
+    """Refuse texts converted with other prompts than ``expected`` (the run's model folder's default prompt),
+    column by column (a negative without its own prompt takes the positive's); texts converted with prompts
+    for a folder without a default (the prompts named at conversion) are taken, with a note.
+
+    Raises:
+        StreamingDataError: One line naming both and how to make them agree.
+    """
+    from composer_dynsample.data.text.prompts import column_prompt
+
+    def by_column(prompts: Any) -> dict[str, str]:
+        prompts = dict.fromkeys(columns, prompts) if isinstance(prompts, str) else prompts
+        return {column: prompt for column in columns if (prompt := column_prompt(prompts, column))}
+
+    shards, run = by_column(recorded), by_column(expected)
+    if shards == run:
+        return
+    if not run:  # prompts chosen at conversion (data.prompts, prompt_names) where the folder sets no default
+        warnings.warn(
+            f"{join_remote(remote, MANIFEST)}: the texts carry the prompts {json.dumps(shards, ensure_ascii=False)} "
+            "they were converted with; the run's model folder sets no default prompt.",
+            stacklevel=2,
+        )
+        return
+    said = {key: json.dumps(value, ensure_ascii=False) for key, value in (("shards", shards), ("run", run))}
+    raise StreamingDataError(
+        f"{join_remote(remote, MANIFEST)}: the texts were tokenized "
+        + (f"with the prompts {said['shards']}" if shards else "without prompts")
+        + ", but the run's model folder (model.encoder.path, its default_prompt_name) gives "
+        + (said["run"] if run else "none")
+        + ", so the run on the file would read other texts; convert again with this run's model folder, or "
+        "train with the folder the shards were converted with."
+    )
+
+
 def _text_splits(
     remote: str,
     folder: Path,
@@ -236,6 +279,7 @@ def _text_splits(
     tokenizer: Any,
     passage_tokenizer: Any,
     max_length: int | None,
+    run_prompts: Any = None,
 ) -> Any:
     from composer_dynsample.data.text.store import TextInfo, TextSplits, TextStore
     from composer_dynsample.data.text.tokenizer import load_tokenizer
@@ -260,6 +304,9 @@ def _text_splits(
             f"{join_remote(remote, MANIFEST)}: the texts were tokenized by one tokenizer, the run's towers read two; "
             "convert again from a config with the passage tower's folder."
         )
+    if run_prompts is not None:
+        pairs = any(bool(rows[split]["is_query"].any()) for split in SPLITS)
+        _check_prompts(remote, info.get("prompts") or {}, run_prompts, _PAIR_COLUMNS if pairs else ("text",))
     stores = {}
     for split in SPLITS:
         arrays = rows[split]
