@@ -168,13 +168,16 @@ def test_a_command_of_a_run_writes_its_out(sandbox, command):
     assert out in sandbox.new(sandbox.places[command])
 
 
-def test_train_on_converted_shards_keeps_its_locks_in_the_cache(sandbox):
-    """Without ``local`` the shards are cached in the user's cache folder; the locks of the cache's splits
-    are there too, and the temp folder stays empty."""
+def test_train_on_converted_shards_leaves_no_lock_in_the_temp_folder(sandbox):
+    """Without ``local`` the shards are cached in the user's cache folder; Streaming's lock files, made in
+    the temp folder while the run reads the shards, are gone once its process has ended."""
     sandbox.new(sandbox.places["convert"])
     sandbox.new(sandbox.places["shards"])
     (local,) = (sandbox.cached / "streaming").iterdir()
-    assert (local / "train" / "cache_filelock").is_file() and list((local / "train").glob("shard.*"))
+    assert list((local / "train").glob("shard.*"))
+    temp = sandbox.places["shards"] / "tmp"
+    made = [Path(path).name for path in sandbox.report[str(sandbox.places["shards"])]["new"]]
+    assert any(name.endswith("_cache_filelock") for name in made) and not list(temp.iterdir()), made
 
 
 def test_matplotlib_s_config_folder_is_the_cache_only_when_the_user_has_none(tmp_path, monkeypatch):

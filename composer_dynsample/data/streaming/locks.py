@@ -1,42 +1,59 @@
-"""Where a split's ``StreamingDataset`` keeps its file locks: in the split's cache folder, not the temp folder.
+"""MosaicML Streaming's lock files in the temp folder, removed when the process that made them ends.
 
-``StreamingDataset`` names its locks after its shared-memory prefix (``NNNNNN_cache_filelock``, taken when
-the first shard is prepared, and ``NNNNNN_barrier_filelock``, taken only by its own iteration) and puts
-them in ``tempfile.gettempdir()``, where they stay after the process ends: every run leaves one there per
-split, and as each lock file also keeps its prefix from being taken again, the prefixes only grow.
+``StreamingDataset`` names two file locks after its shared-memory prefix (``NNNNNN_cache_filelock``, taken
+when a shard is prepared, and ``NNNNNN_barrier_filelock``, taken by its own iteration) and puts them in
+``tempfile.gettempdir()``, where they stay after the process ends: every run would leave them behind.
 
-The cache lock guards the cache folder: which shards are downloaded, being downloaded or evicted. Kept in
-that folder (``local/<split>/cache_filelock``), it is the one lock of every process that uses the folder,
-the ranks of a node and their DataLoader workers, and nothing is ever removed, so no process can be left
-holding a lock file another has replaced. Two processes of different prefixes never share a cache folder
-(``StreamingDataset`` refuses a folder another live prefix holds), and the shared memory of a prefix,
-registered by the node's first rank until it exits, is what keeps another run from taking the prefix.
+They stay where Streaming puts them while the process lives, and are made as soon as the dataset is: Streaming's
+search for a free prefix skips a prefix whose lock files exist without attaching to its shared memory, while
+it attaches to (and holds descriptors of) every live prefix without them, which a process making many
+datasets (a notebook, a test suite) would pile up. The node's first rank removes its prefix's two files
+when it exits (``atexit``: a normal end, an error, Ctrl-C; not a kill), when its shared memory, which keeps
+another process from taking the prefix, goes too. DataLoader workers and the other ranks never remove them.
 """
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import os
 from typing import Any
 
-__all__ = ["keep_locks_in_cache"]
+__all__ = ["hold_locks_until_exit"]
 
-CACHE_LOCK = "cache_filelock"
-BARRIER_LOCK = "barrier_filelock"
+_REGISTERED: set[str] = set()  # the lock files this process removes at exit
 
 
-def keep_locks_in_cache(dataset: Any) -> None:
-    """Point ``dataset``'s (a ``StreamingDataset`` of one stream, as built, no shard prepared yet) cache and
-    barrier locks at its stream's cache folder; its DataLoader workers take the paths with the dataset.
+def hold_locks_until_exit(dataset: Any) -> list[str]:
+    """Make ``dataset``'s (a built ``StreamingDataset``) lock files in the temp folder now and remove them when
+    this process exits, if it is the node's first rank (the one that registered the prefix); the files.
 
     Example:
         >>> import types
-        >>> stream = types.SimpleNamespace(local="/cache/pairs", split="train")
-        >>> dataset = types.SimpleNamespace(streams=[stream], _shared_barrier=types.SimpleNamespace())
-        >>> keep_locks_in_cache(dataset)
-        >>> dataset._cache_filelock_path, dataset._shared_barrier.filelock_path
-        ('/cache/pairs/train/cache_filelock', '/cache/pairs/train/barrier_filelock')
+        >>> world = types.SimpleNamespace(is_local_leader=True)
+        >>> dataset = types.SimpleNamespace(
+        ...     _unique_rank_world=world, _shared_barrier=types.SimpleNamespace())
+        >>> import tempfile
+        >>> folder = tempfile.mkdtemp()
+        >>> dataset._cache_filelock_path = f"{folder}/000007_cache_filelock"
+        >>> dataset._shared_barrier.filelock_path = f"{folder}/000007_barrier_filelock"
+        >>> [os.path.basename(path) for path in hold_locks_until_exit(dataset) if os.path.isfile(path)]
+        ['000007_cache_filelock', '000007_barrier_filelock']
     """
-    (stream,) = dataset.streams
-    folder = os.path.join(stream.local, stream.split or "")
-    dataset._cache_filelock_path = os.path.join(folder, CACHE_LOCK)
-    dataset._shared_barrier.filelock_path = os.path.join(folder, BARRIER_LOCK)
+    if not getattr(dataset._unique_rank_world, "is_local_leader", False):
+        return []
+    paths = [dataset._cache_filelock_path, dataset._shared_barrier.filelock_path]
+    for path in paths:  # Streaming makes them only when it first takes them
+        with contextlib.suppress(OSError), open(path, "a"):
+            pass
+    new = [path for path in paths if path not in _REGISTERED]
+    if new:
+        _REGISTERED.update(new)
+        atexit.register(_remove, new)
+    return paths
+
+
+def _remove(paths: list[str]) -> None:
+    for path in paths:
+        with contextlib.suppress(OSError):
+            os.remove(path)

@@ -38,7 +38,7 @@ import torch
 
 from composer_dynsample.data.store import TensorStore
 from composer_dynsample.data.streaming.cache_owner import release_caches
-from composer_dynsample.data.streaming.locks import keep_locks_in_cache
+from composer_dynsample.data.streaming.locks import hold_locks_until_exit
 from composer_dynsample.data.streaming.manifest import SPLITS, StreamingDataError, join_remote
 from composer_dynsample.data.text.tokenized import TokenStore, pad_spans
 
@@ -101,7 +101,7 @@ class ShardReader:
                     f"holds its {split} folder; give this run another data.local, or wait for that run to end."
                 )
             raise StreamingDataError(f"{join_remote(remote, split)}: {text}") from None
-        keep_locks_in_cache(self.dataset)  # not in the temp folder, where they would stay
+        hold_locks_until_exit(self.dataset)  # Streaming's lock files in the temp folder go when the run ends
         self.num_rows = self.dataset.num_samples
         self._starts = np.concatenate([[0], np.cumsum(self.dataset.samples_per_shard)]).astype(np.int64)
         stream = self.dataset.streams[0]

@@ -136,13 +136,8 @@ def test_one_process_reading_a_remote_keeps_its_cache_from_another(two_remotes, 
         load_streaming(str(out_b), local)
     assert _cached(local) == cached and len(cached) > 2
     _assert_same_rows(first, streamed)
-    close_readers()  # forgotten, but still alive: Streaming still holds the folder
-    with pytest.raises(StreamingDataError) as caught:
-        load_streaming(str(out_a), local)
-    assert str(caught.value) == (
-        f"{out_a / 'train'}: data.local {str(local)!r}: another reader (of this process, or of another run) "
-        "still holds its train folder; give this run another data.local, or wait for that run to end."
-    )  # was Streaming's advice to call clean_stale_shared_memory()
+    close_readers()  # forgotten: the folder may be opened again, as the error of another conversion says
+    _assert_same_rows(first, load_streaming(str(out_a), local))
 
 
 CLAIM = """
