@@ -1,0 +1,40 @@
+"""A process that opens many streaming data sets (a notebook, a test suite) holds descriptors in proportion to
+them, not to their square: each data set's prefix is marked by its lock files as soon as it is built, so
+Streaming's search for a free prefix never attaches to the shared memory of the ones before it."""
+
+from __future__ import annotations
+
+import gc
+import os
+import sys
+
+import pytest
+
+pytest.importorskip("streaming")
+
+from composer_dynsample.data.streaming import close_readers, convert_to_mds, load_streaming
+from tests.data.streaming.helpers import pairs_splits
+
+pytestmark = [
+    pytest.mark.filterwarnings("ignore::UserWarning"),
+    pytest.mark.skipif(not sys.platform.startswith("linux"), reason="counts /proc/self/fd"),
+]
+
+
+def _descriptors() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def test_each_data_set_opened_adds_about_as_many_descriptors_as_the_first(tmp_path):
+    convert_to_mds(pairs_splits(tmp_path, count=24), tmp_path / "mds", shard_size="4kb")
+    added = []
+    try:
+        for index in range(8):  # a folder each: a reader each, with its own prefix
+            before = _descriptors()
+            load_streaming(str(tmp_path / "mds"), tmp_path / f"local-{index}")
+            added.append(_descriptors() - before)
+    finally:
+        close_readers()
+        gc.collect()
+    # Attaching to every earlier prefix made the eighth cost about 7 x 7 more than the first.
+    assert max(added[1:]) <= added[0] + 8, added
