@@ -40,9 +40,12 @@ lint: $(TEST_STAMP)
 	$(VENV)/bin/ruff format --check composer_dynsample tests benchmarks
 	$(PY) benchmarks/report.py --check  # the README's benchmark summary matches benchmarks/results
 
-# The 25 slowest tests are listed at the end: the suite is kept under 15 minutes with the install.
+# The unit tests run in TEST_WORKERS processes (pytest-xdist; most of their time is single-threaded Python and
+# the processes they start), and the 25 slowest are listed at the end: the suite is kept under 15 minutes with
+# the install on 2 cores. `make test TEST_WORKERS=1` runs them in one process.
+TEST_WORKERS ?= 2
 test-unit: $(TEST_STAMP)
-	$(PY) -m pytest -q -p no:cacheprovider --durations=25 --doctest-modules composer_dynsample tests
+	$(PY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --durations=25 --doctest-modules composer_dynsample tests
 
 test-distributed: $(TEST_STAMP)
 	PYTHON=$(PY) bash tests/run_distributed.sh 2
