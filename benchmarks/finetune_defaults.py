@@ -17,7 +17,7 @@ sentence-transformers' value for that one default:
   take their anchors' positives (the recipe before text groups; it differs only on corpora with repeats);
 - ``mined``: not a default but the other half of the comparison: both tools' mined-once recipes (hard negatives
   mined once from the starting model: sentence-transformers' ``mine_hard_negatives``, this project's warm
-  table), at each tool's defaults.
+  table), at each tool's defaults; ``mined_symmetric``: this project's mined-once recipe with ``symmetric``'s loss.
 
 Each (corpus, variant) is one ``finetune_code.py`` run of 3 seeds (the CPU size: 3,000 training pairs, 60
 steps of 16), stored as ``results/ablations/finetune_defaults/CORPUS_VARIANT.json`` and run only where that
@@ -65,10 +65,14 @@ VARIANTS: dict[str, tuple[str, tuple[str, ...]]] = {
         ),
     ),
     "mined": ("both tools mined once", ()),
+    "mined_symmetric": (
+        "mined once, the loss both ways between queries and passages",
+        (_PASSAGES, "model.loss.symmetric=true"),
+    ),
 }
 #: variant -> the recipes its run trains (default: this project's in-batch one, and sentence-transformers'
 #: in-batch one with ``base``).
-VARIANT_RECIPES = {"mined": (report.OURS_OFFLINE, report.ST_MINED)}
+VARIANT_RECIPES = {"mined": (report.OURS_OFFLINE, report.ST_MINED), "mined_symmetric": (report.OURS_OFFLINE,)}
 #: ``--corpora`` entries: ``CORPUS`` or ``CORPUS:SPLIT_SEED`` of ``benchmarks/_corpora.py``.
 CORPORA = ("docstring", "code:1", "code")
 
@@ -140,7 +144,9 @@ def gather(corpora: list[str], quick: bool) -> tuple[dict[str, Any], str]:
                 continue
             stored = json.loads(path.read_text())
             if variant in VARIANT_RECIPES:
-                table += _own_rows(corpus, variant, stored, rows[corpus]["variants"])
+                mined = FOLDER / f"{stem(corpus, 'mined')}{suffix}.json"
+                against = json.loads(mined.read_text()) if mined.exists() else None
+                table += _own_rows(corpus, variant, stored, rows[corpus]["variants"], against)
                 continue
             mine = _mrr(stored, report.OURS_IN_BATCH)
             if mine is None:
@@ -160,9 +166,19 @@ def gather(corpora: list[str], quick: bool) -> tuple[dict[str, Any], str]:
     return {"corpora": rows}, text
 
 
-def _own_rows(corpus: str, variant: str, stored: dict[str, Any], into: dict[str, Any]) -> list[list[str]]:
-    """The rows of a variant that trains recipes of its own (``mined``): sentence-transformers' first, then this
-    project's with its difference from it."""
+def _own_rows(
+    corpus: str, variant: str, stored: dict[str, Any], into: dict[str, Any], mined: dict[str, Any] | None
+) -> list[list[str]]:
+    """The rows of a variant that trains recipes of its own: ``mined``, sentence-transformers' first, then this
+    project's with its difference from it; a variant of this project's mined recipe alone
+    (``mined_symmetric``), against the ``mined`` run's two recipes (``mined``, the same seeds' batches)."""
+    if len(VARIANT_RECIPES[variant]) == 1:
+        (ours_name,) = VARIANT_RECIPES[variant]
+        ours = into[variant] = _mrr(stored, ours_name)
+        st = None if mined is None else _mrr(mined, report.ST_MINED)
+        paired = "-" if mined is None else _paired(_by_seed(stored, ours_name), _by_seed(mined, ours_name))
+        label = f"this project, {VARIANTS[variant][0]}"
+        return [[corpus, label, _cell(ours), f"{paired} (against mined once)", _diff(ours, st)]]
     ours_name, st_name = VARIANT_RECIPES[variant]
     ours, st = _mrr(stored, ours_name), _mrr(stored, st_name)
     into[variant] = ours

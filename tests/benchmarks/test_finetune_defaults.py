@@ -94,3 +94,21 @@ def test_the_mined_variant_trains_both_tools_mined_recipes_and_compares_them(tmp
     assert result["corpora"]["docstring"]["variants"]["mined"][0] == pytest.approx(0.66)
     ours_row = next(line for line in text.splitlines() if report.OURS_OFFLINE in line)
     assert "+0.0200 +- " in ours_row  # against sentence-transformers' mined recipe, not its in-batch one
+
+
+def test_the_mined_symmetric_variant_is_paired_with_the_mined_run_and_compared_with_theirs(
+    tmp_path, monkeypatch
+):
+    defaults = load_benchmark("finetune_defaults")
+    report = load_benchmark("_finetune_report")
+    monkeypatch.setattr(defaults, "FOLDER", tmp_path)
+    ours, st = report.OURS_IN_BATCH, report.ST_IN_BATCH
+    _stored(tmp_path, "code_base", {ours: [0.70, 0.72, 0.71], st: [0.71, 0.71, 0.71]})
+    _stored(tmp_path, "code_mined", {report.OURS_OFFLINE: [0.74, 0.75, 0.76], report.ST_MINED: [0.75] * 3})
+    _stored(tmp_path, "code_mined_symmetric", {report.OURS_OFFLINE: [0.76, 0.77, 0.78]})  # +0.02 each seed
+    result, text = defaults.gather(["code"], quick=False)
+    assert result["corpora"]["code"]["variants"]["mined_symmetric"][0] == pytest.approx(0.77)
+    row = next(line for line in text.splitlines() if "mined once, the loss both ways" in line)
+    assert "+0.0200 +- 0.0000 (against mined once)" in row and row.rstrip(" |").endswith(
+        "0.0028"
+    )  # 2 SE of two
