@@ -31,6 +31,7 @@ __all__ = [
     "SupportsSetEpoch",
     "agreement_values",
     "check_sampler_agreement",
+    "class_positions",
     "epoch_rng",
     "no_epoch_target_message",
     "sampler_world_error",
@@ -74,6 +75,21 @@ def _resolve_world(num_replicas: int | None, rank: int | None) -> tuple[int, int
 def as_index_array(name: str, values: Sequence[int] | np.ndarray | torch.Tensor) -> np.ndarray:
     """Convert 1-D integer input (list, array or tensor) to an int64 numpy array, or raise a clear error."""
     return as_labels(name, values)  # type: ignore[return-value]
+
+
+def class_positions(classes: np.ndarray, labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each label's position in the sorted ``classes`` (a sampler's ``classes``: what class centroids are
+    indexed by), as int64, and the labels that are none of ``classes`` (sorted, each once).
+
+    Example:
+        >>> positions, unknown = class_positions(np.array([3, 7, 9]), np.array([9, 3, 5, 7]))
+        >>> positions.tolist(), unknown.tolist()
+        ([2, 0, 1, 1], [5])
+    """
+    classes, labels = np.asarray(classes), np.asarray(labels)
+    positions = np.searchsorted(classes, labels).clip(max=max(classes.size - 1, 0))
+    found = classes[positions] == labels if classes.size else np.zeros(labels.shape, dtype=bool)
+    return positions.astype(np.int64), np.unique(labels[~found])
 
 
 class _Sized:

@@ -21,7 +21,12 @@ import numpy as np
 import torch
 
 from composer_dynsample.distributed import stable_hash
-from composer_dynsample.samplers.base import DistributedBatchSampler, as_index_array, epoch_rng
+from composer_dynsample.samplers.base import (
+    DistributedBatchSampler,
+    as_index_array,
+    class_positions,
+    epoch_rng,
+)
 from composer_dynsample.validation import check_choice, check_int
 
 __all__ = ["MIX_SAMPLING", "MixedBatchSampler", "check_mixable"]
@@ -387,10 +392,10 @@ def _dense_labels(
                 f"pass labels={{{name!r}: the labels it was built from}}."
             )
         values = as_index_array(f"labels[{name!r}]", labels[name])
-        positions = np.searchsorted(sampler.classes, values).clip(max=sampler.classes.size - 1)
-        if values.size != sampler.num_indices or not np.array_equal(sampler.classes[positions], values):
+        positions, unknown = class_positions(sampler.classes, values)
+        if values.size != sampler.num_indices or unknown.size:
             raise ValueError(
                 f"source {name!r}: labels[{name!r}] are not the labels its sampler was built from."
             )
-        dense[source] = torch.from_numpy(positions.astype(np.int64))
+        dense[source] = torch.from_numpy(positions)
     return dense

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import torch
 from composer.core import Algorithm, Event, State
 from composer.loggers import Logger
@@ -42,6 +43,7 @@ from composer_dynsample.distributed import (
     all_gather_embeddings,
 )
 from composer_dynsample.mining.mined_batch import MinedBatch
+from composer_dynsample.samplers.base import class_positions
 from composer_dynsample.validation import check_bool, check_choice, check_int, parse_time
 
 __all__ = ["EmbeddingTable", "class_centroids"]
@@ -375,16 +377,14 @@ class EmbeddingTable(TableEncodings, Algorithm):
             skipped = getattr(self._sampler, "last_skipped", {})
             logger.log_metrics({f"embedding_table/skipped_{name}": float(n) for name, n in skipped.items()})
             return
-        labels = train_labels(state).cpu().long()
-        classes = torch.as_tensor(self._sampler.classes, dtype=torch.int64)  # sorted, any integers
-        dense = torch.searchsorted(classes, labels).clamp_(max=classes.numel() - 1)
-        if not torch.equal(classes[dense], labels):
-            unknown = sorted(set(labels.tolist()) - set(classes.tolist()))[:5]
+        classes = np.asarray(self._sampler.classes)  # sorted, any integers
+        dense, unknown = class_positions(classes, train_labels(state).cpu().long().numpy())
+        if unknown.size:
             raise ValueError(
                 f"EmbeddingTable: the training labels hold classes the sampler was not built with (e.g. "
-                f"{unknown}); build {type(self._sampler).__name__} from the training dataset's labels."
+                f"{unknown[:5].tolist()}); build {type(self._sampler).__name__} from the training dataset's labels."
             )
-        self._sampler.update_class_embeddings(*self.centroids(dense, classes.numel()))
+        self._sampler.update_class_embeddings(*self.centroids(torch.from_numpy(dense), classes.size))
 
     def state_dict(self) -> dict[str, Any]:
         self.apply_staged()
