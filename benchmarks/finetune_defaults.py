@@ -39,12 +39,12 @@ from pathlib import Path
 from typing import Any
 
 import _finetune_report as report
-from _common import RESULTS, markdown_table, write_results
+from _common import RESULTS, ablation_folder, markdown_table, write_results
 from _common import parser as make_parser
 
 HERE = Path(__file__).resolve().parent
 NAME = "finetune_defaults"
-FOLDER = RESULTS / "ablations" / NAME
+FOLDER = ablation_folder(RESULTS, NAME)
 _CLIP = "algorithms.gradient_clipping={clipping_type: norm, clipping_threshold: 1.0}"
 _PASSAGES = "model.loss.negatives=passages"
 #: variant -> (what it changes, its overrides of this project's in-batch recipe).

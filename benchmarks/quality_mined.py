@@ -184,7 +184,8 @@ def why(args) -> dict:
     chosen = {name: WHY[name] for name in (args.recipes or WHY)}
     started = time.time()
     recipes = run_all(chosen, seeds, quick, args.jobs, args.threads)
-    stored = ablation_folder(args.out, "why_mined_pays") / "quality_mined_why.json"
+    folder = ablation_folder(args.out, "why_mined_pays")
+    stored = folder / "quality_mined_why.json"
     if args.merge and stored.exists():
         merged = {**json.loads(stored.read_text())["recipes"], **recipes}
         recipes = {name: merged[name] for name in WHY if name in merged}
@@ -222,9 +223,7 @@ def why(args) -> dict:
         "machine": machine_info(torch_threads=False),
         "total_s": round(time.time() - started, 1),
     }
-    return write_results(
-        ablation_folder(args.out, "why_mined_pays"), "quality_mined_why", args.quick, result, text
-    )
+    return write_results(folder, "quality_mined_why", args.quick, result, text)
 
 
 def main(argv: list[str] | None = None) -> dict:

@@ -90,8 +90,9 @@ def load_streaming(
 
     Raises:
         StreamingDataError: One line: an option out of range (a ``cache_limit`` below four shards names the
-            least), a ``local`` that is a file, the converted folder's or another run's cache now, a file missing, corrupt or not downloadable (naming it and the attempts), or a tokenizer
-            or ``max_length`` other than the shards', or other prompts than ``run_prompts``.
+            least), a ``local`` that is a file, the converted folder's or another run's cache now, a file
+            missing, corrupt or not downloadable (naming it and the attempts), or a tokenizer or
+            ``max_length`` other than the shards', or other prompts than ``run_prompts``.
     """
     if not isinstance(remote, str) or not remote:
         raise StreamingDataError(f"data.remote must be a URL or a folder, got {remote!r}.")
