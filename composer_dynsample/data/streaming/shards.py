@@ -78,11 +78,12 @@ class ShardReader:
         retries: int,
         timeout: float,
         validate_hash: str | None,
+        digest: str | None = None,
     ) -> None:
         from streaming import StreamingDataset
 
         self.remote, self.split, self.retries = remote, split, retries
-        self.digest: str | None = None  # the manifest hash of the conversion read (set by open_reader)
+        self.digest = digest  # the manifest hash of the conversion read
         try:
             self.dataset = StreamingDataset(
                 remote=join_remote(remote, split),
@@ -282,8 +283,7 @@ def open_reader(remote: str, split: str, local: Path, *, digest: str, **options:
     with _LOCK:
         reader = _OPEN.get(key)
         if reader is None:
-            reader = _OPEN[key] = ShardReader(remote, split, local, **options)
-            reader.digest = digest
+            reader = _OPEN[key] = ShardReader(remote, split, local, digest=digest, **options)
         return reader
 
 
