@@ -51,6 +51,9 @@ __all__ = [
     "open_reader",
 ]
 
+#: Tries at registering a reader's shared memory: two processes starting a StreamingDataset at the same moment
+#: can pick one free prefix, and the later one's registration fails with FileExistsError.
+_PREFIX_ATTEMPTS = 5
 _OPEN: dict[str, ShardReader] = {}  # local split folder -> its reader: StreamingDataset allows one per folder
 _LOCK = threading.Lock()
 _MAPPED = 64  # shard files kept mapped per reader and process (address space; a batch touches many)
@@ -84,16 +87,20 @@ class ShardReader:
 
         self.remote, self.split, self.retries = remote, split, retries
         self.digest = digest  # the manifest hash of the conversion read
+        options = {
+            "remote": join_remote(remote, split), "local": str(local / split), "cache_limit": cache_limit,
+            "download_retry": retries + 1,  # Streaming counts every attempt, the first too
+            "download_timeout": timeout, "validate_hash": validate_hash, "batch_size": 1,
+        }  # fmt: skip
         try:
-            self.dataset = StreamingDataset(
-                remote=join_remote(remote, split),
-                local=str(local / split),
-                cache_limit=cache_limit,
-                download_retry=retries + 1,  # Streaming counts every attempt, the first too
-                download_timeout=timeout,
-                validate_hash=validate_hash,
-                batch_size=1,
-            )
+            for attempt in range(_PREFIX_ATTEMPTS):
+                try:
+                    self.dataset = StreamingDataset(**options)
+                    break
+                except FileExistsError:  # another process took the same shared-memory prefix at once
+                    if attempt == _PREFIX_ATTEMPTS - 1:
+                        raise
+                    time.sleep(0.05 * (attempt + 1))  # its prefix is registered now: the next search skips it
         except ValueError as error:  # cache_limit too small for the shards, a bad option
             text = str(error).strip().splitlines()[0]
             if text.startswith("Reused local directory"):  # another live StreamingDataset's folder

@@ -38,3 +38,27 @@ def test_each_data_set_opened_adds_about_as_many_descriptors_as_the_first(tmp_pa
         gc.collect()
     # Attaching to every earlier prefix made the eighth cost about 7 x 7 more than the first.
     assert max(added[1:]) <= added[0] + 8, added
+
+
+def test_a_prefix_another_process_took_at_the_same_moment_is_tried_again(tmp_path, monkeypatch):
+    """Two processes starting a StreamingDataset at once can pick one shared-memory prefix; the later one's
+    registration fails with FileExistsError, and the reader tries again (the prefix is taken by then)."""
+    import streaming
+
+    convert_to_mds(pairs_splits(tmp_path, count=24), tmp_path / "mds", shard_size="4kb")
+    real, calls = streaming.StreamingDataset, []
+
+    def first_collides(**options):
+        calls.append(options["local"])
+        if len(calls) == 1:
+            raise FileExistsError(17, "File exists", "/000001_locals")
+        return real(**options)
+
+    monkeypatch.setattr(streaming, "StreamingDataset", first_collides)
+    try:
+        splits = load_streaming(str(tmp_path / "mds"), tmp_path / "local")
+    finally:
+        close_readers()
+        gc.collect()
+    # the train split's reader, built on its second try
+    assert splits.train.num_classes == 24 and calls[0] == calls[1]
