@@ -57,6 +57,18 @@ def time_interleaved(fns: dict[str, Callable[[], object]], rounds: int, warmup: 
     return {name: statistics.median(values) for name, values in samples.items()}
 
 
+def in_units(seconds: dict[str, float], unit: str = "ms", digits: int = 3) -> dict[str, float]:
+    """Each of ``seconds`` (the medians of :func:`time_interleaved`, say) as ``NAME_ms`` (or ``NAME_us``),
+    rounded to ``digits``, for a result row.
+
+    Example:
+        >>> in_units({"step": 0.0123456, "mine": 0.0004}), in_units({"call": 2.5e-6}, "us", 1)
+        ({'step_ms': 12.346, 'mine_ms': 0.4}, {'call_us': 2.5})
+    """
+    scale = {"ms": 1e3, "us": 1e6}[unit]
+    return {f"{name}_{unit}": round(value * scale, digits) for name, value in seconds.items()}
+
+
 def rounds_for_budget(fns: dict[str, Callable[[], object]], budget_s: float, max_rounds: int) -> int:
     """Call each function once (the warm-up) and return how many interleaved rounds fit ``budget_s``."""
     start = time.perf_counter()

@@ -51,7 +51,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from _common import load_average, machine_info, markdown_table, save_figure, write_results
+from _common import in_units, load_average, machine_info, markdown_table, save_figure, write_results
 from _common import parser as make_parser
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -243,9 +243,7 @@ def gather_worker(batches: list[int], rounds: int, out_file: str | None) -> None
                 "batch": batch,
                 "dim": GATHER_DIM,
                 "pool_rows": world * batch,
-                "gather_constant_ms": round(medians["gather_constant"] * 1e3, 3),
-                "gather_autograd_ms": round(medians["gather_autograd"] * 1e3, 3),
-                "matmul_ms": round(medians["matmul"] * 1e3, 3),
+                **in_units(medians),
                 "constant_over_matmul": round(medians["gather_constant"] / medians["matmul"], 2),
                 "autograd_over_matmul": round(medians["gather_autograd"] / medians["matmul"], 2),
             }

@@ -21,7 +21,15 @@ from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
-from _common import goal_table, load_average, machine_info, markdown_table, time_interleaved, write_results
+from _common import (
+    goal_table,
+    in_units,
+    load_average,
+    machine_info,
+    markdown_table,
+    time_interleaved,
+    write_results,
+)
 from _common import parser as make_parser
 
 from composer_dynsample.mining import MINERS, BaseMiner
@@ -74,8 +82,7 @@ def measure(name: str, batch: int, rounds: int) -> dict:
     return {
         "miner": name,
         "batch": batch,
-        "bare_us": round(times["bare"] * 1e6, 1),
-        "object_us": round(times["object"] * 1e6, 1),
+        **in_units(times, "us", 1),
         "object_over_bare": round(times["object"] / times["bare"], 3),
         "object_added_us": round((times["object"] - times["bare"]) * 1e6, 1),
     }

@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 from _common import (
     goal_table,
+    in_units,
     load_average,
     machine_info,
     markdown_table,
@@ -88,8 +89,7 @@ def measure(strategy: str, batch: int, memory: int, repeats: int) -> dict:
         "strategy": strategy,
         "batch": batch,
         "memory": memory,
-        "mine_ms": round(mine_s * 1e3, 3),
-        "step_ms": round(step_s * 1e3, 3),
+        **in_units(medians),
         "fraction": round(mine_s / step_s, 4),
     }
 

@@ -53,6 +53,7 @@ from typing import Any
 import numpy as np
 import torch
 from _common import (
+    in_units,
     load_average,
     machine_info,
     markdown_table,
@@ -288,7 +289,7 @@ def measure_loader_vs_step(store: TextStore, vocab_size: int, rounds: int) -> di
         "padded_length": max(lengths),
         "torch_threads": torch.get_num_threads(),
         "rounds": rounds,
-        **{f"{name}_ms": round(1000 * seconds, 3) for name, seconds in medians.items()},
+        **in_units(medians),
         "step_per_collate": round(medians["step"] / medians["collate"], 1),
         "step_per_dataloader_batch": round(medians["step"] / medians["dataloader"], 1),
     }

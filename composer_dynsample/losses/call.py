@@ -1,22 +1,24 @@
 """A loss call: pytorch-metric-learning's five arguments and the keywords, the one signature every loss here takes.
 
 Every loss is called as ``loss(embeddings, labels, indices_tuple, ref_emb, ref_labels)`` plus the keywords
-its ``forward`` takes by name (``global_mean``, ``duplicate_ids``, ``ref_duplicate_ids``, ``is_query``,
-``source``): :class:`LossCall` holds such a call once, for a loss to compute from
+its ``forward`` takes by name (of :data:`KEYWORDS`: ``global_mean``, ``duplicate_ids``, ``ref_duplicate_ids``,
+``is_query``, ``source``): :class:`LossCall` holds such a call once, for a loss to compute from
 (:class:`~composer_dynsample.losses.tuple_losses.TupleLoss`) or to pass on to an inner loss
-(:class:`~composer_dynsample.losses.wrapper.LossWrapper`), and :func:`forward_takes` says which keywords a
-loss of any library takes.
+(:class:`~composer_dynsample.losses.wrapper.LossWrapper`), :func:`loss_forward` makes the ``forward`` of
+both that takes the call, and :func:`forward_takes` says which keywords a loss of any library takes.
 """
 
 from __future__ import annotations
 
+import functools
 import inspect
+from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
 import torch
 from torch import nn
 
-__all__ = ["LossCall", "forward_takes", "passed_on"]
+__all__ = ["KEYWORDS", "LossCall", "forward_takes", "loss_forward", "passed_on"]
 
 
 def forward_takes(loss: nn.Module, keyword: str) -> bool:
@@ -51,3 +53,67 @@ class LossCall(NamedTuple):
             call.embeddings, call.labels, call.indices_tuple, call.ref_emb, call.ref_labels,
             **passed_on(loss, call.keywords),
         )  # fmt: skip
+
+
+def _every_keyword(
+    *,
+    global_mean: bool = False,
+    duplicate_ids: torch.Tensor | None = None,
+    ref_duplicate_ids: torch.Tensor | None = None,
+    is_query: torch.Tensor | None = None,
+    source: str | None = None,
+) -> None:
+    """The keywords of :data:`KEYWORDS`, written once as the parameters a ``forward`` shows."""
+
+
+#: Every keyword a loss here may take by name after the five arguments, in the order of its ``forward``,
+#: with its annotation and default: the mean over every rank's tuples, the ids of repeated texts in the
+#: batch and in ``ref_emb``, which rows are queries, and the batch's source of a mix of data sets.
+KEYWORDS: Mapping[str, inspect.Parameter] = inspect.signature(_every_keyword).parameters
+
+
+def loss_forward(
+    *keywords: str,
+) -> Callable[[Callable[[Any, LossCall], torch.Tensor]], Callable[..., torch.Tensor]]:
+    """Make ``method(self, call)`` a loss's ``forward``, called with the five arguments and ``keywords`` (of
+    :data:`KEYWORDS`) by name, which hands ``method`` the :class:`LossCall`.
+
+    The ``forward`` has ``method``'s name and docstring, and the signature of that call (what
+    :func:`forward_takes` reads): the five arguments, then ``keywords``, keyword-only, with their defaults.
+    A keyword it does not take raises Python's own ``TypeError``.
+
+    Example:
+        >>> class Norm(nn.Module):
+        ...     @loss_forward("global_mean")
+        ...     def forward(self, call: LossCall) -> torch.Tensor:
+        ...         return call.embeddings.norm() * (2 if call.keywords["global_mean"] else 1)
+        >>> float(Norm()(torch.ones(1, 4), torch.zeros(1), global_mean=True)), forward_takes(Norm(), "source")
+        (4.0, False)
+        >>> list(inspect.signature(Norm.forward).parameters)[-2:]
+        ['ref_labels', 'global_mean']
+    """
+    taken = [KEYWORDS[name] for name in keywords]
+
+    def decorate(method: Callable[[Any, LossCall], torch.Tensor]) -> Callable[..., torch.Tensor]:
+        def forward(
+            self,
+            embeddings: torch.Tensor,
+            labels: torch.Tensor,
+            indices_tuple: tuple[torch.Tensor, ...] | None = None,
+            ref_emb: torch.Tensor | None = None,
+            ref_labels: torch.Tensor | None = None,
+            **given: Any,
+        ) -> torch.Tensor:
+            unknown = [name for name in given if name not in keywords]
+            if unknown:
+                raise TypeError(f"{forward.__qualname__}() got an unexpected keyword argument '{unknown[0]}'")
+            values = {key.name: given.get(key.name, key.default) for key in taken}
+            return method(self, LossCall(embeddings, labels, indices_tuple, ref_emb, ref_labels, values))
+
+        own = inspect.signature(forward)
+        *five, _ = own.parameters.values()
+        functools.update_wrapper(forward, method)
+        forward.__signature__ = own.replace(parameters=[*five, *taken])  # type: ignore[attr-defined]
+        return forward
+
+    return decorate

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 
 from composer_dynsample.distances import distance_matrix
 from composer_dynsample.distributed import all_gather_embeddings, get_world_size
-from composer_dynsample.losses.call import LossCall
+from composer_dynsample.losses.call import LossCall, loss_forward
 from composer_dynsample.losses.tuple_losses import TupleLoss
 from composer_dynsample.mining.duplicates import duplicate_negatives
 from composer_dynsample.validation import (
@@ -123,28 +123,11 @@ class InfoNCELoss(TupleLoss):
         self.symmetric = check_bool("symmetric", symmetric)
         self.negatives = check_choice("negatives", negatives, NEGATIVES)
 
-    def forward(
-        self,
-        embeddings: torch.Tensor,
-        labels: torch.Tensor,
-        indices_tuple: tuple[torch.Tensor, ...] | None = None,
-        ref_emb: torch.Tensor | None = None,
-        ref_labels: torch.Tensor | None = None,
-        *,
-        global_mean: bool = False,
-        duplicate_ids: torch.Tensor | None = None,
-        ref_duplicate_ids: torch.Tensor | None = None,
-        is_query: torch.Tensor | None = None,
-    ) -> torch.Tensor:
+    @loss_forward("global_mean", "duplicate_ids", "ref_duplicate_ids", "is_query")
+    def forward(self, call: LossCall) -> torch.Tensor:
         """The loss; ``duplicate_ids``/``ref_duplicate_ids`` as in the class docstring, ``is_query`` (``(B,)``
         bool, which rows are queries) with ``negatives="passages"``. Default: none."""
-        keywords = {
-            "global_mean": global_mean,
-            "duplicate_ids": duplicate_ids,
-            "ref_duplicate_ids": ref_duplicate_ids,
-            "is_query": is_query,
-        }
-        return self._reduced(LossCall(embeddings, labels, indices_tuple, ref_emb, ref_labels, keywords))
+        return self._reduced(call)
 
     def _loss(self, call: LossCall) -> torch.Tensor:
         """The loss before the attached zero: the masks of :func:`info_nce_masks`, restricted to queries

@@ -26,7 +26,7 @@ from torch import nn
 
 from composer_dynsample.distances import check_distance, distance_matrix
 from composer_dynsample.distributed import all_reduce_sum, get_world_size
-from composer_dynsample.losses.call import LossCall, forward_takes
+from composer_dynsample.losses.call import LossCall, forward_takes, loss_forward
 from composer_dynsample.losses.mined_loss import reject_mined_batch
 from composer_dynsample.validation import check_float
 
@@ -92,17 +92,8 @@ class TupleLoss(nn.Module):
         reject_mined_batch(type(self).__name__, embeddings)
         return super().__call__(embeddings, *args, **kwargs)
 
-    def forward(
-        self,
-        embeddings: torch.Tensor,
-        labels: torch.Tensor,
-        indices_tuple: tuple[torch.Tensor, ...] | None = None,
-        ref_emb: torch.Tensor | None = None,
-        ref_labels: torch.Tensor | None = None,
-        *,
-        global_mean: bool = False,
-    ) -> torch.Tensor:
-        call = LossCall(embeddings, labels, indices_tuple, ref_emb, ref_labels, {"global_mean": global_mean})
+    @loss_forward("global_mean")
+    def forward(self, call: LossCall) -> torch.Tensor:
         return self._reduced(call)
 
     def _reduced(self, call: LossCall) -> torch.Tensor:

@@ -1,12 +1,13 @@
 """One ranking pass of queries against a prepared gallery, summed per query, for the retrieval metrics.
 
 It owns the gallery prepared once for ranking (:class:`_Gallery`: cast, normalised for cosine, with
-per-label counts), the ranking key and the tie-stable ``k`` nearest items (:func:`_nearest`: ties go to
-the lower gallery index), the per-query sums of Recall@K hits, average precision and R-precision over
-the queries with ``R > 0`` (:func:`_retrieval_update`), and their means with the warning about queries
-that have no same-label gallery item (:func:`_retrieval_compute`). The definitions, distances and tie
-handling are documented in :mod:`composer_dynsample.metrics.functional`, whose functions and the
-torchmetrics classes of :mod:`composer_dynsample.metrics.retrieval` both run this pass.
+per-label counts), what a pass ranks for (:class:`_RankingPass`), the ranking key and the tie-stable ``k``
+nearest items (:func:`_nearest`: ties go to the lower gallery index), the per-query sums of Recall@K hits,
+average precision and R-precision over the queries with ``R > 0`` (:func:`_retrieval_update`), and their
+means with the warning about queries that have no same-label gallery item (:func:`_retrieval_compute`).
+The definitions, distances and tie handling are documented in :mod:`composer_dynsample.metrics.functional`,
+whose functions and the torchmetrics classes of :mod:`composer_dynsample.metrics.retrieval` both run this
+pass.
 """
 
 from __future__ import annotations
@@ -28,6 +29,16 @@ class _Gallery(NamedTuple):
     labels: torch.Tensor
     unique_labels: torch.Tensor
     counts: torch.Tensor
+
+
+class _RankingPass(NamedTuple):
+    """What one ranking pass computes and how: Recall@K for each of ``ks``, and the ``R`` nearest items
+    (MAP@R, R-precision) with ``need_r``, by ``distance``, ``chunk_size`` queries at a time."""
+
+    ks: tuple[int, ...]
+    need_r: bool
+    distance: str
+    chunk_size: int
 
 
 class _RetrievalSums(NamedTuple):
@@ -101,17 +112,15 @@ def _retrieval_update(
     query: torch.Tensor,
     query_labels: torch.Tensor,
     gallery: _Gallery,
+    ranking: _RankingPass,
     *,
-    ks: tuple[int, ...],
-    distance: str,
-    chunk_size: int,
     leave_one_out: bool,
-    need_r: bool,
 ) -> _RetrievalSums:
     """Sum the per-query results of ``query`` against a prepared ``gallery``.
 
     In leave-one-out mode, query row ``i`` is gallery row ``i`` and is excluded from its own ranking.
     """
+    ks, need_r, distance, chunk_size = ranking
     device = gallery.embeddings.device
     hits = torch.zeros(len(ks), dtype=torch.int64, device=device)
     ap_sum = torch.zeros((), dtype=torch.float64, device=device)
@@ -177,7 +186,7 @@ def _warn_about_queries_without_positive(sums: _RetrievalSums, leave_one_out: bo
 
 
 def _retrieval_compute(
-    sums: _RetrievalSums, ks: tuple[int, ...], need_r: bool = True, *, leave_one_out: bool = False
+    sums: _RetrievalSums, ranking: _RankingPass, *, leave_one_out: bool = False
 ) -> dict[str, torch.Tensor]:
     """Turn summed per-query results into means over the queries with ``R > 0`` (NaN if there are none).
 
@@ -187,9 +196,10 @@ def _retrieval_compute(
     _warn_about_queries_without_positive(sums, leave_one_out)
     count = sums.num_valid.to(torch.float64)
     result = {
-        f"recall_at_{k}": (sums.recall_hits[j].to(torch.float64) / count).float() for j, k in enumerate(ks)
+        f"recall_at_{k}": (sums.recall_hits[j].to(torch.float64) / count).float()
+        for j, k in enumerate(ranking.ks)
     }
-    if need_r:
+    if ranking.need_r:
         result["map_at_r"] = (sums.ap_sum / count).float()
         result["r_precision"] = (sums.r_precision_sum / count).float()
     return result

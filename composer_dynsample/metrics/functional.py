@@ -39,6 +39,7 @@ from composer_dynsample.distances import DISTANCES
 from composer_dynsample.metrics._gallery_ranking import (
     _compute_dtype,
     _prepare_gallery,
+    _RankingPass,
     _retrieval_compute,
     _retrieval_update,
     _RetrievalSums,
@@ -65,6 +66,8 @@ Distance = Literal["cosine", "euclidean"]
 _DISTANCES: tuple[str, ...] = tuple(d for d in DISTANCES if d in ("cosine", "euclidean"))
 
 _NAMES = ("query_embeddings", "query_labels", "gallery_embeddings", "gallery_labels")
+# The arguments of those names, together.
+_Batch = tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]
 
 
 def _check_batch(
@@ -100,21 +103,14 @@ def _check_chunk_size(chunk_size: int) -> int:
     return check_int("chunk_size", chunk_size, minimum=1)  # type: ignore[return-value]
 
 
-def _checked_sums(
-    query_embeddings: torch.Tensor,
-    query_labels: torch.Tensor,
-    gallery_embeddings: torch.Tensor | None,
-    gallery_labels: torch.Tensor | None,
-    *,
-    ks: tuple[int, ...],
-    distance: str,
-    chunk_size: int,
-    need_r: bool,
-) -> _RetrievalSums:
-    checked = check_pool((query_embeddings, query_labels), (gallery_embeddings, gallery_labels), _NAMES)
-    query, labels = _detached(query_embeddings, query_labels)
+def _checked_sums(batch: _Batch, ranking: _RankingPass) -> _RetrievalSums:
+    """The summed per-query results of ``batch`` (query embeddings and labels, gallery embeddings and labels,
+    ``None`` for leave-one-out), checked, in one ranking pass."""
+    checked = check_pool(batch[:2], batch[2:], _NAMES)
+    query, labels = _detached(*batch[:2])
+    distance = ranking.distance
     _check_distance(distance)
-    _check_chunk_size(chunk_size)
+    _check_chunk_size(ranking.chunk_size)
     if checked is None:
         gallery = _prepare_gallery(query, labels, distance, _compute_dtype(query))
         leave_one_out = True
@@ -124,16 +120,7 @@ def _checked_sums(
             raise ValueError("the gallery must hold at least one item, got 0.")
         gallery = _prepare_gallery(g_emb, g_labels, distance, _compute_dtype(query, g_emb))
         leave_one_out = False
-    return _retrieval_update(
-        query,
-        labels,
-        gallery,
-        ks=ks,
-        distance=distance,
-        chunk_size=chunk_size,
-        leave_one_out=leave_one_out,
-        need_r=need_r,
-    )
+    return _retrieval_update(query, labels, gallery, ranking, leave_one_out=leave_one_out)
 
 
 def retrieval_metrics(
@@ -178,17 +165,9 @@ def retrieval_metrics(
     ks = _check_ks(ks)
     if not ks:
         raise ValueError("ks must hold at least one K.")
-    sums = _checked_sums(
-        query_embeddings,
-        query_labels,
-        gallery_embeddings,
-        gallery_labels,
-        ks=ks,
-        distance=distance,
-        chunk_size=chunk_size,
-        need_r=True,
-    )
-    return _retrieval_compute(sums, ks, leave_one_out=gallery_embeddings is None)
+    ranking = _RankingPass(ks, True, distance, chunk_size)
+    sums = _checked_sums((query_embeddings, query_labels, gallery_embeddings, gallery_labels), ranking)
+    return _retrieval_compute(sums, ranking, leave_one_out=gallery_embeddings is None)
 
 
 def retrieval_recall_at_k(
@@ -215,20 +194,9 @@ def retrieval_recall_at_k(
         >>> retrieval_recall_at_k(query, torch.tensor([0, 0]), gallery, torch.tensor([0, 1, 0]), k=1)
         tensor(0.5000)
     """
-    ks = (_check_k(k),)
-    sums = _checked_sums(
-        query_embeddings,
-        query_labels,
-        gallery_embeddings,
-        gallery_labels,
-        ks=ks,
-        distance=distance,
-        chunk_size=chunk_size,
-        need_r=False,
-    )
-    return _retrieval_compute(sums, ks, need_r=False, leave_one_out=gallery_embeddings is None)[
-        f"recall_at_{k}"
-    ]
+    ranking = _RankingPass((_check_k(k),), False, distance, chunk_size)
+    sums = _checked_sums((query_embeddings, query_labels, gallery_embeddings, gallery_labels), ranking)
+    return _retrieval_compute(sums, ranking, leave_one_out=gallery_embeddings is None)[f"recall_at_{k}"]
 
 
 def mean_average_precision_at_r(
@@ -277,15 +245,10 @@ def r_precision(
     return _metric_at_r("r_precision", batch, distance, chunk_size)
 
 
-def _metric_at_r(
-    name: str,
-    batch: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None],
-    distance: str,
-    chunk_size: int,
-) -> torch.Tensor:
+def _metric_at_r(name: str, batch: _Batch, distance: str, chunk_size: int) -> torch.Tensor:
     """The result ``name`` of :func:`retrieval_metrics` without ranking for any Recall@K."""
-    sums = _checked_sums(*batch, ks=(), distance=distance, chunk_size=chunk_size, need_r=True)
-    return _retrieval_compute(sums, (), leave_one_out=batch[2] is None)[name]
+    ranking = _RankingPass((), True, distance, chunk_size)
+    return _retrieval_compute(_checked_sums(batch, ranking), ranking, leave_one_out=batch[2] is None)[name]
 
 
 def count_queries_without_positive(

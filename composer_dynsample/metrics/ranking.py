@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any
 
 import torch
 from torchmetrics import Metric
@@ -94,25 +93,6 @@ def _ndcg(relevant_sorted: torch.Tensor, k: int, positives: torch.Tensor) -> tor
     dcg = (relevant_sorted[:, :k].double() * discounts[: relevant_sorted.shape[1]]).sum(dim=1)
     ideal = torch.cumsum(discounts, 0)[(positives.clamp(1, k) - 1)]
     return dcg / ideal
-
-
-def _update_sums(
-    queries: torch.Tensor,
-    query_labels: torch.Tensor,
-    gallery: torch.Tensor,
-    gallery_labels: torch.Tensor,
-    *,
-    distance: str,
-    chunk_size: int,
-    **options: Any,
-) -> dict[str, torch.Tensor]:
-    sums: dict[str, torch.Tensor] = {}
-    for start in range(0, queries.shape[0], chunk_size):
-        distances = pairwise_distance(queries[start : start + chunk_size], gallery, distance)
-        chunk = rank_sums(distances, query_labels[start : start + chunk_size], gallery_labels, **options)
-        for name, value in chunk.items():
-            sums[name] = sums.get(name, 0) + value
-    return sums
 
 
 def rank_sums(
@@ -287,18 +267,22 @@ class RankingMetrics(Metric):
             raise RuntimeError("RankingMetrics has no gallery: call set_gallery(embeddings, labels) first.")
         _check_pair("query", embeddings, labels)
         gallery, gallery_labels = self._gallery
-        sums = _update_sums(
-            embeddings.detach().to(gallery.device),
-            labels.to(gallery.device),
-            gallery,
-            gallery_labels,
-            distance=self.distance,
-            recall_ks=self.recall_ks,
-            mrr_ks=self.mrr_ks,
-            ndcg_ks=self.ndcg_ks,
-            groups=self._groups,
-            chunk_size=self.chunk_size,
-        )
+        queries, query_labels = embeddings.detach().to(gallery.device), labels.to(gallery.device)
+        sums: dict[str, torch.Tensor] = {}
+        for start in range(0, queries.shape[0], self.chunk_size):
+            rows = slice(start, start + self.chunk_size)
+            distances = pairwise_distance(queries[rows], gallery, self.distance)
+            chunk = rank_sums(
+                distances,
+                query_labels[rows],
+                gallery_labels,
+                recall_ks=self.recall_ks,
+                mrr_ks=self.mrr_ks,
+                ndcg_ks=self.ndcg_ks,
+                groups=self._groups,
+            )
+            for name, value in chunk.items():
+                sums[name] = sums.get(name, 0) + value
         for name, value in sums.items():
             setattr(self, name, getattr(self, name) + value.to(self.device))
 

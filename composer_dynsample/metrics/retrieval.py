@@ -42,6 +42,7 @@ from composer_dynsample.metrics._gallery_ranking import (
     _Gallery,
     _gallery_to,
     _prepare_gallery,
+    _RankingPass,
     _retrieval_compute,
     _retrieval_update,
     _RetrievalSums,
@@ -213,20 +214,15 @@ class _RetrievalMetricBase(Metric):
         self, query: torch.Tensor, labels: torch.Tensor, gallery: _Gallery, *, leave_one_out: bool
     ) -> _RetrievalSums:
         """The summed per-query results of ``query`` ranked against ``gallery`` with this metric's settings."""
-        return _retrieval_update(
-            query,
-            labels,
-            gallery,
-            ks=self.ks,
-            distance=self.distance,
-            chunk_size=self.chunk_size,
-            leave_one_out=leave_one_out,
-            need_r=self.need_r,
-        )
+        return _retrieval_update(query, labels, gallery, self._ranking(), leave_one_out=leave_one_out)
+
+    def _ranking(self) -> _RankingPass:
+        """This metric's ranking pass: its ``ks``, whether it needs ``R``, its distance and chunk size."""
+        return _RankingPass(self.ks, self.need_r, self.distance, self.chunk_size)
 
     def _compute_dict(self) -> dict[str, torch.Tensor]:
         leave_one_out = self._gallery is None
-        return _retrieval_compute(self._sums(), self.ks, need_r=self.need_r, leave_one_out=leave_one_out)
+        return _retrieval_compute(self._sums(), self._ranking(), leave_one_out=leave_one_out)
 
     def _sync_dist(self, dist_sync_fn: Any = None, process_group: Any = None) -> None:
         # torchmetrics fills an empty list state on a rank without data with a float tensor of the
