@@ -4,20 +4,24 @@ every corpus the harness builds: which differences explain the in-batch gap, and
 The harness's sentence-transformers run (``_finetune_workers.st_worker``) is its ``SentenceTransformerTrainer``
 with ``MultipleNegativesRankingLoss``; this project's is ``yamls/finetune_code_search.yaml``. Where the two
 differ (benchmarks/README.md, "The defaults side by side"), a variant of this project's in-batch recipe takes
-sentence-transformers' value for that one default:
+sentence-transformers' value for that one default. The recipe it changes is pinned (``_PLAIN``: no gradient
+clipping, NT-Xent over every row of the batch), as it was before this comparison: the YAML has since taken
+clipping and the ``symmetric`` loss, and each variant's overrides say all it changes, so a stored result is
+rebuilt by its command whatever the YAML holds.
 
 - ``clip``: gradient clipping at norm 1.0 (Hugging Face's ``max_grad_norm``), Composer's ``GradientClipping``;
 - ``passages``: the loss in one direction, each query against the batch's passages
   (``model.loss.negatives=passages``: ``MultipleNegativesRankingLoss``), instead of NT-Xent over every row;
 - ``st_defaults``: both;
-- ``symmetric``: not a default of the harness's run but sentence-transformers' other in-batch loss,
-  ``MultipleNegativesSymmetricRankingLoss``: the one-way loss and its reverse (each passage against the
+- ``symmetric``: with clipping, not a default of the harness's run but sentence-transformers' other in-batch
+  loss, ``MultipleNegativesSymmetricRankingLoss``: the one-way loss and its reverse (each passage against the
   batch's queries), averaged, as CLIP trains (``negatives=passages`` with ``symmetric=true``);
 - ``miner``: repeated texts masked by their text alone, through a batch-hard miner whose dropped triplets
   take their anchors' positives (the recipe before text groups; it differs only on corpora with repeats);
 - ``mined``: not a default but the other half of the comparison: both tools' mined-once recipes (hard negatives
   mined once from the starting model: sentence-transformers' ``mine_hard_negatives``, this project's warm
-  table), at each tool's defaults; ``mined_symmetric``: this project's mined-once recipe with ``symmetric``'s loss.
+  table), at each tool's defaults (ours with clipping); ``mined_symmetric``: this project's mined-once recipe
+  with ``symmetric``'s clipping and loss (the YAML's recipe now).
 
 Each (corpus, variant) is one ``finetune_code.py`` run of 3 seeds (the CPU size: 3,000 training pairs, 60
 steps of 16), stored as ``results/ablations/finetune_defaults/CORPUS_VARIANT.json`` and run only where that
@@ -47,27 +51,32 @@ NAME = "finetune_defaults"
 FOLDER = ablation_folder(RESULTS, NAME)
 _CLIP = "algorithms.gradient_clipping={clipping_type: norm, clipping_threshold: 1.0}"
 _PASSAGES = "model.loss.negatives=passages"
-#: variant -> (what it changes, its overrides of this project's in-batch recipe).
+_SYMMETRIC = (_PASSAGES, "model.loss.symmetric=true")
+#: The recipe the variants change, pinned whatever ``yamls/finetune_code_search.yaml`` has since adopted: no
+#: gradient clipping, NT-Xent over every row of the batch (the recipe before this comparison).
+_PLAIN = ("algorithms.gradient_clipping=null", "model.loss.negatives=pool", "model.loss.symmetric=false")
+#: variant -> (what it changes, its overrides of the recipe: ``_PLAIN`` and the variant's own values).
 VARIANTS: dict[str, tuple[str, tuple[str, ...]]] = {
-    "base": ("both tools' in-batch recipes as they are", ()),
-    "clip": ("gradient clipping at norm 1.0", (_CLIP,)),
-    "passages": ("the loss one way: queries against passages (MNRL)", (_PASSAGES,)),
-    "st_defaults": ("clipping and the one-way loss (both defaults)", (_CLIP, _PASSAGES)),
+    "base": ("both tools' in-batch recipes as they are", _PLAIN),
+    "clip": ("gradient clipping at norm 1.0", (*_PLAIN, _CLIP)),
+    "passages": ("the loss one way: queries against passages (MNRL)", (*_PLAIN, _PASSAGES)),
+    "st_defaults": ("clipping and the one-way loss (both defaults)", (*_PLAIN, _CLIP, _PASSAGES)),
     "symmetric": (
-        "the loss both ways between queries and passages (MultipleNegativesSymmetricRankingLoss)",
-        (_PASSAGES, "model.loss.symmetric=true"),
+        "clipping and the loss both ways between queries and passages (MultipleNegativesSymmetricRankingLoss)",
+        (*_PLAIN, _CLIP, *_SYMMETRIC),
     ),
     "miner": (
         "repeats masked by text only, through a batch-hard miner (the recipe before text groups)",
         (
+            *_PLAIN,
             "algorithms.hard_negative_mining={strategy: batch_hard, duplicate_key: text_hash}",
             "model.duplicate_key=null",
         ),
     ),
-    "mined": ("both tools mined once", ()),
+    "mined": ("both tools mined once (ours with clipping)", (*_PLAIN, _CLIP)),
     "mined_symmetric": (
-        "mined once, the loss both ways between queries and passages",
-        (_PASSAGES, "model.loss.symmetric=true"),
+        "mined once, clipping and the loss both ways between queries and passages",
+        (*_PLAIN, _CLIP, *_SYMMETRIC),
     ),
 }
 #: variant -> the recipes its run trains (default: this project's in-batch one, and sentence-transformers'
