@@ -16,8 +16,8 @@ decay to zero), threads, device and precision:
 - **sentence-transformers, mined**: one negative per query from ``mine_hard_negatives`` with the base
   model (ranks 0 to 50, ``relative_margin=0.05``, as its documentation shows), mined once, then the same
   trainer and loss on the triplets;
-- **this project, in-batch**: ``yamls/finetune_code_search.yaml`` (InfoNCE at temperature 0.05 over the
-  batch pool);
+- **this project, in-batch**: ``yamls/finetune_code_search.yaml`` (InfoNCE at temperature 0.05 both ways
+  between the batch's queries and passages, gradients clipped at norm 1.0);
 - **this project, offline**: one mined negative per query from the warm embedding table, mined once
   (``sampler.max_snapshots=1``) and then fixed;
 - **this project, online**: the same from the warm table, the negatives refreshed from the table the

@@ -100,6 +100,33 @@ def check_config(cfg: DictConfig) -> None:
     dataloader_config(cfg)
     _check_from_source(cfg, model)
     check_sampler_table(section(cfg, "sampler", "sampler"), section(cfg, "algorithms", "algorithms"))
+    check_loss_pool(
+        split_loss_section(section(model, "loss", "model.loss"))[0], section(cfg, "algorithms", "algorithms")
+    )
+
+
+def check_loss_pool(loss: Mapping[str, Any], algorithms: Mapping[str, Any]) -> None:
+    """Refuse ``info_nce`` with ``negatives: passages`` beside a pool beyond the batch (the hard-negative
+    mining algorithm's ``cross_rank`` or ``memory_size``): that pool's rows carry no query flags, so the loss
+    would stop at its first step (on more than one rank); said here, before anything is built.
+
+    Raises:
+        ConfigError: Naming both keys and the way out.
+    """
+    mining = algorithms.get("hard_negative_mining")
+    if (
+        loss.get("name") != "info_nce"
+        or loss.get("negatives") != "passages"
+        or not isinstance(mining, Mapping)
+    ):
+        return
+    pools = [key for key in ("cross_rank", "memory_size") if mining.get(key)]
+    if pools:
+        raise ConfigError(
+            f"model.loss.negatives=passages scores a batch's queries against its passages, and "
+            f"algorithms.hard_negative_mining.{pools[0]} adds a pool beyond the batch whose rows are neither: "
+            "use model.loss.negatives=pool (model.loss.symmetric=false) with it, or turn the pool off."
+        )
 
 
 def _check_data_against_model(cfg: DictConfig) -> None:

@@ -25,7 +25,7 @@ def test_the_keys_wrap_the_configured_loss():
     loss = build_loss(cfg)
     assert isinstance(loss, MatryoshkaLoss) and isinstance(loss.loss, InfoNCELoss)
     assert loss.matryoshka_dims == (384, 256, 128, 64) and loss.matryoshka_weights == (1.0,) * 4
-    assert (loss.loss.temperature, loss.negatives) == (0.05, "pool")
+    assert (loss.loss.temperature, loss.negatives, loss.loss.symmetric) == (0.05, "passages", True)
     assert evaluation_dims(cfg) == (384, 256, 128, 64)
     weighted = build_loss(
         load_config(

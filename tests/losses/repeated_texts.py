@@ -25,14 +25,17 @@ from tests.data.text.helpers import WORDS, pair_rows, write_jsonl
 RECIPE = Path(__file__).resolve().parents[2] / "yamls" / "finetune_code_search.yaml"
 MINED = {"name": "mined_negatives", "pairs_per_batch": 4, "negatives_per_anchor": 1, "window": 4,
          "max_relative_similarity": None}  # fmt: skip
-#: The recipes checked: the shipped in-batch recipe, mined once and online from a warm table, and a pool
-#: of the other ranks' rows and a cross-batch memory (its miner's labels are the text groups).
+#: The recipes checked: the shipped in-batch recipe (its symmetric loss), mined once and online from a warm
+#: table, and NT-Xent over a pool of the other ranks' rows and a cross-batch memory (its miner's labels are
+#: the text groups).
 RECIPES: dict[str, dict[str, Any]] = {
     "in_batch": {},
     "mined_once": {"sampler": {**MINED, "max_snapshots": 1}, "algorithms": {"embedding_table": {"warm_start": True}}},
     "online": {"sampler": {**MINED, "refresh_every": 2}, "algorithms": {"embedding_table": {"warm_start": True}}},
     "pool": {
         "model_duplicate_key": None,
+        # The one-way and symmetric forms score queries against passages; a pool beyond the batch is NT-Xent's.
+        "model_loss": {"negatives": "pool", "symmetric": False},
         "algorithms": {"hard_negative_mining": {"strategy": "batch_hard", "labels_key": "text_group",
                                                 "cross_rank": True, "gather": "autograd", "memory_size": 16}},
     },
@@ -91,6 +94,7 @@ def recipe_config(folder: Path, recipe: str, steps: int = 6) -> dict[str, Any]:
     config["model"]["encoder"] = {"name": "bag_of_tokens", "token_dim": 16}
     if "model_duplicate_key" in changes:
         config["model"]["duplicate_key"] = changes["model_duplicate_key"]
+    config["model"]["loss"].update(changes.get("model_loss", {}))
     config["sampler"] = changes.get("sampler", {"name": "pk", "classes_per_batch": 4, "samples_per_class": 2})
     config["algorithms"] = {**(config.get("algorithms") or {}), **changes.get("algorithms", {})}
     config["optimizer"] = {"name": "adamw", "lr": 0.01}
