@@ -1,7 +1,8 @@
 """What ``finetune_code.py`` reports: its recipes' names, their summary over seeds, the goals, the table and the plot.
 
 The goals of ``--size cpu`` are the issue's: the mined recipes above in-batch beyond two standard errors, this
-project's in-batch equal to sentence-transformers' within them, and this project's in-batch step at most as
+project's in-batch equal to sentence-transformers' within them, this project's mined-once recipe above
+sentence-transformers' beyond them, and this project's in-batch step at most as
 slow and as large (peak RSS) as sentence-transformers'. ``--size gpu`` keeps the first two and asks its
 in-batch step for at most half sentence-transformers' time at the same precision (moonshot: 25 ms a step at
 128 pairs x 128 tokens).
@@ -180,7 +181,7 @@ def goals(recipes: dict[str, dict[str, Any]], options: Mapping[str, Any] | None 
     pairs = [
         (OURS_OFFLINE, OURS_IN_BATCH, "> 2 SE"), (OURS_ONLINE, OURS_IN_BATCH, "> 2 SE"),
         (ST_MINED, ST_IN_BATCH, "> 2 SE"), (OURS_ONLINE, OURS_OFFLINE, "> 2 SE"),
-        (OURS_IN_BATCH, ST_IN_BATCH, "within 2 SE"),
+        (OURS_IN_BATCH, ST_IN_BATCH, "within 2 SE"), (OURS_OFFLINE, ST_MINED, "> 2 SE"),
     ]  # fmt: skip
     for first, second, goal in pairs:
         if first in recipes and second in recipes:

@@ -86,7 +86,8 @@ def test_the_mined_variant_trains_both_tools_mined_recipes_and_compares_them(tmp
         report.OURS_OFFLINE,
         report.ST_MINED,
     ]
-    assert "--override" not in command  # each tool at its own defaults
+    # Ours pinned to the recipe it was measured with (clipping, NT-Xent), whatever the YAML holds since.
+    assert command[command.index("--override") + 1 :] == [*defaults._PLAIN, defaults._CLIP]
     monkeypatch.setattr(defaults, "FOLDER", tmp_path)
     _stored(tmp_path, "docstring_base", {report.OURS_IN_BATCH: [0.6, 0.6], report.ST_IN_BATCH: [0.6, 0.6]})
     _stored(tmp_path, "docstring_mined", {report.OURS_OFFLINE: [0.65, 0.67], report.ST_MINED: [0.64, 0.64]})
@@ -108,7 +109,18 @@ def test_the_mined_symmetric_variant_is_paired_with_the_mined_run_and_compared_w
     _stored(tmp_path, "code_mined_symmetric", {report.OURS_OFFLINE: [0.76, 0.77, 0.78]})  # +0.02 each seed
     result, text = defaults.gather(["code"], quick=False)
     assert result["corpora"]["code"]["variants"]["mined_symmetric"][0] == pytest.approx(0.77)
-    row = next(line for line in text.splitlines() if "mined once, the loss both ways" in line)
+    row = next(line for line in text.splitlines() if "mined once, clipping and the loss both ways" in line)
     assert "+0.0200 +- 0.0000 (against mined once)" in row and row.rstrip(" |").endswith(
         "0.0028"
     )  # 2 SE of two
+
+
+def test_every_variant_pins_the_recipe_it_changes():
+    """A stored variant is rebuilt by its command whatever the YAML adopts later: each variant's overrides
+    start from the pinned recipe (no clipping, NT-Xent) and name everything it changes."""
+    defaults = load_benchmark("finetune_defaults")
+    assert defaults._PLAIN == (
+        "algorithms.gradient_clipping=null", "model.loss.negatives=pool", "model.loss.symmetric=false"
+    )  # fmt: skip
+    for name, (_, overrides) in defaults.VARIANTS.items():
+        assert overrides[: len(defaults._PLAIN)] == defaults._PLAIN, name
