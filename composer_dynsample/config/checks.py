@@ -99,10 +99,12 @@ def check_config(cfg: DictConfig) -> None:
         _check_data_against_model(cfg)
     dataloader_config(cfg)
     _check_from_source(cfg, model)
-    check_sampler_table(section(cfg, "sampler", "sampler"), section(cfg, "algorithms", "algorithms"))
-    check_loss_pool(
-        split_loss_section(section(model, "loss", "model.loss"))[0], section(cfg, "algorithms", "algorithms")
-    )
+    if not is_mix(cfg):  # a mix's sources are checked each with its own sampler and loss, above
+        check_sampler_table(section(cfg, "sampler", "sampler"), section(cfg, "algorithms", "algorithms"))
+        check_loss_pool(
+            split_loss_section(section(model, "loss", "model.loss"))[0],
+            section(cfg, "algorithms", "algorithms"),
+        )
 
 
 def check_loss_pool(loss: Mapping[str, Any], algorithms: Mapping[str, Any]) -> None:
@@ -140,6 +142,7 @@ def _check_source(cfg: DictConfig) -> None:
     """The keys and value types of a source's ``data``, ``sampler`` and ``loss`` sections, and its data against
     the model (the source's config: see :func:`~composer_dynsample.config.mix_data.source_configs`)."""
     loss = split_loss_section(section(section(cfg, "model", "model"), "loss", "model.loss"))[0]
+    check_loss_pool(loss, section(cfg, "algorithms", "algorithms"))  # before resolve_entry takes its name
     for path, registry, options, values in (
         ("data", DATASETS, {}, section(cfg, "data", "data")),
         ("sampler", SAMPLERS, {"reserved": SAMPLER_RESERVED}, section(cfg, "sampler", "sampler")),
