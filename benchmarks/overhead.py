@@ -84,13 +84,12 @@ def measure(strategy: str, batch: int, memory: int, repeats: int) -> dict:
         repeats,
         warmup=2,
     )
-    mine_s, step_s = medians["mine"], medians["step"]
     return {
         "strategy": strategy,
         "batch": batch,
         "memory": memory,
         **in_units(medians),
-        "fraction": round(mine_s / step_s, 4),
+        "fraction": round(medians["mine"] / medians["step"], 4),
     }
 
 

@@ -81,10 +81,14 @@ def check_config(cfg: DictConfig) -> None:
     run_options(cfg)
     evaluation_config(cfg)
     check_trainer_basics(section(cfg, "trainer", "trainer"))
-    model = section(cfg, "model", "model")
+    model, algorithms = section(cfg, "model", "model"), section(cfg, "algorithms", "algorithms")
+    mix = is_mix(cfg)
+    loss = split_loss_section(section(model, "loss", "model.loss"))[0]
+    if not mix:  # a mix's sources are checked each with its own loss and sampler (check_mix, below)
+        check_loss_pool(loss, algorithms)  # before resolve_entry takes the section's name
     sections = [
-        ("data", {} if is_mix(cfg) else section(cfg, "data", "data"), DATASETS, {}, {}),
-        ("model.loss", split_loss_section(section(model, "loss", "model.loss"))[0], LOSSES, {}, {}),
+        ("data", {} if mix else section(cfg, "data", "data"), DATASETS, {}, {}),
+        ("model.loss", loss, LOSSES, {}, {}),
         ("sampler", section(cfg, "sampler", "sampler"), SAMPLERS, {}, {"reserved": SAMPLER_RESERVED}),
         ("optimizer", section(cfg, "optimizer", "optimizer"), OPTIMIZERS, {}, {"reserved": ("params",)}),
     ]
@@ -93,18 +97,14 @@ def check_config(cfg: DictConfig) -> None:
             entry, _, kwargs, _ = resolve_entry(path, values, registry, supplied=supplied, **options)
             check_types(path, entry, kwargs)
     check_encoder("model.encoder", section(model, "encoder", "model.encoder"))
-    if is_mix(cfg):  # each source's data and sampler sections, and its data against the model
+    if mix:  # each source's data, sampler and loss sections, and its data against the model
         check_mix(cfg, _check_source)
     else:
         _check_data_against_model(cfg)
     dataloader_config(cfg)
     _check_from_source(cfg, model)
-    if not is_mix(cfg):  # a mix's sources are checked each with its own sampler and loss, above
-        check_sampler_table(section(cfg, "sampler", "sampler"), section(cfg, "algorithms", "algorithms"))
-        check_loss_pool(
-            split_loss_section(section(model, "loss", "model.loss"))[0],
-            section(cfg, "algorithms", "algorithms"),
-        )
+    if not mix:
+        check_sampler_table(section(cfg, "sampler", "sampler"), algorithms)
 
 
 def check_loss_pool(loss: Mapping[str, Any], algorithms: Mapping[str, Any]) -> None:
