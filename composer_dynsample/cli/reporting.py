@@ -42,9 +42,9 @@ def _csn_candidates(gallery_size: int | None) -> str:
     """How many candidates CodeSearchNet's MRR ranks each query among: its groups' size, at most the gallery."""
     import inspect
 
-    from composer_dynsample.metrics.ranking import ranking_metrics
+    from composer_dynsample.metrics.ranking import RankingMetrics
 
-    candidates = inspect.signature(ranking_metrics).parameters["csn_candidates"].default
+    candidates = inspect.signature(RankingMetrics).parameters["csn_candidates"].default
     return f"up to {candidates}" if gallery_size is None else str(min(candidates, gallery_size))
 
 

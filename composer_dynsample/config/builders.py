@@ -46,7 +46,6 @@ from composer_dynsample.config.components import (
     call,
     check_keys,
     import_component,
-    parameters,
     resolve_entry,
     resolve_set,
 )
@@ -64,6 +63,7 @@ from composer_dynsample.config.names import (
     SAMPLERS,
     SCHEDULERS,
 )
+from composer_dynsample.config.parameters import parameters
 from composer_dynsample.config.prompts import data_prompts, folder_prompts
 from composer_dynsample.config.run_tokenizer import run_tokenizer
 from composer_dynsample.data import (

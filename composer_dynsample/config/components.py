@@ -14,14 +14,12 @@ from __future__ import annotations
 
 import importlib
 import inspect
-import numbers
-import types
-import typing
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from composer_dynsample._lazy import load
+from composer_dynsample.config.parameters import parameters, type_hints, wrong_kind
 from composer_dynsample.validation import did_you_mean
 
 __all__ = [
@@ -46,16 +44,6 @@ COMPONENT_KEY = "_component_"
 
 class ConfigError(ValueError):
     """A config key or value is wrong; the message names the key, the value and what is valid."""
-
-
-def parameters(target: Callable[..., Any]) -> Mapping[str, inspect.Parameter]:
-    """The parameters of a class's ``__init__`` or a function, without ``self``."""
-    try:
-        found = dict(inspect.signature(target).parameters)
-    except (TypeError, ValueError):  # builtins without a signature: accept any keyword
-        return {"kwargs": inspect.Parameter("kwargs", inspect.Parameter.VAR_KEYWORD)}
-    found.pop("self", None)
-    return found
 
 
 _VARIADIC = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
@@ -322,82 +310,6 @@ def resolve_set(
     return entries
 
 
-# ---------------------------------------------------------------------------------------------------------
-# Types of values against annotations
-# ---------------------------------------------------------------------------------------------------------
-_KINDS: dict[Any, str] = {bool: "bool", int: "int", float: "float", str: "str", type(None): "null"}
-_WORDS = {
-    "int": "an integer",
-    "float": "a number",
-    "bool": "true or false",
-    "str": "a string",
-    "list": "a list",
-}
-
-
-def _is_tensor_class(annotation: Any) -> bool:
-    """``torch.Tensor`` in a union such as AdamW's ``lr: float | Tensor``: no YAML value is one."""
-    return (
-        inspect.isclass(annotation)
-        and annotation.__name__ == "Tensor"
-        and annotation.__module__.startswith("torch")
-    )
-
-
-def _kinds(annotation: Any) -> set[str] | None:
-    """The plain value kinds an annotation admits, or ``None`` when it admits anything we cannot tell."""
-    if annotation in _KINDS:
-        kinds = {_KINDS[annotation]}
-        return kinds | {"int"} if "float" in kinds else kinds
-    origin = typing.get_origin(annotation)
-    if origin in (typing.Union, types.UnionType):
-        found: set[str] = set()
-        for member in typing.get_args(annotation):
-            if _is_tensor_class(member):
-                continue
-            kinds = _kinds(member)
-            if kinds is None:
-                return None
-            found |= kinds
-        return found
-    if origin in (list, tuple, Sequence) or annotation in (list, tuple):
-        return {"list"}
-    if origin is typing.Literal:
-        return {_KINDS.get(type(value), "other") for value in typing.get_args(annotation)}
-    return None  # tensors, modules, Any, user classes: not ours to judge
-
-
-def _kind(value: Any) -> str:
-    if isinstance(value, bool):
-        return "bool"
-    if isinstance(value, numbers.Integral):
-        return "int"
-    if isinstance(value, numbers.Real):
-        return "float"
-    if isinstance(value, (list, tuple)):
-        return "list"
-    return _KINDS.get(type(value), "other")
-
-
-def _expected(parameter: inspect.Parameter, hints: Mapping[str, Any]) -> set[str] | None:
-    if parameter.name in hints:
-        return _kinds(hints[parameter.name])
-    default = parameter.default
-    if default is inspect.Parameter.empty or default is None:
-        return None
-    kinds = _kinds(type(default))
-    # An un-annotated float default (lr=1e-3) also takes ints; an int default may mean a float too.
-    return kinds | {"int", "float"} if kinds and kinds & {"int", "float"} else kinds
-
-
-def _hints(target: Callable[..., Any]) -> Mapping[str, Any]:
-    function = target.__init__ if inspect.isclass(target) else target  # type: ignore[misc]
-    try:
-        return typing.get_type_hints(function)
-    except Exception:  # forward references that do not resolve: fall back to the defaults' types
-        return {}
-
-
 def check_types(path: str, entry: Registered, kwargs: Mapping[str, Any]) -> None:
     """Raise a ConfigError naming the key whose value's type the target's signature rules out.
 
@@ -412,19 +324,14 @@ def check_types(path: str, entry: Registered, kwargs: Mapping[str, Any]) -> None
         composer_dynsample.config.components.ConfigError: optimizer.lr must be a number, got 'fast' (a string).
     """
     signature = parameters(entry.target)
-    hints = _hints(entry.target)
+    hints = type_hints(entry.target)
     for key, value in kwargs.items():
         parameter = signature.get(key)
         if parameter is None or parameter.kind in _VARIADIC:
             continue
-        expected = _expected(parameter, hints)
-        kind = _kind(value)
-        if expected is None or kind == "other" or kind in expected or (kind == "bool" and "int" in expected):
-            continue
-        shown = expected - {"int"} if "float" in expected else expected  # "a number" covers integers
-        words = [_WORDS[name] for name in sorted(shown) if name in _WORDS]
-        wanted = " or ".join(words + (["null"] if "null" in expected else [])) or "something else"
-        raise ConfigError(f"{path}.{key} must be {wanted}, got {value!r} ({_WORDS.get(kind, kind)}).")
+        wrong = wrong_kind(parameter, hints, value)
+        if wrong is not None:
+            raise ConfigError(f"{path}.{key} {wrong}.")
 
 
 def call(path: str, entry: Registered, kwargs: Mapping[str, Any], *args: Any) -> Any:

@@ -25,7 +25,6 @@ from composer_dynsample.config.components import (
     ConfigError,
     Registered,
     call,
-    parameters,
     peek_parameters,
     resolve_entry,
 )
@@ -43,6 +42,7 @@ from composer_dynsample.config.model_checks import (
     tower_section,
 )
 from composer_dynsample.config.names import ENCODERS, LOSSES
+from composer_dynsample.config.parameters import parameters
 from composer_dynsample.data import DatasetSplits, TextStore
 from composer_dynsample.losses import TripletMarginLoss
 from composer_dynsample.models.embedding_model import EmbeddingModel

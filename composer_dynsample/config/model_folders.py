@@ -16,9 +16,10 @@ from typing import TYPE_CHECKING, Any
 
 from omegaconf import DictConfig
 
-from composer_dynsample.config.components import ConfigError, parameters, peek_entry
+from composer_dynsample.config.components import ConfigError, peek_entry
 from composer_dynsample.config.loading import section
 from composer_dynsample.config.names import ENCODERS
+from composer_dynsample.config.parameters import parameters
 
 if TYPE_CHECKING:
     from composer_dynsample.models.sentence_folder import ModelFolder

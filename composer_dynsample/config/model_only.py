@@ -28,11 +28,12 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from composer_dynsample.config.components import ConfigError, parameters, peek_entry
+from composer_dynsample.config.components import ConfigError, peek_entry
 from composer_dynsample.config.loading import evaluation_config, section
 from composer_dynsample.config.mix_data import is_mix
 from composer_dynsample.config.model_checks import folder_data_defaults
 from composer_dynsample.config.names import DATASETS
+from composer_dynsample.config.parameters import parameters
 from composer_dynsample.config.prompts import data_prompts
 from composer_dynsample.config.run_tokenizer import run_tokenizer
 

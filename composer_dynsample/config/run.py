@@ -31,7 +31,7 @@ from composer_dynsample.config.builders import (
     composer_dataloader,
 )
 from composer_dynsample.config.checks import TRAINER_OWNED, check_sampler_table, check_trainer_basics
-from composer_dynsample.config.components import ConfigError, check_keys, parameters, peek_entry
+from composer_dynsample.config.components import ConfigError, check_keys, peek_entry
 from composer_dynsample.config.device import (
     apply_device_settings,
     device_defaults,
@@ -50,6 +50,7 @@ from composer_dynsample.config.loading import (
 from composer_dynsample.config.mix_data import check_mix_pools, for_each_source
 from composer_dynsample.config.model_builders import build_model
 from composer_dynsample.config.names import SAMPLERS
+from composer_dynsample.config.parameters import parameters
 from composer_dynsample.data import DatasetSplits
 from composer_dynsample.data.identity import DataChangedError, data_changes, data_identity
 from composer_dynsample.distributed import get_world_size

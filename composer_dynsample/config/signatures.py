@@ -49,7 +49,7 @@ def _parse(path: Path) -> ast.Module | None:
         return None
 
 
-def _signature(function: ast.FunctionDef, *, method: bool) -> inspect.Signature:
+def _signature(function: ast.FunctionDef, *, method: bool, module: str) -> inspect.Signature:
     args = function.args
     positional = [*args.posonlyargs, *args.args][1 if method else 0 :]
     defaults = [None] * (len(positional) - len(args.defaults)) + list(args.defaults)
@@ -63,8 +63,40 @@ def _signature(function: ast.FunctionDef, *, method: bool) -> inspect.Signature:
     for a, d in zip(args.kwonlyargs, args.kw_defaults):
         params.append(kinds(a.arg, kinds.KEYWORD_ONLY, default=kinds.empty if d is None else ...))
     if args.kwarg is not None:
-        params.append(kinds(args.kwarg.arg, kinds.VAR_KEYWORD))
+        keys = _unpacked(args.kwarg.annotation, module)
+        if keys is None:
+            params.append(kinds(args.kwarg.arg, kinds.VAR_KEYWORD))
+        else:
+            params.extend(kinds(key, kinds.KEYWORD_ONLY, default=...) for key in keys)
     return inspect.Signature(params)
+
+
+def _unpacked(annotation: ast.expr | None, module: str) -> list[str] | None:
+    """The keys of ``**options: Unpack[Keywords]`` (PEP 692), read from the ``TypedDict``'s source and its
+    bases'; ``None`` for another annotation or a ``TypedDict`` the source does not settle."""
+    if not isinstance(annotation, ast.Subscript) or not isinstance(annotation.slice, ast.Name):
+        return None
+    wrapper = annotation.value
+    if (wrapper.attr if isinstance(wrapper, ast.Attribute) else getattr(wrapper, "id", None)) != "Unpack":
+        return None
+    return _typed_dict_keys(module, annotation.slice.id, depth=4)
+
+
+def _typed_dict_keys(module: str, name: str, depth: int) -> list[str] | None:
+    found = _definition(module, name, depth)
+    if found is None or not isinstance(found[1], ast.ClassDef):
+        return None
+    where, node = found
+    keys: list[str] = []
+    for base in node.bases:
+        if isinstance(base, ast.Name) and base.id == "TypedDict":
+            continue
+        inherited = _typed_dict_keys(where, base.id, depth - 1) if isinstance(base, ast.Name) else None
+        if inherited is None:
+            return None
+        keys += inherited
+    own = [n.target.id for n in node.body if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)]
+    return keys + own
 
 
 def _absolute(module: str, node: ast.ImportFrom, is_package: bool) -> str:
@@ -75,11 +107,30 @@ def _absolute(module: str, node: ast.ImportFrom, is_package: bool) -> str:
     return ".".join([*base, *([node.module] if node.module else [])])
 
 
+def _definition(module: str, attribute: str, depth: int) -> tuple[str, ast.stmt] | None:
+    """The module that defines ``module.attribute`` and its ``def`` or ``class`` statement, following
+    ``from ... import`` re-exports at most ``depth`` times."""
+    path = _module_file(module)
+    tree = None if path is None else _parse(path)
+    if tree is None or depth == 0:
+        return None
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and node.name == attribute:
+            return module, node
+    for node in tree.body:
+        if isinstance(node, ast.ImportFrom):
+            for alias in node.names:
+                if (alias.asname or alias.name) == attribute:
+                    source = _absolute(module, node, path.name == "__init__.py")
+                    return _definition(source, alias.name, depth - 1)
+    return None
+
+
 @lru_cache(maxsize=128)
 def source_signature(module: str, attribute: str, depth: int = 4) -> inspect.Signature | None:
     """The signature of ``module.attribute`` (a class's ``__init__`` without ``self``, or a function),
     read from source and following ``from ... import`` re-exports; ``None`` where the source does not
-    settle it.
+    settle it. ``**options: Unpack[Keywords]`` (PEP 692) stands as the keys of the ``TypedDict``.
 
     Example:
         >>> list(source_signature("composer_dynsample.schedulers", "OneCycleScheduler").parameters)
@@ -87,23 +138,14 @@ def source_signature(module: str, attribute: str, depth: int = 4) -> inspect.Sig
         >>> source_signature("composer_dynsample.schedulers", "NoSuchName") is None
         True
     """
-    path = _module_file(module)
-    tree = None if path is None else _parse(path)
-    if tree is None or depth == 0:
+    found = _definition(module, attribute, depth)
+    if found is None:
         return None
-    for node in tree.body:
-        if isinstance(node, ast.FunctionDef) and node.name == attribute:
-            return _signature(node, method=False)
-        if isinstance(node, ast.ClassDef) and node.name == attribute:
-            init = [n for n in node.body if isinstance(n, ast.FunctionDef) and n.name == "__init__"]
-            return _signature(init[0], method=True) if init else None
-    for node in tree.body:
-        if isinstance(node, ast.ImportFrom):
-            for alias in node.names:
-                if (alias.asname or alias.name) == attribute:
-                    source = _absolute(module, node, path.name == "__init__.py")
-                    return source_signature(source, alias.name, depth - 1)
-    return None
+    where, node = found
+    if isinstance(node, ast.FunctionDef):
+        return _signature(node, method=False, module=where)
+    init = [n for n in node.body if isinstance(n, ast.FunctionDef) and n.name == "__init__"]
+    return _signature(init[0], method=True, module=where) if init else None
 
 
 class _SourceTarget:

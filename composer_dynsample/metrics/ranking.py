@@ -24,13 +24,15 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import TypedDict, Unpack
 
 import torch
 from torchmetrics import Metric
 
 from composer_dynsample.distances import check_distance, pairwise_distance
+from composer_dynsample.validation import check_keywords
 
-__all__ = ["RankingMetrics", "csn_groups", "rank_sums", "ranking_metrics"]
+__all__ = ["RankingKeywords", "RankingMetrics", "csn_groups", "rank_sums", "ranking_metrics"]
 
 
 def _check_ks(name: str, ks: int | Sequence[int]) -> tuple[int, ...]:
@@ -141,25 +143,32 @@ def _relevance_in_rank_order(distances: torch.Tensor, relevant: torch.Tensor, to
     return relevant.gather(1, order)
 
 
+class RankingKeywords(TypedDict, total=False):
+    """The keywords of :class:`RankingMetrics`, as :func:`ranking_metrics` hands them on (its ``**options:
+    Unpack[RankingKeywords]``, PEP 692): their meaning and defaults are the metric's."""
+
+    distance: str
+    recall_ks: int | Sequence[int]
+    mrr_ks: int | Sequence[int]
+    ndcg_ks: int | Sequence[int]
+    csn_candidates: int
+    seed: int
+    chunk_size: int
+
+
 def ranking_metrics(
     queries: torch.Tensor,
     query_labels: torch.Tensor,
     gallery: torch.Tensor,
     gallery_labels: torch.Tensor,
-    *,
-    distance: str = "cosine",
-    recall_ks: int | Sequence[int] = (1, 10),
-    mrr_ks: int | Sequence[int] = (10,),
-    ndcg_ks: int | Sequence[int] = (10,),
-    csn_candidates: int = 1000,
-    seed: int = 0,
-    chunk_size: int = 1024,
+    **options: Unpack[RankingKeywords],
 ) -> dict[str, float]:
     """MRR, MRR@k, Recall@k, nDCG@k and CodeSearchNet's MRR of ``queries`` against ``gallery``.
 
     See the module docstring for the definitions. Returns floats, with ``queries_without_positive`` the
     number of queries left out for lack of a relevant gallery item (all metrics are NaN when every query
-    lacks one).
+    lacks one). ``options`` are :class:`RankingMetrics`'s keywords (``distance``, ``recall_ks``, ``mrr_ks``,
+    ``ndcg_ks``, ``csn_candidates``, ``seed``, ``chunk_size``), with its defaults.
 
     Example:
         >>> gallery = torch.eye(4)
@@ -172,10 +181,8 @@ def ranking_metrics(
     _check_pair("gallery", gallery, gallery_labels)
     if queries.shape[1] != gallery.shape[1]:
         raise ValueError(f"queries have {queries.shape[1]} dimensions, the gallery {gallery.shape[1]}.")
-    metric = RankingMetrics(
-        distance=distance, recall_ks=recall_ks, mrr_ks=mrr_ks, ndcg_ks=ndcg_ks,
-        csn_candidates=csn_candidates, seed=seed, chunk_size=chunk_size,
-    )  # fmt: skip
+    check_keywords("ranking_metrics", options, RankingKeywords)
+    metric = RankingMetrics(**options)
     metric.set_gallery(gallery, gallery_labels)
     metric.update(queries, query_labels)
     return {

@@ -16,7 +16,7 @@ from __future__ import annotations
 import abc
 import warnings
 from collections.abc import Iterator, Sequence
-from typing import Any, NamedTuple, Protocol, runtime_checkable
+from typing import Any, NamedTuple, Protocol, TypedDict, runtime_checkable
 
 import numpy as np
 import torch
@@ -28,6 +28,7 @@ from composer_dynsample.validation import as_labels, check_bool, check_int, is_i
 __all__ = [
     "AGREEMENT_KEYS",
     "DistributedBatchSampler",
+    "ShardKeywords",
     "SupportsSetEpoch",
     "agreement_values",
     "check_sampler_agreement",
@@ -100,6 +101,17 @@ class _Sized:
 
     def __len__(self) -> int:
         return self.length
+
+
+class ShardKeywords(TypedDict, total=False):
+    """The keywords a batch sampler hands to :class:`DistributedBatchSampler` as they are (its ``**options:
+    Unpack[ShardKeywords]``, PEP 692): ``num_replicas``, ``rank``, ``seed`` and ``drop_last``, their meaning
+    and defaults as there."""
+
+    num_replicas: int | None
+    rank: int | None
+    seed: int
+    drop_last: bool
 
 
 class ResumePlan(NamedTuple):

@@ -13,7 +13,7 @@ from __future__ import annotations
 import hashlib
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Unpack
 
 import numpy as np
 import torch
@@ -22,8 +22,8 @@ from composer_dynsample.samplers._hard_class_plan import _plan_classes
 from composer_dynsample.samplers._ivf import _kmeans, _nearest_centre
 from composer_dynsample.samplers._ranking import SLACK, rank_columns
 from composer_dynsample.samplers.base import epoch_rng
-from composer_dynsample.samplers.pk import PKBatchSampler
-from composer_dynsample.validation import check_choice, check_float, check_int
+from composer_dynsample.samplers.pk import PKBatchSampler, PKKeywords
+from composer_dynsample.validation import check_choice, check_float, check_int, check_keywords
 
 __all__ = ["HardClassPKBatchSampler", "nearest_classes", "pair_centroids"]
 
@@ -226,8 +226,9 @@ class HardClassPKBatchSampler(PKBatchSampler):
         hard_fraction: float = 0.5,
         distance: str = "euclidean",
         search: str = "auto",
-        **pk_options: Any,
+        **pk_options: Unpack[PKKeywords],
     ) -> None:
+        check_keywords(type(self).__name__, pk_options, PKKeywords)
         super().__init__(labels, classes_per_batch, samples_per_class, **pk_options)
         self.hard_fraction = check_float(
             "hard_fraction", hard_fraction, minimum=0, maximum=1, strict_maximum=True

@@ -13,14 +13,14 @@ import hashlib
 import importlib.util
 import math
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Unpack
 
 import numpy as np
 import torch
 
 from composer_dynsample.samplers._ranking import SLACK, rank_columns
-from composer_dynsample.samplers.base import DistributedBatchSampler, as_index_array, epoch_rng
-from composer_dynsample.validation import check_choice, check_float, check_int
+from composer_dynsample.samplers.base import DistributedBatchSampler, ShardKeywords, as_index_array, epoch_rng
+from composer_dynsample.validation import check_choice, check_float, check_int, check_keywords
 
 __all__ = ["NeighbourBatchSampler", "nearest_other_class"]
 
@@ -247,8 +247,9 @@ class NeighbourBatchSampler(DistributedBatchSampler):
         skip_top: int = 0,
         max_relative_similarity: float | None = None,
         search: str = "exact",
-        **options: Any,
+        **options: Unpack[ShardKeywords],
     ) -> None:
+        check_keywords(type(self).__name__, options, ShardKeywords)
         label_array = as_index_array("labels", labels)
         size = label_array.size
         if size < 3:

@@ -9,12 +9,22 @@ from typing import Literal
 import numpy as np
 import torch
 
-from composer_dynsample.samplers.base import DistributedBatchSampler, as_index_array, epoch_rng
+from composer_dynsample.samplers.base import DistributedBatchSampler, ShardKeywords, as_index_array, epoch_rng
 from composer_dynsample.validation import check_bool, check_choice, check_int, is_int
 
-__all__ = ["PKBatchSampler"]
+__all__ = ["PKBatchSampler", "PKKeywords"]
 
 SmallClassPolicy = Literal["drop", "replace"]
+
+
+class PKKeywords(ShardKeywords, total=False):
+    """The keywords of :class:`PKBatchSampler` after its three arguments, as a subclass hands them on (its
+    ``**options: Unpack[PKKeywords]``, PEP 692): their meaning and defaults are the PK sampler's."""
+
+    small_classes: SmallClassPolicy
+    require_positive_pairs: bool
+
+
 _SMALL_CLASS_POLICIES = ("drop", "replace")
 
 

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Unpack
 
 import numpy as np
 import torch
 
-from composer_dynsample.samplers.base import DistributedBatchSampler, as_index_array, epoch_rng
-from composer_dynsample.validation import check_int
+from composer_dynsample.samplers.base import DistributedBatchSampler, ShardKeywords, as_index_array, epoch_rng
+from composer_dynsample.validation import check_int, check_keywords
 
 __all__ = ["TwoStreamBatchSampler"]
 
@@ -35,12 +36,8 @@ class TwoStreamBatchSampler(DistributedBatchSampler):
         primary_batch_size (int): Primary indices per batch, at least 1.
         secondary_batch_size (int): Secondary indices per batch, at least 1 and at most the number of
             secondary indices.
-        num_replicas (int, optional): The number of ranks. Default: the process group's world size, else
-            the launcher's ``WORLD_SIZE``, else ``1`` (see :class:`DistributedBatchSampler`).
-        rank (int, optional): This process's rank. Default: the process group's rank, else ``RANK``, else ``0``.
-        seed (int): The seed of every epoch's order; identical on every rank. Default: ``0``.
-        drop_last (bool): Even out the batch count across ranks by dropping the last batches (``True``) or
-            by repeating batches from the start of the epoch (``False``). Default: ``True``.
+        **options: ``num_replicas``, ``rank``, ``seed`` (the seed of every epoch's order, identical on every
+            rank) and ``drop_last``, as :class:`DistributedBatchSampler` takes them.
 
     Example:
         >>> sampler = TwoStreamBatchSampler(range(6), range(6, 9), primary_batch_size=2, secondary_batch_size=1)
@@ -59,12 +56,9 @@ class TwoStreamBatchSampler(DistributedBatchSampler):
         secondary_indices: Sequence[int] | np.ndarray | torch.Tensor,
         primary_batch_size: int,
         secondary_batch_size: int,
-        *,
-        num_replicas: int | None = None,
-        rank: int | None = None,
-        seed: int = 0,
-        drop_last: bool = True,
+        **options: Unpack[ShardKeywords],
     ) -> None:
+        check_keywords(type(self).__name__, options, ShardKeywords)
         primary = as_index_array("primary_indices", _materialise(primary_indices))
         secondary = as_index_array("secondary_indices", _materialise(secondary_indices))
         for name, values in (("primary_indices", primary), ("secondary_indices", secondary)):
@@ -86,10 +80,7 @@ class TwoStreamBatchSampler(DistributedBatchSampler):
         super().__init__(
             int(max(primary.max(), secondary.max())) + 1,
             self.primary_batch_size + self.secondary_batch_size,
-            num_replicas=num_replicas,
-            rank=rank,
-            seed=seed,
-            drop_last=drop_last,
+            **options,
         )
         values, counts = np.unique(primary, return_counts=True)
         if (counts > 1).any():

@@ -25,6 +25,7 @@ __all__ = [
     "check_generator",
     "check_instance",
     "check_int",
+    "check_keywords",
     "describe",
     "did_you_mean",
     "is_int",
@@ -187,6 +188,34 @@ def check_choice(name: str, value: object, choices: Iterable[str]) -> str:
     if not isinstance(value, str) or value not in options:
         raise ValueError(f"{name} must be one of {options}, got {value!r}.")
     return value
+
+
+def check_keywords(function: str, given: Iterable[str], keywords: type) -> None:
+    """Refuse a keyword that ``function``'s ``**options: Unpack[keywords]`` (PEP 692) does not take, as Python
+    refuses an unknown keyword of a written-out parameter list (a ``TypeError``), and name the close one.
+
+    Args:
+        function (str): The callable's name, as the user called it.
+        given (Iterable[str]): The keywords the call gave.
+        keywords (type): The ``TypedDict`` of the keywords it takes.
+
+    Example:
+        >>> from typing import TypedDict
+        >>> class Shard(TypedDict, total=False):
+        ...     rank: int
+        ...     seed: int
+        >>> check_keywords("sampler", ["seed"], Shard)
+        >>> check_keywords("sampler", ["sed"], Shard)
+        Traceback (most recent call last):
+            ...
+        TypeError: sampler() got an unexpected keyword argument 'sed'. Did you mean 'seed'?
+    """
+    known = keywords.__required_keys__ | keywords.__optional_keys__  # type: ignore[attr-defined]
+    for key in given:
+        if key not in known:
+            raise TypeError(
+                f"{function}() got an unexpected keyword argument {key!r}.{did_you_mean(key, sorted(known))}"
+            )
 
 
 def did_you_mean(value: object, options: Iterable[str]) -> str:

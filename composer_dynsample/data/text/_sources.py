@@ -23,7 +23,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, TypedDict
 
 import numpy as np
 
@@ -36,7 +36,9 @@ if TYPE_CHECKING:
     from composer_dynsample.data.text.table import TextTable
 
 __all__ = [
+    "PairTokenizeKeywords",
     "TextSource",
+    "TokenizeKeywords",
     "TokenizeOptions",
     "check_loader_options",
     "check_unknown_tokens",
@@ -55,6 +57,27 @@ def check_loader_options(max_length: int, test_fraction: float | None, seed: int
         check_float(
             "test_fraction", test_fraction, minimum=0, maximum=1, strict_minimum=True, strict_maximum=True
         )
+
+
+class TokenizeKeywords(TypedDict, total=False):
+    """The keywords a text loader hands to :class:`TokenizeOptions` as they are (its ``**options:
+    Unpack[TokenizeKeywords]``, PEP 692): their meaning and defaults are the attributes of the same names
+    there. ``max_length``, which a loader checks and reports itself, stays a parameter of its own."""
+
+    tokenizer: str | os.PathLike[str] | None
+    tokenizer_model: str
+    vocab_size: int
+    lowercase: bool
+    save_tokenizer: str | os.PathLike[str] | None
+    cache_dir: str | os.PathLike[str] | None
+    progress: bool | None
+
+
+class PairTokenizeKeywords(TokenizeKeywords, total=False):
+    """:class:`TokenizeKeywords` and ``passage_tokenizer``, the passage tower's own tokenizer, which the
+    loaders of pairs take."""
+
+    passage_tokenizer: str | os.PathLike[str] | None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -53,7 +53,7 @@ from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from composer_dynsample.data.splits import default_cache_dir
 from composer_dynsample.data.text.python_sources import (
@@ -64,11 +64,28 @@ from composer_dynsample.data.text.python_sources import (
 )
 from composer_dynsample.file_checks import file_sha256
 
-__all__ = ["KINDS", "CodeSearchCorpus", "build_code_search", "extract_pairs"]
+__all__ = ["KINDS", "CodeSearchCorpus", "CorpusKeywords", "build_code_search", "extract_pairs"]
 
 _VERSION = 2  # bump when the extraction recipe changes: the cache key carries it
 #: What a pair holds: a docstring's first paragraph and its function's code, or the rest of the docstring.
 KINDS = ("code", "docstring")
+
+
+class CorpusKeywords(TypedDict, total=False):
+    """What corpus :func:`build_code_search` builds: its keywords besides ``cache_dir`` and ``progress``, as a
+    loader hands them on (its ``**options: Unpack[...]``, PEP 692), their meaning and defaults as there."""
+
+    constraints: str | os.PathLike[str] | None
+    test_fraction: float
+    seed: int
+    min_query_words: int
+    min_code_lines: int
+    groups: Sequence[str] | None
+    max_pairs_per_group: int | None
+    kind: str
+    keep_repeats: bool
+    stdlib: bool
+    distributions: Sequence[str] | None
 
 
 @dataclass(frozen=True)

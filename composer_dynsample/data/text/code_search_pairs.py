@@ -10,14 +10,17 @@ own pairs with ``data: {name: pairs, path: my_pairs.jsonl}``.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Unpack
 
-from composer_dynsample.data.text.code_search import build_code_search
+from composer_dynsample.data.text._sources import PairTokenizeKeywords
+from composer_dynsample.data.text.code_search import CorpusKeywords, build_code_search
 from composer_dynsample.data.text.pairs import load_pairs
 from composer_dynsample.data.text.store import TextSplits
+from composer_dynsample.validation import check_keywords
 
-__all__ = ["load_code_search", "token_cache_dir"]
+__all__ = ["CodeSearchKeywords", "load_code_search", "token_cache_dir"]
 
 
 def token_cache_dir(cache_dir: str | os.PathLike[str] | None) -> Path | None:
@@ -26,50 +29,34 @@ def token_cache_dir(cache_dir: str | os.PathLike[str] | None) -> Path | None:
     return Path(cache_dir).expanduser() / "text" if cache_dir is not None else None
 
 
+class CodeSearchKeywords(CorpusKeywords, PairTokenizeKeywords, total=False):
+    """The keywords of :func:`load_code_search` besides ``max_length`` and ``prompts``: what corpus
+    :func:`~composer_dynsample.data.text.code_search.build_code_search` builds, and how
+    :func:`~composer_dynsample.data.text.pairs.load_pairs` tokenizes it."""
+
+
 def load_code_search(
     *,
-    groups: Sequence[str] | None = None,
-    max_pairs_per_group: int | None = None,
-    test_fraction: float = 0.1,
-    seed: int = 0,
-    min_query_words: int = 3,
-    min_code_lines: int = 3,
-    constraints: str | os.PathLike[str] | None = None,
     max_length: int = 128,
-    tokenizer: str | os.PathLike[str] | None = None,
-    tokenizer_model: str = "wordpiece",
-    vocab_size: int = 8192,
-    lowercase: bool = True,
-    save_tokenizer: str | os.PathLike[str] | None = None,
-    cache_dir: str | os.PathLike[str] | None = None,
-    progress: bool | None = None,
     prompts: Mapping[str, str] | None = None,
-    passage_tokenizer: str | os.PathLike[str] | None = None,
+    **options: Unpack[CodeSearchKeywords],
 ) -> TextSplits:
     """Build (or read back) the code-search corpus and load it as pairs: queries (anchors) and code.
 
     Args:
-        groups (Sequence[str], optional): Read only these packages (``stdlib:json``, ``numpy``): for tests
-            and quick looks. Default: all.
-        max_pairs_per_group (int, optional): Keep at most this many pairs of each package. Default: all.
-        test_fraction (float): The share of pairs in the test packages, at most. Default: ``0.1``.
-        seed (int): Seed of the package split. Default: ``0``.
-        min_query_words (int): Shortest query kept, in words. Default: ``3``.
-        min_code_lines (int): Shortest code kept, in lines. Default: ``3``.
-        constraints (str | os.PathLike, optional): The ``constraints.txt`` whose pinned distributions are
-            read besides the standard library. Default: the source checkout's, else every installed one.
-        max_length, tokenizer, tokenizer_model, vocab_size, lowercase, save_tokenizer: How queries and code
-            are tokenized, and their defaults, as
-            :class:`~composer_dynsample.data.text._sources.TokenizeOptions` documents them (a tokenizer is
-            trained on the training packages).
-        cache_dir (str | os.PathLike, optional): The cache root: the corpus goes to ``code_search/``, the
-            token stores to ``text/``. Default: :func:`~composer_dynsample.data.default_cache_dir`.
-        progress (bool, optional): Progress while reading sources and tokenizing; ``None`` shows it on a
-            terminal only.
+        max_length (int): Truncate queries and code to this many tokens, special tokens included, at
+            least 2. Default: ``128``.
         prompts (Mapping[str, str], optional): A prompt before the queries (``anchor``) and the code
             (``positive``), as :func:`~composer_dynsample.data.text.pairs.load_pairs` takes them.
-        passage_tokenizer (str | os.PathLike, optional): A second tokenizer for the code, as
-            :func:`~composer_dynsample.data.text.pairs.load_pairs` takes it.
+        **options: Which corpus, as :func:`~composer_dynsample.data.text.code_search.build_code_search`
+            takes it (``groups``, ``max_pairs_per_group``, ``test_fraction``, ``seed``, ``min_query_words``,
+            ``min_code_lines``, ``constraints``, ``kind``, ``keep_repeats``, ``stdlib``, ``distributions``),
+            and how it is tokenized, as :func:`~composer_dynsample.data.text.pairs.load_pairs` takes it (a
+            tokenizer is trained on the training packages; ``passage_tokenizer`` tokenizes the code), with
+            their defaults, but for two: ``cache_dir`` is the cache root, the corpus going to
+            ``code_search/`` and the token stores to ``text/`` (default:
+            :func:`~composer_dynsample.data.default_cache_dir`), and ``progress`` shows progress while
+            reading sources as well as while tokenizing.
 
     Returns:
         TextSplits: The pairs of the training packages and of the test packages, named ``code_search``.
@@ -80,30 +67,19 @@ def load_code_search(
         >>> splits.test_protocol  # doctest: +SKIP
         'queries_vs_passages'
     """
+    check_keywords("load_code_search", options, CodeSearchKeywords)
+    corpus = {key: value for key, value in options.items() if key in CorpusKeywords.__optional_keys__}
+    tokenize = {key: value for key, value in options.items() if key not in corpus}
+    cache_dir, progress = tokenize.get("cache_dir"), tokenize.get("progress")
     root = Path(cache_dir).expanduser() if cache_dir is not None else None
-    corpus = build_code_search(
-        root / "code_search" if root is not None else None,
-        constraints=constraints,
-        test_fraction=test_fraction,
-        seed=seed,
-        min_query_words=min_query_words,
-        min_code_lines=min_code_lines,
-        groups=groups,
-        max_pairs_per_group=max_pairs_per_group,
-        progress=progress is not False,
+    built = build_code_search(
+        root / "code_search" if root is not None else None, progress=progress is not False, **corpus
     )
     return load_pairs(
-        corpus.train_path,
-        test_path=corpus.test_path,
+        built.train_path,
+        test_path=built.test_path,
         max_length=max_length,
-        tokenizer=tokenizer,
-        tokenizer_model=tokenizer_model,
-        vocab_size=vocab_size,
-        lowercase=lowercase,
-        save_tokenizer=save_tokenizer,
-        cache_dir=token_cache_dir(cache_dir),
-        progress=progress,
         name="code_search",
         prompts=prompts,
-        passage_tokenizer=passage_tokenizer,
+        **{**tokenize, "cache_dir": token_cache_dir(cache_dir)},
     )

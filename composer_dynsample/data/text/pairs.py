@@ -29,11 +29,11 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, Unpack
 
 import numpy as np
 
-from composer_dynsample.data.text._sources import TokenizeOptions, check_loader_options
+from composer_dynsample.data.text._sources import PairTokenizeKeywords, TokenizeOptions, check_loader_options
 from composer_dynsample.data.text.columns import check_column_map
 from composer_dynsample.data.text.pair_table import NEGATIVE_COLUMN, PairTable, read_pairs
 from composer_dynsample.data.text.prompts import (
@@ -49,6 +49,7 @@ from composer_dynsample.data.text.table import (
 )
 from composer_dynsample.data.text.tokenized import TokenStore
 from composer_dynsample.data.text.tokenizer import TextTokenizer
+from composer_dynsample.validation import check_keywords
 
 __all__ = ["PairTable", "load_pairs", "read_pairs", "split_pairs"]
 
@@ -216,17 +217,10 @@ def load_pairs(
     test_fraction: float | None = None,
     seed: int = 0,
     max_length: int = 128,
-    tokenizer: str | os.PathLike[str] | None = None,
-    tokenizer_model: str = "wordpiece",
-    vocab_size: int = 8192,
-    lowercase: bool = True,
-    save_tokenizer: str | os.PathLike[str] | None = None,
-    cache_dir: str | os.PathLike[str] | None = None,
-    progress: bool | None = None,
     name: str | None = None,
     columns: Mapping[str, str] | None = None,
     prompts: Mapping[str, str] | None = None,
-    passage_tokenizer: str | os.PathLike[str] | None = None,
+    **options: Unpack[PairTokenizeKeywords],
 ) -> TextSplits:
     """Load anchor/positive(/negative) pairs, tokenized once and cached (see the module docstring).
 
@@ -238,9 +232,8 @@ def load_pairs(
         test_fraction (float, optional): The fraction of pairs held out when splitting ``path``, in
             ``(0, 1)``; must be ``None`` with a test file. Default: ``None`` (``0.2`` when splitting).
         seed (int): Seed of the split. Default: ``0``.
-        max_length, tokenizer, tokenizer_model, vocab_size, lowercase, save_tokenizer, cache_dir, progress:
-            How the texts are tokenized and cached, and their defaults, as
-            :class:`~composer_dynsample.data.text._sources.TokenizeOptions` documents them.
+        max_length (int): Truncate texts to this many tokens, special tokens included, at least 2.
+            Default: ``128``.
         name (str, optional): The name in the result, of both splits. Default: the file's stem, and the
             test file's (``test_path``) for the test split (``TextSplits.test_name``).
         columns (Mapping[str, str], optional): Read these columns under another name: ``anchor``,
@@ -250,9 +243,11 @@ def load_pairs(
             ``anchor``, ``positive`` and ``negative`` (default: the positive's), of both files, e.g.
             ``{"anchor": "query: ", "positive": "passage: "}``
             (:mod:`~composer_dynsample.data.text.prompts`). Default: ``None`` (none).
-        passage_tokenizer (str | os.PathLike, optional): A second tokenizer for the positives and negatives
-            (the passage tower's, when two towers tokenize otherwise): the texts are tokenized by both, and
-            each row reads its side's ids (``TextStore.passage_tokens``). Default: ``None`` (one tokenizer).
+        **options: How the texts are tokenized and cached (``tokenizer``, ``tokenizer_model``, ``vocab_size``,
+            ``lowercase``, ``save_tokenizer``, ``cache_dir``, ``progress``, ``passage_tokenizer``), and their
+            defaults, as :class:`~composer_dynsample.data.text._sources.TokenizeOptions` documents them. With
+            ``passage_tokenizer`` (the passage tower's, when two towers tokenize otherwise) the texts are
+            tokenized by both, and each row reads its side's ids (``TextStore.passage_tokens``).
 
     Returns:
         TextSplits: :class:`~composer_dynsample.data.text.store.TextStore` splits and their ``info``.
@@ -270,19 +265,17 @@ def load_pairs(
         >>> len(splits.train), splits.train.num_rows, splits.train.labels[:4].tolist()
         (16, 24, [0, 0, 1, 1])
     """
+    check_keywords("load_pairs", options, PairTokenizeKeywords)
     check_loader_options(max_length, test_fraction, seed)
-    options = TokenizeOptions(
-        max_length, tokenizer, tokenizer_model, vocab_size, lowercase, save_tokenizer, cache_dir, progress,
-        passage_tokenizer,
-    )  # fmt: skip
+    tokenize = TokenizeOptions(max_length, **options)
     names = check_column_map(columns, ("anchor", "positive", "negative"))
     prompts = check_prompts(prompts, columns=("anchor", "positive", "negative"))
     table, bundled = read_text_tables(path, _pair_columns(group), names)
     pairs = read_pairs(table, group, prompts)
     test_pairs, train_idx, test_idx, split = _split(pairs, bundled, test_path, group, test_fraction, seed)
     parts = [pairs] if test_pairs is pairs else [pairs, test_pairs]
-    text_tokenizer, stores = options.tokenize(parts, _training_texts(pairs, train_idx))
-    second = options.tokenize_passages(parts)
+    text_tokenizer, stores = tokenize.tokenize(parts, _training_texts(pairs, train_idx))
+    second = tokenize.tokenize_passages(parts)
     passages = [None] * len(parts) if second is None else [(store, second[0]) for store in second[1]]
     train = pair_store(pairs, train_idx, stores[0], text_tokenizer, 0, passages[0])
     num_train_labels = train.num_rows - len(train) // 2  # a label per pair and per given negative

@@ -22,11 +22,11 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Unpack
 
 import numpy as np
 
-from composer_dynsample.data.text._sources import TokenizeOptions, check_loader_options
+from composer_dynsample.data.text._sources import TokenizeKeywords, TokenizeOptions, check_loader_options
 from composer_dynsample.data.text.columns import check_column_map, require_columns
 from composer_dynsample.data.text.prompts import check_prompts, prompt_layout, prompt_token_count
 from composer_dynsample.data.text.store import TextInfo, TextSplits, TextStore
@@ -39,6 +39,7 @@ from composer_dynsample.data.text.table import (
 )
 from composer_dynsample.data.text.tokenized import TextInterner, TokenStore
 from composer_dynsample.data.text.tokenizer import TextTokenizer
+from composer_dynsample.validation import check_keywords
 
 __all__ = ["load_texts", "split_labels"]
 
@@ -173,16 +174,10 @@ def load_texts(
     test_fraction: float | None = None,
     seed: int = 0,
     max_length: int = 128,
-    tokenizer: str | os.PathLike[str] | None = None,
-    tokenizer_model: str = "wordpiece",
-    vocab_size: int = 8192,
-    lowercase: bool = True,
-    save_tokenizer: str | os.PathLike[str] | None = None,
-    cache_dir: str | os.PathLike[str] | None = None,
-    progress: bool | None = None,
     name: str | None = None,
     columns: Mapping[str, str] | None = None,
     prompts: Mapping[str, str] | None = None,
+    **options: Unpack[TokenizeKeywords],
 ) -> TextSplits:
     """Load labelled texts, tokenized once and cached, split by label (see the module docstring).
 
@@ -192,9 +187,8 @@ def load_texts(
         test_fraction (float, optional): The fraction of labels held out when splitting ``path``, in
             ``(0, 1)``; must be ``None`` with a test file. Default: ``None`` (``0.2`` when splitting).
         seed (int): Seed of the split. Default: ``0``.
-        max_length, tokenizer, tokenizer_model, vocab_size, lowercase, save_tokenizer, cache_dir, progress:
-            How the texts are tokenized and cached, and their defaults, as
-            :class:`~composer_dynsample.data.text._sources.TokenizeOptions` documents them.
+        max_length (int): Truncate texts to this many tokens, special tokens included, at least 2.
+            Default: ``128``.
         name (str, optional): The name in the result, of both splits. Default: the file's stem, and the
             test file's (``test_path``) for the test split (``TextSplits.test_name``).
         columns (Mapping[str, str], optional): Read ``text`` and/or ``label`` from columns of other names,
@@ -202,6 +196,9 @@ def load_texts(
             Default: ``None``.
         prompts (Mapping[str, str], optional): ``{"text": PROMPT}``: put ``PROMPT`` before every text
             (:mod:`~composer_dynsample.data.text.prompts`). Default: ``None`` (none).
+        **options: How the texts are tokenized and cached (``tokenizer``, ``tokenizer_model``, ``vocab_size``,
+            ``lowercase``, ``save_tokenizer``, ``cache_dir``, ``progress``), and their defaults, as
+            :class:`~composer_dynsample.data.text._sources.TokenizeOptions` documents them.
 
     Returns:
         TextSplits: ``info.label_names`` maps each integer label back to the original.
@@ -219,10 +216,9 @@ def load_texts(
         >>> len(splits.train), len(splits.test), splits.info.label_names
         (16, 4, ('a', 'b', 'd', 'e', 'c'))
     """
+    check_keywords("load_texts", options, TokenizeKeywords)
     check_loader_options(max_length, test_fraction, seed)
-    options = TokenizeOptions(
-        max_length, tokenizer, tokenizer_model, vocab_size, lowercase, save_tokenizer, cache_dir, progress
-    )
+    tokenize = TokenizeOptions(max_length, **options)
     prompts = check_prompts(prompts, columns=("text",))
     table, bundled = read_text_tables(path, _keep, check_column_map(columns, _COLUMNS))
     train = _read(table, prompts.get("text", ""))
@@ -237,7 +233,7 @@ def load_texts(
     else:
         train_rows, test_rows = np.arange(len(train_labels)), np.arange(len(test_labels))
     parts = [train] if test is train else [train, test]
-    text_tokenizer, stores = options.tokenize(parts, [train.row_texts[i] for i in train_rows.tolist()])
+    text_tokenizer, stores = tokenize.tokenize(parts, [train.row_texts[i] for i in train_rows.tolist()])
     split = "labels" if test is train else "test_path" if test_path is not None else "bundled"
     info = TextInfo.describe(
         text_tokenizer,
