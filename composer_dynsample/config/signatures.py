@@ -76,10 +76,14 @@ def _unpacked(annotation: ast.expr | None, module: str) -> list[str] | None:
     bases'; ``None`` for another annotation or a ``TypedDict`` the source does not settle."""
     if not isinstance(annotation, ast.Subscript) or not isinstance(annotation.slice, ast.Name):
         return None
-    wrapper = annotation.value
-    if (wrapper.attr if isinstance(wrapper, ast.Attribute) else getattr(wrapper, "id", None)) != "Unpack":
+    if _last_name(annotation.value) != "Unpack":  # Unpack, or typing.Unpack
         return None
     return _typed_dict_keys(module, annotation.slice.id, depth=4)
+
+
+def _last_name(node: ast.expr) -> str | None:
+    """``Name`` of ``Name`` and of ``module.Name``."""
+    return node.attr if isinstance(node, ast.Attribute) else getattr(node, "id", None)
 
 
 def _typed_dict_keys(module: str, name: str, depth: int) -> list[str] | None:
@@ -89,7 +93,7 @@ def _typed_dict_keys(module: str, name: str, depth: int) -> list[str] | None:
     where, node = found
     keys: list[str] = []
     for base in node.bases:
-        if isinstance(base, ast.Name) and base.id == "TypedDict":
+        if _last_name(base) == "TypedDict":
             continue
         inherited = _typed_dict_keys(where, base.id, depth - 1) if isinstance(base, ast.Name) else None
         if inherited is None:

@@ -67,3 +67,30 @@ def test_what_the_source_does_not_settle_is_none():
     assert source_signature("composer_dynsample.validation", "NoSuchName") is None
     # A class whose __init__ comes from its base (ConfigError subclasses ValueError).
     assert source_signature("composer_dynsample.config.components", "ConfigError") is None
+
+
+def test_handed_on_keywords_are_read_through_typing_names_bases_and_imports(tmp_path, monkeypatch):
+    package = tmp_path / "unpack_probe"
+    package.mkdir()
+    (package / "__init__.py").write_text("from unpack_probe.targets import build\n")
+    (package / "keywords.py").write_text(
+        "import typing\n\n"
+        "class Shard(typing.TypedDict, total=False):\n    rank: int\n    seed: int\n\n"
+        "class Batch(Shard, total=False):\n    drop_last: bool\n"
+    )
+    (package / "targets.py").write_text(
+        "import typing\nfrom unpack_probe.keywords import Batch\n\n"
+        "def build(size: int, **options: typing.Unpack[Batch]) -> None: ...\n\n"
+        "def plain(size: int, **options: typing.Any) -> None: ...\n\n"
+        "def unknown(size: int, **options: typing.Unpack[Missing]) -> None: ...\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    read = source_signature("unpack_probe", "build")
+    assert [(p.name, p.kind) for p in read.parameters.values()] == [
+        ("size", inspect.Parameter.POSITIONAL_OR_KEYWORD),
+        ("rank", inspect.Parameter.KEYWORD_ONLY),
+        ("seed", inspect.Parameter.KEYWORD_ONLY),
+        ("drop_last", inspect.Parameter.KEYWORD_ONLY),
+    ]
+    for name in ("plain", "unknown"):  # not a TypedDict the source settles: any key, for the builder to check
+        assert list(source_signature("unpack_probe.targets", name).parameters) == ["size", "options"]
