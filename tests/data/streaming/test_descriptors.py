@@ -30,14 +30,16 @@ def test_each_data_set_opened_adds_about_as_many_descriptors_as_the_first(tmp_pa
     added = []
     try:
         for index in range(8):  # a folder each: a reader each, with its own prefix
+            gc.collect()  # files an earlier test left to the collector close now, not while counting
             before = _descriptors()
             load_streaming(str(tmp_path / "mds"), tmp_path / f"local-{index}")
             added.append(_descriptors() - before)
     finally:
         close_readers()
         gc.collect()
-    # Attaching to every earlier prefix made the eighth cost about 7 x 7 more than the first.
-    assert max(added[1:]) <= added[0] + 8, added
+    # Attaching to every earlier prefix made each data set cost about 7 more than the one before (the
+    # eighth about 7 x 7 more than the first). The first is left out: it also opens what every reader shares.
+    assert max(added[1:]) <= min(added[1:]) + 8, added
 
 
 def test_a_prefix_another_process_took_at_the_same_moment_is_tried_again(tmp_path, monkeypatch):
