@@ -10,6 +10,13 @@ from __future__ import annotations
 import os
 
 import pytest
+from hypothesis import settings
+
+# Property tests draw the same examples on every run and every machine, so that a run's result is the
+# code's; HYPOTHESIS_PROFILE=explore draws new ones (a search for counterexamples, not a gate).
+settings.register_profile("repeatable", derandomize=True)
+settings.register_profile("explore", derandomize=False)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "repeatable"))
 
 # The shared helpers assert too: pytest rewrites their asserts as a test module's, for the same reports.
 pytest.register_assert_rewrite("tests.common", "tests.cli.helpers", "tests.mining", "tests.samplers.helpers")
