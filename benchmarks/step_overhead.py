@@ -46,6 +46,7 @@ from _common import goal_table, machine_info, markdown_table, trainer_overrides,
 from _common import parser as make_parser
 from composer.core import Callback, State
 from composer.loggers import Logger
+from omegaconf import OmegaConf
 
 from composer_dynsample import BagOfTokensEncoder, InfoNCELoss
 from composer_dynsample.algorithms.hard_negative_mining.checks import largest_label_count
@@ -97,11 +98,13 @@ def subject_config(folder: Path, steps: int, device: str) -> Any:
 
 
 class BareLoop:
-    """The hand-written loop on the run's own batches: encode, InfoNCE on the labels, backward, AdamW.
+    """The hand-written loop on the run's own batches: encode, the recipe's InfoNCE (its ``loss`` keys: which
+    rows are negatives, one direction or both) on the labels, backward, AdamW.
 
-    With ``same_work`` it also gives the loss the batch's text groups as duplicate ids, as the recipe does (and,
-    where the recipe mines, mines ``batch_hard`` and drops duplicate negatives with ``mining_step``): what is
-    left between it and the Trainer is the framework (Composer, the sampler and collate, the glue).
+    With ``same_work`` it also gives the loss the batch's text groups as duplicate ids and clips the gradients'
+    norm at ``clip``, as the recipe does (and, where the recipe mines, mines ``batch_hard`` and drops duplicate
+    negatives with ``mining_step``): what is left between it and the Trainer is the framework (Composer, the
+    sampler and collate, the glue).
     """
 
     def __init__(
@@ -109,15 +112,18 @@ class BareLoop:
         batches: list[dict],
         vocab: int,
         device: torch.device,
-        tau: float,
+        loss: dict[str, Any],
         same_work: bool,
         mines: bool = False,
+        clip: float | None = None,
     ) -> None:
         torch.manual_seed(0)
         self.encoder = BagOfTokensEncoder(vocab_size=vocab, token_dim=WIDTH).to(device)
         self.optimizer = torch.optim.AdamW(self.encoder.parameters(), lr=2e-5, weight_decay=0.01)
-        self.loss = InfoNCELoss(temperature=tau)
+        self.loss = InfoNCELoss(**loss)
+        self.queries = loss.get("negatives") == "passages"  # the loss reads which rows are queries
         self.miner = BatchHardMiner() if same_work and mines else None
+        self.clip = clip if same_work else None
         self.same_work, self.batches, self.device, self.position = same_work, batches, device, 0
 
     def step(self) -> None:
@@ -126,20 +132,22 @@ class BareLoop:
         features = {key: value.to(self.device, non_blocking=True) for key, value in batch["features"].items()}
         labels = batch["labels"].to(self.device, non_blocking=True)
         embeddings = torch.nn.functional.normalize(self.encoder(features), dim=1)
+        keywords = {"is_query": features["is_query"]} if self.queries else {}
         if not self.same_work:
-            loss = self.loss(embeddings, labels)
+            loss = self.loss(embeddings, labels, **keywords)
         elif self.miner is None:
-            loss = self.loss(
-                embeddings, labels, duplicate_ids=batch["text_group"].to(self.device, non_blocking=True)
-            )
+            ids = batch["text_group"].to(self.device, non_blocking=True)
+            loss = self.loss(embeddings, labels, duplicate_ids=ids, **keywords)
         else:
             ids = batch["text_group"].to(self.device, non_blocking=True)
             bound = largest_label_count(batch["labels"])
             mined = mining_step(embeddings, labels, self.miner, duplicate_ids=ids, deferred=True,
                                 max_positives=None if bound is None else bound - 1)  # fmt: skip
             with defer_value_checks():
-                loss = self.loss(embeddings, labels, mined.indices_tuple, duplicate_ids=ids)
+                loss = self.loss(embeddings, labels, mined.indices_tuple, duplicate_ids=ids, **keywords)
         loss.backward()
+        if self.clip is not None:
+            torch.nn.utils.clip_grad_norm_(self.encoder.parameters(), self.clip)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
 
@@ -318,9 +326,12 @@ def measure(args: Any) -> dict[str, Any]:
             if len(batches) == 16:
                 break
         shape = tuple(batches[0]["features"]["input_ids"].shape)
-        vocab, tau = run.model.encoder.vocab_size, float(cfg.model.loss.temperature)
+        vocab = run.model.encoder.vocab_size
+        loss = {key: value for key, value in OmegaConf.to_container(cfg.model.loss).items() if key != "name"}
+        clipping = (cfg.get("algorithms") or {}).get("gradient_clipping")
+        clip = float(clipping.clipping_threshold) if clipping and clipping.clipping_type == "norm" else None
         timer.bare = {
-            name: BareLoop(batches, vocab, device, tau, name == "same_work", mines=miner is not None)
+            name: BareLoop(batches, vocab, device, loss, name == "same_work", miner is not None, clip)
             for name in ("plain", "same_work")
         }
         run.trainer.fit()
