@@ -21,7 +21,8 @@ rebuilt by its command whatever the YAML holds.
 - ``mined``: not a default but the other half of the comparison: both tools' mined-once recipes (hard negatives
   mined once from the starting model: sentence-transformers' ``mine_hard_negatives``, this project's warm
   table), at each tool's defaults (ours with clipping); ``mined_symmetric``: this project's mined-once recipe
-  with ``symmetric``'s clipping and loss (the YAML's recipe now).
+  with ``symmetric``'s clipping and loss (the YAML's recipe now); ``mined_passages``: it with the one-way loss
+  (the loss of sentence-transformers' mined recipe, and of ``st_defaults``).
 
 Each (corpus, variant) is one ``finetune_code.py`` run of 3 seeds (the CPU size: 3,000 training pairs, 60
 steps of 16), stored as ``results/ablations/finetune_defaults/CORPUS_VARIANT.json`` and run only where that
@@ -78,10 +79,18 @@ VARIANTS: dict[str, tuple[str, tuple[str, ...]]] = {
         "mined once, clipping and the loss both ways between queries and passages",
         (*_PLAIN, _CLIP, *_SYMMETRIC),
     ),
+    "mined_passages": (
+        "mined once, clipping and the loss one way, queries against passages (sentence-transformers' mined loss)",
+        (*_PLAIN, _CLIP, _PASSAGES),
+    ),
 }
 #: variant -> the recipes its run trains (default: this project's in-batch one, and sentence-transformers'
 #: in-batch one with ``base``).
-VARIANT_RECIPES = {"mined": (report.OURS_OFFLINE, report.ST_MINED), "mined_symmetric": (report.OURS_OFFLINE,)}
+VARIANT_RECIPES = {
+    "mined": (report.OURS_OFFLINE, report.ST_MINED),
+    "mined_symmetric": (report.OURS_OFFLINE,),
+    "mined_passages": (report.OURS_OFFLINE,),
+}
 #: ``--corpora`` entries: ``CORPUS`` or ``CORPUS:SPLIT_SEED`` of ``benchmarks/_corpora.py``.
 CORPORA = ("docstring", "code:1", "code")
 
