@@ -237,7 +237,10 @@ def main(argv: list[str] | None = None) -> None:
                 done = FOLDER / f"{stem(corpus, variant)}{'_quick' if args.quick else ''}.json"
                 if args.redo or args.keep_st or not done.exists():
                     run(corpus, variant, seeds, args.quick, keep_st=args.keep_st)
-    result, text = gather(args.corpora, args.quick)
+    # Every corpus with stored runs, not only those run now: the gathered table is the whole comparison.
+    result, text = gather(
+        [*CORPORA, *(corpus for corpus in args.corpora if corpus not in CORPORA)], args.quick
+    )
     write_results(FOLDER, NAME, args.quick, result, text)
     print(text)
 

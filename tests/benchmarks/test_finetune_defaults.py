@@ -124,3 +124,16 @@ def test_every_variant_pins_the_recipe_it_changes():
     )  # fmt: skip
     for name, (_, overrides) in defaults.VARIANTS.items():
         assert overrides[: len(defaults._PLAIN)] == defaults._PLAIN, name
+
+
+def test_running_one_corpus_keeps_every_stored_corpus_in_the_gathered_table(tmp_path, monkeypatch):
+    """``--corpora docstring`` runs that corpus alone; the table it writes is still the whole comparison."""
+    defaults = load_benchmark("finetune_defaults")
+    report = load_benchmark("_finetune_report")
+    monkeypatch.setattr(defaults, "FOLDER", tmp_path)
+    ours, st = report.OURS_IN_BATCH, report.ST_IN_BATCH
+    for corpus in ("docstring", "code"):
+        _stored(tmp_path, f"{corpus}_base", {ours: [0.70, 0.72, 0.71], st: [0.71, 0.71, 0.71]})
+    defaults.main(["--corpora", "docstring", "--report"])
+    gathered = json.loads((tmp_path / "finetune_defaults.json").read_text())
+    assert set(gathered["corpora"]) == {"docstring", "code"}
