@@ -18,6 +18,8 @@ from typing import Any, NamedTuple
 import torch
 from torch import nn
 
+from composer_dynsample.validation import check_keywords
+
 __all__ = ["KEYWORDS", "LossCall", "forward_takes", "loss_forward", "passed_on"]
 
 
@@ -80,7 +82,8 @@ def loss_forward(
 
     The ``forward`` has ``method``'s name and docstring, and the signature of that call (what
     :func:`forward_takes` reads): the five arguments, then ``keywords``, keyword-only, with their defaults.
-    A keyword it does not take raises Python's own ``TypeError``.
+    A keyword it does not take raises the ``TypeError`` Python raises for one, naming the close keyword
+    (:func:`~composer_dynsample.validation.check_keywords`).
 
     Example:
         >>> class Norm(nn.Module):
@@ -104,9 +107,7 @@ def loss_forward(
             ref_labels: torch.Tensor | None = None,
             **given: Any,
         ) -> torch.Tensor:
-            unknown = [name for name in given if name not in keywords]
-            if unknown:
-                raise TypeError(f"{forward.__qualname__}() got an unexpected keyword argument '{unknown[0]}'")
+            check_keywords(forward.__qualname__, given, keywords)
             values = {key.name: given.get(key.name, key.default) for key in taken}
             return method(self, LossCall(embeddings, labels, indices_tuple, ref_emb, ref_labels, values))
 

@@ -7,7 +7,7 @@ import difflib
 import math
 import numbers
 import sys
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
@@ -190,14 +190,15 @@ def check_choice(name: str, value: object, choices: Iterable[str]) -> str:
     return value
 
 
-def check_keywords(function: str, given: Iterable[str], keywords: type) -> None:
-    """Refuse a keyword that ``function``'s ``**options: Unpack[keywords]`` (PEP 692) does not take, as Python
-    refuses an unknown keyword of a written-out parameter list (a ``TypeError``), and name the close one.
+def check_keywords(function: str, given: Iterable[str], keywords: type | Collection[str]) -> None:
+    """Refuse a keyword that ``function``'s ``**options`` does not take, as Python refuses an unknown keyword
+    of a written-out parameter list (a ``TypeError``), and name the close one.
 
     Args:
         function (str): The callable's name, as the user called it.
         given (Iterable[str]): The keywords the call gave.
-        keywords (type): The ``TypedDict`` of the keywords it takes.
+        keywords (type | Collection[str]): The ``TypedDict`` of the keywords it takes (its ``**options:
+            Unpack[keywords]``, PEP 692), or their names.
 
     Example:
         >>> from typing import TypedDict
@@ -210,7 +211,11 @@ def check_keywords(function: str, given: Iterable[str], keywords: type) -> None:
             ...
         TypeError: sampler() got an unexpected keyword argument 'sed'. Did you mean 'seed'?
     """
-    known = keywords.__required_keys__ | keywords.__optional_keys__  # type: ignore[attr-defined]
+    known = (
+        keywords.__required_keys__ | keywords.__optional_keys__  # type: ignore[attr-defined]
+        if isinstance(keywords, type)
+        else keywords
+    )
     for key in given:
         if key not in known:
             raise TypeError(

@@ -337,3 +337,12 @@ def test_bad_duplicate_ids_are_named():
         loss(embeddings, labels, duplicate_ids=ids[:5])
     with pytest.raises(TypeError, match="ref_duplicate_ids must be a 1-D integer tensor"):
         loss(embeddings, labels, None, ref, ref_labels, duplicate_ids=ids, ref_duplicate_ids=ref[:, 0])
+
+
+def test_a_misspelt_keyword_names_the_loss_and_the_close_keyword():
+    embeddings = torch.nn.functional.normalize(torch.randn(4, 3, generator=torch.Generator().manual_seed(0)))
+    with pytest.raises(TypeError) as caught:
+        InfoNCELoss()(embeddings, torch.tensor([0, 0, 1, 1]), duplicate_id=torch.arange(4))
+    assert str(caught.value) == (
+        "InfoNCELoss.forward() got an unexpected keyword argument 'duplicate_id'. Did you mean 'duplicate_ids'?"
+    )
