@@ -3,20 +3,19 @@
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 from composer.core import Callback, State, get_precision_context
 from composer.loggers import Logger
 
-from composer_dynsample.data.store import TensorStore
-from composer_dynsample.data.text.store import TextStore
 from composer_dynsample.distributed import broadcast_buffers
-from composer_dynsample.models.embed import Store, check_rows
-from composer_dynsample.models.embed import embed_store as _embed_store
-from composer_dynsample.models.embed import store_labels as _store_labels
+
+if TYPE_CHECKING:
+    from composer_dynsample.models.embed import Store
 
 __all__ = ["RetrievalGallery"]
 
@@ -66,8 +65,12 @@ class RetrievalGallery(Callback):
         batch_size: int = 1024,
         transform: Callable[[Any], Any] | None = None,
     ) -> None:
-        if not isinstance(gallery, (TensorStore, TextStore)):
+        from composer_dynsample.data.store import TensorStore
+
+        if not isinstance(gallery, TensorStore) and not _is_text_store(gallery):
             raise TypeError(f"gallery must be a TensorStore or a TextStore, got {type(gallery).__name__}.")
+        from composer_dynsample.models.embed import check_rows  # the gallery's embedding, loaded when used
+
         self.rows = check_rows(gallery, rows)
         if len(self.rows) == 0:
             raise ValueError("gallery must hold at least one item, got 0.")
@@ -82,16 +85,18 @@ class RetrievalGallery(Callback):
     def eval_start(self, state: State, logger: Logger) -> None:
         if state.dataloader_label != self.evaluator_label:
             return
+        from composer_dynsample.models.embed import embed_store, store_labels
+
         broadcast_buffers(state.model)
         with get_precision_context(state.precision, state.precision_config):
-            embeddings = _embed_store(
+            embeddings = embed_store(
                 state.model,
                 self.gallery,
                 rows=self.rows,
                 batch_size=self.batch_size,
                 transform=self.transform,
             )
-        labels = _store_labels(self.gallery, self.rows).to(embeddings.device)
+        labels = store_labels(self.gallery, self.rows).to(embeddings.device)
         for metric in state.eval_metrics.get(self.evaluator_label, {}).values():
             if hasattr(metric, "set_gallery"):
                 metric.set_gallery(embeddings.float(), labels)
@@ -123,3 +128,10 @@ class RetrievalGallery(Callback):
 def _to_float(value: Any) -> float:
     number = float(value.item() if isinstance(value, torch.Tensor) else value)
     return number if math.isfinite(number) else float("nan")
+
+
+def _is_text_store(gallery: Any) -> bool:
+    """Whether ``gallery`` is a :class:`~composer_dynsample.data.TextStore`, without importing the text data
+    when it was never imported (then no object can be one)."""
+    module = sys.modules.get("composer_dynsample.data.text.store")
+    return module is not None and isinstance(gallery, module.TextStore)

@@ -20,6 +20,7 @@ from composer_dynsample.samplers.base import (
     sampler_world_error,
 )
 from composer_dynsample.samplers.wiring import (
+    find_epoch_target,
     check_dataset_length,
     check_microbatches,
     check_train_loader,
@@ -30,42 +31,6 @@ from composer_dynsample.validation import check_bool, is_int
 __all__ = ["SetSamplerEpoch", "find_epoch_target"]
 
 log = logging.getLogger(__name__)
-
-
-def find_epoch_target(dataloader: Any) -> SupportsSetEpoch | None:
-    """Find what takes the epoch in a dataloader: its batch sampler, the sampler inside it, or its sampler.
-
-    Duck-typed: anything with a ``set_epoch`` method qualifies, not only ``DistributedSampler``. A
-    Composer :class:`~composer.core.DataSpec` is unwrapped to its dataloader.
-
-    Args:
-        dataloader: A ``DataLoader``, a ``DataSpec`` or any object with ``batch_sampler``/``sampler``.
-
-    Returns:
-        The object whose ``set_epoch`` to call, or ``None`` when nothing takes an epoch.
-
-    Example:
-        >>> import torch
-        >>> from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
-        >>> data = TensorDataset(torch.arange(8))
-        >>> sampler = DistributedSampler(data, num_replicas=1, rank=0)
-        >>> find_epoch_target(DataLoader(data, sampler=sampler, batch_size=2)) is sampler
-        True
-        >>> find_epoch_target(DataLoader(data, batch_size=2)) is None
-        True
-    """
-    if isinstance(dataloader, DataSpec):
-        dataloader = dataloader.dataloader
-    batch_sampler = getattr(dataloader, "batch_sampler", None)
-    candidates = (
-        batch_sampler,
-        getattr(batch_sampler, "sampler", None),
-        getattr(dataloader, "sampler", None),
-    )
-    for candidate in candidates:
-        if isinstance(candidate, SupportsSetEpoch):
-            return candidate
-    return None
 
 
 class SetSamplerEpoch(Callback):

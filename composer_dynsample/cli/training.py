@@ -419,7 +419,7 @@ def _unmined_warning(run: Any) -> str | None:
     when no snapshot was in force at any step of the run.
     """
     from composer_dynsample.algorithms import EmbeddingTable
-    from composer_dynsample.callbacks.set_sampler_epoch import find_epoch_target
+    from composer_dynsample.samplers.wiring import find_epoch_target
 
     state = run.trainer.state
     sampler = find_epoch_target(state.train_dataloader)

@@ -36,6 +36,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from composer_dynsample.config.components import ConfigError
 from composer_dynsample.config.loading import section
+from composer_dynsample.config.sampler_table import check_sampler_table
 
 __all__ = [
     "MIX",
@@ -149,8 +150,6 @@ def check_mix(cfg: DictConfig, check_one: Callable[[DictConfig], None]) -> None:
 
 def _check_source_table(one: DictConfig) -> None:
     """A source's model-aware sampler without an ``algorithms.embedding_table`` is refused, as the run's is."""
-    from composer_dynsample.config.checks import check_sampler_table
-
     check_sampler_table(section(one, "sampler", "sampler"), section(one, "algorithms", "algorithms"))
 
 

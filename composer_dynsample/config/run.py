@@ -30,7 +30,7 @@ from composer_dynsample.config.builders import (
     build_train_dataloader,
     composer_dataloader,
 )
-from composer_dynsample.config.checks import TRAINER_OWNED, check_sampler_table, check_trainer_basics
+from composer_dynsample.config.checks import TRAINER_OWNED, check_trainer_basics
 from composer_dynsample.config.components import ConfigError, check_keys, peek_entry
 from composer_dynsample.config.device import (
     apply_device_settings,
@@ -51,6 +51,7 @@ from composer_dynsample.config.mix_data import check_mix_pools, for_each_source
 from composer_dynsample.config.model_builders import build_model
 from composer_dynsample.config.names import SAMPLERS
 from composer_dynsample.config.parameters import parameters
+from composer_dynsample.config.sampler_table import check_sampler_table
 from composer_dynsample.data import DatasetSplits
 from composer_dynsample.data.identity import DataChangedError, data_changes, data_identity
 from composer_dynsample.distributed import get_world_size

@@ -25,7 +25,7 @@ from composer_dynsample.samplers.base import epoch_rng
 from composer_dynsample.samplers.pk import PKBatchSampler, PKKeywords
 from composer_dynsample.validation import check_choice, check_float, check_int, check_keywords
 
-__all__ = ["HardClassPKBatchSampler", "nearest_classes", "pair_centroids"]
+__all__ = ["HardClassPKBatchSampler", "class_means", "nearest_classes", "pair_centroids"]
 
 
 #: Valid values of ``search`` for :func:`nearest_classes` and :class:`HardClassPKBatchSampler`.
@@ -33,6 +33,40 @@ CLASS_SEARCHES = ("auto", "exact", "ivf")
 # Up to this many classes with a centroid, ``search="auto"`` is exact: a few seconds at most on 2 cores.
 EXACT_SEARCH_MAX_CLASSES = 10_000
 _IVF_PROBES = 8  # a cell's queries meet the classes of about this many average cells
+
+
+def class_means(
+    rows: torch.Tensor, labels: torch.Tensor, num_classes: int, held: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The mean of each class's rows, in float32, and how many rows each mean is over: the centroids
+    :meth:`HardClassPKBatchSampler.update_class_embeddings` takes.
+
+    Args:
+        rows (torch.Tensor): ``(N, D)`` embeddings, one per sample.
+        labels (torch.Tensor): ``(N,)`` class of each row, in ``[0, num_classes)``.
+        num_classes (int): The number of classes ``C``.
+        held (torch.Tensor, optional): ``(N,)`` bool, the rows that hold an embedding; the others count for
+            no class. Default: every row.
+
+    Returns:
+        tuple[torch.Tensor, torch.Tensor]: ``(C, D)`` centroids (zeros for a class with no row) and the
+        ``(C,)`` int64 counts.
+
+    Example:
+        >>> rows = torch.tensor([[0.0, 2.0], [2.0, 0.0], [4.0, 4.0]])
+        >>> centroids, counts = class_means(rows, torch.tensor([0, 0, 1]), 2, torch.tensor([True, True, False]))
+        >>> centroids.tolist(), counts.tolist()
+        ([[1.0, 1.0], [0.0, 0.0]], [2, 0])
+    """
+    labels = labels.to(rows.device)
+    values = rows.float()
+    if held is not None:
+        held = held.to(rows.device).bool()
+        labels, values = labels[held], values[held]
+    sums = torch.zeros(num_classes, rows.shape[1], dtype=torch.float32, device=rows.device)
+    sums.index_add_(0, labels, values)
+    counts = torch.bincount(labels, minlength=num_classes)
+    return sums / counts.clamp(min=1).unsqueeze(1), counts
 
 
 def nearest_classes(
@@ -244,7 +278,7 @@ class HardClassPKBatchSampler(PKBatchSampler):
         """Hand over ``(num_classes, D)`` centroids, one row per class in sorted label order.
 
         They apply from the next :meth:`set_epoch`. Classes with a zero in ``counts`` (no embedding seen
-        yet, as :func:`~composer_dynsample.algorithms.class_centroids` reports them) or a non-finite row
+        yet, as :func:`class_means` reports them) or a non-finite row
         are nobody's neighbour until they have a centroid.
         """
         if (

@@ -27,6 +27,7 @@ from composer_dynsample.samplers.base import (
     class_positions,
     epoch_rng,
 )
+from composer_dynsample.samplers.hard_class import class_means
 from composer_dynsample.validation import check_choice, check_int
 
 __all__ = ["MIX_SAMPLING", "MixedBatchSampler", "check_mixable"]
@@ -239,15 +240,8 @@ class MixedBatchSampler(DistributedBatchSampler):
             if callable(getattr(sampler, "update_neighbours", None)):
                 sampler.update_neighbours(rows, held)
             else:
-                from composer_dynsample.algorithms.embedding_table.rows import class_centroids
-
-                written = torch.zeros(len(rows), dtype=torch.int64, device=rows.device)
-                if held is not None:
-                    written = torch.where(held.to(rows.device).bool(), 0, -1)
                 classes = int(sampler.classes.size)
-                sampler.update_class_embeddings(
-                    *class_centroids(rows, written, self._dense_labels[source], classes)
-                )
+                sampler.update_class_embeddings(*class_means(rows, self._dense_labels[source], classes, held))
 
     @property
     def last_skipped(self) -> dict[str, int]:

@@ -16,13 +16,14 @@ from typing import Any
 
 from torch.utils.data import BatchSampler, DataLoader
 
-from composer_dynsample.samplers.base import DistributedBatchSampler
+from composer_dynsample.samplers.base import DistributedBatchSampler, SupportsSetEpoch
 
 __all__ = [
     "check_dataset_length",
     "check_microbatches",
     "check_train_loader",
     "dataset_length",
+    "find_epoch_target",
     "torch_loader",
 ]
 
@@ -112,3 +113,38 @@ def check_microbatches(dataloader: Any, microbatch_size: int | None) -> None:
             f"device_train_microbatch_size to the batch size ({p * k}), or at least {2 * k} (two whole classes); "
             "for memory, use EmbeddingModel(forward_chunk_size=N), which keeps the whole batch as the pool."
         )
+
+
+def find_epoch_target(dataloader: Any) -> SupportsSetEpoch | None:
+    """Find what takes the epoch in a dataloader: its batch sampler, the sampler inside it, or its sampler.
+
+    Duck-typed: anything with a ``set_epoch`` method qualifies, not only ``DistributedSampler``. A
+    Composer :class:`~composer.core.DataSpec` is unwrapped to its dataloader.
+
+    Args:
+        dataloader: A ``DataLoader``, a ``DataSpec`` or any object with ``batch_sampler``/``sampler``.
+
+    Returns:
+        The object whose ``set_epoch`` to call, or ``None`` when nothing takes an epoch.
+
+    Example:
+        >>> import torch
+        >>> from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+        >>> data = TensorDataset(torch.arange(8))
+        >>> sampler = DistributedSampler(data, num_replicas=1, rank=0)
+        >>> find_epoch_target(DataLoader(data, sampler=sampler, batch_size=2)) is sampler
+        True
+        >>> find_epoch_target(DataLoader(data, batch_size=2)) is None
+        True
+    """
+    dataloader = getattr(dataloader, "dataloader", dataloader)  # a Composer DataSpec holds it
+    batch_sampler = getattr(dataloader, "batch_sampler", None)
+    candidates = (
+        batch_sampler,
+        getattr(batch_sampler, "sampler", None),
+        getattr(dataloader, "sampler", None),
+    )
+    for candidate in candidates:
+        if isinstance(candidate, SupportsSetEpoch):
+            return candidate
+    return None

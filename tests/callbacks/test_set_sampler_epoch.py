@@ -19,7 +19,7 @@ from composer.loggers import InMemoryLogger
 from torch.utils.data import BatchSampler, DataLoader, DistributedSampler
 
 from composer_dynsample import PKBatchSampler, SetSamplerEpoch, build_dataloader
-from composer_dynsample.callbacks.set_sampler_epoch import find_epoch_target
+from composer_dynsample.samplers.wiring import find_epoch_target
 from tests.common import (
     IndexClassifier,
     assert_each_epoch_has_its_own_order,

@@ -13,7 +13,7 @@ import torch
 pytest.importorskip("tokenizers")
 
 from composer_dynsample.cli.main import main
-from composer_dynsample.config.checks import check_sampler_table
+from composer_dynsample.config.sampler_table import check_sampler_table
 from composer_dynsample.config.components import ConfigError
 from composer_dynsample.data import DatasetSplits, TensorStore
 from composer_dynsample.data.identity import data_changes, data_identity

@@ -309,7 +309,7 @@ class EmbeddingTable(TableEncodings, Algorithm):
             self._warm_start(state, logger)
         if not self.feed_sampler:
             return
-        from composer_dynsample.callbacks.set_sampler_epoch import find_epoch_target
+        from composer_dynsample.samplers.wiring import find_epoch_target
 
         target = find_epoch_target(state.train_dataloader)
         takes = any(

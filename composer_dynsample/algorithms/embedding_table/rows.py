@@ -18,6 +18,8 @@ from typing import Any
 
 import torch
 
+from composer_dynsample.samplers.hard_class import class_means
+
 __all__ = ["StagedWrites", "class_centroids", "staleness", "table_fingerprint", "write_rows"]
 
 
@@ -139,13 +141,7 @@ def class_centroids(
         >>> centroids.tolist(), counts.tolist()
         ([[1.0, 1.0], [0.0, 0.0]], [2, 0])
     """
-    written = written_at >= 0
-    labels = labels.to(rows.device)[written]
-    values = rows[written].float()
-    sums = torch.zeros(num_classes, rows.shape[1], dtype=torch.float32, device=rows.device)
-    sums.index_add_(0, labels, values)
-    counts = torch.bincount(labels, minlength=num_classes)
-    return sums / counts.clamp(min=1).unsqueeze(1), counts
+    return class_means(rows, labels, num_classes, held=written_at >= 0)
 
 
 def staleness(written_at: torch.Tensor | None, step: int) -> dict[str, float]:
