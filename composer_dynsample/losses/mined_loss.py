@@ -5,8 +5,10 @@ The algorithm replaces ``state.outputs`` with a :class:`~composer_dynsample.Mine
 tuples and the pool. :func:`mined_loss` does it in one line for any loss with pytorch-metric-learning's
 signature (``loss(embeddings, labels, indices_tuple, ref_emb, ref_labels)``), adding the keywords a loss
 of this package takes (``global_mean`` over ranks, the duplicate ids). :func:`reject_mined_batch` is what
-this package's losses say when they are given the :class:`~composer_dynsample.MinedBatch` itself, or
-anything else than a tensor, where the embeddings belong.
+this package's losses say when they are given the :class:`~composer_dynsample.MinedBatch` itself, anything
+else than a tensor, or a floating-point tensor that is not ``(batch, dim)``, where the embeddings belong:
+every loss here goes through it (:class:`~composer_dynsample.losses.tuple_losses.TupleLoss` when called,
+:class:`~composer_dynsample.losses.wrapper.LossWrapper` in ``forward``).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import torch
 
 from composer_dynsample.mining.mined_batch import MinedBatch
 
-__all__ = ["CALL", "mined_loss", "reject_mined_batch"]
+__all__ = ["CALL", "SAMPLER_CAUSE", "mined_loss", "reject_mined_batch"]
 
 #: The call a model's ``loss`` writes for a :class:`MinedBatch` ``outputs``.
 CALL = (
@@ -69,9 +71,28 @@ def mined_loss(loss: Any, outputs: MinedBatch, **kwargs: Any) -> torch.Tensor:
     )
 
 
+#: Why a loss's embeddings have one axis too many when a batch holds one item (what a batch sampler given as
+#: ``DataLoader(sampler=...)`` makes of each batch of indices).
+SAMPLER_CAUSE = (
+    "a batch sampler passed as DataLoader(sampler=...) makes each batch one item; pass it as batch_sampler=, "
+    "or build the loader with composer_dynsample.build_dataloader(dataset, batch_sampler)"
+)
+
+
 def reject_mined_batch(owner: str, embeddings: Any) -> None:
     """Raise a ``TypeError`` naming the call to write when a loss got a :class:`MinedBatch` or another
-    non-tensor where the embeddings belong."""
+    non-tensor where the embeddings belong, and a one-line ``ValueError`` naming the shape and its likely
+    cause when floating-point embeddings are not ``(batch, dim)``.
+
+    Only the shape is read, never a value: nothing is copied to the host. A tensor of another dtype is left
+    to the loss, which names the dtype it needs.
+
+    Example:
+        >>> reject_mined_batch("TripletMarginLoss", torch.zeros(1, 16, 8))
+        Traceback (most recent call last):
+            ...
+        ValueError: TripletMarginLoss: embeddings must be (batch, dim), got (1, 16, 8): a batch sampler passed as DataLoader(sampler=...) makes each batch one item; pass it as batch_sampler=, or build the loader with composer_dynsample.build_dataloader(dataset, batch_sampler).
+    """
     if isinstance(embeddings, MinedBatch):
         raise TypeError(
             f"{owner} got the MinedBatch that HardNegativeMining put in state.outputs where the (B, D) "
@@ -79,3 +100,16 @@ def reject_mined_batch(owner: str, embeddings: Any) -> None:
         )
     if not isinstance(embeddings, torch.Tensor):
         raise TypeError(f"{owner} takes the (B, D) embeddings as a tensor, got {type(embeddings).__name__}.")
+    if embeddings.ndim == 2 or not embeddings.is_floating_point():
+        return
+    shape = tuple(embeddings.shape)
+    if embeddings.ndim == 3 and shape[0] == 1:
+        cause = SAMPLER_CAUSE
+    elif embeddings.ndim > 2:
+        cause = (
+            "the encoder must return one row per item (pool a (batch, tokens, dim) output over its tokens), "
+            "or a batch sampler was passed as DataLoader(sampler=...): pass it as batch_sampler="
+        )
+    else:
+        cause = "the encoder must return one row per item, a 2-D tensor"
+    raise ValueError(f"{owner}: embeddings must be (batch, dim), got {shape}: {cause}.")
