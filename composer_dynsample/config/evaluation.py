@@ -29,7 +29,7 @@ from composer.core.data_spec import default_split_batch
 from composer.utils import dist
 from torch.utils.data import DataLoader
 
-from composer_dynsample.callbacks.retrieval_gallery import RetrievalGallery, Store
+from composer_dynsample.callbacks.retrieval_gallery import RetrievalGallery
 from composer_dynsample.config.components import ConfigError
 from composer_dynsample.config.loading import EvaluationConfig
 from composer_dynsample.config.matryoshka import RESULTS_KEY, truncated_scores
@@ -44,7 +44,7 @@ from composer_dynsample.metrics import (
     ranking_metrics,
     retrieval_metrics,
 )
-from composer_dynsample.models.embed import embed_store, store_labels
+from composer_dynsample.models.embed import Store, embed_store, store_labels
 
 __all__ = [
     "LEAVE_ONE_OUT",

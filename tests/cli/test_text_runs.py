@@ -13,8 +13,8 @@ import torch
 pytest.importorskip("tokenizers")
 
 from composer_dynsample.cli.main import main
-from composer_dynsample.config.sampler_table import check_sampler_table
 from composer_dynsample.config.components import ConfigError
+from composer_dynsample.config.sampler_table import check_sampler_table
 from composer_dynsample.data import DatasetSplits, TensorStore
 from composer_dynsample.data.identity import data_changes, data_identity
 from tests.cli.helpers import MINED, latest_checkpoint, one_line_error, write_bag_pairs_config, write_pairs

@@ -251,8 +251,8 @@ def test_through_the_trainer_a_resume_with_a_search_in_flight_trains_the_same_ba
 @pytest.mark.filterwarnings("ignore::UserWarning")
 def test_the_config_sets_it_on_the_sampler(tmp_path):
     pytest.importorskip("tokenizers")
-    from composer_dynsample.samplers.wiring import find_epoch_target
     from composer_dynsample.config import ConfigError, build_run, load_config
+    from composer_dynsample.samplers.wiring import find_epoch_target
     from tests.config.helpers import pairs_config
     from tests.data.text.helpers import write_pairs
 

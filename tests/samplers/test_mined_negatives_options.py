@@ -179,8 +179,8 @@ def test_confusable_pair_batches_on_any_world_keep_every_guarantee(world, seed, 
 @pytest.mark.filterwarnings("ignore::UserWarning")
 def test_the_config_builds_the_sampler_from_the_pairs_store(tmp_path):
     pytest.importorskip("tokenizers")
-    from composer_dynsample.samplers.wiring import find_epoch_target
     from composer_dynsample.config import ConfigError, build_run, load_config
+    from composer_dynsample.samplers.wiring import find_epoch_target
     from tests.config.helpers import pairs_config
     from tests.data.text.helpers import write_pairs
 
