@@ -20,11 +20,10 @@ from composer_dynsample.samplers.base import (
     sampler_world_error,
 )
 from composer_dynsample.samplers.wiring import (
-    find_epoch_target,
     check_dataset_length,
-    check_microbatches,
     check_train_loader,
     dataset_length,
+    find_epoch_target,
 )
 from composer_dynsample.validation import check_bool, is_int
 
@@ -75,12 +74,15 @@ class SetSamplerEpoch(Callback):
     at an epoch boundary is exact on any number of ranks.
 
     Wiring mistakes are refused where they can first be known, each in one line naming the fix
-    (:mod:`composer_dynsample.samplers.wiring`): at ``FIT_START`` a batch sampler given as ``sampler=``, a
-    sampler built on more labels than the dataset has samples, and microbatches
-    (``device_train_microbatch_size``) that cut every P x K batch into single classes; at every
+    (:mod:`composer_dynsample.samplers.wiring`): at ``FIT_START`` a batch sampler given as ``sampler=`` and a
+    sampler built on more labels than the dataset has samples; at every
     ``EPOCH_START`` a dataset whose length changed since the fit started (its sampler would draw past its
     end, or never draw its new samples); and at a mid-epoch resume a checkpoint whose epoch had other
     labels or another plan (other data of the same batch count), as the command line refuses other data.
+    Microbatches (``device_train_microbatch_size``) that cut every P x K batch into single classes are left
+    to Composer: a classifier trains on them. What loses its negatives there refuses them itself:
+    :class:`~composer_dynsample.HardNegativeMining` and an :class:`~composer_dynsample.EmbeddingTable` that
+    feeds a sampler.
 
     With a ``DataLoader(batch_sampler=...)`` (``batch_size=None``) and no ``device_train_microbatch_size``,
     Composer would fail with a bare ``AssertionError`` at the first batch; at ``FIT_START`` this callback
@@ -110,7 +112,6 @@ class SetSamplerEpoch(Callback):
         self._state = state
         self._check_microbatch_size(state)
         check_train_loader(state.train_dataloader)
-        check_microbatches(state.train_dataloader, state.device_train_microbatch_size)
         self._dataset_length = dataset_length(state.train_dataloader)
         self._resume_elastically(state)
         self._set_epoch(state, logger)

@@ -1,13 +1,17 @@
 """The wiring mistakes a Composer user makes with a batch sampler, caught before the first batch.
 
 A batch sampler of this package works only when the ``DataLoader`` gets it as ``batch_sampler`` and its
-labels are the dataset's; Composer's microbatches must not cut a P x K batch into single classes. Each
-mistake otherwise fails far away (a shape error in a loss, an ``IndexError`` mid-epoch) or trains on the
-wrong thing with no error (a loss of zero for the whole run, new samples never drawn). The checks here
-read the loader and the sampler only, and raise a ``ValueError`` in one line naming the fix;
-:class:`~composer_dynsample.callbacks.SetSamplerEpoch` and
-:class:`~composer_dynsample.HardNegativeMining` run them at ``FIT_START``, and the callback the dataset's
-length again at every ``EPOCH_START``.
+labels are the dataset's; when tuples are mined in the batch, Composer's microbatches must not cut a P x K
+batch into single classes. Each mistake otherwise fails far away (a shape error in a loss, an ``IndexError``
+mid-epoch) or trains on the wrong thing with no error (a loss of zero for the whole run, new samples never
+drawn). The checks here read the loader and the sampler only, and raise a ``ValueError`` in one line naming
+the fix; :class:`~composer_dynsample.callbacks.SetSamplerEpoch` and
+:class:`~composer_dynsample.HardNegativeMining` run the loader's at ``FIT_START``, and the callback the
+dataset's length again at every ``EPOCH_START``; the microbatches are checked by what mines in them
+(:class:`~composer_dynsample.HardNegativeMining`, and :class:`~composer_dynsample.EmbeddingTable` when it feeds
+a sampler), never by the epoch callback: a classifier trains on single-class microbatches.
+
+:func:`find_epoch_target` finds what takes the epoch in a loader.
 """
 
 from __future__ import annotations

@@ -14,7 +14,14 @@ from composer.loggers import Logger
 from composer.models import ComposerModel
 from torch.utils.data import DataLoader, TensorDataset
 
-from composer_dynsample import HardNegativeMining, MinedBatch, PKBatchSampler, SetSamplerEpoch
+from composer_dynsample import (
+    EmbeddingTable,
+    HardClassPKBatchSampler,
+    HardNegativeMining,
+    MinedBatch,
+    PKBatchSampler,
+    SetSamplerEpoch,
+)
 from composer_dynsample.losses import TripletMarginLoss, mined_loss
 from composer_dynsample.mining import BatchHardMiner
 from composer_dynsample.samplers import build_dataloader
@@ -172,25 +179,42 @@ def test_a_mid_epoch_resume_on_other_data_of_the_same_batch_count_is_refused(tmp
 
 
 @pytest.mark.parametrize("microbatch", [4, 2])
-@pytest.mark.parametrize("where", ["callback", "algorithm"])
-def test_microbatches_of_single_classes_are_refused_at_fit_start(microbatch, where):
-    extra = (
-        {"callbacks": [SetSamplerEpoch()]}
-        if where == "callback"
-        else {"algorithms": [HardNegativeMining("batch_hard")]}
-    )
-    loader = build_dataloader(TensorDataset(FEATURES, LABELS), sampler())
+@pytest.mark.parametrize("where", ["algorithm", "embedding_table"])
+def test_microbatches_of_single_classes_are_refused_at_fit_start_where_tuples_are_mined(microbatch, where):
+    """What mines in the microbatch refuses single-class ones: the mining algorithm, and the embedding table
+    that hands a hard-class sampler its centroids (its hard classes would never meet in a microbatch)."""
+    if where == "algorithm":
+        batches, extra = sampler, {"algorithms": [HardNegativeMining("batch_hard")]}
+    else:
+        batches = lambda: HardClassPKBatchSampler(LABELS, 4, 4, seed=0)  # noqa: E731
+        extra = {"algorithms": [EmbeddingTable(warm_start=False)]}
+    loader = build_dataloader(TensorDataset(FEATURES, LABELS), batches())
     with pytest.raises(
         ValueError,
         match=rf"device_train_microbatch_size={microbatch} cuts each batch of 4 classes x 4 samples",
     ):
         fit(loader, device_train_microbatch_size=microbatch, **extra)
-    fit(
+    if where == "algorithm":  # (the table's runs with whole-batch microbatches are its own tests')
+        fit(
+            build_dataloader(TensorDataset(FEATURES, LABELS), batches()),
+            device_train_microbatch_size=8,
+            duration="1ba",
+            **extra,
+        )
+
+
+def test_the_epoch_callback_leaves_single_class_microbatches_to_composer():
+    """SetSamplerEpoch alone with a loss that needs no negative in the microbatch: Composer trains it."""
+    model = OwnModel()
+    model.loss = lambda outputs, batch: outputs.pow(2).mean()  # a per-row loss: any microbatch trains
+    _, _, seen = fit(
         build_dataloader(TensorDataset(FEATURES, LABELS), sampler()),
-        device_train_microbatch_size=8,
-        duration="1ba",
-        **extra,
+        model=model,
+        callbacks=[SetSamplerEpoch()],
+        device_train_microbatch_size=4,
+        duration="1ep",
     )
+    assert seen.count == len(sampler())
 
 
 def test_build_dataloader_is_importable_where_the_docs_place_it():

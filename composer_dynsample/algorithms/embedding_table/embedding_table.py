@@ -44,6 +44,7 @@ from composer_dynsample.distributed import (
 )
 from composer_dynsample.mining.mined_batch import MinedBatch
 from composer_dynsample.samplers.base import class_positions
+from composer_dynsample.samplers.wiring import check_microbatches, find_epoch_target
 from composer_dynsample.validation import check_bool, check_choice, check_int, parse_time
 
 __all__ = ["EmbeddingTable", "class_centroids"]
@@ -309,13 +310,13 @@ class EmbeddingTable(TableEncodings, Algorithm):
             self._warm_start(state, logger)
         if not self.feed_sampler:
             return
-        from composer_dynsample.samplers.wiring import find_epoch_target
-
         target = find_epoch_target(state.train_dataloader)
         takes = any(
             callable(getattr(target, name, None)) for name in ("update_class_embeddings", "update_neighbours")
         )
         self._sampler = target if takes else None
+        if self._sampler is not None:  # its hard classes or negatives must share a microbatch
+            check_microbatches(state.train_dataloader, state.device_train_microbatch_size)
         if hasattr(self._sampler, "snapshot_source"):  # its refreshes within an epoch read the live table
             self._sampler.snapshot_source = self._snapshot_rows
         search_on_the_model_device(self._sampler, state.model)
