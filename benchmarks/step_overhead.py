@@ -54,7 +54,6 @@ from composer_dynsample.callbacks.device_syncs import SyncOpsPerStep
 from composer_dynsample.callbacks.host_reads import HostReadCounter, HostReadsPerStep, caller_of
 from composer_dynsample.config.loading import load_config
 from composer_dynsample.config.run import build_run
-from composer_dynsample.deferred_checks import defer_value_checks
 from composer_dynsample.mining import BatchHardMiner
 from composer_dynsample.mining.step import mining_step
 
@@ -143,8 +142,9 @@ class BareLoop:
             bound = largest_label_count(batch["labels"])
             mined = mining_step(embeddings, labels, self.miner, duplicate_ids=ids, deferred=True,
                                 max_positives=None if bound is None else bound - 1)  # fmt: skip
-            with defer_value_checks():
-                loss = self.loss(embeddings, labels, mined.indices_tuple, duplicate_ids=ids, **keywords)
+            loss = self.loss(
+                embeddings, labels, mined.indices_tuple, duplicate_ids=ids, values_checked=True, **keywords
+            )
         loss.backward()
         if self.clip is not None:
             torch.nn.utils.clip_grad_norm_(self.encoder.parameters(), self.clip)

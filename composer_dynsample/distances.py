@@ -25,7 +25,6 @@ from typing import Any, Final
 import torch
 import torch.nn.functional as F
 
-from composer_dynsample.deferred_checks import value_checks_deferred
 from composer_dynsample.validation import check_choice, check_embeddings
 
 __all__ = [
@@ -62,16 +61,16 @@ def check_distance(distance: object) -> str:
     return check_choice("distance", distance, DISTANCES)
 
 
-def working_dtype(x: torch.Tensor, y: torch.Tensor) -> torch.dtype:
+def working_dtype(x: torch.Tensor, y: torch.Tensor, *, values_checked: bool = False) -> torch.dtype:
     """The dtype miners and retrieval metrics compute distances in: never half precision, never overflowing.
 
     fp16 and bf16 inputs are computed in float32: ``||x||^2 + ||y||^2 - 2 x.y`` cancels catastrophically
     in half precision (two unit vectors one degree apart, true distance 0.0175, come out 0.0 in fp16).
     float32 inputs whose squared norms could overflow (entries near 1e18 and above) are computed in
     float64, so a finite input never gives an inf or NaN distance and a wrong tuple; inputs too large
-    even for float64 raise a ``ValueError``. Under
-    :func:`~composer_dynsample.deferred_checks.defer_value_checks` the largest entry is the caller's to
-    check (on the device, with no host read): the promoted dtype is returned.
+    even for float64 raise a ``ValueError``. That decision reads the largest entry on the host; with
+    ``values_checked=True`` the caller vouches for it (a training step checks it on the device,
+    :func:`~composer_dynsample.mining.step.step_health`) and the promoted dtype is returned with no read.
 
     Example:
         >>> working_dtype(torch.ones(2, 3, dtype=torch.float16), torch.ones(4, 3, dtype=torch.float16))
@@ -80,8 +79,8 @@ def working_dtype(x: torch.Tensor, y: torch.Tensor) -> torch.dtype:
         torch.float64
     """
     dtype = torch.promote_types(torch.promote_types(x.dtype, y.dtype), torch.float32)
-    if (x.numel() == 0 and y.numel() == 0) or value_checks_deferred() is not None:
-        return dtype  # inside a training step the largest entry is checked on the device (deferred_checks)
+    if values_checked or (x.numel() == 0 and y.numel() == 0):
+        return dtype
     largest = max(float(t.detach().abs().max()) if t.numel() else 0.0 for t in ((x,) if y is x else (x, y)))
     needed = largest * largest * max(x.shape[-1], 1) * 4.0  # a bound on |x.y| + ||x||^2 + ||y||^2
     if dtype == torch.float32 and needed > torch.finfo(torch.float32).max:
@@ -114,13 +113,23 @@ class RankMatrix:
         y: Reference embeddings, ``(M, D)``, same dtype and device as ``x``.
         distance: One of :data:`DISTANCES`.
         nonnegative: Return the true (non-negative) distance instead of a shifted one.
+        dtype: The dtype to compute in, for a caller that has chosen it already. Default:
+            ``working_dtype(x, y)``.
     """
 
-    def __init__(self, x: torch.Tensor, y: torch.Tensor, distance: str, *, nonnegative: bool = False) -> None:
+    def __init__(
+        self,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        distance: str,
+        *,
+        nonnegative: bool = False,
+        dtype: torch.dtype | None = None,
+    ) -> None:
         self.distance = check_distance(distance)
         self.nonnegative = nonnegative
         self.offset = 1.0 if distance == "cosine" and not nonnegative else 0.0
-        dtype = working_dtype(x, y)
+        dtype = working_dtype(x, y) if dtype is None else dtype
         same = y is x
         x = x.to(dtype)
         self._prepare(x, x if same else y.to(dtype))
@@ -240,7 +249,9 @@ def paired_distance(
     return squared.clamp_min(1e-12).sqrt() if distance == "euclidean" else squared
 
 
-def distance_matrix(x: torch.Tensor, y: torch.Tensor, distance: str = "cosine") -> torch.Tensor:
+def distance_matrix(
+    x: torch.Tensor, y: torch.Tensor, distance: str = "cosine", *, values_checked: bool = False
+) -> torch.Tensor:
     """Differentiable ``(N, M)`` distances between the rows of ``x`` and ``y``: one matrix multiplication.
 
     Losses index this matrix at their tuples: with tens of thousands of pairs, gathering embedding rows
@@ -250,6 +261,8 @@ def distance_matrix(x: torch.Tensor, y: torch.Tensor, distance: str = "cosine") 
     ``amp_bf16``), and float32 inputs whose squared norms would overflow (entries near 1e18 and above)
     in float64, so that the losses stay finite where the miners still find tuples; the gradient flows
     back to the inputs in their own dtype. Inputs too large even for float64 raise a ``ValueError``.
+    ``values_checked=True``: the caller has checked the entries' size on the device, so no value is read on
+    the host (see :func:`working_dtype`).
 
     Example:
         >>> x = torch.tensor([[1.0, 0.0], [0.0, 3.0]])
@@ -260,7 +273,7 @@ def distance_matrix(x: torch.Tensor, y: torch.Tensor, distance: str = "cosine") 
     """
     check_distance(distance)
     same = y is x
-    dtype = working_dtype(x, y)
+    dtype = working_dtype(x, y, values_checked=values_checked)
     x = x.to(dtype)
     y = x if same else y.to(dtype)
     # Composer runs the loss under autocast with amp_fp16 / amp_bf16, which would cast the products back

@@ -17,7 +17,6 @@ ROOT_MODULES: dict[str, str] = {
     "_lazy": "the one deferred import",
     "batches": "a tensor's lookup in a Composer batch or outputs",
     "checkpoints": "checkpoint files checked before unpickling",
-    "deferred_checks": "tensor-value checks a training step defers",
     "distances": "every distance, one name set",
     "distributed": "every cross-rank operation",
     "file_checks": "what a file is and its hash",

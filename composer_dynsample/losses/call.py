@@ -64,13 +64,16 @@ def _every_keyword(
     ref_duplicate_ids: torch.Tensor | None = None,
     is_query: torch.Tensor | None = None,
     source: str | None = None,
+    values_checked: bool = False,
 ) -> None:
     """The keywords of :data:`KEYWORDS`, written once as the parameters a ``forward`` shows."""
 
 
 #: Every keyword a loss here may take by name after the five arguments, in the order of its ``forward``,
 #: with its annotation and default: the mean over every rank's tuples, the ids of repeated texts in the
-#: batch and in ``ref_emb``, which rows are queries, and the batch's source of a mix of data sets.
+#: batch and in ``ref_emb``, which rows are queries, the batch's source of a mix of data sets, and whether the
+#: caller has checked the embeddings' values on the device (a training step's mined batch, unit rows): then
+#: the loss reads none on the host (:func:`~composer_dynsample.distances.working_dtype`).
 KEYWORDS: Mapping[str, inspect.Parameter] = inspect.signature(_every_keyword).parameters
 
 

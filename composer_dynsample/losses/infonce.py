@@ -123,7 +123,7 @@ class InfoNCELoss(TupleLoss):
         self.symmetric = check_bool("symmetric", symmetric)
         self.negatives = check_choice("negatives", negatives, NEGATIVES)
 
-    @loss_forward("global_mean", "duplicate_ids", "ref_duplicate_ids", "is_query")
+    @loss_forward("global_mean", "duplicate_ids", "ref_duplicate_ids", "is_query", "values_checked")
     def forward(self, call: LossCall) -> torch.Tensor:
         """The loss; ``duplicate_ids``/``ref_duplicate_ids`` as in the class docstring, ``is_query`` (``(B,)``
         bool, which rows are queries) with ``negatives="passages"``. Default: none."""
@@ -153,7 +153,10 @@ class InfoNCELoss(TupleLoss):
         if query_rows is not None:  # queries against passages only (see the class docstring)
             queries_to_passages = query_rows[:, None] & ~query_rows[None, :]
             positive, negative = positive & queries_to_passages, negative & queries_to_passages
-        logits = distance_matrix(embeddings, pool, self.distance).neg() / self.temperature
+        checked = keywords["values_checked"]
+        logits = (
+            distance_matrix(embeddings, pool, self.distance, values_checked=checked).neg() / self.temperature
+        )
         floor = torch.finfo(logits.dtype).min  # finite: a row without negatives gives 0, never NaN
         masked = logits.masked_fill(~negative, floor)
         values = F.softplus(torch.logsumexp(masked, dim=1, keepdim=True) - logits)

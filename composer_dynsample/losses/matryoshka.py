@@ -37,7 +37,9 @@ __all__ = ["MatryoshkaLoss", "check_matryoshka_dims", "check_matryoshka_weights"
 
 #: The keyword arguments :class:`~composer_dynsample.EmbeddingModel` may pass, forwarded when the inner
 #: loss's ``forward`` takes them.
-_PASSED_ON: Final[tuple[str, ...]] = ("global_mean", "duplicate_ids", "ref_duplicate_ids", "is_query")
+_PASSED_ON: Final[tuple[str, ...]] = (
+    "global_mean", "duplicate_ids", "ref_duplicate_ids", "is_query", "values_checked",
+)  # fmt: skip
 
 
 def check_matryoshka_dims(dims: Any, name: str = "matryoshka_dims") -> tuple[int, ...]:

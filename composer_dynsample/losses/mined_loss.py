@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from composer_dynsample.losses.call import forward_takes
 from composer_dynsample.mining.mined_batch import MinedBatch
 
 __all__ = ["CALL", "SAMPLER_CAUSE", "mined_loss", "reject_mined_batch"]
@@ -53,11 +54,11 @@ def mined_loss(loss: Any, outputs: MinedBatch, **kwargs: Any) -> torch.Tensor:
             f"{type(outputs).__name__}: add HardNegativeMining to the Trainer's algorithms, or call the loss on "
             "the embeddings and labels yourself."
         )
-    from composer_dynsample.losses.tuple_losses import TupleLoss, forward_takes
-
     extra = dict(kwargs)
-    if isinstance(loss, TupleLoss) or forward_takes(loss, "global_mean"):
+    if forward_takes(loss, "global_mean"):
         extra.setdefault("global_mean", outputs.global_mean)
+    if outputs.checks_deferred and forward_takes(loss, "values_checked"):
+        extra.setdefault("values_checked", True)  # checked on the device by the step: no host read here
     if outputs.duplicate_ids is not None and forward_takes(loss, "duplicate_ids"):
         extra.setdefault("duplicate_ids", outputs.duplicate_ids)
         extra.setdefault("ref_duplicate_ids", outputs.ref_duplicate_ids)

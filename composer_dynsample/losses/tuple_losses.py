@@ -92,7 +92,7 @@ class TupleLoss(nn.Module):
         reject_mined_batch(type(self).__name__, embeddings)
         return super().__call__(embeddings, *args, **kwargs)
 
-    @loss_forward("global_mean")
+    @loss_forward("global_mean", "values_checked")
     def forward(self, call: LossCall) -> torch.Tensor:
         return self._reduced(call)
 
@@ -119,7 +119,8 @@ class TupleLoss(nn.Module):
                 f"{len(indices_tuple)}. Use a miner that returns {kind}."
             )
         pool = embeddings if ref_emb is None else ref_emb
-        return self.compute(embeddings, pool, indices_tuple, keywords["global_mean"])
+        checked = keywords.get("values_checked", False)
+        return self.compute(embeddings, pool, indices_tuple, keywords["global_mean"], values_checked=checked)
 
     @staticmethod
     def _attached_zero(embeddings: torch.Tensor, ref_emb: torch.Tensor | None) -> torch.Tensor:
@@ -135,7 +136,11 @@ class TupleLoss(nn.Module):
         pool: torch.Tensor,
         indices_tuple: tuple[torch.Tensor, ...],
         global_mean: bool,
+        *,
+        values_checked: bool = False,
     ) -> torch.Tensor:
+        """The loss of ``indices_tuple`` against ``pool``; ``values_checked``: its distances read nothing on the
+        host (:func:`~composer_dynsample.distances.distance_matrix`)."""
         raise NotImplementedError
 
     @classmethod
@@ -181,9 +186,9 @@ class TripletMarginLoss(TupleLoss):
         super().__init__(distance)
         self.margin = check_float("margin", margin, minimum=0.0)
 
-    def compute(self, embeddings, pool, indices_tuple, global_mean):
+    def compute(self, embeddings, pool, indices_tuple, global_mean, *, values_checked=False):
         anchors, positives, negatives = indices_tuple
-        distances = distance_matrix(embeddings, pool, self.distance)
+        distances = distance_matrix(embeddings, pool, self.distance, values_checked=values_checked)
         ap, an = distances[anchors, positives], distances[anchors, negatives]
         return self._mean(torch.relu(ap - an + self.margin), global_mean)
 
@@ -213,9 +218,9 @@ class ContrastiveLoss(TupleLoss):
         self.pos_margin = check_float("pos_margin", pos_margin, minimum=0.0)
         self.neg_margin = check_float("neg_margin", neg_margin, minimum=0.0)
 
-    def compute(self, embeddings, pool, indices_tuple, global_mean):
+    def compute(self, embeddings, pool, indices_tuple, global_mean, *, values_checked=False):
         a1, p, a2, n = indices_tuple
-        distances = distance_matrix(embeddings, pool, self.distance)
+        distances = distance_matrix(embeddings, pool, self.distance, values_checked=values_checked)
         positive, negative = _pair_counts(a1, p, distances), _pair_counts(a2, n, distances)
         pos_loss = self._weighted_mean(torch.relu(distances - self.pos_margin), positive, global_mean)
         neg_loss = self._weighted_mean(torch.relu(self.neg_margin - distances), negative, global_mean)
@@ -249,9 +254,9 @@ class MultiSimilarityLoss(TupleLoss):
         self.beta = check_float("beta", beta, minimum=0.0, strict_minimum=True)
         self.base = check_float("base", base)
 
-    def compute(self, embeddings, pool, indices_tuple, global_mean):
+    def compute(self, embeddings, pool, indices_tuple, global_mean, *, values_checked=False):
         a1, p, a2, n = indices_tuple
-        similarity = 1.0 - distance_matrix(embeddings, pool, "cosine")
+        similarity = 1.0 - distance_matrix(embeddings, pool, "cosine", values_checked=values_checked)
         # 0/1 masks, as PML builds them: a pair listed twice in a hand-made tuple counts once.
         positive = _pair_counts(a1, p, similarity).clamp_(max=1.0)
         negative = _pair_counts(a2, n, similarity).clamp_(max=1.0)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -9,8 +10,7 @@ from typing import Final, NamedTuple
 
 import torch
 
-from composer_dynsample.deferred_checks import value_checks_deferred
-from composer_dynsample.distances import RankMatrix, check_distance
+from composer_dynsample.distances import RankMatrix, check_distance, working_dtype
 from composer_dynsample.validation import check_int, check_pool
 
 __all__ = [
@@ -53,6 +53,7 @@ class MiningInputs:
         self_offset: Where the pool holds the anchors themselves, anchor ``i`` is pool entry
             ``self_offset + i`` and must not pair with it (``0`` for a self pool); ``None`` otherwise.
         distance: The validated distance name.
+        values_checked: The caller checked the values on the device: nothing is read on the host.
     """
 
     embeddings: torch.Tensor
@@ -62,6 +63,13 @@ class MiningInputs:
     self_pool: bool
     self_offset: int | None
     distance: str
+    values_checked: bool = False
+
+    @functools.cached_property
+    def dtype(self) -> torch.dtype:
+        """The dtype distances are computed in (:func:`~composer_dynsample.distances.working_dtype`; its host
+        read of the largest entry skipped when the values are checked)."""
+        return working_dtype(self.embeddings, self.ref_embeddings, values_checked=self.values_checked)
 
     @property
     def device(self) -> torch.device:
@@ -82,6 +90,7 @@ def validate_mining_inputs(
     *,
     distance: str = "cosine",
     self_offset: int | None = None,
+    values_checked: bool = False,
 ) -> MiningInputs:
     """Check and normalise the arguments every miner takes.
 
@@ -98,6 +107,10 @@ def validate_mining_inputs(
         distance: One of ``"cosine"``, ``"euclidean"``, ``"squared_euclidean"``.
         self_offset: When the pool holds the anchors themselves (the batch followed by a memory, or a
             cross-rank pool), anchor ``i`` is pool entry ``self_offset + i``, which must carry its label.
+        values_checked: The caller has checked the values on the device (a training step's
+            :func:`~composer_dynsample.mining.step.step_health`) and assembled the pool itself: nothing is
+            read on the host (no NaN or inf check, no overflow check, no check of the anchors' labels at
+            ``self_offset``).
 
     Returns:
         The validated :class:`MiningInputs`.
@@ -119,7 +132,8 @@ def validate_mining_inputs(
     check_distance(distance)
     # The very same tensors as pool are the batch (checked once); anything else is checked as a pool.
     same = ref_embeddings is embeddings and ref_labels is labels
-    check_pool((embeddings, labels), (None, None) if same else (ref_embeddings, ref_labels), _NAMES)
+    pool = (None, None) if same else (ref_embeddings, ref_labels)
+    check_pool((embeddings, labels), pool, _NAMES, finite=not values_checked)
     device = embeddings.device
     labels = labels.to(device=device, dtype=torch.int64)
     if same or ref_embeddings is None:
@@ -127,29 +141,30 @@ def validate_mining_inputs(
             raise ValueError(
                 f"self_offset must be 0 or None when the pool is the batch, got {self_offset!r}."
             )
-        return MiningInputs(embeddings, labels, embeddings, labels, True, 0, distance)
+        return MiningInputs(embeddings, labels, embeddings, labels, True, 0, distance, values_checked)
     if ref_embeddings.device != device:
         raise ValueError(
             f"ref_embeddings must be on the embeddings' device {device}, got {ref_embeddings.device}."
         )
     dtype = torch.promote_types(embeddings.dtype, ref_embeddings.dtype)
     ref_labels = ref_labels.to(device=device, dtype=torch.int64)
-    offset = _check_self_offset(self_offset, labels, ref_labels)
+    offset = _check_self_offset(self_offset, labels, ref_labels, read=not values_checked)
+    embeddings, ref_embeddings = embeddings.to(dtype), ref_embeddings.to(dtype)
     return MiningInputs(
-        embeddings.to(dtype), labels, ref_embeddings.to(dtype), ref_labels, False, offset, distance
+        embeddings, labels, ref_embeddings, ref_labels, False, offset, distance, values_checked
     )
 
 
-def _check_self_offset(self_offset: object, labels: torch.Tensor, ref_labels: torch.Tensor) -> int | None:
-    """``self_offset`` as an int (or ``None``), checked to point at the anchors' own rows of the pool."""
+def _check_self_offset(
+    self_offset: object, labels: torch.Tensor, ref_labels: torch.Tensor, *, read: bool = True
+) -> int | None:
+    """``self_offset`` as an int (or ``None``), checked to point at the anchors' own rows of the pool (their
+    labels compared only with ``read``: ``torch.equal`` reads the device)."""
     if self_offset is None:
         return None
     rows, pool = labels.shape[0], ref_labels.shape[0]
     offset = check_int("self_offset", self_offset, minimum=0)
-    # torch.equal reads the device: a training step that assembled the pool itself defers it (deferred_checks).
-    same = offset + rows <= pool and (
-        value_checks_deferred() is not None or torch.equal(ref_labels[offset : offset + rows], labels)
-    )
+    same = offset + rows <= pool and (not read or torch.equal(ref_labels[offset : offset + rows], labels))
     if not same:
         raise ValueError(
             f"self_offset={offset} says the pool holds the {rows} anchors at rows {offset} to {offset + rows - 1}, "
@@ -217,14 +232,20 @@ class LabelIndex:
     Attributes:
         n_pos: ``(B,)`` number of positives per anchor (same label, its own pool entry excluded).
         n_neg: ``(B,)`` number of negatives per anchor.
-        width: Largest number of positives of any anchor (the table width), or the bound a training step
-            gives under :func:`~composer_dynsample.deferred_checks.defer_value_checks` (no host read; the
-            slots beyond an anchor's ``n_pos`` are padding).
+        width: Largest number of positives of any anchor (the table width, one host read), or the
+            ``max_positives`` bound the caller knows on the host (no read; the slots beyond an anchor's
+            ``n_pos`` are padding).
         self_offset: Anchor ``i`` is pool entry ``self_offset + i`` (``0`` for a self pool), or ``None``
             when the pool does not hold the anchors.
     """
 
-    def __init__(self, labels: torch.Tensor, ref_labels: torch.Tensor, self_offset: int | None) -> None:
+    def __init__(
+        self,
+        labels: torch.Tensor,
+        ref_labels: torch.Tensor,
+        self_offset: int | None,
+        max_positives: int | None = None,
+    ) -> None:
         self.self_offset = self_offset
         self._pool_size = ref_labels.shape[0]
         self._order = torch.argsort(ref_labels, stable=True)
@@ -240,12 +261,12 @@ class LabelIndex:
             self.n_pos = count - 1
         else:
             self.n_pos = count
-        deferred = value_checks_deferred()
-        bound = None if deferred is None else deferred.max_positives
         if self.n_pos.numel() == 0:
             self.width = 0
+        elif max_positives is None:
+            self.width = int(self.n_pos.max())
         else:
-            self.width = int(self.n_pos.max()) if bound is None else min(int(bound), self._pool_size)
+            self.width = min(int(max_positives), self._pool_size)
 
     def chunk(self, start: int, stop: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Return ``(pos_idx, pos_valid)`` for anchors ``start:stop``.

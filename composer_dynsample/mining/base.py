@@ -61,6 +61,8 @@ class BaseMiner:
         ref_labels: torch.Tensor | None = None,
         *,
         self_offset: int | None = None,
+        values_checked: bool = False,
+        max_positives: int | None = None,
     ) -> tuple[torch.Tensor, ...]:
         """Mine ``embeddings`` against the pool, under ``torch.no_grad()``.
 
@@ -77,6 +79,11 @@ class BaseMiner:
             ref_labels (torch.Tensor, optional): ``(M,)`` labels of the pool; required with ``ref_embeddings``.
             self_offset (int, optional): Where the pool holds the anchors (a memory after the batch, a
                 cross-rank pool), anchor ``i`` is pool entry ``self_offset + i`` and never pairs with it.
+            values_checked (bool): The caller has checked the values on the device (NaN, inf, entries too
+                large for float32 distances) and built the pool itself: the miner reads none on the host.
+                Default: ``False`` (the miner checks them).
+            max_positives (int, optional): An upper bound of any anchor's positives in the pool, known on
+                the host (a P x K batch: ``K - 1``); without it the label index reads the largest count.
 
         Returns:
             ``(anchors, positives, negatives)`` for triplets, ``(a1, p, a2, n)`` for pairs: 1-D int64 tensors
@@ -94,14 +101,15 @@ class BaseMiner:
                 ref_labels,
                 distance=self.distance,
                 self_offset=self_offset,
+                values_checked=values_checked,
             )
             if inputs.is_empty:
                 return self.empty(inputs.device)
             if not self.uses_label_index:
                 return self.mine(inputs, None)
-            index = LabelIndex(inputs.labels, inputs.ref_labels, inputs.self_offset)
+            index = LabelIndex(inputs.labels, inputs.ref_labels, inputs.self_offset, max_positives)
             # Every miner needs an anchor-positive pair; no positive anywhere means an empty result (the
-            # width is the largest count, or a training step's bound known on the host: deferred_checks).
+            # width is the largest count, or the bound the caller knows on the host).
             if index.width == 0:
                 return self.empty(inputs.device)
             return self.mine(inputs, index)

@@ -78,7 +78,9 @@ class DistanceWeightedMiner(BaseMiner):
 
     def mine(self, inputs: MiningInputs, index: LabelIndex) -> Triplets:  # type: ignore[override]
         # In float32 at least (see working_dtype): (D - 2) * log(d) amplifies rounding by D.
-        ranks = RankMatrix(inputs.embeddings, inputs.ref_embeddings, "cosine", nonnegative=True)
+        ranks = RankMatrix(
+            inputs.embeddings, inputs.ref_embeddings, "cosine", nonnegative=True, dtype=inputs.dtype
+        )
         uniforms = _pair_uniforms(index, self.generator, inputs.device)
         draw = _Draw(index, uniforms, inputs.embeddings.shape[1], (self.cutoff, self.nonzero_loss_cutoff))
         # The matrix and two temporaries of its dtype.

@@ -46,7 +46,7 @@ class HardTopKMiner(BaseMiner):
     def mine(self, inputs: MiningInputs, index: LabelIndex) -> Triplets:  # type: ignore[override]
         # Only the order of distances matters here: the squared Euclidean distance saves a square root.
         distance = "squared_euclidean" if self.distance == "euclidean" else self.distance
-        ranks = RankMatrix(inputs.embeddings, inputs.ref_embeddings, distance)
+        ranks = RankMatrix(inputs.embeddings, inputs.ref_embeddings, distance, dtype=inputs.dtype)
         k_eff = min(self.k, ranks.shape[1])
         parts = []
         for chunk in anchor_chunks(ranks, index, ranks.dtype.itemsize, self.chunk_size):

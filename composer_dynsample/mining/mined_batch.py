@@ -61,7 +61,8 @@ class MinedBatch:
             (:mod:`composer_dynsample.mining.duplicates`). The mined tuples already leave such negatives out.
         ref_duplicate_ids (torch.Tensor | None): The pool's duplicate ids, set with ``ref_embeddings``.
         checks_deferred (bool): The embeddings' value checks (NaN, inf, float32 overflow) are made on the
-            device and read later (:mod:`composer_dynsample.deferred_checks`): the loss reads none either.
+            device and read later (:func:`~composer_dynsample.mining.step.step_health`): :func:`~composer_dynsample.
+            mined_loss` passes ``values_checked=True`` to a loss that takes it, which then reads none either.
         tuples_read (bool): Whether ``indices_tuple`` was read since the algorithm handed the batch over; a
             loss that never reads it trains on every tuple of the batch, and the algorithm warns once.
     """

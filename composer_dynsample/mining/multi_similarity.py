@@ -52,7 +52,7 @@ class MultiSimilarityMiner(BaseMiner):
 
     def mine(self, inputs: MiningInputs, index: LabelIndex) -> Pairs:  # type: ignore[override]
         epsilon = self.epsilon
-        ranks = RankMatrix(inputs.embeddings, inputs.ref_embeddings, self.distance)
+        ranks = RankMatrix(inputs.embeddings, inputs.ref_embeddings, self.distance, dtype=inputs.dtype)
         pos_parts, neg_masks = [], []
         # The matrix plus a bool mask per entry.
         for start, stop, mat, pos_idx, pos_valid in anchor_chunks(

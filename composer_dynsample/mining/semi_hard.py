@@ -68,7 +68,9 @@ class SemiHardMiner(BaseMiner):
         super().__init__(distance=distance, chunk_size=chunk_size)
 
     def mine(self, inputs: MiningInputs, index: LabelIndex) -> Triplets:  # type: ignore[override]
-        ranks = RankMatrix(inputs.embeddings, inputs.ref_embeddings, self.distance, nonnegative=True)
+        ranks = RankMatrix(
+            inputs.embeddings, inputs.ref_embeddings, self.distance, nonnegative=True, dtype=inputs.dtype
+        )
         # Matrix and two same-size float buffers, int64 bucket, int64 key and its float64 source.
         bytes_per_entry = 3 * ranks.dtype.itemsize + 24
         return pair_triplets(

@@ -32,6 +32,7 @@ def mining_statistics(
     distance: str = "cosine",
     margin: float = 0.2,
     skipped: bool = False,
+    values_checked: bool = False,
 ) -> dict[str, torch.Tensor]:
     """Statistics of one mining step, as 0-d float tensors of one dtype (one host sync: the dtype).
 
@@ -44,6 +45,8 @@ def mining_statistics(
         margin (float): The margin of ``active_fraction``, the share of triplets with
             ``d(a, p) - d(a, n) + margin > 0`` (triplets only). Default: ``0.2``.
         skipped (bool): The step was skipped (non-finite embeddings): only ``skipped = 1`` is returned.
+        values_checked (bool): The caller checked the entries' size on the device: the dtype is chosen
+            with no host read (:func:`~composer_dynsample.distances.working_dtype`).
 
     Returns:
         dict[str, torch.Tensor]: ``skipped``, ``num_tuples``, ``active_fraction`` (triplets only),
@@ -59,7 +62,7 @@ def mining_statistics(
     if skipped:
         return {"skipped": embeddings.new_ones((), dtype=torch.float32)}
     # One dtype for every statistic (they are stacked): float32, or float64 where float32 would overflow.
-    dtype = working_dtype(embeddings, pool)
+    dtype = working_dtype(embeddings, pool, values_checked=values_checked)
     zero = embeddings.new_zeros((), dtype=dtype)
     stats = {"skipped": zero}
     if len(tuples) == 3:

@@ -11,12 +11,10 @@ whether the step can run; :func:`skipped_step` is the step that trains nothing w
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Iterable
 
 import torch
 
-from composer_dynsample.deferred_checks import defer_value_checks
 from composer_dynsample.distributed import all_reduce_sum, get_world_size
 from composer_dynsample.mining.base import BaseMiner
 from composer_dynsample.mining.duplicates import drop_duplicate_negatives
@@ -93,58 +91,64 @@ def mining_step(
         >>> mined.num_tuples, mined.ref_embeddings is None, float(mined.stats["num_tuples"])
         (8, True, 8.0)
     """
-    with defer_value_checks(max_positives=max_positives) if deferred else contextlib.nullcontext():
-        stored = memory is not None and len(memory) > 0
-        if stored:
-            memory.to(embeddings.device)  # a memory restored from a checkpoint sits on the CPU until used
-        pool = assemble_pool(
-            embeddings,
-            labels,
-            cross_rank=cross_rank,
-            with_grad=gather == "autograd",
-            memory_embeddings=memory.embeddings if stored else None,
-            memory_labels=memory.labels if stored else None,
-            enqueue=memory is not None,
-            duplicate_ids=duplicate_ids,
-            memory_duplicate_ids=memory.duplicate_ids if stored else None,
-        )
-        uses_pool = pool.offset is not None
-        ref_labels = pool.labels if uses_pool else None
-        ref_ids = pool.duplicate_ids if uses_pool else None
-        ref_embeddings = pool.embeddings if uses_pool else None
-        # Deferred checks: NaN or inf must not reach a miner that samples (its weights would be NaN); the step is
-        # reported by step_health and what is mined from the zeros is never trained on past the next read.
-        anchors = embeddings.detach().nan_to_num(0.0, 0.0, 0.0) if deferred else embeddings.detach()
-        tuples = miner(
-            anchors,
-            labels,
-            None if ref_embeddings is None else ref_embeddings.detach(),
-            ref_labels,
-            self_offset=pool.offset,
-        )
-        dropped = None
-        if duplicate_ids is not None:
-            tuples, dropped = drop_duplicate_negatives(tuples, labels, duplicate_ids, ref_labels, ref_ids)
-        if memory is not None:
-            memory.enqueue(pool.enqueue_embeddings, pool.enqueue_labels, pool.enqueue_duplicate_ids)
-        stats = mining_statistics(
-            embeddings.detach(), pool.embeddings.detach(), tuples, distance=miner.distance, margin=log_margin
-        )
-        if dropped is not None:
-            stats["duplicate_negatives_dropped"] = dropped.to(stats["num_tuples"])
-        return MinedBatch(
-            embeddings=embeddings,
-            labels=labels,
-            indices_tuple=tuples,
-            ref_embeddings=ref_embeddings,
-            ref_labels=ref_labels,
-            strategy=strategy,
-            global_mean=cross_rank and get_world_size() > 1 and uses_pool,
-            stats=stats,
-            duplicate_ids=duplicate_ids,
-            ref_duplicate_ids=ref_ids,
-            checks_deferred=deferred,
-        )
+    stored = memory is not None and len(memory) > 0
+    if stored:
+        memory.to(embeddings.device)  # a memory restored from a checkpoint sits on the CPU until used
+    pool = assemble_pool(
+        embeddings,
+        labels,
+        cross_rank=cross_rank,
+        with_grad=gather == "autograd",
+        memory_embeddings=memory.embeddings if stored else None,
+        memory_labels=memory.labels if stored else None,
+        enqueue=memory is not None,
+        duplicate_ids=duplicate_ids,
+        memory_duplicate_ids=memory.duplicate_ids if stored else None,
+    )
+    uses_pool = pool.offset is not None
+    ref_labels = pool.labels if uses_pool else None
+    ref_ids = pool.duplicate_ids if uses_pool else None
+    ref_embeddings = pool.embeddings if uses_pool else None
+    # Deferred checks: NaN or inf must not reach a miner that samples (its weights would be NaN); the step is
+    # reported by step_health and what is mined from the zeros is never trained on past the next read.
+    anchors = embeddings.detach().nan_to_num(0.0, 0.0, 0.0) if deferred else embeddings.detach()
+    tuples = miner(
+        anchors,
+        labels,
+        None if ref_embeddings is None else ref_embeddings.detach(),
+        ref_labels,
+        self_offset=pool.offset,
+        values_checked=deferred,
+        max_positives=max_positives if deferred else None,
+    )
+    dropped = None
+    if duplicate_ids is not None:
+        tuples, dropped = drop_duplicate_negatives(tuples, labels, duplicate_ids, ref_labels, ref_ids)
+    if memory is not None:
+        memory.enqueue(pool.enqueue_embeddings, pool.enqueue_labels, pool.enqueue_duplicate_ids)
+    stats = mining_statistics(
+        embeddings.detach(),
+        pool.embeddings.detach(),
+        tuples,
+        distance=miner.distance,
+        margin=log_margin,
+        values_checked=deferred,
+    )
+    if dropped is not None:
+        stats["duplicate_negatives_dropped"] = dropped.to(stats["num_tuples"])
+    return MinedBatch(
+        embeddings=embeddings,
+        labels=labels,
+        indices_tuple=tuples,
+        ref_embeddings=ref_embeddings,
+        ref_labels=ref_labels,
+        strategy=strategy,
+        global_mean=cross_rank and get_world_size() > 1 and uses_pool,
+        stats=stats,
+        duplicate_ids=duplicate_ids,
+        ref_duplicate_ids=ref_ids,
+        checks_deferred=deferred,
+    )
 
 
 def skipped_step(

@@ -13,7 +13,6 @@ from torch.utils.checkpoint import checkpoint
 from torchmetrics import Metric
 
 from composer_dynsample.batches import find_in_batch
-from composer_dynsample.deferred_checks import defer_value_checks
 from composer_dynsample.losses.infonce import InfoNCELoss
 from composer_dynsample.losses.mined_loss import mined_loss
 from composer_dynsample.losses.tuple_losses import TripletMarginLoss, forward_takes
@@ -196,19 +195,18 @@ class EmbeddingModel(ComposerModel):
                     )
                 extra.update(self._duplicate_ids(batch))
             # A step whose value checks run on the device (HardNegativeMining) reads none in the loss either.
-            with defer_value_checks() if outputs.checks_deferred else nullcontext():
-                return mined_loss(self.loss_fn, outputs, **extra, **self._source(batch))
+            return mined_loss(self.loss_fn, outputs, **extra, **self._source(batch))
         _, labels = self._split(batch)
         # InfoNCE on L2-normalised rows: no entry can overflow a distance, so nothing is read on the host.
         unit_rows = self.normalize and isinstance(self.loss_fn, InfoNCELoss)
-        with defer_value_checks() if unit_rows else nullcontext():
-            return self.loss_fn(
-                outputs,
-                labels,
-                **self._query_flags(batch),
-                **self._duplicate_ids(batch),
-                **self._source(batch),
-            )
+        return self.loss_fn(
+            outputs,
+            labels,
+            **self._query_flags(batch),
+            **self._duplicate_ids(batch),
+            **self._source(batch),
+            **({"values_checked": True} if unit_rows else {}),
+        )
 
     def _source(self, batch: Any) -> dict[str, str]:
         """``{"source": batch["source"]}`` for a loss per source of a mix (:class:`~composer_dynsample.losses.

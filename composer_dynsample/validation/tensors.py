@@ -8,7 +8,6 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from composer_dynsample.deferred_checks import value_checks_deferred
 from composer_dynsample.validation.values import InputTypeError, check_choice, describe
 
 if TYPE_CHECKING:
@@ -42,9 +41,9 @@ def check_embeddings(name: str, value: object, *, finite: bool = True) -> torch.
         raise ValueError(
             f"{name} must be a 2-D floating-point tensor (num_items, dim), got {describe(value)}."
         )
-    # min and max propagate NaN and expose +-inf: one fused reduction instead of an isfinite pass. A training
-    # step that checks finiteness on the device (deferred_checks) skips this host read.
-    if finite and value.numel() > 0 and value_checks_deferred() is None and not _all_finite(value):
+    # min and max propagate NaN and expose +-inf: one fused reduction instead of an isfinite pass (a host read;
+    # a training step checks finiteness on the device instead and passes finite=False).
+    if finite and value.numel() > 0 and not _all_finite(value):
         raise ValueError(f"{name} contain NaN or inf.")
     return value
 
