@@ -1,6 +1,6 @@
 # Two commands on a fresh machine with only python3: `make train` and `make test`.
 # Both create (or reuse) the virtualenv in .venv and install the package with the pinned constraints:
-# `make train` what training needs (the package), `make test` the test extra too (its tools, faiss,
+# `make train` what training needs (the package with its cli extra), `make test` the test extra too (its tools, faiss,
 # the text, Lightning and streaming extras).
 
 PYTHON ?= python3
@@ -17,7 +17,7 @@ install: $(STAMP)
 $(STAMP): pyproject.toml constraints.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade "pip>=24"
-	$(PY) -m pip install --quiet --constraint constraints.txt --editable .
+	$(PY) -m pip install --quiet --constraint constraints.txt --editable ".[cli]"
 	@touch $(STAMP)
 
 $(TEST_STAMP): $(STAMP)

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["main", "one_line_message"]
+__all__ = ["CLI_PACKAGES", "main", "missing_cli_packages", "one_line_message"]
 
 DESCRIPTION = """\
 Model-aware sampling for metric learning on MosaicML Composer.
@@ -320,6 +320,25 @@ def one_line_warning(
 _PYTHON_FORMAT = warnings.formatwarning
 
 
+#: What the ``cli`` extra installs, by the module the command line imports: the YAML config, the plots and the
+#: bundled MNIST-1D, digits and image data. The plugin (samplers, algorithms, losses) needs none of them.
+CLI_PACKAGES = {
+    "omegaconf": "omegaconf",
+    "yaml": "pyyaml",
+    "matplotlib": "matplotlib",
+    "mnist1d": "mnist1d",
+    "sklearn": "scikit-learn",
+    "PIL": "pillow",
+}
+
+
+def missing_cli_packages() -> list[str]:
+    """The distributions of the ``cli`` extra that are not installed (none when it is), without importing them."""
+    import importlib.util
+
+    return [package for module, package in CLI_PACKAGES.items() if importlib.util.find_spec(module) is None]
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     """Entry point of ``composer-dynsample`` and ``python -m composer_dynsample``."""
     parser = build_parser()
@@ -328,6 +347,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     if not_overrides:
         parser.error(f"unrecognized arguments: {' '.join(not_overrides)}")
     overrides = [*args.overrides, *extra]
+    missing = missing_cli_packages()
+    if missing:
+        print(
+            f"composer-dynsample {args.command}: error: the command line needs the 'cli' extra, which is not "
+            f"installed (no {', '.join(missing)}): pip install 'composer-dynsample[cli]'",
+            file=sys.stderr,
+        )
+        raise SystemExit(2)
     from composer_dynsample.cli.user_folders import matplotlib_config_in_cache
 
     matplotlib_config_in_cache()  # before Composer, which imports matplotlib
