@@ -1,6 +1,6 @@
 """Small models, recorders and the runs with Composer's fix reverted, shared by the Trainer tests.
 
-The revert is the package's own :func:`~composer_dynsample.callbacks.reverted_batch_sampler_fix`, importable
+The revert is the package's own :func:`~composer_dynsample.testing.reverted_batch_sampler_fix`, importable
 from here too.
 """
 
@@ -18,7 +18,7 @@ from composer.models import ComposerModel
 from torch.utils.data import TensorDataset
 
 from composer_dynsample import PKBatchSampler, SetSamplerEpoch, build_dataloader
-from composer_dynsample.callbacks.composer_epoch_fix import reverted_batch_sampler_fix
+from composer_dynsample.testing.composer_epoch_fix import reverted_batch_sampler_fix
 
 
 class IndexClassifier(ComposerModel):

@@ -26,3 +26,68 @@ def test_importing_the_package_loads_neither_transformers_nor_lightning() -> Non
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
     )
     assert result.stdout.strip() == "[]", result.stdout
+
+
+#: What a Composer user imports from the plugin, and the application packages none of it may load.
+PLUGIN_IMPORT = (
+    "from composer_dynsample import HardNegativeMining, SetSamplerEpoch, PKBatchSampler, TripletMarginLoss, "
+    "InfoNCELoss, mined_loss, MinedBatch, CrossBatchMemory, ProgressLines, CheckpointOnInterrupt, RankingMetrics; "
+    "from composer_dynsample.samplers import build_dataloader; from composer_dynsample import mining, metrics"
+)
+APPLICATION = ("cli", "config", "models", "export", "data.text", "testing", "algorithms.embedding_table")
+
+
+def _loaded_after(code: str) -> list[str]:
+    listing = (
+        "; import sys; print(' '.join(sorted(m for m in sys.modules if m.startswith('composer_dynsample'))))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code + listing], capture_output=True, text=True, timeout=120, check=True
+    )
+    return result.stdout.split()
+
+
+def test_the_plugin_imports_alone() -> None:
+    loaded = _loaded_after(PLUGIN_IMPORT)
+    application = [m for m in loaded if any(m.startswith(f"composer_dynsample.{app}") for app in APPLICATION)]
+    assert application == [], application
+    # The plugin's own modules, a few dozen (92 with the application before it was kept apart).
+    assert "composer_dynsample.algorithms.hard_negative_mining.hard_negative_mining" in loaded
+    assert len(loaded) <= 60, (len(loaded), loaded)
+
+
+def test_the_embedding_table_and_the_text_store_load_when_used() -> None:
+    loaded = _loaded_after(
+        "import composer_dynsample; composer_dynsample.EmbeddingTable; composer_dynsample.TextStore"
+    )
+    assert "composer_dynsample.algorithms.embedding_table.embedding_table" in loaded
+    assert "composer_dynsample.data.text.store" in loaded
+
+
+def test_the_moved_harnesses_still_import_from_their_old_paths_with_a_warning() -> None:
+    import importlib
+    import warnings
+
+    import composer_dynsample.callbacks as callbacks
+    import composer_dynsample.testing as testing
+
+    for old in ("composer_epoch_fix", "host_reads", "device_syncs"):
+        sys.modules.pop(f"composer_dynsample.callbacks.{old}", None)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            module = importlib.import_module(f"composer_dynsample.callbacks.{old}")
+        assert any(
+            w.category is DeprecationWarning and "composer_dynsample.testing" in str(w.message)
+            for w in caught
+        ), old
+        for name in module.__all__:
+            assert getattr(module, name) is getattr(
+                importlib.import_module(f"composer_dynsample.testing.{old}"), name
+            )
+    for name in ("reverted_batch_sampler_fix", "reverted_batch_sampler_fix_fixture"):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            value = getattr(callbacks, name)
+        assert value is getattr(testing, name)
+        assert [w.category for w in caught] == [DeprecationWarning]
+    assert "reverted_batch_sampler_fix" not in callbacks.__all__

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from composer_dynsample import PKBatchSampler, build_dataloader
-from composer_dynsample.callbacks import reverted_batch_sampler_fix, reverted_batch_sampler_fix_fixture
-from composer_dynsample.callbacks.composer_epoch_fix import _pre_fix_get_distributed_sampler
+from composer_dynsample.testing import reverted_batch_sampler_fix, reverted_batch_sampler_fix_fixture
+from composer_dynsample.testing.composer_epoch_fix import _pre_fix_get_distributed_sampler
 from tests.common import index_dataset
 
 LABELS = torch.arange(24) % 4

@@ -1,4 +1,4 @@
-"""``composer_dynsample.callbacks.device_syncs``: the operations that make a CUDA device wait for the host,
+"""``composer_dynsample.testing.device_syncs``: the operations that make a CUDA device wait for the host,
 recognised on the CPU, named by the line that called them."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from composer_dynsample.callbacks.device_syncs import SyncOpCounter, syncs_on_cuda
-from composer_dynsample.callbacks.host_reads import HostReadCounter
+from composer_dynsample.testing.device_syncs import SyncOpCounter, syncs_on_cuda
+from composer_dynsample.testing.host_reads import HostReadCounter
 
 
 def _ops(counter: SyncOpCounter) -> list[str]:

@@ -28,8 +28,8 @@ from composer.utils import dist
 from torch.utils.data import TensorDataset
 
 from composer_dynsample import PKBatchSampler, SetSamplerEpoch
-from composer_dynsample.callbacks import reverted_batch_sampler_fix
 from composer_dynsample.samplers.dataloader import build_dataloader
+from composer_dynsample.testing import reverted_batch_sampler_fix
 
 pytestmark = pytest.mark.world_size(2)
 
