@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed
 TEST_STAMP := $(VENV)/.installed-test
 RUN_DIR ?= runs/default
 
-.PHONY: install train test test-unit test-distributed lint bench gpu-check constraints clean
+.PHONY: install train test test-unit test-distributed lint bench gpu-check wheel-check constraints clean
 
 install: $(STAMP)
 
@@ -49,6 +49,11 @@ test-unit: $(TEST_STAMP)
 
 test-distributed: $(TEST_STAMP)
 	PYTHON=$(PY) bash tests/run_distributed.sh 2
+
+# The wheel of this checkout in a fresh virtualenv with only its base dependencies (torch, mosaicml,
+# torchmetrics, numpy): docs/examples/own_composer_model.py on 1 process and under `composer -n 2`.
+wheel-check:
+	PYTHON=$(PYTHON) bash .ci/wheel_check.sh
 
 bench: $(TEST_STAMP)
 	$(PY) benchmarks/samplers.py
