@@ -76,37 +76,24 @@ def _count_below(
 ) -> None:
     """Write ``#{t < v}`` for every entry ``v`` of ``mat`` into ``bucket``: its row's thresholds below it.
 
-    ``work`` holds two matrices of ``mat``'s dtype, which this overwrites. Few thresholds per row: one
+    ``work`` holds two matrices of ``mat``'s shape and dtype, one after the other, which this overwrites. Few thresholds per row: one
     comparison pass per threshold, counted in float (faster on CPU than through bool or int64, and
     written into buffers that are already touched). Many: a grid of cells (:func:`_grid_count_below`,
     a fixed number of passes) for 32-bit distances, ``searchsorted`` for float64 ones.
     """
     if sorted_thr.shape[1] <= _LOOP_MAX_WIDTH:
-        count, step = _two_matrices(work, mat)
+        count, step = (
+            work[: 2 * mat.numel() * mat.element_size()].view(mat.dtype).view(2, *mat.shape).unbind(0)
+        )
         torch.gt(mat, sorted_thr[:, :1], out=count)
         for j in range(1, sorted_thr.shape[1]):
             count.add_(torch.gt(mat, sorted_thr[:, j : j + 1], out=step))
-        bucket.copy_(_whole(count, step))
+        # Whole-number floats to integers through step: on CPU float -> int32 -> int64 beats float -> int64.
+        bucket.copy_(step.view(torch.int32 if count.element_size() == 4 else torch.int64).copy_(count))
     elif mat.element_size() == 8 or sorted_thr.shape[1] >= 2**24:  # the grid counts in float32
         torch.searchsorted(sorted_thr, mat, out=bucket)
     else:
         _grid_count_below(mat, sorted_thr, bucket, work)
-
-
-def _two_matrices(work: torch.Tensor, mat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The two matrices of ``mat``'s shape and dtype that the bytes of ``work`` hold, one after the other."""
-    span = mat.numel() * mat.element_size()
-    first, second = (work[i * span : (i + 1) * span].view(mat.dtype).view(mat.shape) for i in (0, 1))
-    return first, second
-
-
-def _whole(src: torch.Tensor, spare: torch.Tensor) -> torch.Tensor:
-    """Whole-number floats ``src`` as integers in ``spare`` (another tensor of its shape and dtype).
-
-    32-bit floats become int32: on CPU, float to int32 and then int32 to int64 is faster than float to
-    int64 directly.
-    """
-    return spare.view(torch.int32 if src.element_size() == 4 else torch.int64).copy_(src)
 
 
 def _grid_count_below(
@@ -151,7 +138,7 @@ def _grid_count_below(
     cell = work.view(torch.int64).view(mat.shape)
     cell.copy_(bucket.view(-1).view(torch.int32)[numel:].view(mat.shape).copy_(cell_of(mat, cell_float)))
     torch.gather(before, 1, cell, out=bucket)  # a; work is free again
-    count, step = _two_matrices(work, mat)
+    count, step = work[: 2 * mat.numel() * mat.element_size()].view(mat.dtype).view(2, *mat.shape).unbind(0)
     torch.gt(mat, torch.gather(padded, 1, bucket, out=step), out=count)
     for k in range(1, most):
         count.add_(torch.gt(mat, torch.gather(padded[:, k:], 1, bucket, out=step), out=step))
@@ -179,13 +166,16 @@ def _packed_bucket_minima(
     table.scatter_reduce_(1, bucket, keys, reduce="amin")
     suffix = table.flip(1).cummin(dim=1).values.flip(1)
     succ = suffix.gather(1, start_bucket)
-    low = (1 << _INDEX_BITS) - 1
-
-    def unpack(key: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        value = (key & ~low).view(torch.float64).to(mat.dtype)
-        return value, (key & low).clamp_(max=max(n_cols - 1, 0))
-
-    return *unpack(succ), succ != _INT64_MAX, *unpack(suffix[:, 0])
+    # Each key unpacked: the value in the high bits, the column in the low ones.
+    low, last = (1 << _INDEX_BITS) - 1, max(n_cols - 1, 0)
+    smallest = suffix[:, 0]
+    return (
+        (succ & ~low).view(torch.float64).to(mat.dtype),
+        (succ & low).clamp_(max=last),
+        succ != _INT64_MAX,
+        (smallest & ~low).view(torch.float64).to(mat.dtype),
+        (smallest & low).clamp_(max=last),
+    )
 
 
 def _bucket_minima(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Final
 
 import torch
@@ -78,7 +79,7 @@ class SemiHardMiner(BaseMiner):
             index,
             bytes_per_entry,
             self.chunk_size,
-            lambda chunk: self._negatives(chunk, index, inputs),
+            functools.partial(self._negatives, index=index, inputs=inputs),
         )
 
     def _negatives(
