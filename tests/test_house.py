@@ -53,7 +53,7 @@ NEVER_IMPORTS: dict[str, tuple[str, ...]] = {
     "losses": ("algorithms", "callbacks", "samplers", "cli", "config", "export", "testing"),
     "algorithms": ("callbacks", "cli", "config", "export", "testing"),
     "callbacks": ("cli", "config", "export"),
-    "metrics": ("algorithms", "callbacks", "cli", "config", "export", "testing"),
+    "metrics": ("algorithms", "callbacks", "samplers", "cli", "config", "export", "testing"),
 }
 
 
