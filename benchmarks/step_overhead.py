@@ -17,10 +17,10 @@ includes the sampler, the collate and everything Composer does between steps.
 
 ``host_reads_per_step`` counts the calls of ``Tensor.item``, ``.tolist``, ``.cpu``, ``__bool__``,
 ``__float__`` and ``__int__`` made by this package during the steps that are not logging steps
-(:class:`~composer_dynsample.testing.host_reads.HostReadCounter`); Composer's own reads are listed
+(:class:`~composer_dynsample.testing.HostReadCounter`); Composer's own reads are listed
 beside it, per step, by call site. On CUDA the syncs are also counted with
 ``torch.cuda.set_sync_debug_mode("warn")``; on any device the operations that would sync on CUDA are
-counted by call site (:class:`~composer_dynsample.testing.device_syncs.SyncOpCounter`). Goals (issue 35): ratio <= 1.10 (moonshot <= 1.03);
+counted by call site (:class:`~composer_dynsample.testing.SyncOpCounter`). Goals (issue 35): ratio <= 1.10 (moonshot <= 1.03);
 ``host_reads_per_step`` 0.
 
     python benchmarks/step_overhead.py [--quick] [--device cpu|cuda] [--steps 200] [--threads 1]
@@ -54,8 +54,7 @@ from composer_dynsample.config.loading import load_config
 from composer_dynsample.config.run import build_run
 from composer_dynsample.mining import BatchHardMiner
 from composer_dynsample.mining.step import mining_step
-from composer_dynsample.testing.device_syncs import SyncOpsPerStep
-from composer_dynsample.testing.host_reads import HostReadCounter, HostReadsPerStep, caller_of
+from composer_dynsample.testing import HostReadCounter, HostReadsPerStep, SyncOpsPerStep, caller_of
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "yamls" / "finetune_code_search.yaml"
@@ -383,8 +382,8 @@ def report(result: dict[str, Any], quick: bool, out: Path, name: str) -> None:
         f"Composer's own host reads per step (not this package's to remove): {composer}.",
         *(
             [
-                "Operations that sync on CUDA, recognised on any device (composer_dynsample.callbacks."
-                f"device_syncs), per step: this package {result['sync_ops_per_step']['composer_dynsample']:g}, "
+                "Operations that sync on CUDA, recognised on any device (composer_dynsample.testing."
+                f"SyncOpCounter), per step: this package {result['sync_ops_per_step']['composer_dynsample']:g}, "
                 f"Composer {result['sync_ops_per_step']['composer']:g}, other {result['sync_ops_per_step']['other']:g}; "
                 "this package's by call site: "
                 + "; ".join(f"{m}: {n:g}" for m, n in result["sync_ops_per_step_by_site"].items())

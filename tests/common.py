@@ -18,7 +18,7 @@ from composer.models import ComposerModel
 from torch.utils.data import TensorDataset
 
 from composer_dynsample import PKBatchSampler, SetSamplerEpoch, build_dataloader
-from composer_dynsample.testing.composer_epoch_fix import reverted_batch_sampler_fix
+from composer_dynsample.testing import reverted_batch_sampler_fix
 
 
 class IndexClassifier(ComposerModel):

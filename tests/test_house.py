@@ -24,6 +24,7 @@ ROOT_MODULES: dict[str, str] = {
     "file_checks": "what a file is and its hash",
     "lightning": "PyTorch Lightning support",
     "schedulers": "learning-rate schedules as Composer schedulers",
+    "testing": "the harnesses a user's own test suite imports",
 }
 
 

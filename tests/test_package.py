@@ -62,32 +62,3 @@ def test_the_embedding_table_and_the_text_store_load_when_used() -> None:
     )
     assert "composer_dynsample.algorithms.embedding_table.embedding_table" in loaded
     assert "composer_dynsample.data.text.store" in loaded
-
-
-def test_the_moved_harnesses_still_import_from_their_old_paths_with_a_warning() -> None:
-    import importlib
-    import warnings
-
-    import composer_dynsample.callbacks as callbacks
-    import composer_dynsample.testing as testing
-
-    for old in ("composer_epoch_fix", "host_reads", "device_syncs"):
-        sys.modules.pop(f"composer_dynsample.callbacks.{old}", None)
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            module = importlib.import_module(f"composer_dynsample.callbacks.{old}")
-        assert any(
-            w.category is DeprecationWarning and "composer_dynsample.testing" in str(w.message)
-            for w in caught
-        ), old
-        for name in module.__all__:
-            assert getattr(module, name) is getattr(
-                importlib.import_module(f"composer_dynsample.testing.{old}"), name
-            )
-    for name in ("reverted_batch_sampler_fix", "reverted_batch_sampler_fix_fixture"):
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            value = getattr(callbacks, name)
-        assert value is getattr(testing, name)
-        assert [w.category for w in caught] == [DeprecationWarning]
-    assert "reverted_batch_sampler_fix" not in callbacks.__all__

@@ -1,13 +1,19 @@
-"""Moved to :mod:`composer_dynsample.testing.composer_epoch_fix`; this path warns and is removed in the next release."""
+"""Deprecated: moved to :mod:`composer_dynsample.testing`; this path warns and is removed in the next release."""
 
 import warnings
 
-from composer_dynsample.testing.composer_epoch_fix import *  # noqa: F403
-from composer_dynsample.testing.composer_epoch_fix import __all__  # noqa: F401
+from composer_dynsample.testing import (
+    PATCHED_NAME,  # noqa: F401  (a constant of the old module)
+    reverted_batch_sampler_fix,
+    reverted_batch_sampler_fix_fixture,
+)
+
+__all__ = ["reverted_batch_sampler_fix", "reverted_batch_sampler_fix_fixture"]
 
 warnings.warn(
-    "composer_dynsample.callbacks.composer_epoch_fix moved to composer_dynsample.testing (a test harness, not a callback to "
-    "train with); import it from there: this path is removed in the next release.",
+    "composer_dynsample.callbacks.composer_epoch_fix moved to composer_dynsample.testing (a test harness, not a "
+    f"callback to train with): import {', '.join(__all__)} from composer_dynsample.testing; this path is "
+    "removed in the next release.",
     DeprecationWarning,
     stacklevel=2,
 )

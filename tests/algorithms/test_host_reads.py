@@ -25,7 +25,7 @@ from composer_dynsample import (
     build_dataloader,
 )
 from composer_dynsample.mining.step import HEALTH_NONFINITE, HEALTH_TOO_LARGE, step_health
-from composer_dynsample.testing.host_reads import HostReadCounter, HostReadsPerStep
+from composer_dynsample.testing import HostReadCounter, HostReadsPerStep
 from tests.algorithms.helpers import VOCAB, PairsTexts, TextCollate
 
 BATCHES_PER_EPOCH = 6  # 96 rows in batches of 8 pairs
@@ -160,11 +160,11 @@ def test_the_host_read_counter_counts_by_caller_and_restores_the_tensor_methods(
 
 def test_a_read_from_composers_own_folder_is_composers_wherever_it_is_installed(monkeypatch, tmp_path):
     # Composer installed with pip --target (no site-packages in its path), as on a machine without an index.
-    from composer_dynsample.testing import host_reads
+    from composer_dynsample import testing
 
     folder = tmp_path / "site" / "composer"
     folder.mkdir(parents=True)
-    monkeypatch.setattr(host_reads, "_COMPOSER", str(folder) + os.sep)
+    monkeypatch.setattr(testing, "_COMPOSER", str(folder) + os.sep)
     source = folder / "trainer.py"
     source.write_text("def read(x):\n    return x.item()\n")
     scope: dict = {}

@@ -81,7 +81,7 @@ def test_a_wrong_interval_is_one_line(config, tmp_path, capsys):
 
 def test_the_lines_read_no_tensor_on_the_host(config, tmp_path, capsys):
     """The loss printed is the one Composer has already read for its logs: a line costs no device sync."""
-    from composer_dynsample.testing.host_reads import HostReadCounter
+    from composer_dynsample.testing import HostReadCounter
 
     every = "callbacks.progress_lines={every_batches: 1, every_seconds: null}"
     with HostReadCounter() as counter:

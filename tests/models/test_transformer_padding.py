@@ -24,7 +24,7 @@ def _batch(lengths: list[int], width: int, seed: int = 0) -> dict[str, torch.Ten
 
 
 def test_a_mask_in_host_memory_is_grouped_with_no_tensor_read():
-    from composer_dynsample.testing.host_reads import HostReadCounter
+    from composer_dynsample.testing import HostReadCounter
 
     mask = _batch([3, 40, 5, 38, 4, 40], 40)["attention_mask"]
     with HostReadCounter() as counter:
