@@ -1,19 +1,22 @@
-"""Keep the train dataloader's sampler epoch in step on every rank, at every epoch start and on resume."""
+"""Keep the train dataloader's sampler epoch in step on every rank, at every epoch start and on resume.
+
+:class:`SetSamplerEpoch` sets the epoch and checks that the ranks agree; it composes the two other units a
+user would otherwise add beside it: :class:`~composer_dynsample.callbacks.elastic_resume.ElasticResume` (a
+mid-epoch resume on another number of ranks) and the loader's wiring checks of
+:mod:`composer_dynsample.samplers.wiring`.
+"""
 
 from __future__ import annotations
 
-import logging
 import warnings
 from typing import Any
 
-from composer.core import Callback, DataSpec, State
+from composer.core import Callback, State
 from composer.loggers import Logger
 
-from composer_dynsample.batches import batch_rows
+from composer_dynsample.callbacks.elastic_resume import ElasticResume
 from composer_dynsample.distributed import get_rank, get_world_size
 from composer_dynsample.samplers.base import (
-    DistributedBatchSampler,
-    ResumePlan,
     SupportsSetEpoch,
     check_sampler_agreement,
     no_epoch_target_message,
@@ -21,15 +24,14 @@ from composer_dynsample.samplers.base import (
 )
 from composer_dynsample.samplers.wiring import (
     check_dataset_length,
+    check_microbatch_size,
     check_train_loader,
     dataset_length,
     find_epoch_target,
 )
-from composer_dynsample.validation import check_bool, is_int
+from composer_dynsample.validation import check_bool
 
 __all__ = ["SetSamplerEpoch", "find_epoch_target"]
-
-log = logging.getLogger(__name__)
 
 
 class SetSamplerEpoch(Callback):
@@ -102,128 +104,30 @@ class SetSamplerEpoch(Callback):
     def __init__(self, check_ranks: bool = True) -> None:
         self.check_ranks = check_bool("check_ranks", check_ranks)
         self._warned_missing = False
-        self._saved: dict[str, Any] = {}
-        self._state: State | None = None
-        self._resumed: ResumePlan | None = None
-        self._check_first_batch = 0  # after an elastic resume: the batch size a real first batch has
+        self._resume = ElasticResume()
         self._dataset_length: int | None = None  # at FIT_START: an epoch over another length is refused
 
     def fit_start(self, state: State, logger: Logger) -> None:
-        self._state = state
-        self._check_microbatch_size(state)
+        check_microbatch_size(state.train_dataloader, state.device_train_microbatch_size)
         check_train_loader(state.train_dataloader)
         self._dataset_length = dataset_length(state.train_dataloader)
-        self._resume_elastically(state)
+        self._resume.fit_start(state)
         self._set_epoch(state, logger)
 
     def state_dict(self) -> dict[str, Any]:
         """The world size and how many of the current epoch's global batches are trained, for a resume."""
-        saved: dict[str, Any] = {"world_size": get_world_size()}
-        if self._state is not None:
-            epoch, batch = int(self._state.timestamp.epoch), int(self._state.timestamp.batch_in_epoch)
-            saved.update(epoch=epoch, global_batches_done=self._global_batches_done(epoch, batch))
-            layout = _sampler_layout(find_epoch_target(self._state.train_dataloader), epoch)
-            if layout is not None:
-                saved["sampler"] = layout
-        return saved
+        return self._resume.state_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self._saved = dict(state)
-
-    def _global_batches_done(self, epoch: int, batch_in_epoch: int) -> int:
-        """The number of the epoch's global batches trained when this rank is at ``batch_in_epoch``."""
-        plan = self._resumed
-        if plan is not None and plan.epoch == epoch:  # the first plan.skip batches were placeholders
-            return plan.done + (batch_in_epoch - plan.skip) * get_world_size()
-        return batch_in_epoch * get_world_size()
-
-    def _resume_elastically(self, state: State) -> None:
-        """Resume an epoch interrupted on another number of ranks without repeating or skipping a sample.
-
-        Composer discards the first ``batch_in_epoch`` batches each rank yields on resume; that is exact
-        only when the checkpoint's world size is this run's. Otherwise the sampler is told which of the
-        epoch's global batches are trained and yields ``batch_in_epoch`` placeholders for the trainer to
-        discard, then this rank's share of the rest.
-        """
-        epoch, skip = int(state.timestamp.epoch), int(state.timestamp.batch_in_epoch)
-        saved_world = self._saved.get("world_size")
-        if saved_world is None or skip == 0:
-            return
-        self._check_same_sampler(state, epoch, skip)
-        done = self._saved.get("global_batches_done") if self._saved.get("epoch") == epoch else None
-        done = skip * int(saved_world) if done is None else int(done)
-        if done == skip * get_world_size():  # Composer's own skip is exact
-            return
-        target = find_epoch_target(state.train_dataloader)
-        if not isinstance(target, DistributedBatchSampler):
-            reason = f"the train dataloader's sampler is a {type(target).__name__}"
-        elif state.dataloader_len is not None and int(state.dataloader_len) != len(target):
-            reason = f"train_subset_num_batches={int(state.dataloader_len)} cuts the epoch"
-        else:
-            reason = None
-        if reason is not None:
-            raise ValueError(
-                f"SetSamplerEpoch: the checkpoint was written by {saved_world} rank(s) in the middle of epoch "
-                f"{epoch} (batch {skip} of the epoch), and this run has {get_world_size()} rank(s): only a "
-                "composer_dynsample DistributedBatchSampler over whole epochs can resume it without repeating "
-                f"or skipping samples, and {reason}. Resume on {saved_world} rank(s), or from a checkpoint "
-                "saved at an epoch boundary (save_interval in epochs)."
-            )
-        target.set_epoch(epoch)
-        target.resume_epoch(epoch, done, skip)
-        self._resumed = ResumePlan(epoch, done, skip)
-        self._check_first_batch = target.batch_size
-        state.dataloader_len = -1  # -1: Composer reads len(dataloader) again, now with the placeholders
-        log.info(
-            "SetSamplerEpoch: epoch %d resumed on %d rank(s) after %d of its global batches on %d rank(s)",
-            epoch,
-            get_world_size(),
-            done,
-            saved_world,
-        )
-
-    def _check_same_sampler(self, state: State, epoch: int, skip: int) -> None:
-        """Refuse a mid-epoch resume whose sampler builds another epoch than the one interrupted."""
-        saved = self._saved.get("sampler")
-        now = _sampler_layout(find_epoch_target(state.train_dataloader), epoch)
-        if saved is None or now is None or self._saved.get("epoch") != epoch:
-            return
-        differs = [key for key, value in now.items() if key in saved and saved[key] != value]
-        if not differs:
-            return
-        if any(key in _LAYOUT_NUMBERS for key in differs) and "plan" in differs:
-            differs.remove("plan")  # another batch size or seed builds another plan: said by the numbers
-        described = ", ".join(
-            f"{key} {saved[key]} -> {now[key]}" if key in _LAYOUT_NUMBERS else _LAYOUT_HASHES[key]
-            for key in differs
-        )
-        raise ValueError(
-            f"SetSamplerEpoch: the checkpoint was written in the middle of epoch {epoch} (batch {skip}), and this "
-            f"run's train sampler builds that epoch differently ({described}), so the rest of it cannot be "
-            "trained without repeating or skipping samples. Resume with the sampler settings of the "
-            "checkpoint, or from a checkpoint saved at an epoch boundary (save_interval in epochs)."
-        )
+        self._resume.load_state_dict(state)
 
     def after_dataloader(self, state: State, logger: Logger) -> None:
-        """After an elastic resume, refuse to train a placeholder: Composer did not discard them."""
-        size, self._check_first_batch = self._check_first_batch, 0
-        plan = self._resumed  # set with _check_first_batch
-        if size > 1 and plan is not None and batch_rows(state) == 1:
-            raise ValueError(
-                f"SetSamplerEpoch: epoch {plan.epoch} was resumed mid-way on {get_world_size()} "
-                f"rank(s) from a checkpoint of {self._saved.get('world_size')} rank(s), and the trainer is "
-                f"about to train the first of the {plan.skip} one-index placeholder batches "
-                "it should discard. This resume needs Composer's spin_dataloaders=True (the default) and no "
-                "'train' entry in state.dataset_resumption. Resume with spin_dataloaders=True, on "
-                f"{self._saved.get('world_size')} rank(s), or from a checkpoint saved at an epoch boundary."
-            )
+        self._resume.after_dataloader(state)
 
     def epoch_start(self, state: State, logger: Logger) -> None:
         check_dataset_length(state.train_dataloader, self._dataset_length, int(state.timestamp.epoch))
         self._set_epoch(state, logger)
-        if self._resumed is not None and self._resumed.epoch != int(state.timestamp.epoch):
-            self._resumed = None
-            state.dataloader_len = -1  # the epoch's full length again
+        self._resume.epoch_start(state)
 
     def _set_epoch(self, state: State, logger: Logger) -> None:
         epoch = int(state.timestamp.epoch)
@@ -241,21 +145,6 @@ class SetSamplerEpoch(Callback):
         if self.check_ranks and get_world_size() > 1:
             check_sampler_agreement(target, epoch, _sampler_world_error(target))
 
-    def _check_microbatch_size(self, state: State) -> None:
-        if state.device_train_microbatch_size is not None:
-            return
-        loader = state.train_dataloader
-        if isinstance(loader, DataSpec):
-            loader = loader.dataloader
-        batch_size = getattr(getattr(loader, "batch_sampler", None), "batch_size", None)
-        raise ValueError(
-            "The train dataloader reports batch_size=None (a DataLoader built with batch_sampler=...) and the "
-            "Trainer has no device_train_microbatch_size, so Composer cannot size its microbatches. Build the "
-            "loader with composer_dynsample.build_dataloader(dataset, batch_sampler), or pass "
-            f"device_train_microbatch_size={batch_size if is_int(batch_size) else '<per-rank batch size>'} "
-            "to the Trainer."
-        )
-
 
 def _sampler_world_error(target: SupportsSetEpoch | None) -> str | None:
     """Why a sampler was built for another world (say, ``num_replicas=1`` under the launcher), or ``None``."""
@@ -265,26 +154,3 @@ def _sampler_world_error(target: SupportsSetEpoch | None) -> str | None:
         get_rank(),
         "Leave num_replicas and rank unset (they default to the launcher's WORLD_SIZE and RANK).",
     )
-
-
-_LAYOUT_NUMBERS = ("seed", "batch_size", "global_batches")
-#: The hashes of an epoch's layout, and what a difference means.
-_LAYOUT_HASHES = {
-    "labels": "the sampler's labels differ (other data)",
-    "plan": "the epoch's global batches differ (other data or options)",
-}
-
-
-def _sampler_layout(target: SupportsSetEpoch | None, epoch: int) -> dict[str, Any] | None:
-    """What decides an epoch's global batches of a package sampler: seed, batch size, batch count, and the
-    hashes of its labels and of the epoch's plan (a resume on other data of the same batch count)."""
-    if not isinstance(target, DistributedBatchSampler):
-        return None
-    hashes = target.fingerprints(epoch)
-    return {
-        "seed": target.seed,
-        "batch_size": target.batch_size,
-        "global_batches": target.num_global_batches,
-        "labels": hashes["labels"],
-        "plan": hashes["plan"],
-    }

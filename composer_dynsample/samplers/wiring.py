@@ -21,9 +21,11 @@ from typing import Any
 from torch.utils.data import BatchSampler, DataLoader
 
 from composer_dynsample.samplers.base import DistributedBatchSampler, SupportsSetEpoch
+from composer_dynsample.validation import is_int
 
 __all__ = [
     "check_dataset_length",
+    "check_microbatch_size",
     "check_microbatches",
     "check_train_loader",
     "dataset_length",
@@ -152,3 +154,19 @@ def find_epoch_target(dataloader: Any) -> SupportsSetEpoch | None:
         if isinstance(candidate, SupportsSetEpoch):
             return candidate
     return None
+
+
+def check_microbatch_size(dataloader: Any, microbatch_size: int | None) -> None:
+    """Refuse a ``DataLoader(batch_sampler=...)`` (``batch_size=None``) when the Trainer has no
+    ``device_train_microbatch_size``: Composer would fail at the first batch with a bare ``AssertionError``."""
+    if microbatch_size is not None:  # Composer sets it from the loader's batch_size when it has one
+        return
+    loader = getattr(dataloader, "dataloader", dataloader)  # a Composer DataSpec holds it
+    batch_size = getattr(getattr(loader, "batch_sampler", None), "batch_size", None)
+    raise ValueError(
+        "The train dataloader reports batch_size=None (a DataLoader built with batch_sampler=...) and the "
+        "Trainer has no device_train_microbatch_size, so Composer cannot size its microbatches. Build the "
+        "loader with composer_dynsample.build_dataloader(dataset, batch_sampler), or pass "
+        f"device_train_microbatch_size={batch_size if is_int(batch_size) else '<per-rank batch size>'} "
+        "to the Trainer."
+    )
