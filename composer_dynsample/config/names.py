@@ -78,9 +78,9 @@ LOSSES: dict[str, Registered | Lazy] = {
     ).items()
 }
 SAMPLERS: dict[str, Registered | Lazy] = {
-    "pk": Lazy("composer_dynsample.samplers", "PKBatchSampler", **_SAMPLER),
+    "pk": Lazy("composer_dynsample.samplers.pk", "PKBatchSampler", **_SAMPLER),
     "two_stream": Lazy(
-        "composer_dynsample.samplers",
+        "composer_dynsample.samplers.two_stream",
         "TwoStreamBatchSampler",
         reserved=("primary_indices", "secondary_indices", "num_replicas", "rank"),
         inferred=("seed",),
@@ -98,9 +98,11 @@ SAMPLERS: dict[str, Registered | Lazy] = {
     ),
 }
 ALGORITHMS: dict[str, Registered | Lazy] = {
-    **_from(
-        "composer_dynsample.algorithms",
-        "hard_negative_mining=HardNegativeMining embedding_table=EmbeddingTable",
+    "hard_negative_mining": Lazy(
+        "composer_dynsample.algorithms.hard_negative_mining.hard_negative_mining", "HardNegativeMining"
+    ),
+    "embedding_table": Lazy(
+        "composer_dynsample.algorithms.embedding_table.embedding_table", "EmbeddingTable"
     ),
     "batch_augmentation": Lazy("composer_dynsample.algorithms.augmentation", "BatchAugmentation"),
     # Composer's own: Hugging Face's Trainer clips the gradients' norm at max_grad_norm 1.0 by default.
