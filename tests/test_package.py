@@ -32,33 +32,26 @@ def test_importing_the_package_loads_neither_transformers_nor_lightning() -> Non
 PLUGIN_IMPORT = (
     "from composer_dynsample import HardNegativeMining, SetSamplerEpoch, PKBatchSampler, TripletMarginLoss, "
     "InfoNCELoss, mined_loss, MinedBatch, CrossBatchMemory, ProgressLines, CheckpointOnInterrupt, RankingMetrics; "
-    "from composer_dynsample.samplers import build_dataloader; from composer_dynsample import mining, metrics"
+    "from composer_dynsample.samplers import build_dataloader; from composer_dynsample import mining, metrics; "
+    "from composer_dynsample.callbacks import *"
 )
 APPLICATION = ("cli", "config", "models", "export", "data.text", "testing", "algorithms.embedding_table")
 
 
-def _loaded_after(code: str) -> list[str]:
-    listing = (
-        "; import sys; print(' '.join(sorted(m for m in sys.modules if m.startswith('composer_dynsample'))))"
+def test_the_plugin_imports_alone_and_the_table_and_the_text_store_load_when_used() -> None:
+    listing = "; print(' '.join(sorted(m for m in sys.modules if m.startswith('composer_dynsample'))))"
+    code = (
+        f"import sys; {PLUGIN_IMPORT}{listing}; import composer_dynsample; "
+        f"composer_dynsample.EmbeddingTable; composer_dynsample.TextStore{listing}"
     )
     result = subprocess.run(
-        [sys.executable, "-c", code + listing], capture_output=True, text=True, timeout=120, check=True
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
     )
-    return result.stdout.split()
-
-
-def test_the_plugin_imports_alone() -> None:
-    loaded = _loaded_after(PLUGIN_IMPORT)
-    application = [m for m in loaded if any(m.startswith(f"composer_dynsample.{app}") for app in APPLICATION)]
+    plugin, used = (line.split() for line in result.stdout.splitlines())
+    application = [m for m in plugin if any(m.startswith(f"composer_dynsample.{app}") for app in APPLICATION)]
     assert application == [], application
     # The plugin's own modules, a few dozen (92 with the application before it was kept apart).
-    assert "composer_dynsample.algorithms.hard_negative_mining.hard_negative_mining" in loaded
-    assert len(loaded) <= 60, (len(loaded), loaded)
-
-
-def test_the_embedding_table_and_the_text_store_load_when_used() -> None:
-    loaded = _loaded_after(
-        "import composer_dynsample; composer_dynsample.EmbeddingTable; composer_dynsample.TextStore"
-    )
-    assert "composer_dynsample.algorithms.embedding_table.embedding_table" in loaded
-    assert "composer_dynsample.data.text.store" in loaded
+    assert "composer_dynsample.algorithms.hard_negative_mining.hard_negative_mining" in plugin
+    assert len(plugin) <= 60, (len(plugin), plugin)
+    assert "composer_dynsample.algorithms.embedding_table.embedding_table" in used
+    assert "composer_dynsample.data.text.store" in used
